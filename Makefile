@@ -1,0 +1,55 @@
+# The course's two commands: `make lab` and `make test`. Everything else is for maintainers.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+LAB_PORT ?= 8888
+LAB_FLAGS ?=
+PIP := $(PY) -m pip --disable-pip-version-check --quiet
+
+.PHONY: setup lab test lint format unit notebooks exercises bench test-browser clean
+
+# Set-up: a venv with the pinned dependencies and course_utils (editable). Re-runs only
+# when requirements.txt or pyproject.toml change, so a second `make` takes seconds.
+$(STAMP): requirements.txt pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -r requirements.txt
+	$(PIP) install --no-deps -e .
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+lab: setup
+	@echo "Starting JupyterLab on the course index; open the URL printed below (Ctrl-C stops it)."
+	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) \
+		--ServerApp.root_dir=$(CURDIR) $(LAB_FLAGS) notebooks/00_welcome.ipynb
+
+test: setup lint unit notebooks
+
+unit: setup
+	$(PY) -m pytest -m "not browser"
+
+# Every lesson and every solution, run top to bottom with nbval (outputs are not compared).
+notebooks: setup
+	$(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider notebooks/ solutions/
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: setup
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+# Regenerate exercises/ from solutions/ (solution blocks become stubs).
+exercises: setup
+	$(PY) -m course_utils.make_exercises
+
+bench: setup
+	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
+
+test-browser: setup
+	$(PY) -m pytest -m browser -p no:cacheprovider
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis artifacts screenshots

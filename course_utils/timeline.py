@@ -1,0 +1,101 @@
+"""A timeline: what each device did and when. Simulated and measured runs share this type.
+
+The simulator (`course_utils.simulate`) fills it with predicted times in cost units;
+the thread executor (`course_utils.executor`) fills it with real `perf_counter_ns`
+timestamps converted to seconds. The Gantt code (`course_utils.gantt`) draws both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from course_utils.actions import Action
+
+
+@dataclass(frozen=True)
+class Event:
+    """Device `device` ran `action` from `start` to `end` (same unit as the timeline)."""
+
+    device: int
+    action: Action
+    start: float
+    end: float
+    label: str | None = None  # shown instead of str(action) when set (e.g. "bucket 2")
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+    def to_dict(self) -> dict:
+        return {
+            "device": self.device,
+            "action": str(self.action),
+            "start": self.start,
+            "end": self.end,
+        }
+
+
+@dataclass
+class Timeline:
+    """Events on `num_devices` devices, plus what is known about memory.
+
+    `unit` is "units" for the simulator's cost units or "s" for measured seconds.
+    `peak_activations[d]` is the most micro-batch chunks device d held at once
+    (forwarded but not yet backwarded), when known.
+    """
+
+    events: list[Event]
+    num_devices: int
+    name: str = ""
+    source: str = "simulated"  # or "measured"
+    unit: str = "units"
+    peak_activations: list[int] | None = None
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def start(self) -> float:
+        return min((e.start for e in self.events), default=0.0)
+
+    @property
+    def makespan(self) -> float:
+        """Time from the first start to the last end."""
+        if not self.events:
+            return 0.0
+        return max(e.end for e in self.events) - self.start
+
+    def device_events(self, device: int) -> list[Event]:
+        return sorted((e for e in self.events if e.device == device), key=lambda e: e.start)
+
+    def busy(self, device: int) -> float:
+        """Time `device` spent computing (communication does not count as busy)."""
+        return sum(e.duration for e in self.events if e.device == device and e.action.is_compute)
+
+    def idle(self, device: int) -> float:
+        return self.makespan - self.busy(device)
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Idle compute time over devices x makespan: 0 is perfect, 1 - 1/p is naive."""
+        total = self.num_devices * self.makespan
+        if total <= 0:
+            return 0.0
+        return sum(self.idle(d) for d in range(self.num_devices)) / total
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "source": self.source,
+            "unit": self.unit,
+            "events": [e.to_dict() for e in sorted(self.events, key=lambda e: (e.start, e.device))],
+            "makespan": self.makespan,
+            "bubble_fraction": self.bubble_fraction,
+            "busy": [self.busy(d) for d in range(self.num_devices)],
+            "idle": [self.idle(d) for d in range(self.num_devices)],
+            "peak_activations": self.peak_activations,
+        }
+
+    def summary(self) -> str:
+        return (
+            f"{self.name or 'timeline'} ({self.source}): makespan {self.makespan:.4g} {self.unit}, "
+            f"bubble {100 * self.bubble_fraction:.1f}%"
+        )
