@@ -1,0 +1,227 @@
+"""A pool of persistent CPU threads, one per simulated device.
+
+Every parallel demo in the course (pipeline, data and tensor parallelism) pretends that
+each CPU thread is one accelerator. `DeviceThreads` starts those threads once and
+reuses them for every step, because starting threads per step would cost more than the
+tiny models' compute. Each thread calls `torch.set_num_threads(1)` first so that one
+"device" really uses one core and the devices do not fight over intra-op threads.
+
+`run(fns)` runs `fns[d]` on device `d` concurrently and returns the results. When one
+function raises, the pool sets `abort` (a `threading.Event`) so peers blocked on a
+message that will never come can give up, waits for everybody, and raises a
+`WorkerError` in the caller that says which device failed and chains the original.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import traceback
+import weakref
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+from course_utils.errors import CourseInputError, ScheduleError, WorkerError
+
+T = TypeVar("T")
+
+# How long `run` waits for workers to notice `abort` after an error, timeout or Ctrl-C.
+ABORT_GRACE_S = 5.0
+_POLL_S = 0.05  # wake-up interval while waiting, so Ctrl-C in the caller is seen quickly
+
+
+class Aborted(Exception):
+    """Raised by a worker that gave up because `abort` was set (a peer failed first)."""
+
+
+class _Job:
+    """One call of `run`: results, errors and a count of devices still running."""
+
+    def __init__(self, n: int) -> None:
+        self.results: list = [None] * n
+        self.errors: list[tuple[int, int, BaseException]] = []  # (order, device, exc)
+        self.running = set(range(n))
+        self.cond = threading.Condition()
+        self._order = 0
+
+    def finish(self, device: int, result=None, error: BaseException | None = None) -> None:
+        with self.cond:
+            if error is None:
+                self.results[device] = result
+            else:
+                self.errors.append((self._order, device, error))
+                self._order += 1
+            self.running.discard(device)
+            self.cond.notify_all()
+
+
+_STOP = object()
+
+
+def _worker_loop(tasks: queue.SimpleQueue, device: int) -> None:
+    # Must not reference the pool object, so a forgotten pool can be garbage collected
+    # (its finalizer then stops this loop).
+    import torch
+
+    torch.set_num_threads(1)
+    while True:
+        item = tasks.get()
+        if item is _STOP:
+            return
+        fn, job = item
+        try:
+            result = fn()
+        except BaseException as exc:  # noqa: BLE001 - reported to the caller, never lost
+            exc.__worker_traceback__ = traceback.format_exc()  # type: ignore[attr-defined]
+            job.finish(device, error=exc)
+        else:
+            job.finish(device, result=result)
+
+
+def _stop_threads(
+    queues: list[queue.SimpleQueue], threads: list[threading.Thread], abort: threading.Event
+) -> None:
+    abort.set()  # a worker still blocked in a task should give up
+    for q in queues:
+        q.put(_STOP)
+    for t in threads:
+        if t is not threading.current_thread():
+            t.join(timeout=ABORT_GRACE_S)
+
+
+class DeviceThreads:
+    """`num_devices` persistent worker threads; `run(fns)` runs fns[d] on thread d."""
+
+    def __init__(self, num_devices: int, name: str = "device") -> None:
+        if not isinstance(num_devices, int) or isinstance(num_devices, bool) or num_devices < 1:
+            raise CourseInputError(f"num_devices must be an integer >= 1, got {num_devices!r}")
+        self.num_devices = num_devices
+        self.name = name
+        self.abort = threading.Event()
+        self._queues: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(num_devices)]
+        self._threads = [
+            # daemon only as a last resort: close() and the finalizer join them properly
+            threading.Thread(
+                target=_worker_loop, args=(self._queues[d], d), name=f"{name}-{d}", daemon=True
+            )
+            for d in range(num_devices)
+        ]
+        for t in self._threads:
+            t.start()
+        self._job: _Job | None = None
+        self._closed = False
+        # Closes the pool when it is garbage collected or at interpreter exit (atexit).
+        self._finalizer = weakref.finalize(
+            self, _stop_threads, self._queues, self._threads, self.abort
+        )
+
+    # -- running -------------------------------------------------------------------------
+
+    def run(self, fns: Sequence[Callable[[], T]], timeout: float | None = None) -> list[T]:
+        """Run `fns[d]` on device `d` for all d at once; return their results in order.
+
+        Raises `WorkerError` (chaining the first real exception) if any function raised,
+        or if `timeout` seconds pass with devices still running.
+        """
+        if self._closed:
+            raise WorkerError(f"{self.name} threads are closed; create a new DeviceThreads")
+        fns = list(fns)
+        if not 1 <= len(fns) <= self.num_devices:
+            raise CourseInputError(
+                f"fns must hold 1 to {self.num_devices} callables (one per device), got {len(fns)}"
+            )
+        if timeout is not None and timeout <= 0:
+            raise CourseInputError(f"timeout must be > 0 seconds or None, got {timeout!r}")
+        self._wait_previous()
+        self.abort.clear()
+        job = _Job(len(fns))
+        self._job = job
+        for d, fn in enumerate(fns):
+            self._queues[d].put((fn, job))
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            timed_out = self._wait(job, deadline)
+        except KeyboardInterrupt:
+            self.abort.set()
+            self._wait(job, time.monotonic() + ABORT_GRACE_S)
+            raise
+        if timed_out:
+            with job.cond:
+                stuck = sorted(job.running)
+            self.abort.set()
+            self._wait(job, time.monotonic() + ABORT_GRACE_S)
+            with job.cond:
+                still = sorted(job.running)
+            where = ", ".join(str(d) for d in stuck)
+            msg = f"timed out after {timeout:g} s with {self.name} {where} still running"
+            if still:
+                msg += f" ({', '.join(map(str, still))} did not stop after abort)"
+            raise WorkerError(msg)
+        if job.errors:
+            raise _error_for(job.errors)
+        return job.results
+
+    def _wait(self, job: _Job, deadline: float | None) -> bool:
+        """Wait until every device finished; True if `deadline` passed first.
+
+        On the first error, set `abort` so blocked peers give up instead of hanging.
+        """
+        with job.cond:
+            while job.running:
+                if job.errors and not self.abort.is_set():
+                    self.abort.set()
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    return True
+                wait = _POLL_S if deadline is None else min(_POLL_S, deadline - now)
+                job.cond.wait(wait)
+        return False
+
+    def _wait_previous(self) -> None:
+        """A previous run that timed out may still occupy threads: wait, or refuse."""
+        job = self._job
+        if job is None:
+            return
+        self.abort.set()
+        if self._wait(job, time.monotonic() + ABORT_GRACE_S):
+            with job.cond:
+                busy = ", ".join(map(str, sorted(job.running)))
+            raise WorkerError(
+                f"{self.name} {busy} still busy with an earlier task that ignores abort; "
+                "close this pool and create a new one"
+            )
+        self._job = None
+
+    # -- lifetime ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop and join the threads. Safe to call twice."""
+        if not self._closed:
+            self._closed = True
+            self._finalizer()
+
+    def __enter__(self) -> DeviceThreads:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "running"
+        return f"DeviceThreads({self.num_devices}, name={self.name!r}, {state})"
+
+
+def _error_for(errors: list[tuple[int, int, BaseException]]) -> WorkerError:
+    """The caller-side error for a failed run: the first real failure, not the give-ups."""
+    real = [e for e in errors if not isinstance(e[2], Aborted)] or errors
+    _, device, exc = min(real, key=lambda e: e[0])
+    if isinstance(exc, WorkerError | ScheduleError) and f"device {device}" in str(exc):
+        # Already says where it happened (the executor adds action and stage); keep it.
+        err = WorkerError(str(exc))
+    else:
+        err = WorkerError(f"device {device} failed: {type(exc).__name__}: {exc}")
+    err.__cause__ = exc
+    err.device = device  # type: ignore[attr-defined]
+    return err
