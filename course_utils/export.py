@@ -1,0 +1,84 @@
+"""Export a course schedule as the CSV file PyTorch's pipelining runtime loads.
+
+PyTorch's `torch.distributed.pipelining` can run a hand-written schedule: its
+`_PipelineScheduleRuntime._load_csv(path, format="compute_only")` (also inherited by
+`ScheduleLoopedBFS`, `ScheduleInterleaved1F1B`, ...) reads one CSV row per rank, one
+action per cell, each cell written like `_Action.__repr__` ("2F0", "1B3", "0I1", "0W1").
+An empty cell means "nothing this step". PyTorch then adds the sends, receives and
+gradient reductions itself ("lowering"), so a compute-only file is all it needs.
+
+The course's `Action` prints exactly like PyTorch's `_Action`, so a schedule a learner
+designed in the course can be written out here and run on PyTorch's runtime unchanged
+(`course_utils.distributed.run_pipeline(..., csv_path=...)` does that on two processes).
+
+This module does not import torch: it only writes and reads text.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+
+from course_utils.actions import Action, Schedule
+from course_utils.errors import CourseInputError
+
+FORMATS = ("compute_only", "compute_comms")
+
+
+def to_pytorch_rows(schedule: Schedule, format: str = "compute_only") -> list[list[str]]:
+    """One list of action strings per rank, as PyTorch's CSV rows.
+
+    `format="compute_only"` keeps F/B/I/W actions only (PyTorch derives the communication);
+    `format="compute_comms"` keeps every action as written, for a schedule that already
+    spells out its sends and receives.
+    """
+    if not isinstance(schedule, Schedule):
+        raise CourseInputError(
+            f"schedule must be a course_utils.actions.Schedule, got {type(schedule).__name__}"
+        )
+    if format not in FORMATS:
+        raise CourseInputError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
+    rows = []
+    for actions in schedule.devices:
+        kept = [a for a in actions if format == "compute_comms" or a.is_compute]
+        rows.append([str(a) for a in kept])
+    return rows
+
+
+def to_pytorch_csv(
+    schedule: Schedule, path: str | os.PathLike, format: str = "compute_only"
+) -> Path:
+    """Write `schedule` to `path` in PyTorch's pipeline CSV format; returns the path.
+
+    Row r is rank r's actions in order. Load it on PyTorch with
+    `schedule_runtime._load_csv(path, format="compute_only")`.
+    The unsplit "naive" schedule exports as one micro-batch (its `batch_scale` is not a
+    PyTorch notion): give PyTorch `n_microbatches=schedule.microbatches`.
+    """
+    rows = to_pytorch_rows(schedule, format)
+    path = Path(path)
+    # newline="" is what the csv module wants, and what PyTorch's own _dump_csv uses.
+    with open(path, "w", newline="") as f:
+        csv.writer(f).writerows(rows)
+    return path
+
+
+def from_pytorch_csv(path: str | os.PathLike, name: str | None = None) -> Schedule:
+    """Read a PyTorch pipeline CSV (ours or one PyTorch dumped) back into a course Schedule.
+
+    Empty cells (PyTorch's "idle this step" padding) are dropped: a course schedule is
+    an order, not a grid. Stages and micro-batches are counted from the compute actions.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise CourseInputError(f"path must be an existing CSV file, got {str(path)!r}")
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    devices = tuple(tuple(Action.parse(cell) for cell in row if cell.strip()) for row in rows)
+    compute = [a for actions in devices for a in actions if a.is_compute]
+    if not compute:
+        raise CourseInputError(f"path {str(path)!r} holds no compute actions (F, B, I, W)")
+    stages = 1 + max(a.stage for a in compute)
+    microbatches = 1 + max(a.microbatch for a in compute if a.microbatch is not None)
+    return Schedule(name or path.stem, stages, microbatches, devices)
