@@ -1,0 +1,258 @@
+"""The exercise-check framework: kind, specific feedback for answers in exercise notebooks.
+
+An exercise notebook has, per exercise, an answer cell (tag "answer") and a check cell
+(tag "check", id "check-NN-K") that makes ONE call, e.g. `check.exercise_2(bubble_fraction)`,
+where `check` is the lesson's check module `course_utils.checks.lNN`. A check module is built
+from the helpers here:
+
+    from course_utils.checks import CheckFailed, as_number, close, passed
+
+    def exercise_2(bubble_fraction):
+        value = as_number(bubble_fraction, "bubble_fraction")  # None -> NotAnswered, NaN -> ...
+        if not close(value, 3 / 11):
+            raise CheckFailed("bubble_fraction is not right yet. Hint: count idle slots ...")
+        passed("Right: ...")
+
+Rules for feedback: say what is wrong and give a hint, never the answer itself. A learner
+must never see a stack trace from inside a checker: `CheckFailed` renders in IPython as
+just its message (via `_render_traceback_`), and the helpers turn wrong types, NaN and a
+learner function's own exceptions into `CheckFailed` messages. Under nbval a failed check
+is a failed cell, which is how `python -m course_utils grade` scores a notebook.
+
+This package never imports torch; a lesson's check module imports it lazily if needed.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import re
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NoReturn
+
+__all__ = [
+    "CheckFailed",
+    "NotAnswered",
+    "as_choice",
+    "as_int",
+    "as_number",
+    "as_sequence",
+    "check_function",
+    "close",
+    "exercise_label",
+    "fail",
+    "passed",
+    "require",
+]
+
+# What a learner sees in front of a message (the grader also uses these to find the message).
+FAILED_MARK = "❌"
+NOT_ANSWERED_MARK = "✋"
+PASSED_MARK = "✅"
+
+
+class CheckFailed(AssertionError):
+    """A wrong answer. In a notebook it shows as one kind message and no stack trace.
+
+    It is an AssertionError so that plain Python and pytest treat it as a failed check.
+    """
+
+    mark = FAILED_MARK
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def _render_traceback_(self) -> list[str]:
+        # IPython calls this instead of formatting the traceback: the learner needs the
+        # feedback, not the checker's internals.
+        return [f"{self.mark} {line}" if i == 0 else line for i, line in enumerate(self.lines())]
+
+    def lines(self) -> list[str]:
+        return self.message.splitlines() or [""]
+
+
+class NotAnswered(CheckFailed):
+    """The exercise has no answer yet (None, `...`, or a function still raising
+    NotImplementedError). Message: "Exercise N.K is not answered yet: ..."."""
+
+    mark = NOT_ANSWERED_MARK
+
+    def __init__(self, detail: str, exercise: str | None = None) -> None:
+        label = exercise or exercise_label()
+        super().__init__(f"{label} is not answered yet: {detail}")
+        self.detail = detail
+
+
+def exercise_label() -> str:
+    """'Exercise 3.2' when called (at any depth) from `exercise_2` in `course_utils.checks.l03`.
+
+    Check modules follow one naming convention, so the label comes for free instead of
+    every check passing its own number around. Falls back to 'This exercise'.
+    """
+    frame = inspect.currentframe()
+    try:
+        while frame is not None:
+            module = frame.f_globals.get("__name__", "")
+            lesson = re.fullmatch(r"course_utils\.checks\.l(\d+)", module)
+            number = re.fullmatch(r"exercise_(\d+)", frame.f_code.co_name)
+            if lesson and number:
+                return f"Exercise {int(lesson.group(1))}.{int(number.group(1))}"
+            frame = frame.f_back
+    finally:
+        del frame  # break the reference cycle frames make
+    return "This exercise"
+
+
+def passed(message: str) -> None:
+    """Print the success line of a check, e.g. passed("Right: 3 of 11 slots are idle.")."""
+    print(f"{PASSED_MARK} {message}")
+
+
+def fail(message: str) -> NoReturn:
+    """Raise CheckFailed(message): a wrong answer, with a hint that does not give it away."""
+    raise CheckFailed(message)
+
+
+def _is_unanswered(value: Any) -> bool:
+    return value is None or value is NotImplemented or value is Ellipsis
+
+
+def require(value: Any, what: str) -> Any:
+    """Return `value`, or raise NotAnswered if it is a placeholder (None, ..., NotImplemented)."""
+    if _is_unanswered(value):
+        raise NotAnswered(
+            f"`{what}` is still {value!r}. Set it in the answer cell above, "
+            "run that cell, then this one."
+        )
+    return value
+
+
+def _describe(value: Any) -> str:
+    text = repr(value)
+    text = text if len(text) <= 60 else text[:57] + "..."
+    return f"{text} (a {type(value).__name__})"
+
+
+def as_number(value: Any, what: str) -> float:
+    """`value` as a finite float. Accepts int, float, Fraction, numpy scalars and one-element
+    arrays/tensors; a string, bool, NaN or infinity gets a message instead."""
+    require(value, what)
+    if isinstance(value, bool):
+        fail(f"`{what}` should be a number, not {value!r}.")
+    if isinstance(value, str):
+        fail(
+            f"`{what}` should be a number, but it is the text {value!r}. "
+            "Write the number (or a formula) without quotes."
+        )
+    # numpy scalars, 0-d or one-element arrays and torch tensors all have .item();
+    # asking for it avoids importing either library here.
+    if hasattr(value, "item") and callable(value.item) and not isinstance(value, int | float):
+        size = getattr(value, "size", 1)
+        size = size() if callable(size) else size  # torch: .size() is a method
+        count = math.prod(size) if isinstance(size, tuple) else size
+        if count != 1:
+            fail(f"`{what}` should be one number, but it holds {count} values.")
+        value = value.item()
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        fail(f"`{what}` should be a number, but it is {_describe(value)}.")
+    if math.isnan(number):
+        fail(f"`{what}` is NaN (not a number). Look for a 0/0 or an undefined step in the formula.")
+    if math.isinf(number):
+        fail(f"`{what}` is infinite. Look for a division by zero in your formula.")
+    return number
+
+
+def as_int(value: Any, what: str) -> int:
+    """`value` as an int (3.0 is fine, 2.5 is not)."""
+    number = as_number(value, what)
+    if not number.is_integer():
+        fail(f"`{what}` should be a whole number, but it is {number:g}.")
+    return int(number)
+
+
+def as_choice(value: Any, choices: Iterable[Any], what: str) -> Any:
+    """`value` as one of `choices` (text is compared ignoring case and outer spaces);
+    returns the matching choice as spelled in `choices`."""
+    require(value, what)
+    options = list(choices)
+    listed = ", ".join(repr(c) for c in options)
+    if isinstance(value, str):
+        wanted = value.strip().casefold()
+        for option in options:
+            if isinstance(option, str) and option.strip().casefold() == wanted:
+                return option
+    else:
+        for option in options:
+            if not isinstance(option, str) and value == option and type(value) is not bool:
+                return option
+    fail(f"`{what}` should be one of {listed}, but it is {_describe(value)}.")
+
+
+def as_sequence(
+    value: Any,
+    what: str,
+    length: int | None = None,
+    item: Callable[[Any, str], Any] | None = None,
+) -> list[Any]:
+    """`value` as a list (from a list, tuple, range, array...; not from a string or a dict).
+
+    `length` demands exactly that many items; `item(x, name)` converts each item, e.g.
+    `as_sequence(order, "order", item=as_int)`, so item errors name `order[2]`.
+    """
+    require(value, what)
+    if isinstance(value, str | bytes | dict) or not isinstance(value, Iterable):
+        fail(f"`{what}` should be a list, but it is {_describe(value)}.")
+    if hasattr(value, "tolist") and callable(value.tolist):  # numpy arrays / tensors
+        items = value.tolist()
+        items = items if isinstance(items, list) else [items]
+    else:
+        items = list(value)
+    if length is not None and len(items) != length:
+        fail(f"`{what}` should have {length} items, but it has {len(items)}.")
+    if item is not None:
+        items = [item(x, f"{what}[{i}]") for i, x in enumerate(items)]
+    return items
+
+
+def close(value: float, expected: float, rel: float = 1e-3, abs: float = 1e-9) -> bool:
+    """True when `value` is within `rel` (relative) or `abs` (absolute) of `expected`."""
+    return math.isclose(value, expected, rel_tol=rel, abs_tol=abs)
+
+
+def _format_call(what: str, args: Sequence[Any], kwargs: dict[str, Any]) -> str:
+    parts = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]
+    call = f"{what}({', '.join(parts)})"
+    return call if len(call) <= 120 else call[:117] + "..."
+
+
+def check_function(fn: Any, what: str) -> Callable[..., Any]:
+    """Check that `fn` is a function and return a safe caller for it.
+
+    The caller runs `fn(*args, **kwargs)`; if the learner's code raises, the error becomes a
+    CheckFailed naming the call that broke (or NotAnswered if the body is still the
+    `raise NotImplementedError()` stub), so the learner never sees the checker's internals.
+    """
+    require(fn, what)
+    if not callable(fn):
+        fail(f"`{what}` should be a function (define it with `def`), but it is {_describe(fn)}.")
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except NotImplementedError:
+            raise NotAnswered(
+                f"`{what}` still raises NotImplementedError. Replace the "
+                "`raise NotImplementedError()` line with your code and run that cell again."
+            ) from None
+        except CheckFailed:
+            raise
+        except Exception as exc:  # the learner's bug: report it, not our stack
+            raise CheckFailed(
+                f"{_format_call(what, args, kwargs)} raised {type(exc).__name__}: {exc}\n"
+                "Try that call yourself in a new cell to see where it goes wrong."
+            ) from None
+
+    return call

@@ -1,0 +1,248 @@
+"""Tests for course_utils.checks: the helpers, the kind messages, and how a failed check
+looks in a real kernel (no traceback) and under nbval (a failed cell)."""
+
+from __future__ import annotations
+
+import fractions
+import math
+import subprocess
+import sys
+import textwrap
+
+import nbformat
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from course_utils.checks import (
+    CheckFailed,
+    NotAnswered,
+    as_choice,
+    as_int,
+    as_number,
+    as_sequence,
+    check_function,
+    close,
+    passed,
+    require,
+)
+
+
+@pytest.mark.parametrize("value", [None, ..., NotImplemented])
+def test_require_placeholders_are_not_answered(value):
+    with pytest.raises(NotAnswered, match=r"This exercise is not answered yet: `x` is still"):
+        require(value, "x")
+
+
+def test_not_answered_is_a_check_failed_and_an_assertion():
+    assert issubclass(NotAnswered, CheckFailed)
+    assert issubclass(CheckFailed, AssertionError)
+
+
+@pytest.mark.parametrize("value", [0, 0.0, "", [], False])
+def test_require_accepts_falsy_answers(value):
+    assert require(value, "x") is value
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [(3, 3.0), (0.25, 0.25), (fractions.Fraction(3, 11), 3 / 11), (np.float32(0.5), 0.5)],
+)
+def test_as_number_accepts_numbers(value, expected):
+    assert as_number(value, "x") == pytest.approx(expected)
+
+
+def test_as_number_accepts_one_element_arrays_and_numpy_ints():
+    assert as_number(np.array([2.5]), "x") == 2.5
+    assert as_number(np.int64(7), "x") == 7.0
+
+
+@pytest.mark.parametrize(
+    "value, pattern",
+    [
+        (float("nan"), r"`x` is NaN"),
+        (math.inf, r"`x` is infinite"),
+        (-math.inf, r"`x` is infinite"),
+        ("0.25", r"the text '0.25'"),
+        (True, r"should be a number, not True"),
+        ([1, 2], r"should be a number, but it is \[1, 2\] \(a list\)"),
+        (np.array([1.0, 2.0]), r"should be one number, but it holds 2 values"),
+        (np.array(float("nan")), r"is NaN"),
+    ],
+)
+def test_as_number_rejects_with_a_message(value, pattern):
+    with pytest.raises(CheckFailed, match=pattern) as info:
+        as_number(value, "x")
+    assert not isinstance(info.value, NotAnswered)
+
+
+def test_as_number_on_a_torch_tensor_without_importing_torch_here():
+    torch = pytest.importorskip("torch")
+    assert as_number(torch.tensor(1.5), "x") == 1.5
+    with pytest.raises(CheckFailed, match="holds 3 values"):
+        as_number(torch.ones(3), "x")
+
+
+def test_as_int():
+    assert as_int(4, "n") == 4
+    assert as_int(4.0, "n") == 4
+    with pytest.raises(CheckFailed, match="whole number, but it is 2.5"):
+        as_int(2.5, "n")
+    with pytest.raises(NotAnswered):
+        as_int(None, "n")
+
+
+def test_as_choice_is_forgiving_about_case_and_spaces():
+    assert as_choice("  Device 0 ", ["device 0", "device 1"], "who") == "device 0"
+    assert as_choice(2, [1, 2, 3], "k") == 2
+    with pytest.raises(CheckFailed, match=r"one of 'a', 'b'.*'c' \(a str\)"):
+        as_choice("c", ["a", "b"], "pick")
+    with pytest.raises(CheckFailed):
+        as_choice(True, [1, 0], "pick")  # a bool is not the choice 1
+    with pytest.raises(NotAnswered):
+        as_choice(None, ["a"], "pick")
+
+
+def test_as_sequence():
+    assert as_sequence((1, 2), "xs") == [1, 2]
+    assert as_sequence(range(3), "xs", length=3) == [0, 1, 2]
+    assert as_sequence(np.array([1, 2]), "xs") == [1, 2]
+    assert as_sequence(["1", 2.0], "xs", item=lambda v, w: as_int(2.0, w)) == [2, 2]
+    with pytest.raises(CheckFailed, match="should be a list, but it is 'abc'"):
+        as_sequence("abc", "xs")
+    with pytest.raises(CheckFailed, match="should have 3 items, but it has 2"):
+        as_sequence([1, 2], "xs", length=3)
+    with pytest.raises(CheckFailed, match=r"`xs\[1\]` is NaN"):
+        as_sequence([1, float("nan")], "xs", item=as_number)
+    with pytest.raises(CheckFailed, match="should be a list"):
+        as_sequence(5, "xs")
+
+
+def test_close():
+    assert close(1.0, 1.0005)
+    assert not close(1.0, 1.01)
+    assert close(1.0, 1.01, rel=0.02)
+    assert close(0.0, 1e-12)
+
+
+def test_passed_prints_a_tick(capsys):
+    passed("Right: 3 of 11 slots are idle.")
+    assert capsys.readouterr().out == "✅ Right: 3 of 11 slots are idle.\n"
+
+
+def test_check_function_wraps_the_learners_errors():
+    def broken(p, m):
+        return p / m
+
+    def stub(p, m):
+        raise NotImplementedError()
+
+    call = check_function(broken, "bubble")
+    assert call(1, 2) == 0.5
+    with pytest.raises(CheckFailed, match=r"bubble\(1, 0\) raised ZeroDivisionError") as info:
+        call(1, 0)
+    # No chained learner traceback is attached for IPython to print.
+    assert info.value.__suppress_context__ and info.value.__cause__ is None
+    with pytest.raises(NotAnswered, match="still raises NotImplementedError"):
+        check_function(stub, "bubble")(1, 2)
+    with pytest.raises(NotAnswered):
+        check_function(None, "bubble")
+    with pytest.raises(CheckFailed, match="should be a function"):
+        check_function(3, "bubble")
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.one_of(st.none(), st.booleans(), st.text(), st.floats(), st.lists(st.integers())))
+def test_helpers_only_ever_raise_check_failed(value):
+    for helper in (as_number, as_int, as_sequence):
+        try:
+            helper(value, "x")
+        except CheckFailed as exc:
+            assert str(exc).strip()  # always a message
+
+
+def test_exercise_label_comes_from_the_check_module_convention():
+    # Pretend to be course_utils.checks.l03.exercise_2, as a real check module would be.
+    namespace = {"__name__": "course_utils.checks.l03", "require": require}
+    exec("def exercise_2(x):\n    require(x, 'bubble_fraction')\n", namespace)
+    with pytest.raises(NotAnswered, match=r"^Exercise 3\.2 is not answered yet: `bubble_fraction`"):
+        namespace["exercise_2"](None)
+
+
+def test_render_traceback_is_only_the_message():
+    exc = CheckFailed("Not quite.\nHint: count the idle slots.")
+    assert exc._render_traceback_() == ["❌ Not quite.", "Hint: count the idle slots."]
+    assert NotAnswered("x", exercise="Exercise 1.1")._render_traceback_() == [
+        "✋ Exercise 1.1 is not answered yet: x"
+    ]
+
+
+def test_importing_checks_does_not_import_torch():
+    code = "import sys, course_utils.checks; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# -- in a real kernel --------------------------------------------------------------------------
+
+CHECKER = textwrap.dedent(
+    """
+    from course_utils.checks import CheckFailed, as_number, close, passed
+
+    def exercise_1(x):
+        value = as_number(x, "bubble_fraction")
+        if not close(value, 0.25):
+            raise CheckFailed("bubble_fraction is not right yet. Hint: count idle slots.")
+        passed("Right.")
+    """
+)
+
+
+def _tiny_notebook(answer: str) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
+    nb.cells = [
+        nbformat.v4.new_code_cell(CHECKER),
+        nbformat.v4.new_code_cell(f"answer = {answer}"),
+        nbformat.v4.new_code_cell("exercise_1(answer)"),
+    ]
+    return nb
+
+
+@pytest.mark.slow
+def test_failed_check_in_a_kernel_shows_only_the_message():
+    from nbclient import NotebookClient
+
+    nb = _tiny_notebook("float('nan')")
+    nb.cells.append(nbformat.v4.new_code_cell("exercise_1(0.3)"))
+    nb.cells.append(nbformat.v4.new_code_cell("exercise_1(None)"))
+    nb.cells.append(nbformat.v4.new_code_cell("exercise_1(0.25)"))
+    NotebookClient(nb, timeout=60, kernel_name="python3", allow_errors=True).execute()
+    nan, wrong, unanswered, right = (cell.outputs for cell in nb.cells[2:])
+    for outputs, ename, text in [
+        (nan, "CheckFailed", "❌ `bubble_fraction` is NaN"),
+        (wrong, "CheckFailed", "❌ bubble_fraction is not right yet. Hint: count idle slots."),
+        (unanswered, "NotAnswered", "✋ This exercise is not answered yet: `bubble_fraction`"),
+    ]:
+        (error,) = [o for o in outputs if o.output_type == "error"]
+        assert error.ename == ename
+        assert len(error.traceback) == 1 and error.traceback[0].startswith(text)
+        assert "File " not in "\n".join(error.traceback)  # no frames from the checker
+    assert right[0].text == "✅ Right.\n"
+
+
+@pytest.mark.slow
+def test_failed_check_is_a_failed_nbval_test(tmp_path):
+    nbformat.write(_tiny_notebook("0.3"), tmp_path / "wrong.ipynb")
+    nbformat.write(_tiny_notebook("0.25"), tmp_path / "right.ipynb")
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "--nbval-lax", "--nbval-current-env"]
+        + ["-p", "no:cacheprovider", "--color=no", "-q", "-rN", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert result.returncode == 1, result.stdout
+    assert "1 failed, 5 passed" in result.stdout
+    assert "❌ bubble_fraction is not right yet" in result.stdout
