@@ -1,0 +1,430 @@
+"""All-reduce by hand: a message-passing group of threads, and the naive and ring algorithms.
+
+Data and tensor parallelism both need every worker to end up with the *sum* of a tensor
+that each worker holds a different version of. That is an all-reduce. Here it is written
+out with nothing but point-to-point messages between threads, so a learner can read
+every send and receive:
+
+    group = ThreadGroup(world_size=4)          # shared by the 4 threads
+    comm = group.comm(rank)                    # inside thread `rank`
+    comm.all_reduce(grad, op="mean", algorithm="ring")
+
+Each ordered pair of ranks (src, dst) has its own mailbox (a FIFO queue), like one
+direction of a network link. Every message is a copy, and its size is added to
+`group.bytes_sent[src]`, so the lesson can compare the two algorithms' traffic:
+
+- naive: everybody sends to rank 0, which sums and sends the result back.
+  Rank 0 receives (N-1) x S bytes and sends (N-1) x S bytes: it is the bottleneck.
+- ring (Patarasuk & Yuan 2009, "Bandwidth optimal all-reduce algorithms for clusters of
+  workstations"; the algorithm in NCCL and Horovod): cut the data into N chunks; in N-1
+  reduce-scatter steps every rank passes one chunk to its right neighbour, which adds
+  it to its own copy, until each rank owns one fully summed chunk; in N-1 all-gather
+  steps the finished chunks travel once more around the ring. Every rank sends
+  2(N-1)/N x S bytes, whatever N is.
+
+`ring_allreduce_steps` replays the ring algorithm on one thread and records who holds
+what after every step, for printing and drawing in the lesson.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from course_utils.errors import CourseInputError, WorkerError
+from course_utils.workers import Aborted
+
+ALGORITHMS = ("ring", "naive")
+OPS = ("sum", "mean")
+_POLL_S = 0.02  # how often a blocked recv looks at the abort event
+
+
+class CommError(WorkerError):
+    """A receive that gave up: timed out, or a peer failed and the group was aborted."""
+
+
+class CommAborted(Aborted, CommError):
+    """A receive gave up because the abort event was set (another worker failed first)."""
+
+
+# -- chunking and the ring's step plan (shared by the threaded code and the trace) ---------
+
+
+def chunk_bounds(length: int, parts: int) -> list[tuple[int, int]]:
+    """Split range(length) into `parts` contiguous chunks, sizes differing by at most one.
+
+    The first `length % parts` chunks get one extra element; with length < parts some
+    chunks are empty (they are still "sent", as zero-byte messages, to keep the ring simple).
+    """
+    base, extra = divmod(length, parts)
+    bounds, start = [], 0
+    for i in range(parts):
+        end = start + base + (1 if i < extra else 0)
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+def ring_plan(rank: int, world_size: int) -> list[tuple[str, int, int, int]]:
+    """What `rank` does in each of the 2(N-1) ring steps: (phase, step, send_chunk, recv_chunk).
+
+    Reduce-scatter step k: send chunk (rank - k) to the right neighbour, receive chunk
+    (rank - k - 1) from the left one and add it in. After N-1 steps rank r holds the full
+    sum of chunk (r + 1) mod N. All-gather step k: send chunk (rank + 1 - k), receive
+    chunk (rank - k) and overwrite: the finished chunks go once around the ring.
+    """
+    n = world_size
+    plan = []
+    for k in range(n - 1):
+        plan.append(("reduce-scatter", k, (rank - k) % n, (rank - k - 1) % n))
+    for k in range(n - 1):
+        plan.append(("all-gather", k, (rank + 1 - k) % n, (rank - k) % n))
+    return plan
+
+
+def ring_bytes_per_rank(numel: int, world_size: int, element_size: int = 4) -> list[int]:
+    """Exact bytes each rank sends in a ring all-reduce of `numel` elements (uneven chunks)."""
+    bounds = chunk_bounds(numel, world_size)
+    sizes = [(end - start) * element_size for start, end in bounds]
+    return [
+        sum(sizes[send] for _, _, send, _ in ring_plan(r, world_size)) for r in range(world_size)
+    ]
+
+
+def naive_bytes_per_rank(numel: int, world_size: int, element_size: int = 4) -> list[int]:
+    """Bytes each rank sends in the naive all-reduce: rank 0 sends N-1 copies, others one."""
+    size = numel * element_size
+    if world_size == 1:
+        return [0]
+    return [(world_size - 1) * size] + [size] * (world_size - 1)
+
+
+def check_options(op: str, algorithm: str) -> None:
+    """Raise a one-line CourseInputError for an unknown reduction op or algorithm."""
+    if op not in OPS:
+        raise CourseInputError(f"op must be one of {', '.join(OPS)}, got {op!r}")
+    if algorithm not in ALGORITHMS:
+        raise CourseInputError(
+            f"algorithm must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}"
+        )
+
+
+# -- the group of threads -----------------------------------------------------------------
+
+
+class ThreadGroup:
+    """N ranks (threads) with a mailbox per ordered pair of ranks and a shared barrier.
+
+    Create it once, outside the threads, then give thread `r` its handle `group.comm(r)`.
+    `abort` is the event that makes blocked receives give up (pass the pool's
+    `DeviceThreads.abort` so one failing worker does not leave the others hanging);
+    `timeout` bounds any single receive.
+    """
+
+    def __init__(
+        self,
+        world_size: int,
+        abort: threading.Event | None = None,
+        timeout: float = 60.0,
+    ) -> None:
+        if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
+            raise CourseInputError(f"world_size must be an integer >= 1, got {world_size!r}")
+        if not timeout > 0:
+            raise CourseInputError(f"timeout must be > 0 seconds, got {timeout!r}")
+        self.world_size = world_size
+        self.abort = abort if abort is not None else threading.Event()
+        self.timeout = timeout
+        self._mailboxes = {
+            (src, dst): queue.SimpleQueue()
+            for src in range(world_size)
+            for dst in range(world_size)
+            if src != dst
+        }
+        self._cond = threading.Condition()  # the barrier: arrivals in this generation
+        self._arrived = 0
+        self._generation = 0
+        self._lock = threading.Lock()
+        self.bytes_sent = [0] * world_size
+        self.messages_sent = [0] * world_size
+
+    def comm(self, rank: int) -> Communicator:
+        """The handle thread `rank` uses to talk to the others."""
+        if not isinstance(rank, int) or not 0 <= rank < self.world_size:
+            raise CourseInputError(
+                f"rank must be an integer in 0..{self.world_size - 1}, got {rank!r}"
+            )
+        return Communicator(self, rank)
+
+    def reset_counters(self) -> None:
+        with self._lock:
+            self.bytes_sent = [0] * self.world_size
+            self.messages_sent = [0] * self.world_size
+
+    def reset(self) -> None:
+        """Empty the mailboxes and reset the barrier (after an aborted run)."""
+        for box in self._mailboxes.values():
+            while not box.empty():
+                box.get_nowait()
+        with self._cond:
+            self._arrived = 0
+            self._generation += 1
+
+    def _count(self, rank: int, nbytes: int) -> None:
+        with self._lock:
+            self.bytes_sent[rank] += nbytes
+            self.messages_sent[rank] += 1
+
+
+class Communicator:
+    """One rank's view of a `ThreadGroup`: send, recv, barrier and all-reduce."""
+
+    def __init__(self, group: ThreadGroup, rank: int) -> None:
+        self.group = group
+        self.rank = rank
+        self.world_size = group.world_size
+
+    def __repr__(self) -> str:
+        return f"Communicator(rank={self.rank}, world_size={self.world_size})"
+
+    # -- point to point --
+
+    def send(self, dst: int, tensor: torch.Tensor) -> None:
+        """Put a copy of `tensor` in the (self.rank, dst) mailbox; never blocks."""
+        self._check_peer(dst, "dst")
+        message = tensor.detach().clone()  # a message is a copy: the sender may keep editing
+        self.group._count(self.rank, message.numel() * message.element_size())
+        self.group._mailboxes[(self.rank, dst)].put(message)
+
+    def recv(self, src: int) -> torch.Tensor:
+        """Take the next message from `src`; give up on abort or after the group's timeout."""
+        self._check_peer(src, "src")
+        box = self.group._mailboxes[(src, self.rank)]
+        deadline = time.monotonic() + self.group.timeout
+        while True:
+            try:
+                return box.get(timeout=_POLL_S)
+            except queue.Empty:
+                pass
+            if self.group.abort.is_set():
+                raise CommAborted(f"rank {self.rank}: gave up waiting for rank {src} (aborted)")
+            if time.monotonic() > deadline:
+                raise CommError(
+                    f"rank {self.rank}: no message from rank {src} after "
+                    f"{self.group.timeout:g} s (did every rank call the same collective?)"
+                )
+
+    def barrier(self) -> None:
+        """Wait until every rank arrives (or give up on abort/timeout)."""
+        g = self.group
+        deadline = time.monotonic() + g.timeout
+        with g._cond:
+            generation = g._generation
+            g._arrived += 1
+            if g._arrived == self.world_size:  # the last one in lets everybody go
+                g._arrived = 0
+                g._generation += 1
+                g._cond.notify_all()
+                return
+            while g._generation == generation:
+                if g.abort.is_set():
+                    raise CommAborted(f"rank {self.rank}: barrier aborted")
+                if time.monotonic() > deadline:
+                    raise CommError(
+                        f"rank {self.rank}: barrier not reached by all ranks after {g.timeout:g} s"
+                    )
+                g._cond.wait(_POLL_S)
+
+    def _check_peer(self, peer: int, name: str) -> None:
+        if not isinstance(peer, int) or not 0 <= peer < self.world_size or peer == self.rank:
+            raise CourseInputError(
+                f"{name} must be another rank in 0..{self.world_size - 1} (not {self.rank}), "
+                f"got {peer!r}"
+            )
+
+    # -- all-reduce --
+
+    def all_reduce(
+        self,
+        tensor: torch.Tensor | Sequence[torch.Tensor],
+        op: str = "sum",
+        algorithm: str = "ring",
+    ) -> torch.Tensor | Sequence[torch.Tensor]:
+        """Sum (or average) `tensor` over all ranks, in place; returns it.
+
+        `tensor` may be one tensor of any shape or a list of tensors of different shapes
+        (they are flattened into one buffer, reduced together and copied back).
+        Every rank must call this with the same shapes, op and algorithm.
+        """
+        check_options(op, algorithm)
+        is_list = not isinstance(tensor, torch.Tensor)
+        tensors = list(tensor) if is_list else [tensor]
+        if any(not isinstance(t, torch.Tensor) for t in tensors):
+            raise CourseInputError("tensor must be a torch.Tensor or a list of tensors")
+        if not tensors:
+            return tensor
+        flat = torch.cat([t.detach().reshape(-1) for t in tensors])
+        if algorithm == "ring":
+            self._ring_all_reduce(flat)
+        else:
+            self._naive_all_reduce(flat)
+        if op == "mean":
+            flat /= self.world_size
+        offset = 0
+        with torch.no_grad():
+            for t in tensors:
+                t.copy_(flat[offset : offset + t.numel()].view_as(t))
+                offset += t.numel()
+        return tensor  # the very object passed in (a list stays that list), now reduced
+
+    def _naive_all_reduce(self, flat: torch.Tensor) -> None:
+        """Gather to rank 0, sum there, broadcast back."""
+        if self.world_size == 1:
+            return
+        if self.rank == 0:
+            for src in range(1, self.world_size):  # always the same order: deterministic sum
+                flat += self.recv(src)
+            for dst in range(1, self.world_size):
+                self.send(dst, flat)
+        else:
+            self.send(0, flat)
+            flat.copy_(self.recv(0))
+
+    def _ring_all_reduce(self, flat: torch.Tensor) -> None:
+        """Reduce-scatter then all-gather around the ring rank -> rank + 1 (in place)."""
+        n = self.world_size
+        if n == 1:
+            return
+        bounds = chunk_bounds(flat.numel(), n)
+        right, left = (self.rank + 1) % n, (self.rank - 1) % n
+        for phase, _step, send_idx, recv_idx in ring_plan(self.rank, n):
+            s0, s1 = bounds[send_idx]
+            self.send(right, flat[s0:s1])
+            r0, r1 = bounds[recv_idx]
+            incoming = self.recv(left)
+            if phase == "reduce-scatter":
+                flat[r0:r1] += incoming  # add the left neighbour's partial sum
+            else:
+                flat[r0:r1] = incoming  # a finished chunk: just keep it
+
+
+# -- a one-thread trace of the ring, for the lesson ----------------------------------------
+
+
+@dataclass(frozen=True)
+class RingStep:
+    """The state after one ring step.
+
+    `transfers` lists (src, dst, chunk) sent in this step; `values[r][c]` is rank r's
+    current chunk c (a list of floats); `contributors[r][c]` is which ranks' original
+    data that chunk already includes (all N of them means "fully reduced").
+    """
+
+    phase: str  # "start", "reduce-scatter" or "all-gather"
+    step: int
+    transfers: tuple[tuple[int, int, int], ...]
+    values: tuple[tuple[tuple[float, ...], ...], ...]
+    contributors: tuple[tuple[frozenset[int], ...], ...]
+
+    def describe(self) -> str:
+        """A few readable lines: which rank holds which partial sum of each chunk."""
+        head = "start" if self.phase == "start" else f"{self.phase} step {self.step}"
+        sends = ", ".join(f"{s}->{d} chunk {c}" for s, d, c in self.transfers)
+        lines = [f"{head}" + (f": {sends}" if sends else "")]
+        for r, chunks in enumerate(self.contributors):
+            cells = " | ".join("+".join(f"x{w}" for w in sorted(c)) for c in chunks)
+            lines.append(f"  rank {r}: {cells}")
+        return "\n".join(lines)
+
+
+def ring_allreduce_steps(values_per_worker: Sequence[Sequence[float]]) -> list[RingStep]:
+    """Replay the ring all-reduce on one thread; return the start state and each step's state.
+
+    `values_per_worker[r]` is rank r's data (numbers, or a 1-D tensor); all must have
+    the same length. The last state has every rank holding the element-wise sum.
+    """
+    data = [[float(x) for x in row] for row in values_per_worker]
+    n = len(data)
+    if n < 1:
+        raise CourseInputError("values_per_worker must hold one sequence per worker (>= 1)")
+    length = len(data[0])
+    if any(len(row) != length for row in data):
+        raise CourseInputError("values_per_worker: every worker must hold the same length")
+    bounds = chunk_bounds(length, n)
+    chunks = [[row[a:b] for a, b in bounds] for row in data]
+    who = [[frozenset([r]) for _ in range(n)] for r in range(n)]
+
+    def snapshot(phase: str, step: int, transfers) -> RingStep:
+        return RingStep(
+            phase,
+            step,
+            tuple(transfers),
+            tuple(tuple(tuple(c) for c in row) for row in chunks),
+            tuple(tuple(row) for row in who),
+        )
+
+    states = [snapshot("start", 0, [])]
+    plans = [ring_plan(r, n) for r in range(n)]
+    for i in range(2 * (n - 1)):
+        # All ranks send at once, so read every outgoing chunk before anybody updates.
+        outgoing = [(list(chunks[r][plans[r][i][2]]), who[r][plans[r][i][2]]) for r in range(n)]
+        transfers = [(r, (r + 1) % n, plans[r][i][2]) for r in range(n)]
+        for r in range(n):
+            phase, _, _, recv_idx = plans[r][i]
+            vals, contrib = outgoing[(r - 1) % n]
+            if phase == "reduce-scatter":
+                mine = chunks[r][recv_idx]
+                chunks[r][recv_idx] = [a + b for a, b in zip(mine, vals, strict=True)]
+                who[r][recv_idx] = who[r][recv_idx] | contrib
+            else:
+                chunks[r][recv_idx] = vals
+                who[r][recv_idx] = contrib
+        states.append(snapshot(plans[0][i][0], plans[0][i][1], transfers))
+    return states
+
+
+def ring_allreduce_seconds(nbytes: float, workers: int, bandwidth: float, latency: float = 0.0):
+    """Alpha-beta time of a ring all-reduce: 2(N-1)/N * bytes/bandwidth + 2(N-1) * latency.
+
+    (Patarasuk & Yuan 2009; Thakur, Rabenseifner & Gropp 2005 for the alpha-beta model.)
+    """
+    if workers <= 1:
+        return 0.0
+    return 2 * (workers - 1) / workers * nbytes / bandwidth + 2 * (workers - 1) * latency
+
+
+def run_all_reduce(
+    tensors: Sequence[torch.Tensor],
+    op: str = "sum",
+    algorithm: str = "ring",
+    threads=None,
+) -> tuple[list[torch.Tensor], list[int]]:
+    """All-reduce `tensors[r]` (rank r's data) on N real threads; return results and bytes sent.
+
+    A convenience for lessons and tests: makes a `ThreadGroup`, runs one all-reduce per
+    rank on `threads` (a `DeviceThreads` with >= N devices; a temporary one if None) and
+    returns (each rank's reduced copy, `bytes_sent` per rank). The inputs are not modified.
+    """
+    from course_utils.workers import DeviceThreads
+
+    check_options(op, algorithm)
+    n = len(tensors)
+    if n < 1:
+        raise CourseInputError("tensors must hold one tensor per rank (at least one)")
+    pool = threads if threads is not None else DeviceThreads(n, name="rank")
+    try:
+        group = ThreadGroup(n, abort=pool.abort)
+        copies = [t.detach().clone() for t in tensors]
+
+        def work(rank: int):
+            return lambda: group.comm(rank).all_reduce(copies[rank], op=op, algorithm=algorithm)
+
+        pool.run([work(r) for r in range(n)])
+        return copies, list(group.bytes_sent)
+    finally:
+        if threads is None:
+            pool.close()
