@@ -5,6 +5,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LAB_PORT ?= 8888
 LAB_FLAGS ?=
+# JupyterLab refuses to run as root (containers, CI) unless told it may.
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 PIP := $(PY) -m pip --disable-pip-version-check --quiet
 
 .PHONY: setup lab test lint format unit notebooks exercises bench test-browser clean
@@ -22,7 +24,7 @@ setup: $(STAMP)
 lab: setup
 	@echo "Starting JupyterLab on the course index; open the URL printed below (Ctrl-C stops it)."
 	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) \
-		--ServerApp.root_dir=$(CURDIR) $(LAB_FLAGS) notebooks/00_welcome.ipynb
+		--ServerApp.root_dir=$(CURDIR) $(ROOT_FLAG) $(LAB_FLAGS) notebooks/00_welcome.ipynb
 
 test: setup lint unit notebooks
 

@@ -21,7 +21,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "gantt": ("course_utils.gantt", "draw a schedule's simulated timeline as a Gantt chart"),
     "run": ("course_utils.executor", "run one pipelined training step for real on CPU threads"),
     "data-parallel": ("course_utils.data_parallel", "data-parallel step on threads vs one worker"),
-    "tensor-parallel": ("course_utils.tensor_parallel", "tensor-parallel MLP on threads vs unsplit"),
+    "tensor-parallel": (
+        "course_utils.tensor_parallel",
+        "tensor-parallel MLP on threads vs unsplit",
+    ),
     "grade": ("course_utils.grading", "grade exercise notebooks with nbval"),
     "plan": ("course_utils.plan", "memory and throughput planner for a training run"),
     "distributed": ("course_utils.distributed", "DDP on torch.distributed processes vs threads"),

@@ -1,0 +1,174 @@
+"""The foundation: pins agree with Binder's environment, notebooks are clean, the package
+imports fast without torch, and the CLI lists its commands."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import nbformat
+import pytest
+import yaml
+from conftest import ROOT
+
+# pip name -> conda-forge name where they differ
+CONDA_NAMES = {"torch": "pytorch-cpu"}
+
+
+def _pip_pins() -> dict[str, str]:
+    pins = {}
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if not line:
+            continue
+        name, _, version = line.partition("==")
+        assert version, f"requirements.txt: {line!r} is not pinned with =="
+        pins[CONDA_NAMES.get(name.lower(), name.lower())] = version
+    return pins
+
+
+def _conda_pins() -> tuple[dict[str, str], dict]:
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    pins = {}
+    for dep in env["dependencies"]:
+        assert isinstance(dep, str), "environment.yml must not have a pip: section (Binder caching)"
+        name, _, version = dep.partition("=")
+        pins[name.lower()] = version
+    return pins, env
+
+
+def test_environment_yml_matches_requirements():
+    pip_pins = _pip_pins()
+    conda_pins, env = _conda_pins()
+    python = conda_pins.pop("python")
+    assert python == "3.11"
+    assert env["channels"] == ["conda-forge"]
+    assert set(conda_pins) == set(pip_pins), (
+        f"only in environment.yml: {sorted(set(conda_pins) - set(pip_pins))}; "
+        f"only in requirements.txt: {sorted(set(pip_pins) - set(conda_pins))}"
+    )
+    for name, version in pip_pins.items():
+        assert conda_pins[name] == version, f"{name}: {conda_pins[name]} vs {version}"
+    assert pip_pins["pytorch-cpu"] == "2.13.0"
+    assert pip_pins["jupyterlab"].startswith("4.") and pip_pins["ipywidgets"].startswith("8.")
+
+
+def test_binder_files():
+    post_build = ROOT / "postBuild"
+    assert os.access(post_build, os.X_OK), "postBuild must be executable"
+    assert "pip install --no-deps -e ." in post_build.read_text()
+    assert not (ROOT / "binder").exists(), "a binder/ folder would hide the root files"
+    readme = (ROOT / "README.md").read_text()
+    badge = re.search(
+        r"\(https://mybinder\.org/v2/gh/[^)]*urlpath=lab/tree/(notebooks/[^)&]+)\)", readme
+    )
+    assert badge, "README needs a Binder badge opening JupyterLab on the course index"
+    assert (ROOT / badge.group(1)).exists(), badge.group(1)
+
+
+def test_readme_quick_start_is_two_commands():
+    readme = (ROOT / "README.md").read_text()
+    quick = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```(?:bash|sh)?\n(.*?)```", quick, re.S).group(1)
+    commands = [
+        c for c in block.splitlines() if c.strip() and not c.startswith(("git clone", "cd "))
+    ]
+    assert commands == ["make lab", "make test"]
+
+
+def _all_notebooks():
+    return sorted(
+        p
+        for folder in ("notebooks", "exercises", "solutions")
+        for p in (ROOT / folder).glob("*.ipynb")
+    )
+
+
+@pytest.mark.parametrize("path", _all_notebooks(), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_notebooks_committed_without_outputs(path):
+    nb = nbformat.read(path, as_version=4)
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type == "code":
+            assert cell.outputs == [], f"{path.name} cell {index} has outputs: clear them"
+            assert cell.execution_count is None, f"{path.name} cell {index} has an execution count"
+
+
+def test_lessons_00_to_09_are_listed_in_the_index():
+    index = nbformat.read(ROOT / "notebooks" / "00_welcome.ipynb", as_version=4)
+    text = "\n".join(c.source for c in index.cells)
+    for n in range(10):
+        assert re.search(rf"^\| 0{n} \|", text, re.M), f"lesson 0{n} missing from the index"
+    assert "check_setup()" in text
+
+
+def _run_python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def test_import_course_utils_is_fast_and_without_torch():
+    code = (
+        "import sys, time; t = time.perf_counter(); import course_utils, course_utils.cli; "
+        "print(time.perf_counter() - t, 'torch' in sys.modules)"
+    )
+    seconds, torch_loaded = _run_python(code).stdout.split()
+    assert torch_loaded == "False"
+    assert float(seconds) < 0.5
+
+
+def test_cli_help_lists_every_command():
+    out = subprocess.run(
+        [sys.executable, "-m", "course_utils", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0
+    for command in (
+        "schedule",
+        "gantt",
+        "run",
+        "data-parallel",
+        "tensor-parallel",
+        "grade",
+        "plan",
+        "distributed",
+    ):
+        assert re.search(rf"^\s+{command}\s", out.stdout, re.M), command
+
+
+def test_cli_unknown_command_is_one_line_exit_2():
+    out = subprocess.run(
+        [sys.executable, "-m", "course_utils", "frobnicate"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert "frobnicate" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_setup_check_measures_real_concurrency():
+    from course_utils.setup_check import available_cores, concurrency_speedup
+
+    assert available_cores() >= 1
+    speedup = concurrency_speedup(size=64, repeats=5)
+    assert speedup > 0
+
+
+def test_makefile_targets_and_ci_script():
+    makefile = (ROOT / "Makefile").read_text()
+    for target in ("lab:", "test:", "lint:", "exercises:", "bench:", "test-browser:"):
+        assert re.search(rf"^{target}", makefile, re.M), target
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "make test" in ci
+    assert os.access(ROOT / ".ci" / "run", os.X_OK)
+
+
+def test_gitignore_covers_venv_and_caches():
+    ignored = (ROOT / ".gitignore").read_text().split()
+    for entry in (".venv/", "__pycache__/", ".pytest_cache/", "*.egg-info/"):
+        assert entry in ignored
+
+
+def test_requirements_pin_cpu_torch():
+    assert "torch==2.13.0" in (ROOT / "requirements.txt").read_text()
