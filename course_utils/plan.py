@@ -29,7 +29,7 @@ import itertools
 import json
 import math
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from course_utils.errors import CourseInputError
 
@@ -174,6 +174,11 @@ class Hardware:
         return gbs * 1e9
 
 
+def replace_config(config: Config, **changes) -> Config:
+    """A copy of `config` with some fields changed: `replace_config(c, recompute="full")`."""
+    return replace(config, **changes)
+
+
 def _positive_int(value, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise CourseInputError(f"{what} must be an integer >= 1, got {value!r}")
@@ -198,6 +203,12 @@ def check_config(model: ModelShape | None, config: Config) -> None:
         raise CourseInputError(
             f"chunks > 1 needs a looping schedule ({', '.join(LOOPING)}), "
             f"got schedule {config.schedule!r}"
+        )
+    if config.schedule == "interleaved" and config.pp > 1 and config.microbatches % config.pp:
+        # the same rule as course_utils.schedules (and Megatron-LM)
+        raise CourseInputError(
+            f"interleaved needs microbatches ({config.microbatches}) to be a multiple of "
+            f"pp ({config.pp})"
         )
     if model is None:
         return
