@@ -1,0 +1,365 @@
+"""Data parallelism on CPU threads: N model replicas, N shards of the batch, one all-reduce.
+
+Every replica (one thread = one device) holds a full copy of the model and gets its own
+slice of the mini-batch. All replicas run forward and backward at the same time; then the
+gradients are summed with the hand-made all-reduce from `course_utils.collectives`
+(ring or naive), and every replica applies the same optimizer step to the same summed
+gradient, so the replicas stay identical, step after step.
+
+Why the result equals one worker training on the whole batch: the loss is a mean over
+the B samples, so its gradient is sum_r (n_r / B) x (gradient of replica r's mean loss
+over its n_r samples). Each replica scales its loss by n_r / B before backward and the
+all-reduce sums. Shards may therefore be uneven (B not divisible by N is fine: the
+first B % N replicas get one extra sample) and the result is still exact; with even
+shards this is the usual "average the gradients".
+
+`DataParallel.step` also records a measured `Timeline` (real `perf_counter_ns` times):
+per replica a forward `0F0`, a backward `0B0` and the all-reduce `0REDUCE_GRAD`
+(labelled "all-reduce"), drawn by `course_utils.gantt.draw` like every other timeline.
+
+`dp_speedup_model` is the back-of-the-envelope model for the lesson: why adding workers
+stops paying off once the all-reduce costs as much as the shrinking compute.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from course_utils.actions import Action
+from course_utils.collectives import (
+    ALGORITHMS,
+    ThreadGroup,
+    check_options,
+    ring_allreduce_seconds,
+)
+from course_utils.errors import CourseInputError
+from course_utils.timeline import Event, Timeline
+from course_utils.workers import DeviceThreads
+
+OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over all positions (works for (B, C) and (B, T, C) logits)."""
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+
+
+def sgd(lr: float = 0.1) -> OptimizerFactory:
+    """An optimizer factory: every replica builds its own optimizer from it."""
+    return lambda params: torch.optim.SGD(params, lr=lr)
+
+
+def shard_sizes(batch: int, workers: int) -> list[int]:
+    """Samples per replica: as even as possible, the first batch % workers get one more."""
+    if batch < workers:
+        raise CourseInputError(
+            f"batch size must be >= workers so every replica gets a sample, "
+            f"got batch {batch} for {workers} workers"
+        )
+    base, extra = divmod(batch, workers)
+    return [base + (1 if r < extra else 0) for r in range(workers)]
+
+
+@dataclass
+class DPStepResult:
+    """One data-parallel step: whole-batch loss, measured timeline, bytes each replica sent."""
+
+    loss: float
+    timeline: Timeline
+    bytes_sent: list[int]
+
+
+class DataParallel:
+    """N replicas of `model` on N threads, trained in lock-step on shards of each batch.
+
+    `model` is copied (deep copy) into every replica and is not modified itself.
+    `optimizer` is a factory `params -> torch.optim.Optimizer` (default SGD, lr 0.1).
+    `loss_fn(output, targets)` must be a mean over samples (default: cross-entropy).
+    Use as a context manager, or call `close()`, to stop the threads.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        workers: int,
+        algorithm: str = "ring",
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = cross_entropy,
+        optimizer: OptimizerFactory | None = None,
+        timeout: float = 120.0,
+    ) -> None:
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+            raise CourseInputError(f"workers must be an integer >= 1, got {workers!r}")
+        check_options("sum", algorithm)
+        self.workers = workers
+        self.algorithm = algorithm
+        self.loss_fn = loss_fn
+        self.replicas = [copy.deepcopy(model) for _ in range(workers)]
+        factory = optimizer or sgd()
+        self.optimizers = [factory(r.parameters()) for r in self.replicas]
+        self.threads = DeviceThreads(workers, name="replica")
+        self.group = ThreadGroup(workers, abort=self.threads.abort, timeout=timeout)
+        self.timeout = timeout
+
+    @property
+    def param_bytes(self) -> int:
+        """Bytes of trainable parameters in one replica (= bytes of gradient to all-reduce)."""
+        return sum(p.numel() * p.element_size() for p in _trainable(self.replicas[0]))
+
+    def step(self, inputs: torch.Tensor, targets: torch.Tensor) -> DPStepResult:
+        """One training step on the mini-batch (inputs, targets), split over the replicas."""
+        if inputs.shape[0] != targets.shape[0]:
+            raise CourseInputError(
+                f"inputs and targets must have the same batch size, got "
+                f"{inputs.shape[0]} and {targets.shape[0]}"
+            )
+        batch = inputs.shape[0]
+        sizes = shard_sizes(batch, self.workers)
+        xs, ys = inputs.split(sizes), targets.split(sizes)
+        self.group.reset_counters()
+        t0 = time.perf_counter_ns()
+
+        def replica_step(rank: int) -> Callable[[], tuple[float, list[Event]]]:
+            def work() -> tuple[float, list[Event]]:
+                model, opt = self.replicas[rank], self.optimizers[rank]
+                comm = self.group.comm(rank)
+                events = []
+
+                def record(kind: str, start: int, label: str | None = None) -> int:
+                    end = time.perf_counter_ns()
+                    action = Action(0, kind, None if kind == "REDUCE_GRAD" else 0)
+                    events.append(Event(rank, action, (start - t0) / 1e9, (end - t0) / 1e9, label))
+                    return end
+
+                opt.zero_grad(set_to_none=False)
+                start = time.perf_counter_ns()
+                # the shard's mean loss, weighted by its share of the batch (see module doc)
+                loss = self.loss_fn(model(xs[rank]), ys[rank]) * (sizes[rank] / batch)
+                start = record("F", start)
+                loss.backward()
+                start = record("B", start)
+                grads = [_grad(p) for p in _trainable(model)]
+                comm.all_reduce(grads, op="sum", algorithm=self.algorithm)
+                record("REDUCE_GRAD", start, "all-reduce")
+                opt.step()  # same summed gradient everywhere -> same update everywhere
+                return loss.item(), events
+
+            return work
+
+        results = self.threads.run([replica_step(r) for r in range(self.workers)])
+        events = [e for _, evs in results for e in evs]
+        timeline = Timeline(
+            events,
+            self.workers,
+            name=f"data parallel, {self.workers} workers ({self.algorithm} all-reduce)",
+            source="measured",
+            unit="s",
+            meta={"shard_sizes": sizes, "algorithm": self.algorithm},
+        )
+        loss = sum(weighted for weighted, _ in results)
+        return DPStepResult(loss, timeline, list(self.group.bytes_sent))
+
+    def max_replica_diff(self) -> float:
+        """Largest parameter difference between replica 0 and any other (0.0 when in sync)."""
+        ref = list(_trainable(self.replicas[0]))
+        worst = 0.0
+        for replica in self.replicas[1:]:
+            for a, b in zip(ref, _trainable(replica), strict=True):
+                worst = max(worst, (a - b).abs().max().item())
+        return worst
+
+    def close(self) -> None:
+        self.threads.close()
+
+    def __enter__(self) -> DataParallel:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+def _trainable(model: nn.Module) -> list[nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def _grad(p: nn.Parameter) -> torch.Tensor:
+    # A parameter unused in this forward has no gradient yet; every replica must still
+    # send the same buffer layout, so give it zeros.
+    if p.grad is None:
+        p.grad = torch.zeros_like(p)
+    return p.grad
+
+
+def single_worker_steps(
+    model: nn.Module,
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = cross_entropy,
+    optimizer: OptimizerFactory | None = None,
+) -> tuple[nn.Module, list[float]]:
+    """The reference: a copy of `model` trained by plain gradient descent on whole batches."""
+    model = copy.deepcopy(model)
+    opt = (optimizer or sgd())(model.parameters())
+    losses = []
+    for x, y in batches:
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return model, losses
+
+
+def max_param_diff(a: nn.Module, b: nn.Module) -> float:
+    """Largest absolute difference between corresponding parameters of two models."""
+    return max(
+        ((p - q).abs().max().item() for p, q in zip(a.parameters(), b.parameters(), strict=True)),
+        default=0.0,
+    )
+
+
+# -- the scaling model for the lesson -----------------------------------------------------
+
+
+def dp_speedup_model(
+    workers: int,
+    compute_time: float,
+    grad_bytes: float,
+    bandwidth: float,
+    latency: float = 0.0,
+    overlap: float = 0.0,
+) -> float:
+    """Expected speed-up of N data-parallel workers over one, at the same global batch.
+
+    One worker needs `compute_time` seconds for the whole global batch. N workers each
+    compute 1/N of it, then all-reduce `grad_bytes` of gradients with the ring algorithm,
+    which takes 2(N-1)/N x grad_bytes / bandwidth + 2(N-1) x latency seconds
+    (Patarasuk & Yuan 2009). `overlap` (0..1) is the fraction of that communication
+    hidden behind the backward pass (bucketed all-reduce as in PyTorch DDP; Li et al.
+    2020, arXiv 2006.15704):
+
+        speedup(N) = compute_time / (compute_time / N + (1 - overlap) x allreduce(N))
+
+    Example: ResNet-50 has 25.6 M parameters, so 102.4 MB of fp32 gradients. Say one
+    worker needs 4.0 s for a global batch of 4096 images, and the workers are linked by
+    10 Gbit/s Ethernet (1.25e9 bytes/s, 50 us latency). With 16 workers each computes
+    for 0.25 s, and the ring all-reduce takes 2 x 15/16 x 102.4e6 / 1.25e9 + 30 x 50e-6
+    = 0.155 s, so a step takes 0.405 s: a speed-up of about 9.9x, not 16x.
+    The bandwidth term hardly shrinks as N grows (2(N-1)/N -> 2) while the compute
+    shrinks like 1/N, so communication takes a growing share of each step. Overlapping
+    half the all-reduce with the backward pass gives 4.0 / (0.25 + 0.077) = 12.2x.
+    """
+    if not isinstance(workers, int) or workers < 1:
+        raise CourseInputError(f"workers must be an integer >= 1, got {workers!r}")
+    if compute_time <= 0:
+        raise CourseInputError(f"compute_time must be > 0 seconds, got {compute_time!r}")
+    if bandwidth <= 0:
+        raise CourseInputError(f"bandwidth must be > 0 bytes/s, got {bandwidth!r}")
+    if grad_bytes < 0 or latency < 0:
+        raise CourseInputError("grad_bytes and latency must be >= 0")
+    if not 0.0 <= overlap <= 1.0:
+        raise CourseInputError(f"overlap must be between 0 and 1, got {overlap!r}")
+    comm = ring_allreduce_seconds(grad_bytes, workers, bandwidth, latency)
+    return compute_time / (compute_time / workers + (1.0 - overlap) * comm)
+
+
+# -- command line -------------------------------------------------------------------------
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--workers", type=int, default=2, help="data-parallel replicas (>= 1)")
+    parser.add_argument(
+        "--allreduce", default="ring", help=f"all-reduce algorithm: {', '.join(ALGORITHMS)}"
+    )
+    parser.add_argument("--batch", type=int, default=256, help="global mini-batch size")
+    parser.add_argument("--steps", type=int, default=3, help="steps compared with one worker")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def _cli_model(seed: int = 0) -> tuple[nn.Module, int, int]:
+    """An MLP big enough that a step takes tens of ms on one core: (model, d_in, classes)."""
+    from course_utils.models import MLP
+
+    torch.manual_seed(seed)
+    d_in, width, classes = 256, 512, 10
+    return MLP(d_in, width, classes, n_layers=3), d_in, classes
+
+
+def _time_steps(dp: DataParallel, x, y, repeats: int) -> tuple[float, DPStepResult]:
+    """Best step time of `repeats` steps after one warm-up step (and the last result)."""
+    result = dp.step(x, y)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = dp.step(x, y)
+        best = min(best, time.perf_counter() - start)
+    return best, result
+
+
+def compare(
+    workers: int, algorithm: str = "ring", batch: int = 256, steps: int = 3, repeats: int = 5
+) -> dict:
+    """Train N replicas and one worker side by side; return the CLI's figures as a dict."""
+    if not isinstance(workers, int) or workers < 1:
+        raise CourseInputError(f"--workers must be an integer >= 1, got {workers!r}")
+    if algorithm not in ALGORITHMS:
+        raise CourseInputError(
+            f"--allreduce must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}"
+        )
+    if steps < 1:
+        raise CourseInputError(f"--steps must be >= 1, got {steps!r}")
+    shard_sizes(batch, workers)  # validates --batch against --workers
+    model, d_in, classes = _cli_model()
+    gen = torch.Generator().manual_seed(1)
+    batches = [
+        (torch.randn(batch, d_in, generator=gen), torch.randint(classes, (batch,), generator=gen))
+        for _ in range(steps)
+    ]
+    reference, _ = single_worker_steps(model, batches)
+    with DataParallel(model, workers, algorithm) as dp, DataParallel(model, 1) as one:
+        for x, y in batches:
+            dp.step(x, y)
+        diff = max_param_diff(dp.replicas[0], reference)
+        x, y = batches[0]
+        t_one, _ = _time_steps(one, x, y, repeats)
+        t_dp, last = _time_steps(dp, x, y, repeats)
+        param_bytes = dp.param_bytes
+    return {
+        "workers": workers,
+        "allreduce": algorithm,
+        "batch": batch,
+        "max_param_diff": diff,
+        "speedup": t_one / t_dp,
+        "step_time_one_worker_s": t_one,
+        "step_time_s": t_dp,
+        "bytes_sent_per_worker": last.bytes_sent,
+        "param_bytes": param_bytes,
+        "events": [
+            {**e.to_dict(), "label": e.label}
+            for e in sorted(last.timeline.events, key=lambda e: (e.start, e.device))
+        ],
+    }
+
+
+def run(args) -> int:
+    result = compare(args.workers, args.allreduce, args.batch, args.steps)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    n = result["workers"]
+    print(f"data parallel: {n} workers, {result['allreduce']} all-reduce, batch {args.batch}")
+    print(f"  max |param diff| vs one worker on the whole batch: {result['max_param_diff']:.2e}")
+    print(
+        f"  step time: {1e3 * result['step_time_s']:.1f} ms vs "
+        f"{1e3 * result['step_time_one_worker_s']:.1f} ms on one worker "
+        f"-> speed-up {result['speedup']:.2f}x (ideal {n}x)"
+    )
+    sent = ", ".join(f"{b / 1e6:.3f}" for b in result["bytes_sent_per_worker"])
+    print(f"  gradient bytes: {result['param_bytes'] / 1e6:.3f} MB; sent per worker (MB): {sent}")
+    return 0

@@ -1,0 +1,190 @@
+"""Data parallelism on threads equals one worker on the whole batch; timelines and the model."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from course_utils.actions import Action
+from course_utils.collectives import naive_bytes_per_rank, ring_bytes_per_rank
+from course_utils.data_parallel import (
+    DataParallel,
+    dp_speedup_model,
+    max_param_diff,
+    shard_sizes,
+    single_worker_steps,
+)
+from course_utils.errors import CourseInputError
+
+D_IN, CLASSES = 12, 5
+
+
+def make_model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(
+        nn.Linear(D_IN, 32), nn.GELU(), nn.Linear(32, 32), nn.GELU(), nn.Linear(32, CLASSES)
+    )
+
+
+def make_batches(batch: int, steps: int, seed: int = 1):
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        (torch.randn(batch, D_IN, generator=gen), torch.randint(CLASSES, (batch,), generator=gen))
+        for _ in range(steps)
+    ]
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "naive"])
+@pytest.mark.parametrize("workers", [1, 2, 3, 4])
+def test_same_weights_as_one_worker_on_the_whole_batch(workers, algorithm):
+    model, batches = make_model(), make_batches(batch=24, steps=4)
+    reference, ref_losses = single_worker_steps(model, batches)
+    with DataParallel(model, workers, algorithm) as dp:
+        losses = [dp.step(x, y).loss for x, y in batches]
+        assert max_param_diff(dp.replicas[0], reference) <= 1e-5
+        assert dp.max_replica_diff() == 0.0  # replicas stay bit-identical
+    assert losses == pytest.approx(ref_losses, abs=1e-5)
+    # the model passed in is left alone
+    assert max_param_diff(model, make_model()) == 0.0
+    assert max_param_diff(model, reference) > 1e-3  # ...and training really changed weights
+
+
+def test_uneven_shards_are_weighted_exactly():
+    # 10 samples over 4 workers: shards of 3, 3, 2, 2
+    assert shard_sizes(10, 4) == [3, 3, 2, 2]
+    model, batches = make_model(), make_batches(batch=10, steps=3)
+    reference, _ = single_worker_steps(model, batches)
+    with DataParallel(model, 4, "ring") as dp:
+        for x, y in batches:
+            result = dp.step(x, y)
+        assert result.timeline.meta["shard_sizes"] == [3, 3, 2, 2]
+        assert max_param_diff(dp.replicas[0], reference) <= 1e-5
+
+
+def test_adam_and_mse_loss_match_too():
+    def adam(params):
+        return torch.optim.Adam(params, lr=1e-2)
+
+    model = make_model()
+    gen = torch.Generator().manual_seed(3)
+    batches = [(torch.randn(8, D_IN, generator=gen), torch.randn(8, CLASSES, generator=gen))]
+    batches = batches * 3
+    mse = nn.functional.mse_loss
+    reference, _ = single_worker_steps(model, batches, loss_fn=mse, optimizer=adam)
+    with DataParallel(model, 2, "naive", loss_fn=mse, optimizer=adam) as dp:
+        for x, y in batches:
+            dp.step(x, y)
+        assert max_param_diff(dp.replicas[1], reference) <= 1e-5
+
+
+def test_unused_parameters_get_zero_gradients():
+    class WithSpare(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used = nn.Linear(D_IN, CLASSES)
+            self.spare = nn.Linear(3, 3)  # never called: no .grad after backward
+
+        def forward(self, x):
+            return self.used(x)
+
+    torch.manual_seed(0)
+    model, batches = WithSpare(), make_batches(batch=6, steps=2)
+    reference, _ = single_worker_steps(model, batches)
+    with DataParallel(model, 3) as dp:
+        for x, y in batches:
+            dp.step(x, y)
+        assert max_param_diff(dp.replicas[2], reference) <= 1e-5
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "naive"])
+def test_measured_timeline_and_bytes(algorithm):
+    model, (batch,) = make_model(), make_batches(batch=16, steps=1)
+    workers = 3
+    with DataParallel(model, workers, algorithm) as dp:
+        result = dp.step(*batch)
+        numel = dp.param_bytes // 4
+    tl = result.timeline
+    assert tl.source == "measured" and tl.unit == "s" and tl.num_devices == workers
+    for d in range(workers):
+        events = tl.device_events(d)
+        assert [str(e.action) for e in events] == ["0F0", "0B0", "0REDUCE_GRAD"]
+        assert events[2].action == Action(0, "REDUCE_GRAD") and events[2].label == "all-reduce"
+        for prev, nxt in zip(events, events[1:], strict=False):
+            assert prev.end <= nxt.start
+        assert all(e.end > e.start >= 0 for e in events)
+    assert tl.makespan < 60  # seconds, not nanoseconds
+    expected = ring_bytes_per_rank if algorithm == "ring" else naive_bytes_per_rank
+    assert result.bytes_sent == expected(numel, workers)
+
+
+def test_gantt_draws_the_measured_timeline():
+    gantt = pytest.importorskip("course_utils.gantt")
+    model, (batch,) = make_model(), make_batches(batch=8, steps=1)
+    with DataParallel(model, 2) as dp:
+        timeline = dp.step(*batch).timeline
+    fig = gantt.draw(timeline)
+    assert fig is not None
+
+
+def test_speedup_model_explains_sixteen_workers():
+    # the docstring's ResNet-50 example: about 9.9x on 16 workers, not 16x
+    s = dp_speedup_model(16, compute_time=4.0, grad_bytes=102.4e6, bandwidth=1.25e9, latency=50e-6)
+    assert s == pytest.approx(4.0 / (0.25 + 2 * 15 / 16 * 102.4e6 / 1.25e9 + 30 * 50e-6))
+    assert 9.5 < s < 10.5
+    assert dp_speedup_model(1, 4.0, 102.4e6, 1.25e9) == pytest.approx(1.0)
+    # free communication gives the ideal; full overlap hides it
+    assert dp_speedup_model(8, 1.0, 0.0, 1e9) == pytest.approx(8.0)
+    assert dp_speedup_model(8, 1.0, 1e9, 1e9, overlap=1.0) == pytest.approx(8.0)
+    # more workers always help less and less
+    speedups = [dp_speedup_model(n, 4.0, 102.4e6, 1.25e9) for n in (2, 4, 8, 16, 32)]
+    gains = [b / a for a, b in zip(speedups, speedups[1:], strict=False)]
+    assert all(g2 < g1 for g1, g2 in zip(gains, gains[1:], strict=False))
+
+
+def test_bad_input():
+    model = make_model()
+    with pytest.raises(CourseInputError, match="workers must be an integer >= 1"):
+        DataParallel(model, 0)
+    with pytest.raises(CourseInputError, match="algorithm must be one of ring, naive"):
+        DataParallel(model, 2, "tree")
+    with DataParallel(model, 4) as dp:
+        x, y = make_batches(batch=3, steps=1)[0]
+        with pytest.raises(CourseInputError, match="batch size must be >= workers"):
+            dp.step(x, y)
+    with pytest.raises(CourseInputError, match="overlap"):
+        dp_speedup_model(2, 1.0, 1.0, 1.0, overlap=2.0)
+
+
+def _cli(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "course_utils", "data-parallel", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [(["--workers", "0"], "workers"), (["--allreduce", "tree"], "allreduce")],
+)
+def test_cli_bad_input_is_one_line_exit_2(args, message):
+    proc = _cli(*args)
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_cli_json():
+    pytest.importorskip("course_utils.models")
+    proc = _cli("--workers", "2", "--allreduce", "naive", "--batch", "64", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    for key in ("workers", "max_param_diff", "speedup", "bytes_sent_per_worker", "param_bytes"):
+        assert key in out
+    assert out["workers"] == 2 and out["max_param_diff"] <= 1e-5 and out["speedup"] > 0
+    assert out["bytes_sent_per_worker"] == [out["param_bytes"]] * 2  # naive, 2 workers
+    assert {e["action"] for e in out["events"]} == {"0F0", "0B0", "0REDUCE_GRAD"}
