@@ -1,0 +1,130 @@
+"""Generate exercises/ from solutions/: the solved notebooks are the one source of truth.
+
+    python -m course_utils.make_exercises          # (re)write exercises/*.ipynb
+    python -m course_utils.make_exercises --check  # exit 1 and list stale files
+
+Each `### BEGIN SOLUTION` ... `### END SOLUTION` block (nbgrader's markers) becomes
+`# YOUR CODE HERE` + `raise NotImplementedError()` at the block's indentation (in markdown
+cells: "YOUR ANSWER HERE"); outputs and execution counts are cleared; cell ids and tags stay,
+so the grader can match check cells. The output is byte-for-byte deterministic and already
+`ruff format`-clean, which is what lets `--check` (and a test) catch a stale exercises/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+from pathlib import Path
+
+import nbformat
+
+from course_utils.errors import CourseInputError
+from course_utils.notebook_tools import (
+    EXERCISES,
+    SOLUTIONS,
+    notebook_text,
+    read_notebook,
+    ruff_format_notebook,
+    strip_solutions,
+)
+
+# Notebook metadata that only describes one run (widget state), not the exercise.
+RUN_METADATA = ("widgets",)
+
+
+def exercise_notebook(solution: nbformat.NotebookNode, name: str = "notebook") -> str:
+    """The exercise version of a solution notebook, as file text."""
+    nb = copy.deepcopy(solution)
+    for key in RUN_METADATA:
+        nb.metadata.pop(key, None)
+    for index, cell in enumerate(nb.cells):
+        where = f"{name}, cell {index} (id {cell.get('id', '?')})"
+        if cell.cell_type in ("code", "markdown"):
+            cell.source = strip_solutions(cell.source, cell.cell_type, where)
+        if cell.cell_type == "code":
+            cell.outputs = []
+            cell.execution_count = None
+            cell.metadata.pop("execution", None)  # nbclient's timings
+    return ruff_format_notebook(notebook_text(nb), f"exercises/{name}")
+
+
+def plan(
+    solutions: Path = SOLUTIONS, exercises: Path = EXERCISES
+) -> tuple[dict[Path, str], list[Path]]:
+    """What exercises/ should contain ({path: text}) and the files there with no solution."""
+    wanted = {
+        exercises / path.name: exercise_notebook(read_notebook(path), path.name)
+        for path in sorted(solutions.glob("*.ipynb"))
+    }
+    orphans = [p for p in sorted(exercises.glob("*.ipynb")) if p not in wanted]
+    return wanted, orphans
+
+
+def stale_files(solutions: Path = SOLUTIONS, exercises: Path = EXERCISES) -> list[str]:
+    """Problems with exercises/ as one line each; empty when it is up to date."""
+    wanted, orphans = plan(solutions, exercises)
+    problems = []
+    for path, text in wanted.items():
+        if not path.exists():
+            problems.append(f"{path}: missing (generate it from {solutions / path.name})")
+        elif path.read_text(encoding="utf-8") != text:
+            problems.append(f"{path}: out of date with {solutions / path.name}")
+    problems += [f"{p}: has no solution notebook in {solutions} (delete it)" for p in orphans]
+    return problems
+
+
+def write_exercises(solutions: Path = SOLUTIONS, exercises: Path = EXERCISES) -> list[Path]:
+    """Write every exercise notebook that changed; returns the files written."""
+    wanted, orphans = plan(solutions, exercises)
+    exercises.mkdir(parents=True, exist_ok=True)
+    written = []
+    for path, text in wanted.items():
+        if not path.exists() or path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
+            written.append(path)
+    for path in orphans:
+        print(f"warning: {path} has no solution notebook in {solutions} (delete it)")
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m course_utils.make_exercises", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument(
+        "--check", action="store_true", help="only report stale files (exit 1 if any)"
+    )
+    parser.add_argument(
+        "--solutions", type=Path, default=SOLUTIONS, help="solved notebooks (input)"
+    )
+    parser.add_argument(
+        "--exercises", type=Path, default=EXERCISES, help="exercise notebooks (output)"
+    )
+    args = parser.parse_args(argv)
+    try:
+        if not args.solutions.is_dir():
+            raise CourseInputError(f"--solutions {str(args.solutions)!r} is not a folder")
+        if args.check:
+            problems = stale_files(args.solutions, args.exercises)
+            for line in problems:
+                print(line)
+            if problems:
+                print("exercises/ is out of date: run `make exercises`", file=sys.stderr)
+                return 1
+            print(
+                f"exercises/ is up to date ({len(list(args.solutions.glob('*.ipynb')))} notebooks)"
+            )
+            return 0
+        written = write_exercises(args.solutions, args.exercises)
+    except CourseInputError as exc:
+        print(f"make_exercises: error: {exc}", file=sys.stderr)
+        return 2
+    for path in written:
+        print(f"wrote {path}")
+    print(f"exercises/ is up to date ({len(written)} written)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

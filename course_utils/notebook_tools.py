@@ -1,0 +1,108 @@
+"""Small shared helpers for the exercise machinery: reading and writing notebooks the same
+way every time, finding answer and check cells, and cutting out solution blocks.
+
+Conventions (see INSTRUCTORS.md): an exercise has an answer cell tagged "answer" whose
+solution sits between `### BEGIN SOLUTION` and `### END SOLUTION` lines (nbgrader's syntax),
+and a check cell tagged "check" with the id `check-NN-K` (lesson NN, exercise K).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+
+from course_utils.errors import CourseInputError
+
+REPO = Path(__file__).resolve().parents[1]
+SOLUTIONS = REPO / "solutions"
+EXERCISES = REPO / "exercises"
+
+CHECK_ID = re.compile(r"check-(\d+)-(\d+)")
+BEGIN = "### BEGIN SOLUTION"
+END = "### END SOLUTION"
+CODE_STUB = ("# YOUR CODE HERE", "raise NotImplementedError()")
+ANSWER_STUB = "YOUR ANSWER HERE"
+
+
+def read_notebook(path: str | Path) -> nbformat.NotebookNode:
+    """Read a notebook (as nbformat v4), or raise CourseInputError naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise CourseInputError(f"notebook {str(path)!r} does not exist (give an .ipynb file)")
+    try:
+        return nbformat.read(path, as_version=4)
+    except Exception as exc:  # nbformat raises several unrelated types for bad files
+        raise CourseInputError(f"{str(path)!r} is not a readable notebook ({exc})") from None
+
+
+def notebook_text(nb: nbformat.NotebookNode) -> str:
+    """The exact file text nbformat.write produces (sorted keys, indent 1, final newline)."""
+    text = nbformat.writes(nb)
+    return text if text.endswith("\n") else text + "\n"
+
+
+def tags(cell: nbformat.NotebookNode) -> list[str]:
+    return list(cell.get("metadata", {}).get("tags", []))
+
+
+def is_check_cell(cell: nbformat.NotebookNode) -> bool:
+    return cell.cell_type == "code" and (
+        "check" in tags(cell) or bool(CHECK_ID.fullmatch(cell.get("id", "")))
+    )
+
+
+def check_cells(nb: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
+    return [cell for cell in nb.cells if is_check_cell(cell)]
+
+
+def strip_solutions(source: str, cell_type: str, where: str = "cell") -> str:
+    """Replace each BEGIN/END SOLUTION block: code by an indented NotImplementedError stub,
+    markdown by "YOUR ANSWER HERE". Raises CourseInputError on unbalanced markers."""
+    out: list[str] = []
+    inside = False
+    for line in source.split("\n"):
+        marker = line.strip()
+        if marker == BEGIN:
+            if inside:
+                raise CourseInputError(f"{where}: nested {BEGIN!r} (close the first block)")
+            inside = True
+            indent = line[: len(line) - len(line.lstrip())]
+            stub = CODE_STUB if cell_type == "code" else (ANSWER_STUB,)
+            out += [indent + s for s in stub]
+        elif marker == END:
+            if not inside:
+                raise CourseInputError(f"{where}: {END!r} without a {BEGIN!r} before it")
+            inside = False
+        elif not inside:
+            out.append(line)
+    if inside:
+        raise CourseInputError(f"{where}: {BEGIN!r} without a matching {END!r}")
+    return "\n".join(out)
+
+
+def has_solution(source: str) -> bool:
+    return any(line.strip() == BEGIN for line in source.split("\n"))
+
+
+def ruff_format_notebook(text: str, filename: str) -> str:
+    """Format a notebook's code cells with the project's ruff settings (as `make lint` will
+    check them); returns `text` unchanged if ruff is not installed."""
+    ruff = Path(sys.executable).with_name("ruff")
+    command = str(ruff) if ruff.exists() else shutil.which("ruff")
+    if command is None:
+        return text
+    result = subprocess.run(
+        [command, "format", "--quiet", "--stdin-filename", filename, "-"],
+        input=text,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    if result.returncode != 0:
+        raise CourseInputError(f"{filename}: ruff format failed: {result.stderr.strip()}")
+    return result.stdout
