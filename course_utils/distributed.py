@@ -31,10 +31,12 @@ schedule of that name through the CSV export).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import queue as queue_module
 import socket
+import sys
 import tempfile
 import time
 import traceback
@@ -198,15 +200,22 @@ def _reap(procs) -> None:
 
 @dataclass(frozen=True)
 class Setup:
-    """Everything every process needs to build the identical model and batch."""
+    """Everything every process needs to build the identical model and batch.
+
+    "gpt" is the course's TinyGPT (course_utils.models), shrunk so a step on two
+    processes takes milliseconds; "mlp" is the course's MLP on a fixed random task.
+    """
 
     model: str = "gpt"
     batch: int = 8
     seed: int = 0
+    block_size: int = 32
+    d_model: int = 64
+    n_layer: int = 4
 
 
 def _models():
-    """course_utils.models, or None while it is not there (the "mlp" model needs nothing)."""
+    """course_utils.models, or None if it cannot be imported (then only "mlp" works)."""
     try:
         from course_utils import models
     except ImportError:
@@ -218,60 +227,61 @@ def default_model() -> str:
     return "gpt" if _models() is not None else "mlp"
 
 
-class _TinyMLP(nn.Sequential):
-    """A small classifier used when course_utils.models is not available."""
+class _FallbackMLP(nn.Module):
+    """Stand-in for course_utils.models.MLP when that module is missing."""
 
-    def __init__(self, d_in: int = 16, hidden: int = 32, classes: int = 8, layers: int = 4):
-        dims = [d_in] + [hidden] * (layers - 1)
-        blocks = [
-            nn.Sequential(nn.Linear(a, b), nn.Tanh()) for a, b in zip(dims, dims[1:], strict=False)
-        ]
-        super().__init__(*blocks, nn.Linear(hidden, classes))
+    def __init__(self, d_in: int = 32, d_hidden: int = 64, d_out: int = 10, depth: int = 4):
+        super().__init__()
+        widths = [d_in] + [d_hidden] * depth
+        pairs = zip(widths, widths[1:], strict=False)
+        blocks = [nn.Sequential(nn.Linear(a, b), nn.GELU()) for a, b in pairs]
+        self.net = nn.Sequential(*blocks, nn.Linear(d_hidden, d_out))
+
+    def layers(self) -> list[nn.Module]:
+        return list(self.net)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+@functools.lru_cache(maxsize=4)
+def _dataset(block_size: int):
+    """The course's character dataset (loaded once per process)."""
+    return _models().CharDataset(block_size=block_size)
 
 
 def build_model(setup: Setup) -> nn.Module:
-    """The same weights on every call with the same seed."""
+    """The same weights on every call with the same setup (seeded)."""
+    models = _models()
     torch.manual_seed(setup.seed)
     if setup.model == "gpt":
-        models = _models()
         if models is None:
             raise CourseInputError("model 'gpt' needs course_utils.models; use model='mlp'")
-        return models.TinyGPT(models.GPTConfig())
-    return _TinyMLP()
+        vocab = _dataset(setup.block_size).vocab_size
+        cfg = models.GPTConfig(
+            vocab_size=vocab,
+            block_size=setup.block_size,
+            n_layer=setup.n_layer,
+            n_head=4,
+            d_model=setup.d_model,
+        )
+        return models.TinyGPT(cfg)
+    return models.MLP() if models is not None else _FallbackMLP()
 
 
 def make_batch(setup: Setup, step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inputs and targets for training step `step` (deterministic from the seed)."""
+    """Inputs and targets for training step `step` (deterministic from seed and step)."""
     g = torch.Generator().manual_seed(1000 * setup.seed + step)
     if setup.model == "gpt":
-        models = _models()
-        cfg = models.GPTConfig()
-        vocab, block = cfg.vocab_size, cfg.block_size
-        text = _text_tokens(models)
-        if text is not None and len(text) > block + 1:
-            starts = torch.randint(len(text) - block - 1, (setup.batch,), generator=g)
-            x = torch.stack([text[s : s + block] for s in starts])
-            y = torch.stack([text[s + 1 : s + 1 + block] for s in starts])
-            return x, y
-        x = torch.randint(vocab, (setup.batch, block), generator=g)
-        return x, torch.roll(x, -1, dims=1)
-    x = torch.randn(setup.batch, 16, generator=g)
-    return x, torch.randint(8, (setup.batch,), generator=g)
-
-
-def _text_tokens(models) -> torch.Tensor | None:
-    try:
-        return models.CharDataset(models.load_text()).data
-    except Exception:  # the data helpers are optional here: random tokens also check math
-        return None
+        return _dataset(setup.block_size).batch(setup.batch, generator=g)
+    x = torch.randn(setup.batch, 32, generator=g)
+    return x, torch.randint(10, (setup.batch,), generator=g)
 
 
 def loss_fn(setup: Setup):
-    """Mean cross-entropy, for logits of any shape (B, C) or (B, T, C)."""
-    models = _models() if setup.model == "gpt" else None
-    if models is not None and hasattr(models, "loss_fn"):
-        return models.loss_fn
-    return _cross_entropy
+    """Mean cross-entropy over every token (or row): the course's loss_fn."""
+    models = _models()
+    return models.loss_fn if models is not None else _cross_entropy
 
 
 def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -279,17 +289,18 @@ def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def split_stages(model: nn.Module, setup: Setup, num_stages: int) -> list[nn.Module]:
-    """The model cut into `num_stages` consecutive pieces (course_utils.models.partition)."""
+    """The model cut into `num_stages` consecutive stages (course_utils.models.partition)."""
     models = _models()
-    if models is not None and hasattr(models, "partition"):
+    if models is not None:
         return list(models.partition(model, num_stages))
-    layers = list(model.children())
+    layers = model.layers()
     if num_stages > len(layers):
         raise CourseInputError(
             f"stages must be at most {len(layers)} for model {setup.model!r}, got {num_stages}"
         )
     bounds = [round(i * len(layers) / num_stages) for i in range(num_stages + 1)]
-    return [nn.Sequential(*layers[a:b]) for a, b in zip(bounds, bounds[1:], strict=False)]
+    pairs = zip(bounds, bounds[1:], strict=False)
+    return [nn.Sequential(*layers[a:b]) for a, b in pairs]
 
 
 def _grads(module: nn.Module) -> dict:
@@ -552,7 +563,7 @@ def course_schedule(name: str, workers: int, microbatches: int) -> Schedule | No
         from course_utils.schedules import make_schedule
     except ImportError:
         return None
-    chunks = 2 if name == "breadth-first" else 1
+    chunks = 2 if name in ("interleaved", "breadth-first") else 1
     return make_schedule(name, workers, microbatches, chunks)
 
 
@@ -585,13 +596,13 @@ def run_pipeline(
             raise CourseInputError(
                 f"workers must equal the schedule's devices ({schedule.num_devices}), got {workers}"
             )
-        from course_utils.export import to_pytorch_csv
+        from course_utils.export import pytorch_microbatches, to_pytorch_csv
 
         csv_file = tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False)
         csv_file.close()
         to_pytorch_csv(schedule, csv_file.name)
         payload.update(kind="csv", csv=csv_file.name, stages=schedule.stages)
-        microbatches = schedule.microbatches
+        microbatches = pytorch_microbatches(schedule)
         course = schedule
         name = f"{schedule.name} (CSV) on {workers} processes"
     elif schedule in PIPELINES:
@@ -668,7 +679,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--csv",
         action="store_true",
-        help="with --pipeline: run the course's own schedule exported to PyTorch's CSV format",
+        help="with --pipeline: run the course's own schedule of that name (any course "
+        "schedule, e.g. zb-h1 or interleaved) exported to PyTorch's CSV format",
     )
     parser.add_argument("--steps", type=int, default=1, help="DDP training steps (default 1)")
     parser.add_argument("--microbatches", type=int, default=4, help="pipeline micro-batches")
@@ -678,7 +690,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
-def run(args: argparse.Namespace) -> int:
+def _run_from_args(args: argparse.Namespace) -> tuple[DistributedResult, str]:
+    """Pick and run the comparison the command-line arguments ask for."""
     if args.pipeline is None:
         if args.csv:
             raise CourseInputError("csv needs --pipeline (one of " + ", ".join(PIPELINES) + ")")
@@ -687,15 +700,23 @@ def run(args: argparse.Namespace) -> int:
         )
         what = "DDP"
     else:
-        if args.pipeline not in PIPELINES:
-            raise CourseInputError(
-                f"pipeline must be one of {', '.join(PIPELINES)}, got {args.pipeline!r}"
-            )
         schedule: str | Schedule = args.pipeline
         if args.csv:
+            try:
+                from course_utils.schedules import SCHEDULES
+            except ImportError:
+                raise CourseInputError("csv needs course_utils.schedules (not available)") from None
+            if args.pipeline not in SCHEDULES:
+                raise CourseInputError(
+                    f"pipeline must be one of {', '.join(SCHEDULES)} with --csv, "
+                    f"got {args.pipeline!r}"
+                )
             schedule = course_schedule(args.pipeline, args.workers, args.microbatches)
-            if schedule is None:
-                raise CourseInputError("csv needs course_utils.schedules, which is not installed")
+        elif args.pipeline not in PIPELINES:
+            raise CourseInputError(
+                f"pipeline must be one of {', '.join(PIPELINES)} "
+                f"(or any course schedule with --csv), got {args.pipeline!r}"
+            )
         result = run_pipeline(
             schedule,
             args.workers,
@@ -706,6 +727,16 @@ def run(args: argparse.Namespace) -> int:
             timeout=args.timeout,
         )
         what = f"pipeline {args.pipeline}" + (" (CSV)" if args.csv else "")
+    return result, what
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        result, what = _run_from_args(args)
+    except WorkerError as exc:
+        # A failure inside a worker process: one line (COURSE_DEBUG=1 adds the traceback).
+        print(f"python -m course_utils distributed: failed: {exc}", file=sys.stderr)
+        return 1
     out = result.to_dict()
     if args.pipeline is not None:
         out["schedule"] = args.pipeline

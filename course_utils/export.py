@@ -53,8 +53,9 @@ def to_pytorch_csv(
 
     Row r is rank r's actions in order. Load it on PyTorch with
     `schedule_runtime._load_csv(path, format="compute_only")`.
-    The unsplit "naive" schedule exports as one micro-batch (its `batch_scale` is not a
-    PyTorch notion): give PyTorch `n_microbatches=schedule.microbatches`.
+    PyTorch's `n_microbatches` must be `pytorch_microbatches(schedule)`: the unsplit
+    "naive" schedule runs the whole batch as one micro-batch (`batch_scale`), and PyTorch
+    has no such notion, so it exports as a one-micro-batch pipeline.
     """
     rows = to_pytorch_rows(schedule, format)
     path = Path(path)
@@ -62,6 +63,12 @@ def to_pytorch_csv(
     with open(path, "w", newline="") as f:
         csv.writer(f).writerows(rows)
     return path
+
+
+def pytorch_microbatches(schedule: Schedule) -> int:
+    """How many micro-batches the exported actions use (what PyTorch calls n_microbatches)."""
+    used = {a.microbatch for actions in schedule.devices for a in actions if a.is_compute}
+    return len(used - {None}) or 1
 
 
 def from_pytorch_csv(path: str | os.PathLike, name: str | None = None) -> Schedule:
