@@ -1,0 +1,190 @@
+"""Tests for course_utils.make_exercises: solution blocks become stubs, the output is
+deterministic and lint-clean, and --check catches every kind of stale exercises/ folder."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course_utils import make_exercises
+from course_utils.errors import CourseInputError
+from course_utils.notebook_tools import REPO, strip_solutions
+
+FIXTURES = Path(__file__).parent / "fixtures" / "solutions"
+RUFF = Path(sys.executable).with_name("ruff")
+
+
+def test_code_block_becomes_an_indented_stub():
+    source = (
+        "def bubble(p, m):\n"
+        '    """Doc."""\n'
+        "    ### BEGIN SOLUTION\n"
+        "    x = p - 1\n"
+        "    return x / (m + x)\n"
+        "    ### END SOLUTION\n"
+        "\n"
+        "y = None\n"
+        "### BEGIN SOLUTION\n"
+        "y = 3\n"
+        "### END SOLUTION"
+    )
+    assert strip_solutions(source, "code") == (
+        "def bubble(p, m):\n"
+        '    """Doc."""\n'
+        "    # YOUR CODE HERE\n"
+        "    raise NotImplementedError()\n"
+        "\n"
+        "y = None\n"
+        "# YOUR CODE HERE\n"
+        "raise NotImplementedError()"
+    )
+
+
+def test_markdown_block_becomes_your_answer_here():
+    source = "Why?\n\n### BEGIN SOLUTION\nBecause.\nReally.\n### END SOLUTION\nEnd."
+    assert strip_solutions(source, "markdown") == "Why?\n\nYOUR ANSWER HERE\nEnd."
+
+
+def test_source_without_markers_is_unchanged():
+    assert strip_solutions("x = 1\n# BEGIN SOLUTION is only a comment here", "code") == (
+        "x = 1\n# BEGIN SOLUTION is only a comment here"
+    )
+
+
+@pytest.mark.parametrize(
+    "source, problem",
+    [
+        ("### BEGIN SOLUTION\nx = 1", "without a matching"),
+        ("x = 1\n### END SOLUTION", "without a '### BEGIN SOLUTION' before it"),
+        ("### BEGIN SOLUTION\n### BEGIN SOLUTION\n### END SOLUTION", "nested"),
+    ],
+)
+def test_unbalanced_markers_are_a_clear_error(source, problem):
+    with pytest.raises(CourseInputError, match=problem):
+        strip_solutions(source, "code", where="03_x.ipynb, cell 4")
+
+
+@pytest.fixture()
+def folders(tmp_path):
+    solutions, exercises = tmp_path / "solutions", tmp_path / "exercises"
+    solutions.mkdir()
+    solution = nbformat.read(FIXTURES / "99_sample.ipynb", as_version=4)
+    # A solution saved after a run: outputs, counts and widget state must not leak through.
+    for cell in solution.cells:
+        if cell.cell_type == "code":
+            cell.execution_count = 7
+            cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="✅ Right\n")]
+    solution.metadata["widgets"] = {"state": {}}
+    nbformat.write(solution, solutions / "99_sample.ipynb")
+    return solutions, exercises
+
+
+def test_generated_notebook_has_stubs_no_solutions_and_no_outputs(folders):
+    solutions, exercises = folders
+    assert make_exercises.write_exercises(solutions, exercises) == [exercises / "99_sample.ipynb"]
+    text = (exercises / "99_sample.ipynb").read_text(encoding="utf-8")
+    assert "BEGIN SOLUTION" not in text and "bubble_fraction = 3 / 11" not in text
+    exercise = nbformat.read(exercises / "99_sample.ipynb", as_version=4)
+    solution = nbformat.read(solutions / "99_sample.ipynb", as_version=4)
+    nbformat.validate(exercise)
+    assert "widgets" not in exercise.metadata
+    assert [c.id for c in exercise.cells] == [c.id for c in solution.cells]
+    assert [c.metadata.get("tags") for c in exercise.cells] == [
+        c.metadata.get("tags") for c in solution.cells
+    ]
+    for cell in exercise.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None
+    answers = [c.source for c in exercise.cells if "answer" in c.metadata.get("tags", [])]
+    assert len(answers) == 3
+    assert all("# YOUR CODE HERE\n" in a and "raise NotImplementedError()" in a for a in answers)
+    assert answers[0].startswith("bubble_fraction = None")  # the placeholder line stays
+    assert "    # YOUR CODE HERE\n    raise NotImplementedError()" in answers[1]  # indented
+    assert "YOUR ANSWER HERE" in exercise.cells[-1].source
+
+
+def test_output_is_deterministic_and_lint_clean(folders):
+    solutions, exercises = folders
+    make_exercises.write_exercises(solutions, exercises)
+    path = exercises / "99_sample.ipynb"
+    first = path.read_text(encoding="utf-8")
+    assert first == nbformat.writes(nbformat.read(path, as_version=4)) + "\n"  # nbformat layout
+    assert make_exercises.write_exercises(solutions, exercises) == []  # nothing to rewrite
+    assert path.read_text(encoding="utf-8") == first
+    if RUFF.exists():
+        for command in (["format", "--check"], ["check"]):
+            result = subprocess.run(
+                [str(RUFF), *command, str(path)], cwd=REPO, capture_output=True, text=True
+            )
+            assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_check_reports_missing_stale_and_orphan_files(folders):
+    solutions, exercises = folders
+    name = "99_sample.ipynb"
+    assert make_exercises.stale_files(solutions, exercises) == [
+        f"{exercises / name}: missing (generate it from {solutions / name})"
+    ]
+    make_exercises.write_exercises(solutions, exercises)
+    assert make_exercises.stale_files(solutions, exercises) == []
+
+    # Editing the solution makes the exercise stale.
+    solution = nbformat.read(solutions / "99_sample.ipynb", as_version=4)
+    solution.cells[0].source += "\n\nA new sentence."
+    nbformat.write(solution, solutions / "99_sample.ipynb")
+    assert [p.split(":")[1] for p in make_exercises.stale_files(solutions, exercises)] == [
+        " out of date with " + str(solutions / "99_sample.ipynb")
+    ]
+    make_exercises.write_exercises(solutions, exercises)
+
+    # An exercise without a solution is reported, not silently kept.
+    shutil.copy(exercises / "99_sample.ipynb", exercises / "98_gone.ipynb")
+    (problem,) = make_exercises.stale_files(solutions, exercises)
+    assert problem.startswith(f"{exercises / '98_gone.ipynb'}: has no solution notebook")
+
+
+def test_command_line_check_exit_codes(folders):
+    solutions, exercises = folders
+
+    def cli(*extra):
+        return subprocess.run(
+            [sys.executable, "-m", "course_utils.make_exercises", *extra]
+            + ["--solutions", str(solutions), "--exercises", str(exercises)],
+            capture_output=True,
+            text=True,
+        )
+
+    stale = cli("--check")
+    assert stale.returncode == 1 and "99_sample.ipynb: missing" in stale.stdout
+    assert "run `make exercises`" in stale.stderr
+    assert cli().returncode == 0
+    fresh = cli("--check")
+    assert fresh.returncode == 0, fresh.stdout + fresh.stderr
+
+    bad = subprocess.run(
+        [sys.executable, "-m", "course_utils.make_exercises", "--solutions", "/nonexistent"],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--solutions" in bad.stderr
+
+
+def test_unbalanced_solution_is_a_one_line_error(folders):
+    solutions, exercises = folders
+    nb = nbformat.read(solutions / "99_sample.ipynb", as_version=4)
+    nb.cells[3].source = "x = None\n### BEGIN SOLUTION\nx = 1"
+    nbformat.write(nb, solutions / "99_sample.ipynb")
+    result = subprocess.run(
+        [sys.executable, "-m", "course_utils.make_exercises"]
+        + ["--solutions", str(solutions), "--exercises", str(exercises)],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2
+    assert "99_sample.ipynb, cell 3 (id answer-99-1)" in result.stderr
+    assert "Traceback" not in result.stderr
