@@ -1,0 +1,134 @@
+"""The Megatron MLP split on threads equals the unsplit MLP: outputs, input and weight grads."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from course_utils.errors import CourseInputError
+from course_utils.tensor_parallel import (
+    TensorParallelMLP,
+    max_diff,
+    shard_mlp,
+    tp_mlp_comm_bytes,
+    unsplit_forward_backward,
+)
+
+TOL = 1e-5
+
+
+def make_mlp(d_model=16, hidden=24, bias=True, seed=0):
+    torch.manual_seed(seed)
+    return nn.Linear(d_model, hidden, bias=bias), nn.Linear(hidden, d_model, bias=bias)
+
+
+def inputs(shape, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=gen), torch.randn(*shape, generator=gen)
+
+
+def assert_matches_unsplit(tp, linear1, linear2, x, dy):
+    y_ref, dx_ref, grads_ref = unsplit_forward_backward(linear1, linear2, x, dy)
+    result = tp.forward_backward(x, dy)
+    for y in result.outputs:  # every device ends with the full output
+        assert max_diff(y, y_ref) <= TOL
+    for dx in result.input_grads:  # ...and the full input gradient
+        assert max_diff(dx, dx_ref) <= TOL
+    assert set(result.grads) == set(grads_ref)
+    for name, g in grads_ref.items():
+        assert result.grads[name].shape == g.shape, name
+        assert max_diff(result.grads[name], g) <= TOL, name
+    return result
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "naive"])
+@pytest.mark.parametrize("workers", [1, 2, 3, 4])
+def test_same_output_and_gradients_as_unsplit(workers, algorithm):
+    linear1, linear2 = make_mlp()
+    x, dy = inputs((3, 5, 16))
+    with TensorParallelMLP(linear1, linear2, workers, algorithm=algorithm) as tp:
+        result = assert_matches_unsplit(tp, linear1, linear2, x, dy)
+        # a second step gives fresh gradients, not accumulated ones
+        assert_matches_unsplit(tp, linear1, linear2, x, dy)
+        # forward alone (no autograd) agrees too
+        y_ref, _, _ = unsplit_forward_backward(linear1, linear2, x, dy)
+        assert max_diff(tp(x), y_ref) <= TOL
+    expected = tp_mlp_comm_bytes(3 * 5, 16, workers, algorithm)
+    assert result.bytes_forward == expected["forward"]
+    assert result.bytes_backward == expected["backward"]
+
+
+def test_uneven_hidden_split_no_bias_and_relu():
+    linear1, linear2 = make_mlp(d_model=6, hidden=10, bias=False)  # 10 hidden over 4: 3,3,2,2
+    x, dy = inputs((7, 6))
+    relu = torch.relu
+    y_ref, dx_ref, grads_ref = unsplit_forward_backward(linear1, linear2, x, dy, activation=relu)
+    with TensorParallelMLP(linear1, linear2, 4, activation=relu) as tp:
+        assert [c.weight.shape[0] for c, _ in tp.shards] == [3, 3, 2, 2]
+        result = tp.forward_backward(x, dy)
+    assert max_diff(result.output, y_ref) <= TOL
+    assert max_diff(result.input_grad, dx_ref) <= TOL
+    assert set(result.grads) == {"linear1.weight", "linear2.weight"}
+    for name, g in grads_ref.items():
+        assert max_diff(result.grads[name], g) <= TOL
+
+
+def test_shards_put_back_together_are_the_original_layers():
+    linear1, linear2 = make_mlp(hidden=9)
+    shards = shard_mlp(linear1, linear2, 3)
+    assert torch.equal(torch.cat([c.weight for c, _ in shards], 0), linear1.weight)
+    assert torch.equal(torch.cat([c.bias for c, _ in shards], 0), linear1.bias)
+    assert torch.equal(torch.cat([r.weight for _, r in shards], 1), linear2.weight)
+    assert all(torch.equal(r.bias, linear2.bias) for _, r in shards)
+    # copies: training the shards leaves the original alone
+    with torch.no_grad():
+        shards[0][0].weight.zero_()
+    assert linear1.weight.abs().sum() > 0
+
+
+def test_communication_is_one_output_sized_all_reduce_each_way():
+    # ring, 4 devices, 32 tokens x d_model 16 floats: 2 x 3/4 x 2048 bytes = 3072 each way
+    sent = tp_mlp_comm_bytes(32, 16, 4)
+    assert sent == {"forward": [3072] * 4, "backward": [3072] * 4}
+    assert tp_mlp_comm_bytes(32, 16, 1)["forward"] == [0]
+
+
+def test_bad_input():
+    linear1, linear2 = make_mlp(hidden=4)
+    with pytest.raises(CourseInputError, match="workers must be an integer >= 1"):
+        TensorParallelMLP(linear1, linear2, 0)
+    with pytest.raises(CourseInputError, match="workers must be <= the hidden size 4"):
+        TensorParallelMLP(linear1, linear2, 5)
+    with pytest.raises(CourseInputError, match="algorithm must be one of ring, naive"):
+        shard_mlp(linear1, linear2, 2, algorithm="tree")
+    with pytest.raises(CourseInputError, match="linear2.in_features"):
+        shard_mlp(linear1, nn.Linear(5, 3), 2)
+
+
+def _cli(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "course_utils", "tensor-parallel", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_cli_json():
+    proc = _cli("--workers", "3", "--json")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["workers"] == 3
+    assert 0 <= out["max_output_diff"] <= TOL and 0 <= out["max_grad_diff"] <= TOL
+
+
+@pytest.mark.parametrize(
+    "args", [["--workers", "0"], ["--workers", "1000"], ["--allreduce", "tree"], ["--workers", "x"]]
+)
+def test_cli_bad_input_is_one_line_exit_2(args):
+    proc = _cli(*args)
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
