@@ -1,0 +1,438 @@
+"""Predict when each action of a pipeline schedule runs, without running a model.
+
+Give `simulate` a `Schedule` (per-device ordered actions) and a `CostModel` and it returns a
+`Timeline`: every device runs its actions strictly in list order; an action starts once the
+device is free and every action it depends on has finished (plus a point-to-point transfer
+time when the producer sits on another device). The dependencies are those of backprop:
+
+    F(s, m)        needs F(s-1, m)                      (the activations of the stage before)
+    B or I(s, m)   needs F(s, m) and B/I(s+1, m)        (the last stage needs only its F)
+    W(s, m)        needs I(s, m)                        (weight gradient after input gradient)
+
+`validate` checks a hand-written order and returns kind, precise messages instead of
+raising, so exercises can grade a learner's schedule. `ring_allreduce_time` is the cost
+of a ring all-reduce (Patarasuk and Yuan, 2009), used by the data-parallel timelines.
+
+The simulator is event-driven (a pointer per device, and devices blocked on an action are
+woken when it finishes), so it handles 100k+ actions in well under a second.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from course_utils.actions import Action, Schedule
+from course_utils.errors import CourseInputError, ScheduleError
+from course_utils.timeline import Event, Timeline
+
+# Dependency "slots": B and I both deliver the input gradient the stage before waits for.
+_FWD, _GRAD_IN, _WEIGHT = 0, 1, 2
+_SLOT = {"F": _FWD, "B": _GRAD_IN, "I": _GRAD_IN, "W": _WEIGHT}
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """How long things take, in arbitrary units.
+
+    `forward` and `backward` are the time for one micro-batch through one device's share of
+    the model (with v chunks per device each chunk costs 1/v of it). A zero-bubble schedule
+    splits the backward into I (input gradient, `backward * (1 - weight_fraction)`) and W
+    (weight gradient, `backward * weight_fraction`). `p2p` is added when an action waits for
+    a producer on another device. `stage_forward` / `stage_backward` give one cost per stage
+    (per micro-batch) instead, for unbalanced pipelines.
+    """
+
+    forward: float = 1.0
+    backward: float = 2.0
+    weight_fraction: float = 0.5
+    p2p: float = 0.0
+    stage_forward: Sequence[float] | None = None
+    stage_backward: Sequence[float] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("forward", "backward", "p2p"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not 0 <= value < math.inf:
+                raise CourseInputError(f"{name} cost must be a finite number >= 0, got {value!r}")
+        if not 0 <= self.weight_fraction <= 1:
+            raise CourseInputError(
+                f"weight_fraction must be between 0 and 1, got {self.weight_fraction!r}"
+            )
+        for name in ("stage_forward", "stage_backward"):
+            values = getattr(self, name)
+            if values is not None and any(
+                not isinstance(x, int | float) or not 0 <= x < math.inf for x in values
+            ):
+                raise CourseInputError(f"{name} must be a list of numbers >= 0, got {values!r}")
+
+    def per_stage(self, stages: int, chunks: int) -> tuple[list[float], list[float]]:
+        """Forward and backward cost of one micro-batch on each stage."""
+        forward = self._stage_list("stage_forward", self.stage_forward, stages)
+        backward = self._stage_list("stage_backward", self.stage_backward, stages)
+        return (
+            forward or [self.forward / chunks] * stages,
+            backward or [self.backward / chunks] * stages,
+        )
+
+    @staticmethod
+    def _stage_list(name: str, values, stages: int) -> list[float] | None:
+        if values is None:
+            return None
+        if len(values) != stages:
+            raise CourseInputError(
+                f"{name} needs one cost per stage ({stages}), got {len(values)} values"
+            )
+        return [float(x) for x in values]
+
+
+def ring_allreduce_time(
+    nbytes: float, workers: int, bandwidth_bytes_per_s: float, latency_s: float = 0.0
+) -> float:
+    """Time of a ring all-reduce: 2(N-1)/N * bytes/bandwidth + 2(N-1) * latency.
+
+    Reduce-scatter then all-gather, each N-1 steps moving 1/N of the data
+    (Patarasuk and Yuan, 2009, "Bandwidth optimal all-reduce algorithms").
+    """
+    if workers < 1:
+        raise CourseInputError(f"workers must be >= 1, got {workers!r}")
+    if bandwidth_bytes_per_s <= 0:
+        raise CourseInputError(f"bandwidth must be > 0 bytes/s, got {bandwidth_bytes_per_s!r}")
+    if nbytes < 0 or latency_s < 0:
+        raise CourseInputError("bytes and latency must be >= 0")
+    steps = 2 * (workers - 1)
+    return steps / workers * nbytes / bandwidth_bytes_per_s + steps * latency_s
+
+
+# --------------------------------------------------------------------------- reading input
+
+
+def _as_device_lists(devices_or_schedule) -> list[list[Action]]:
+    if isinstance(devices_or_schedule, Schedule):
+        return [list(actions) for actions in devices_or_schedule.devices]
+    devices = devices_or_schedule
+    if isinstance(devices, dict):
+        devices = [devices[d] for d in sorted(devices)]
+    return [[Action.parse(a) for a in actions if a is not None] for actions in devices]
+
+
+_CODE = {"F": 0, "B": 1, "I": 2, "W": 3}
+
+
+def _structure_is_fine(devices: list[list[Action]], stages: int, microbatches: int) -> bool:
+    """Fast check (big schedules): each action once, stages on one device, nothing missing."""
+    seen = bytearray(stages * microbatches * 4)
+    owner = [-1] * stages
+    code = _CODE
+    for d, actions in enumerate(devices):
+        for a in actions:
+            k = code.get(a.kind)
+            if k is None:
+                continue  # communication
+            s, m = a.stage, a.microbatch
+            if s >= stages or m is None or m >= microbatches:
+                return False
+            if owner[s] != d:
+                if owner[s] != -1:
+                    return False
+                owner[s] = d
+            i = (s * microbatches + m) * 4 + k
+            if seen[i]:
+                return False
+            seen[i] = 1
+    forward, full, inputs, weights = seen[0::4], seen[1::4], seen[2::4], seen[3::4]
+    if 0 in forward or inputs != weights:
+        return False
+    return all(b ^ i for b, i in zip(full, inputs, strict=True))
+
+
+def _structure_problems(devices: list[list[Action]], stages: int, microbatches: int) -> list[str]:
+    """Everything wrong with the set of actions, ignoring their order."""
+    if _structure_is_fine(devices, stages, microbatches):
+        return []
+    problems: list[str] = []
+    where: dict[tuple[int, str, int], list[int]] = defaultdict(list)
+    owners: dict[int, set[int]] = defaultdict(set)
+    for d, actions in enumerate(devices):
+        for a in actions:
+            if not a.is_compute:
+                continue  # communication is implied by the dependencies
+            if a.stage >= stages:
+                problems.append(
+                    f"{a} on device {d}: there are only {stages} stages (0-{stages - 1})"
+                )
+                continue
+            if a.microbatch is None or a.microbatch >= microbatches:
+                problems.append(
+                    f"{a} on device {d}: micro-batches are numbered 0-{microbatches - 1}"
+                )
+                continue
+            where[(a.stage, a.kind, a.microbatch)].append(d)
+            owners[a.stage].add(d)
+
+    for s in sorted(owners):
+        if len(owners[s]) > 1:
+            names = sorted(owners[s])
+            listed = ", ".join(map(str, names[:-1])) + f" and {names[-1]}"
+            problems.append(f"stage {s} runs on devices {listed}: a stage lives on one device")
+
+    for (s, kind, m), devs in sorted(where.items()):
+        if len(devs) > 1:
+            times = "twice" if len(devs) == 2 else f"{len(devs)} times"
+            on = sorted(set(devs))
+            place = f"device {on[0]}" if len(on) == 1 else "devices " + ", ".join(map(str, on))
+            problems.append(f"{Action(s, kind, m)} appears {times} ({place})")
+
+    for s in range(stages):
+        for m in range(microbatches):
+            has = {k for k in "FBIW" if (s, k, m) in where}
+            if "F" not in has:
+                problems.append(f"{s}F{m} is missing")
+            if "B" in has and ("I" in has or "W" in has):
+                problems.append(
+                    f"{s}B{m} and {s}{'I' if 'I' in has else 'W'}{m} both appear: "
+                    "use either B or the split I + W for a micro-batch, not both"
+                )
+            elif "I" in has and "W" not in has:
+                problems.append(f"{s}W{m} is missing (it goes with {s}I{m})")
+            elif "W" in has and "I" not in has:
+                problems.append(f"{s}I{m} is missing (it goes with {s}W{m})")
+            elif not has & {"B", "I", "W"}:
+                problems.append(f"{s}B{m} is missing")
+    return problems
+
+
+# --------------------------------------------------------------------------- the event loop
+
+
+def _run(
+    devices: list[list[Action]],
+    stages: int,
+    microbatches: int,
+    fwd_cost: list[float],
+    bwd_cost: list[float],
+    weight_fraction: float,
+    p2p: float,
+    scale: float,
+) -> tuple[list[list[float]], list[list[float]], list[str]]:
+    """Start and end time of every action, per device; or the stuck devices' descriptions.
+
+    Returns (starts, ends, stuck). `stuck` is empty when every action ran.
+    """
+    n = len(devices)
+    last = stages - 1
+    row = 3 * microbatches  # key distance between neighbouring stages
+    cost_of = {
+        "F": [c * scale for c in fwd_cost],
+        "B": [c * scale for c in bwd_cost],
+        "I": [c * scale * (1 - weight_fraction) for c in bwd_cost],
+        "W": [c * scale * weight_fraction for c in bwd_cost],
+    }
+    p2p *= scale
+    plans = [[a for a in actions if a.kind in _SLOT] for actions in devices]
+    # A key numbers each (stage, micro-batch, slot) densely, so plain lists hold end times.
+    end: list[float | None] = [None] * (stages * row)
+    made_on = [-1] * (stages * row)
+    waiters: dict[int, list[int]] = defaultdict(list)
+    free = [0.0] * n
+    pointer = [0] * n
+    starts: list[list[float]] = [[] for _ in range(n)]
+    ends: list[list[float]] = [[] for _ in range(n)]
+    ready = list(range(n))
+    while ready:
+        d = ready.pop()
+        plan, i, t = plans[d], pointer[d], free[d]
+        d_starts, d_ends = starts[d], ends[d]
+        while i < len(plan):
+            a = plan[i]
+            kind, s = a.kind, a.stage
+            base = s * row + a.microbatch * 3
+            # At most two dependencies (-1: none); written out rather than looped, for speed.
+            if kind == "F":
+                key, dep1, dep2 = base, (base - row if s > 0 else -1), -1
+            elif kind == "W":
+                key, dep1, dep2 = base + _WEIGHT, base + _GRAD_IN, -1
+            else:
+                key, dep1 = base + _GRAD_IN, base
+                dep2 = base + row + _GRAD_IN if s < last else -1
+            start = t
+            if dep1 >= 0:
+                done = end[dep1]
+                if done is None:
+                    waiters[dep1].append(d)  # woken when dep1 finishes
+                    break
+                if made_on[dep1] != d:
+                    done += p2p
+                if done > start:
+                    start = done
+            if dep2 >= 0:
+                done = end[dep2]
+                if done is None:
+                    waiters[dep2].append(d)
+                    break
+                if made_on[dep2] != d:
+                    done += p2p
+                if done > start:
+                    start = done
+            t = start + cost_of[kind][s]
+            end[key] = t
+            made_on[key] = d
+            d_starts.append(start)
+            d_ends.append(t)
+            i += 1
+            if key in waiters:
+                ready.extend(waiters.pop(key))
+        pointer[d], free[d] = i, t
+
+    stuck = []
+    for d, plan in enumerate(plans):
+        if pointer[d] < len(plan):
+            stuck.append(_describe_wait(d, plan[pointer[d]], plans, microbatches, end, row, last))
+    return starts, ends, stuck
+
+
+def _dependencies(a: Action, last: int) -> list[tuple[int, str, int]]:
+    """What `a` waits for, as (stage, kinds that deliver it, micro-batch)."""
+    s, m = a.stage, a.microbatch
+    if a.kind == "F":
+        return [(s - 1, "F", m)] if s > 0 else []
+    if a.kind == "W":
+        return [(s, "IB", m)]
+    return [(s, "F", m)] + ([(s + 1, "IB", m)] if s < last else [])
+
+
+def _describe_wait(d: int, action: Action, plans, microbatches: int, end, row, last) -> str:
+    """'device 0 waits at 0B0 for 1B0' for a device stuck at `action`."""
+    slot = {"F": _FWD, "I": _GRAD_IN, "B": _GRAD_IN, "W": _WEIGHT}
+    for s, kinds, m in _dependencies(action, last):
+        if end[s * row + m * 3 + slot[kinds[0]]] is None:
+            break
+    # Name the dependency as the schedule spells it (B or I), wherever it is.
+    found = [a for p in plans for a in p if (a.stage, a.microbatch) == (s, m) and a.kind in kinds]
+    needed = str(found[0]) if found else f"{s}{kinds[-1]}{m}"
+    text = f"device {d} waits at {action} for {needed}"
+    if found and found[0] in plans[d]:
+        text += f", which comes later on device {d}"
+    return text
+
+
+def _peaks(devices: list[list[Action]], scale: int) -> list[int]:
+    """Most micro-batch chunks each device holds at once: +1 at F, -1 at B, or at W when the
+    backward is split (I keeps what W still needs)."""
+    step = {"F": 1, "B": -1, "W": -1}
+    peaks = []
+    for actions in devices:
+        held = peak = 0
+        for a in actions:
+            held += step.get(a.kind, 0)
+            if held > peak:
+                peak = held
+        peaks.append(peak * scale)
+    return peaks
+
+
+def _prepare(schedule: Schedule, costs: CostModel):
+    devices = _as_device_lists(schedule)
+    microbatches = -(-schedule.microbatches // schedule.batch_scale)  # naive: just one
+    problems = _structure_problems(devices, schedule.stages, microbatches)
+    if problems:
+        raise ScheduleError(f"{schedule.name}: " + "; ".join(problems))
+    fwd, bwd = costs.per_stage(schedule.stages, schedule.chunks)
+    return devices, microbatches, fwd, bwd
+
+
+def simulate_arrays(schedule: Schedule, costs: CostModel | None = None) -> dict:
+    """Like `simulate`, but plain lists (fast for huge schedules): per-device actions, start and
+    end times, makespan, bubble fraction and peak activations."""
+    costs = costs or CostModel()
+    devices, microbatches, fwd, bwd = _prepare(schedule, costs)
+    starts, ends, stuck = _run(
+        devices,
+        schedule.stages,
+        microbatches,
+        fwd,
+        bwd,
+        costs.weight_fraction,
+        costs.p2p,
+        schedule.batch_scale,
+    )
+    if stuck:
+        raise ScheduleError(f"{schedule.name} cannot finish (deadlock): " + "; ".join(stuck))
+    computed = [[a for a in actions if a.kind in _SLOT] for actions in devices]
+    first = min((s[0] for s in starts if s), default=0.0)
+    makespan = max((e[-1] for e in ends if e), default=0.0) - first
+    busy = [
+        sum(e - s for s, e in zip(st, en, strict=True)) for st, en in zip(starts, ends, strict=True)
+    ]
+    total = len(devices) * makespan
+    return {
+        "actions": computed,
+        "starts": starts,
+        "ends": ends,
+        "makespan": makespan,
+        "busy": busy,
+        "bubble_fraction": (total - sum(busy)) / total if total > 0 else 0.0,
+        "peak_activations": _peaks(devices, schedule.batch_scale),
+    }
+
+
+def simulate(schedule: Schedule, costs: CostModel | None = None) -> Timeline:
+    """Simulated timeline of `schedule` under `costs` (raises ScheduleError if it cannot run)."""
+    result = simulate_arrays(schedule, costs)
+    events = [
+        Event(d, a, s, e)
+        for d, (acts, st, en) in enumerate(
+            zip(result["actions"], result["starts"], result["ends"], strict=True)
+        )
+        for a, s, e in zip(acts, st, en, strict=True)
+    ]
+    return Timeline(
+        events=events,
+        num_devices=schedule.num_devices,
+        name=schedule.name,
+        source="simulated",
+        unit="units",
+        peak_activations=result["peak_activations"],
+        meta={
+            "stages": schedule.stages,
+            "microbatches": schedule.microbatches,
+            "chunks": schedule.chunks,
+            "costs": costs or CostModel(),
+        },
+    )
+
+
+def validate(
+    devices_or_schedule,
+    stages: int | None = None,
+    microbatches: int | None = None,
+) -> list[str]:
+    """Problems with a hand-written schedule, as kind, precise sentences ([] if it is fine).
+
+    `devices_or_schedule` is a `Schedule` or one list per device of actions ("0F1" or
+    `Action`). Checks that every action appears exactly once, that each stage stays on one
+    device, and that the order can finish (no device waits forever).
+    """
+    if isinstance(devices_or_schedule, Schedule):
+        sched = devices_or_schedule
+        stages = sched.stages if stages is None else stages
+        if microbatches is None:
+            microbatches = -(-sched.microbatches // sched.batch_scale)
+    if stages is None or microbatches is None:
+        raise CourseInputError("validate needs stages and microbatches for plain action lists")
+    if stages < 1 or microbatches < 1:
+        raise CourseInputError("stages and microbatches must be >= 1")
+    try:
+        devices = _as_device_lists(devices_or_schedule)
+    except CourseInputError as exc:
+        return [str(exc)]
+    problems = _structure_problems(devices, stages, microbatches)
+    if problems:
+        return problems
+    ones = [1.0] * stages
+    _, _, stuck = _run(devices, stages, microbatches, ones, ones, 0.5, 0.0, 1)
+    if stuck:
+        return ["deadlock: " + ", ".join(stuck)]
+    return []
