@@ -288,7 +288,7 @@ def _cli_model(seed: int = 0) -> tuple[nn.Module, int, int]:
 
     torch.manual_seed(seed)
     d_in, width, classes = 256, 512, 10
-    return MLP(d_in, width, classes, n_layers=3), d_in, classes
+    return MLP(d_in, width, classes, depth=3), d_in, classes
 
 
 def _time_steps(dp: DataParallel, x, y, repeats: int) -> tuple[float, DPStepResult]:
