@@ -1,0 +1,116 @@
+"""`python -m course_utils schedule`: JSON shape, the readable table, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def schedule(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "course_utils", "schedule", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_json_output_has_the_agreed_shape():
+    result = schedule("1f1b", "--stages", "4", "--microbatches", "8", "--json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert set(doc) == {
+        "schedule",
+        "devices",
+        "events",
+        "makespan",
+        "bubble_fraction",
+        "peak_activations",
+    }
+    assert doc["schedule"] == "1f1b"
+    assert doc["devices"][0][:5] == ["0F0", "0F1", "0F2", "0F3", "0B0"]
+    assert len(doc["devices"]) == 4 and sum(map(len, doc["devices"])) == 64
+    assert len(doc["events"]) == 64
+    assert set(doc["events"][0]) == {"device", "action", "start", "end"}
+    assert doc["makespan"] == 33  # (m + p - 1)(F + B)
+    assert doc["bubble_fraction"] == pytest.approx(9 / 33)
+    assert doc["peak_activations"] == [4, 3, 2, 1]
+    ends = {e["action"]: e["end"] for e in doc["events"]}
+    assert ends["3F0"] == 4 and ends["3B0"] == 6
+
+
+def test_costs_change_the_timeline():
+    args = ("zb-h1", "--stages", "4", "--microbatches", "8", "--json")
+    doc = json.loads(schedule(*args, "--forward-cost", "2", "--backward-cost", "4").stdout)
+    assert doc["makespan"] == 8 * 6 + 3 * 2  # m(F+B) + (p-1)(F+I-W), I = W = 2
+    doc = json.loads(schedule(*args, "--weight-cost", "0.5").stdout)
+    assert doc["makespan"] == 8 * 3 + 3 * (1 + 1.5 - 0.5)
+    doc = json.loads(schedule("gpipe", "--stages", "2", "--microbatches", "1", "--json",
+                              "--p2p-cost", "0.5").stdout)  # fmt: skip
+    assert doc["makespan"] == 3 * 2 + 2 * 0.5
+
+
+def test_naive_runs_the_whole_batch():
+    doc = json.loads(schedule("naive", "--stages", "3", "--microbatches", "4", "--json").stdout)
+    assert doc["devices"] == [["0F0", "0B0"], ["1F0", "1B0"], ["2F0", "2B0"]]
+    assert doc["makespan"] == 3 * 4 * 3
+    assert doc["peak_activations"] == [4, 4, 4]
+
+
+def test_readable_table():
+    result = schedule("interleaved", "--stages", "2", "--microbatches", "4", "--chunks", "2")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "interleaved: 2 devices x 2 chunk(s) = 4 stages, 4 micro-batches" in out
+    assert "device 0: 0F0 0F1 2F0 2F1" in out
+    assert "device 1: 1F0 1F1 3F0" in out
+    assert "makespan: 13.5 units" in out  # 4*3 + (2-1)*3/2
+    assert "bubble:" in out and "%" in out
+    assert "peak activations" in out
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["pipedream", "--stages", "4", "--microbatches", "8"], "schedule must be one of"),
+        (["gpipe", "--stages", "0", "--microbatches", "8"], "--stages must be an integer >= 1"),
+        (["gpipe", "--stages", "2", "--microbatches", "-3"], "--microbatches must be"),
+        (["gpipe", "--stages", "2", "--microbatches", "2", "--chunks", "0"], "--chunks"),
+        (["interleaved", "--stages", "4", "--microbatches", "6"], "multiple of devices (4)"),
+        (["1f1b", "--stages", "2", "--microbatches", "4", "--chunks", "2"], "chunks > 1 works"),
+        (["gpipe", "--stages", "2", "--microbatches", "2", "--forward-cost", "-1"],
+         "--forward-cost must be a finite number >= 0"),
+        (["gpipe", "--stages", "2", "--microbatches", "2", "--backward-cost", "nan"],
+         "--backward-cost"),
+        (["zb-h1", "--stages", "2", "--microbatches", "2", "--weight-cost", "3"],
+         "--weight-cost must be at most --backward-cost"),
+        (["gpipe", "--stages", "2", "--microbatches", "2", "--p2p-cost", "-0.1"], "--p2p-cost"),
+        (["gpipe", "--stages", "two", "--microbatches", "2"], "invalid int value"),
+        (["gpipe", "--microbatches", "2"], "--stages"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_line_on_stderr_and_exit_2(args, words):
+    result = schedule(*args)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert words in lines[0]
+    assert result.stdout == ""
+
+
+def test_the_schedule_command_never_imports_torch():
+    code = (
+        "import sys, io, contextlib\n"
+        "from course_utils.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    main(['schedule', 'zb-h1', '--stages', '3', '--microbatches', '4', '--json'])\n"
+        "import course_utils.schedules, course_utils.simulate\n"
+        "print('torch' in sys.modules)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
