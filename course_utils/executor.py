@@ -1,0 +1,572 @@
+"""Run a pipeline schedule for real: one CPU thread per device, real torch work, real clocks.
+
+`PipelineExecutor(stages, num_devices)` puts stage s on device s % num_devices (looping
+placement) and `step(schedule, inputs, targets)` runs every device's action list exactly
+in the order the schedule gives it:
+
+    F  forward one micro-batch through the stage; keep the input and output for backward;
+       post the output in the next stage's mailbox
+    B  backward: gradient of the loss (last stage) or of the output received from the next
+       stage; accumulates parameter gradients and posts the input gradient backwards
+    I  zero-bubble input gradient only (Qi et al., 2023, arXiv:2401.10241): posts the input
+       gradient backwards early and keeps the graph for W
+    W  zero-bubble weight gradient: the parameter gradients, layer by layer
+
+A device blocks when it needs a message that has not arrived yet; that waiting is the
+pipeline bubble, and it shows in the measured `Timeline` exactly as in the simulated one.
+Each micro-batch's loss is scaled by 1/m so the accumulated gradients equal those of the
+full-batch mean loss; the tests check them against the unsplit model.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from course_utils.actions import KIND_NAMES, Action, Schedule
+from course_utils.errors import CourseInputError, ScheduleError, WorkerError
+from course_utils.timeline import Event, Timeline
+from course_utils.workers import Aborted, DeviceThreads
+
+_POLL_S = 0.02  # how often a waiting device re-checks abort and deadlock
+
+
+@dataclass
+class StageCosts:
+    """Measured mean seconds per micro-batch of each stage (what the simulator needs)."""
+
+    forward: list[float]
+    backward: list[float]  # B, or I + W for zero-bubble schedules
+    weight_fraction: float | None = None  # W / (I + W) when the schedule splits backward
+
+
+@dataclass
+class StepResult:
+    loss: float
+    timeline: Timeline
+    stage_costs: StageCosts
+    microbatch_losses: list[float] = field(default_factory=list)
+    wall_time_s: float = 0.0
+
+
+# --------------------------------------------------------------------------- mailboxes
+
+
+class Mailboxes:
+    """Messages between devices, keyed by (kind, stage, micro-batch); detects deadlock.
+
+    A deadlock is certain when every device that has not finished is waiting for a message
+    nobody has posted: nobody is left to post it. `timeout` is a fallback for waits that
+    last too long for any other reason.
+    """
+
+    def __init__(self, num_devices: int, abort: threading.Event, timeout: float) -> None:
+        self.num_devices = num_devices
+        self.abort = abort
+        self.timeout = timeout
+        self._cond = threading.Condition()
+        self._box: dict[tuple, torch.Tensor] = {}
+        self._waiting: dict[int, tuple[tuple, str]] = {}
+        self._finished: set[int] = set()
+
+    def put(self, key: tuple, value: torch.Tensor) -> None:
+        with self._cond:
+            self._box[key] = value
+            self._cond.notify_all()
+
+    def finished(self, device: int) -> None:
+        with self._cond:
+            self._finished.add(device)
+            self._cond.notify_all()
+
+    def get(self, key: tuple, device: int, what: str) -> torch.Tensor:
+        """Take message `key`, waiting for it; `what` describes the wait for error messages."""
+        with self._cond:
+            self._waiting[device] = (key, what)
+            try:
+                start = time.monotonic()
+                while key not in self._box:
+                    if self.abort.is_set():
+                        raise Aborted(f"device {device} gave up waiting for {what}")
+                    if self._deadlocked():
+                        raise ScheduleError(f"schedule cannot complete (deadlock): {self._who()}")
+                    if time.monotonic() - start > self.timeout:
+                        raise ScheduleError(
+                            f"schedule stuck: no message for {self.timeout:g} s "
+                            f"(deadlock_timeout): {self._who()}"
+                        )
+                    self._cond.wait(_POLL_S)
+                return self._box.pop(key)
+            finally:
+                del self._waiting[device]
+
+    def _deadlocked(self) -> bool:
+        active = set(range(self.num_devices)) - self._finished
+        return bool(active) and all(
+            d in self._waiting and self._waiting[d][0] not in self._box for d in active
+        )
+
+    def _who(self) -> str:
+        parts = [f"device {d} waits for {self._waiting[d][1]}" for d in sorted(self._waiting)]
+        parts += [f"device {d} has finished its actions" for d in sorted(self._finished)]
+        return "; ".join(parts)
+
+
+# --------------------------------------------------------------------------- the executor
+
+
+class PipelineExecutor:
+    """Runs pipeline schedules on `num_devices` persistent threads (stage s on s % devices)."""
+
+    def __init__(
+        self,
+        stages: list[nn.Module],
+        num_devices: int,
+        loss_fn=None,
+        deadlock_timeout: float = 5.0,
+    ) -> None:
+        if not stages:
+            raise CourseInputError("stages must be a non-empty list of modules")
+        if not isinstance(num_devices, int) or num_devices < 1:
+            raise CourseInputError(f"num_devices must be an integer >= 1, got {num_devices!r}")
+        if len(stages) % num_devices:
+            raise CourseInputError(
+                f"the number of stages ({len(stages)}) must be a multiple of num_devices "
+                f"({num_devices}) so each device holds the same number of chunks"
+            )
+        if deadlock_timeout <= 0:
+            raise CourseInputError(f"deadlock_timeout must be > 0 s, got {deadlock_timeout!r}")
+        if loss_fn is None:
+            from course_utils.models import loss_fn
+        self.stages = list(stages)
+        self.num_devices = num_devices
+        self.loss_fn = loss_fn
+        self.deadlock_timeout = deadlock_timeout
+        self.pool = DeviceThreads(num_devices, name="device")
+
+    def parameters(self):
+        for stage in self.stages:
+            yield from stage.parameters()
+
+    def close(self) -> None:
+        self.pool.close()
+
+    def __enter__(self) -> PipelineExecutor:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    # -- one training step ---------------------------------------------------------------
+
+    def step(
+        self,
+        schedule: Schedule,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+        optimizer: torch.optim.Optimizer | None = None,
+        fail_at: str | Action | None = None,
+    ) -> StepResult:
+        """One training step: run `schedule` on the batch, then `optimizer.step()` if given.
+
+        Gradients are reset at the start (so after the step they are this batch's).
+        """
+        n_mb = self._check(schedule)
+        fail = self._check_fail_at(schedule, fail_at)
+        if len(inputs) != len(targets):
+            raise CourseInputError("inputs and targets must have the same batch size")
+        if len(inputs) % n_mb:
+            raise CourseInputError(
+                f"batch size {len(inputs)} must be divisible by the {n_mb} micro-batches"
+            )
+        size = len(inputs) // n_mb
+        xs, ys = inputs.split(size), targets.split(size)
+        for p in self.parameters():
+            p.grad = None
+        run = _Run(self, schedule, xs, ys, fail)
+        fns = [lambda d=d: run.device(d) for d in range(self.num_devices)]
+        t0 = time.perf_counter()
+        try:
+            self.pool.run(fns)
+        except WorkerError as err:
+            if isinstance(err.__cause__, ScheduleError):
+                raise ScheduleError(str(err.__cause__)) from err.__cause__
+            raise
+        wall = time.perf_counter() - t0
+        if optimizer is not None:
+            optimizer.step()
+        return run.result(wall)
+
+    def _check(self, schedule: Schedule) -> int:
+        """Structural problems fail fast; returns the number of micro-batch chunks."""
+        if not isinstance(schedule, Schedule):
+            raise CourseInputError("schedule must be a Schedule (see course_utils.schedules)")
+        if schedule.num_devices != self.num_devices or schedule.stages != len(self.stages):
+            raise CourseInputError(
+                f"schedule is for {schedule.num_devices} devices and {schedule.stages} stages, "
+                f"but this executor has {self.num_devices} devices and {len(self.stages)} stages"
+            )
+        n_mb = -(-schedule.microbatches // schedule.batch_scale)  # naive: one whole batch
+        counts: dict[tuple[int, str, int], int] = defaultdict(int)
+        problems = []
+        for d, actions in enumerate(schedule.devices):
+            for a in actions:
+                if not a.is_compute:
+                    continue
+                if a.stage >= schedule.stages or a.microbatch is None or a.microbatch >= n_mb:
+                    problems.append(f"{a} on device {d} is out of range")
+                elif a.stage % self.num_devices != d:
+                    problems.append(
+                        f"{a} is on device {d} but stage {a.stage} lives on device "
+                        f"{a.stage % self.num_devices}"
+                    )
+                counts[(a.stage, a.kind, a.microbatch)] += 1
+        for s in range(schedule.stages):
+            for mb in range(n_mb):
+                f, b = counts[(s, "F", mb)], counts[(s, "B", mb)]
+                i, w = counts[(s, "I", mb)], counts[(s, "W", mb)]
+                if f != 1:
+                    problems.append(f"{s}F{mb} appears {f} times (needs exactly 1)")
+                if not ((b == 1 and i == w == 0) or (b == 0 and i == w == 1)):
+                    problems.append(f"stage {s} micro-batch {mb} needs one B, or one I and one W")
+        if problems:
+            more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+            raise ScheduleError(f"{schedule.name}: " + "; ".join(problems[:5]) + more)
+        return n_mb
+
+    @staticmethod
+    def _check_fail_at(schedule: Schedule, fail_at) -> Action | None:
+        if fail_at is None:
+            return None
+        action = Action.parse(fail_at)
+        if not any(action in actions for actions in schedule.devices):
+            raise CourseInputError(f"fail_at must be an action of the schedule, got {action}")
+        return action
+
+
+class _Run:
+    """The state of one step: messages, saved activations, measured events."""
+
+    def __init__(self, ex: PipelineExecutor, schedule: Schedule, xs, ys, fail: Action | None):
+        self.ex, self.schedule, self.xs, self.ys, self.fail = ex, schedule, xs, ys, fail
+        self.last = len(ex.stages) - 1
+        self.scale = 1.0 / len(xs)  # mean over micro-batches = full-batch mean loss
+        self.mail = Mailboxes(ex.num_devices, ex.pool.abort, ex.deadlock_timeout)
+        self.events: list[list[Event]] = [[] for _ in range(ex.num_devices)]
+        self.peaks = [0] * ex.num_devices
+        self.losses: dict[int, float] = {}
+        self.t0 = time.perf_counter_ns()
+
+    # Each device thread runs this over its own action list.
+    def device(self, d: int) -> None:
+        saved: dict[tuple[int, int], dict] = {}  # (stage, mb) -> what backward needs
+        held = 0
+        try:
+            for action in self.schedule.devices[d]:
+                if self.ex.pool.abort.is_set():
+                    raise Aborted(f"device {d} stopped before {action}")
+                if not action.is_compute:
+                    continue  # communication is implicit: F/B post and take their messages
+                start, end = self._do(d, action, saved)
+                self.events[d].append(Event(d, action, start, end))
+                if action.kind == "F":
+                    held += 1
+                    self.peaks[d] = max(self.peaks[d], held)
+                elif action.kind in ("B", "W"):
+                    held -= 1
+        finally:
+            self.mail.finished(d)
+
+    def _do(self, d: int, a: Action, saved: dict) -> tuple[float, float]:
+        s, mb = a.stage, a.microbatch
+        try:
+            inputs = self._receive(d, a, saved)  # waiting is idle time, not part of the action
+            start = time.perf_counter_ns()
+            if a == self.fail:
+                raise RuntimeError(f"deliberate failure injected at {a} (fail_at)")
+            if a.kind == "F":
+                self._forward(s, mb, inputs, saved)
+            elif a.kind == "B":
+                self._backward(s, mb, inputs, saved)
+            elif a.kind == "I":
+                self._backward_input(s, mb, inputs, saved)
+            else:
+                self._backward_weight(s, mb, saved)
+            end = time.perf_counter_ns()
+        except (Aborted, ScheduleError):
+            raise
+        except Exception as exc:
+            what = f"stage {s}, micro-batch {mb}, {KIND_NAMES[a.kind]}"
+            first_line = (str(exc).splitlines() or [""])[0]
+            raise WorkerError(
+                f"device {d} failed in {a} ({what}): {type(exc).__name__}: {first_line}"
+            ) from exc
+        return (start - self.t0) / 1e9, (end - self.t0) / 1e9
+
+    def _receive(self, d: int, a: Action, saved: dict):
+        """The message this action needs from another stage (None if it needs none)."""
+        s, mb = a.stage, a.microbatch
+        if a.kind in ("B", "I", "W") and (s, mb) not in saved:
+            need = f"{s}F{mb}" if a.kind != "W" else f"{s}I{mb}"
+            raise ScheduleError(f"device {d} runs {a} before {need}, which it needs")
+        if a.kind == "W" and "grad_outs" not in saved[(s, mb)]:
+            raise ScheduleError(f"device {d} runs {a} before {s}I{mb}, which it needs")
+        if a.kind == "F" and s > 0:
+            return self.mail.get(
+                ("act", s, mb), d, f"the activations of stage {s - 1} micro-batch {mb} for {a}"
+            )
+        if a.kind in ("B", "I") and s < self.last:
+            return self.mail.get(
+                ("grad", s, mb), d, f"the gradient from stage {s + 1} micro-batch {mb} for {a}"
+            )
+        return None
+
+    def _forward(self, s: int, mb: int, received, saved: dict) -> None:
+        x = self.xs[mb] if s == 0 else received
+        if s > 0 and x.is_floating_point():
+            # a leaf of this stage's own graph, so backward stops here and yields x.grad
+            x = x.detach().requires_grad_(True)
+        # Run layer by layer and keep every layer's output: the zero-bubble split needs them.
+        hs = [x]
+        with torch.enable_grad():
+            for layer in _layers(self.ex.stages[s]):
+                hs.append(layer(hs[-1]))
+            out = hs[-1]
+            if s == self.last:
+                loss = self.ex.loss_fn(out, self.ys[mb])
+                self.losses[mb] = loss.item()
+                out = loss * self.scale
+        saved[(s, mb)] = {"hs": hs, "out": out}
+        if s < self.last:
+            self.mail.put(("act", s + 1, mb), out.detach())
+
+    def _send_input_grad(self, s: int, mb: int, x: torch.Tensor) -> None:
+        if s > 0:
+            self.mail.put(
+                ("grad", s - 1, mb), x.grad if x.grad is not None else torch.zeros_like(x)
+            )
+
+    def _backward(self, s: int, mb: int, grad_out, saved: dict) -> None:
+        st = saved.pop((s, mb))
+        torch.autograd.backward(st["out"], grad_out)  # accumulates into .grad
+        self._send_input_grad(s, mb, st["hs"][0])
+
+    def _backward_input(self, s: int, mb: int, grad_out, saved: dict) -> None:
+        """I: gradients w.r.t. the stage input and every layer's input, not the weights."""
+        st = saved[(s, mb)]
+        hs = st["hs"]
+        wanted = [h for h in hs[:-1] if h.requires_grad]
+        grads = (
+            torch.autograd.grad(st["out"], wanted, grad_out, retain_graph=True) if wanted else []
+        )
+        by_id = {id(h): g for h, g in zip(wanted, grads, strict=True)}
+        # Gradient of each layer's output: the next layer's input gradient (or the top one).
+        top = grad_out if grad_out is not None else torch.ones_like(st["out"])
+        st["grad_outs"] = [by_id.get(id(h)) for h in hs[1:-1]] + [top]
+        if s > 0:
+            self.mail.put(("grad", s - 1, mb), by_id[id(hs[0])])
+
+    def _backward_weight(self, s: int, mb: int, saved: dict) -> None:
+        """W: parameter gradients of each layer, from the output gradients I computed."""
+        st = saved.pop((s, mb))
+        outs = st["hs"][1:-1] + [st["out"]]
+        for layer, out, g in zip(_layers(self.ex.stages[s]), outs, st["grad_outs"], strict=True):
+            params = [p for p in layer.parameters() if p.requires_grad]
+            if params and g is not None:
+                # `inputs=` limits the pass to this layer's weights (no input-gradient work)
+                torch.autograd.backward(out, g, inputs=params)
+
+    # -- the result ----------------------------------------------------------------------
+
+    def result(self, wall: float) -> StepResult:
+        sched = self.schedule
+        events = sorted((e for evs in self.events for e in evs), key=lambda e: (e.start, e.device))
+        timeline = Timeline(
+            events=events,
+            num_devices=self.ex.num_devices,
+            name=sched.name,
+            source="measured",
+            unit="s",
+            peak_activations=[p * sched.batch_scale for p in self.peaks],
+            meta={"stages": sched.stages, "microbatches": sched.microbatches},
+        )
+        loss = sum(self.losses[mb] for mb in sorted(self.losses)) * self.scale
+        return StepResult(
+            loss=loss,
+            timeline=timeline,
+            stage_costs=_stage_costs(events, sched),
+            microbatch_losses=[self.losses[mb] for mb in sorted(self.losses)],
+            wall_time_s=wall,
+        )
+
+
+def _layers(stage: nn.Module) -> list[nn.Module]:
+    """A stage's layers in order (an `nn.Sequential`), or the stage itself as one layer."""
+    return list(stage) if isinstance(stage, nn.Sequential) else [stage]
+
+
+def _stage_costs(events: list[Event], schedule: Schedule) -> StageCosts:
+    total: dict[tuple[int, str], list[float]] = defaultdict(list)
+    for e in events:
+        total[(e.action.stage, e.action.kind)].append(e.duration / schedule.batch_scale)
+
+    def mean(stage: int, kind: str) -> float:
+        values = total[(stage, kind)]
+        return sum(values) / len(values) if values else 0.0
+
+    forward, backward, weight = [], [], []
+    for s in range(schedule.stages):
+        forward.append(mean(s, "F"))
+        backward.append(mean(s, "B") + mean(s, "I") + mean(s, "W"))
+        weight.append(mean(s, "W"))
+    split = any(kind == "W" for _, kind in total)
+    fraction = min(1.0, sum(weight) / sum(backward)) if split and sum(backward) > 0 else None
+    return StageCosts(forward, backward, fraction)
+
+
+def simulated_from_measured(result: StepResult, schedule: Schedule) -> Timeline:
+    """The simulator's prediction for `schedule` using the measured per-stage costs (s)."""
+    from course_utils.simulate import CostModel, simulate
+
+    costs = result.stage_costs
+    model = CostModel(
+        weight_fraction=0.5 if costs.weight_fraction is None else costs.weight_fraction,
+        stage_forward=costs.forward,
+        stage_backward=costs.backward,
+    )
+    timeline = simulate(schedule, model)
+    timeline.unit = "s"
+    return timeline
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("name", help="schedule: naive, gpipe, 1f1b, interleaved, ...")
+    parser.add_argument("--stages", type=int, default=2, help="pipeline devices P (threads)")
+    parser.add_argument("--microbatches", type=int, default=4, help="micro-batches M")
+    parser.add_argument("--chunks", type=int, default=1, help="stages per device V")
+    parser.add_argument("--model", choices=("gpt", "mlp"), default="gpt")
+    parser.add_argument("--batch-size", type=int, default=None, help="default: 4 x M")
+    parser.add_argument("--fail-at", default=None, help="inject an error in ACTION, e.g. 1F2")
+    parser.add_argument("--gantt", default=None, metavar="PNG", help="draw measured vs simulated")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def build_model(kind: str, num_stages: int, seed: int = 0) -> nn.Module:
+    """The CLI's models: enough layers for `num_stages` stages."""
+    from course_utils.models import MLP, CharTokenizer, GPTConfig, TinyGPT, load_text
+
+    torch.manual_seed(seed)
+    if kind == "mlp":
+        return MLP(d_in=64, d_hidden=256, d_out=10, depth=max(4, num_stages))
+    vocab = CharTokenizer(load_text()).vocab_size
+    cfg = GPTConfig(vocab_size=vocab, block_size=32, n_layer=max(4, num_stages), d_model=64)
+    return TinyGPT(cfg)
+
+
+def unsplit_step_time(model: nn.Module, loss_fn, x, y, repeats: int = 3) -> float:
+    """Best-of-`repeats` seconds of forward+backward of the whole batch on this thread."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        best = float("inf")
+        for i in range(repeats + 1):  # the first run is a warm-up
+            t0 = time.perf_counter()
+            loss_fn(model(x), y).backward()
+            if i:
+                best = min(best, time.perf_counter() - t0)
+        model.zero_grad(set_to_none=True)
+        return best
+    finally:
+        torch.set_num_threads(before)
+
+
+def ideal_speedup(schedule: Schedule) -> float:
+    """Speed-up with equal stages and free communication: p*m*(F+B) / simulated makespan."""
+    from course_utils.simulate import CostModel, simulate
+
+    costs = CostModel()
+    timeline = simulate(schedule, costs)
+    unsplit = schedule.num_devices * schedule.microbatches * (costs.forward + costs.backward)
+    return unsplit / timeline.makespan
+
+
+def run(args) -> int:
+    import copy
+
+    from course_utils.models import loss_fn, partition
+    from course_utils.schedules import make_schedule
+
+    p, m, v = args.stages, args.microbatches, args.chunks
+    schedule = make_schedule(args.name, p, m, v)
+    batch = args.batch_size if args.batch_size is not None else 4 * m
+    if batch < 1 or batch % m:
+        raise CourseInputError(f"--batch-size must be a positive multiple of --microbatches ({m})")
+    model = build_model(args.model, p * v, args.seed)
+    x, y = model.example_batch(batch, torch.Generator().manual_seed(args.seed))
+    reference = copy.deepcopy(model)
+    naive_s = unsplit_step_time(reference, loss_fn, x, y)
+    ref_loss = loss_fn(reference(x), y)
+    ref_loss.backward()
+
+    with PipelineExecutor(partition(model, p * v), p, loss_fn) as ex:
+        try:
+            ex.step(schedule, x, y)  # warm-up (allocations, first-call costs)
+            result = ex.step(schedule, x, y, fail_at=args.fail_at)
+        except (WorkerError, ScheduleError) as err:
+            print(f"python -m course_utils run: {err}", file=sys.stderr)
+            return 1
+    grad_diff = max(
+        (a.grad - b.grad).abs().max().item()
+        for a, b in zip(model.parameters(), reference.parameters(), strict=True)
+    )
+    simulated = simulated_from_measured(result, schedule)
+    measured = result.timeline
+    figures = {
+        "schedule": schedule.name,
+        "measured_makespan_s": measured.makespan,
+        "naive_makespan_s": naive_s,
+        "speedup": naive_s / measured.makespan,
+        "ideal_speedup": ideal_speedup(schedule),
+        "simulated_makespan_s": simulated.makespan,
+        "max_grad_diff": grad_diff,
+        "loss": result.loss,
+        "reference_loss": ref_loss.item(),
+        "events": [e.to_dict() for e in measured.events],
+    }
+    if args.gantt:
+        try:
+            from course_utils import gantt
+        except ImportError:
+            print("gantt drawing is not available yet (course_utils.gantt)", file=sys.stderr)
+        else:
+            fig = gantt.compare(simulated, measured)
+            fig.savefig(args.gantt, dpi=120, bbox_inches="tight")
+    if args.json:
+        print(json.dumps(figures, indent=1))
+    else:
+        print(str(schedule))
+        print(
+            f"loss {result.loss:.5f} (unsplit {ref_loss.item():.5f}), "
+            f"max gradient difference {grad_diff:.2e}"
+        )
+        print(
+            f"measured {measured.makespan * 1e3:.2f} ms, unsplit on one thread "
+            f"{naive_s * 1e3:.2f} ms: speed-up {figures['speedup']:.2f}x "
+            f"(ideal {figures['ideal_speedup']:.2f}x); "
+            f"simulated from measured stage costs {simulated.makespan * 1e3:.2f} ms"
+        )
+        print(f"peak activations per device (micro-batches): {measured.peak_activations}")
+        if args.gantt:
+            print(f"wrote {args.gantt}")
+    return 0
