@@ -153,7 +153,11 @@ class DataParallel:
 
             return work
 
-        results = self.threads.run([replica_step(r) for r in range(self.workers)])
+        try:
+            results = self.threads.run([replica_step(r) for r in range(self.workers)])
+        except Exception:
+            self.group.reset()  # drop half-delivered messages so the next step starts clean
+            raise
         events = [e for _, evs in results for e in evs]
         timeline = Timeline(
             events,

@@ -231,7 +231,11 @@ class TensorParallelMLP:
 
             return run
 
-        return self.threads.run([work(r) for r in range(self.workers)])[0]
+        try:
+            return self.threads.run([work(r) for r in range(self.workers)])[0]
+        except Exception:
+            self.group.reset()
+            raise
 
     __call__ = forward
 
@@ -255,7 +259,11 @@ class TensorParallelMLP:
 
             return run
 
-        results = self.threads.run([work(r) for r in range(self.workers)])
+        try:
+            results = self.threads.run([work(r) for r in range(self.workers)])
+        except Exception:
+            self.group.reset()  # drop half-delivered messages so the next call starts clean
+            raise
         return TPResult(
             outputs=[r[0] for r in results],
             input_grads=[r[1] for r in results],

@@ -17,7 +17,7 @@ from course_utils.data_parallel import (
     shard_sizes,
     single_worker_steps,
 )
-from course_utils.errors import CourseInputError
+from course_utils.errors import CourseInputError, WorkerError
 
 D_IN, CLASSES = 12, 5
 
@@ -188,3 +188,44 @@ def test_cli_json():
     assert out["workers"] == 2 and out["max_param_diff"] <= 1e-5 and out["speedup"] > 0
     assert out["bytes_sent_per_worker"] == [out["param_bytes"]] * 2  # naive, 2 workers
     assert {e["action"] for e in out["events"]} == {"0F0", "0B0", "0REDUCE_GRAD"}
+
+
+def test_tiny_gpt_data_parallel_matches_one_worker():
+    models = pytest.importorskip("course_utils.models")
+    torch.manual_seed(0)
+    cfg = models.GPTConfig(vocab_size=20, block_size=8, n_layer=2, n_head=2, d_model=16)
+    model = models.TinyGPT(cfg)
+    gen = torch.Generator().manual_seed(5)
+    batches = [model.example_batch(6, generator=gen) for _ in range(3)]
+    reference, _ = single_worker_steps(model, batches, loss_fn=models.loss_fn)
+    with DataParallel(model, 3, "ring", loss_fn=models.loss_fn) as dp:
+        for x, y in batches:
+            dp.step(x, y)
+        assert max_param_diff(dp.replicas[0], reference) <= 1e-5
+        assert dp.max_replica_diff() == 0.0
+
+
+def test_a_failing_replica_raises_and_the_next_step_still_works():
+    class Flaky(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(D_IN, CLASSES)
+            self.fail = False
+
+        def forward(self, x):
+            if self.fail:
+                raise RuntimeError("replica broke")
+            return self.lin(x)
+
+    torch.manual_seed(0)
+    model, batches = Flaky(), make_batches(batch=8, steps=2)
+    reference, _ = single_worker_steps(model, batches[1:])
+    with DataParallel(model, 2) as dp:
+        dp.replicas[1].fail = True
+        with pytest.raises(WorkerError, match="device 1 failed: RuntimeError: replica broke"):
+            dp.step(*batches[0])
+        # undo the half-step: replica 0 never reached its optimizer step (it was waiting)
+        assert max_param_diff(dp.replicas[0], model) == 0.0
+        dp.replicas[1].fail = False
+        dp.step(*batches[1])
+        assert max_param_diff(dp.replicas[0], reference) <= 1e-5

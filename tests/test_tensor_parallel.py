@@ -132,3 +132,14 @@ def test_cli_bad_input_is_one_line_exit_2(args):
     proc = _cli(*args)
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_splits_the_mlp_of_a_tiny_gpt_block():
+    models = pytest.importorskip("course_utils.models")
+    torch.manual_seed(0)
+    cfg = models.GPTConfig(vocab_size=20, block_size=8, n_layer=1, n_head=2, d_model=32)
+    mlp = models.TinyGPT(cfg).blocks[0].mlp
+    linear1, linear2 = mlp[0], mlp[2]
+    x, dy = inputs((2, 8, 32))
+    with TensorParallelMLP(linear1, linear2, 4) as tp:
+        assert_matches_unsplit(tp, linear1, linear2, x, dy)
