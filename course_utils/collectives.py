@@ -387,16 +387,6 @@ def ring_allreduce_steps(values_per_worker: Sequence[Sequence[float]]) -> list[R
     return states
 
 
-def ring_allreduce_seconds(nbytes: float, workers: int, bandwidth: float, latency: float = 0.0):
-    """Alpha-beta time of a ring all-reduce: 2(N-1)/N * bytes/bandwidth + 2(N-1) * latency.
-
-    (Patarasuk & Yuan 2009; Thakur, Rabenseifner & Gropp 2005 for the alpha-beta model.)
-    """
-    if workers <= 1:
-        return 0.0
-    return 2 * (workers - 1) / workers * nbytes / bandwidth + 2 * (workers - 1) * latency
-
-
 def run_all_reduce(
     tensors: Sequence[torch.Tensor],
     op: str = "sum",

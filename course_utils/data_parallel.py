@@ -34,13 +34,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from course_utils.actions import Action
-from course_utils.collectives import (
-    ALGORITHMS,
-    ThreadGroup,
-    check_options,
-    ring_allreduce_seconds,
-)
+from course_utils.collectives import ALGORITHMS, ThreadGroup, check_options
 from course_utils.errors import CourseInputError
+from course_utils.simulate import ring_allreduce_time
 from course_utils.timeline import Event, Timeline
 from course_utils.workers import DeviceThreads
 
@@ -269,7 +265,7 @@ def dp_speedup_model(
         raise CourseInputError("grad_bytes and latency must be >= 0")
     if not 0.0 <= overlap <= 1.0:
         raise CourseInputError(f"overlap must be between 0 and 1, got {overlap!r}")
-    comm = ring_allreduce_seconds(grad_bytes, workers, bandwidth, latency)
+    comm = ring_allreduce_time(grad_bytes, workers, bandwidth, latency)
     return compute_time / (compute_time / workers + (1.0 - overlap) * comm)
 
 

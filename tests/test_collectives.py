@@ -14,7 +14,6 @@ from course_utils.collectives import (
     ThreadGroup,
     chunk_bounds,
     naive_bytes_per_rank,
-    ring_allreduce_seconds,
     ring_allreduce_steps,
     ring_bytes_per_rank,
     ring_plan,
@@ -180,12 +179,6 @@ def test_ring_trace_ends_with_the_sum_and_matches_the_plan():
 def test_chunk_bounds_cover_everything():
     assert chunk_bounds(10, 4) == [(0, 3), (3, 6), (6, 8), (8, 10)]
     assert chunk_bounds(2, 4) == [(0, 1), (1, 2), (2, 2), (2, 2)]
-
-
-def test_ring_time_formula():
-    # 2(N-1)/N x bytes / bandwidth + 2(N-1) x latency
-    assert ring_allreduce_seconds(1e9, 4, 1e9, 1e-3) == pytest.approx(1.5 + 6e-3)
-    assert ring_allreduce_seconds(1e9, 1, 1e9) == 0.0
 
 
 def test_bad_input_is_one_line():
