@@ -11,7 +11,8 @@ every send and receive:
 
 Each ordered pair of ranks (src, dst) has its own mailbox (a FIFO queue), like one
 direction of a network link. Every message is a copy, and its size is added to
-`group.bytes_sent[src]`, so the lesson can compare the two algorithms' traffic:
+`group.bytes_sent[src]` (and `group.bytes_received[dst]`), so the lesson can compare
+the two algorithms' traffic:
 
 - naive: everybody sends to rank 0, which sums and sends the result back.
   Rank 0 receives (N-1) x S bytes and sends (N-1) x S bytes: it is the bottleneck.
@@ -151,6 +152,7 @@ class ThreadGroup:
         self._lock = threading.Lock()
         self.bytes_sent = [0] * world_size
         self.messages_sent = [0] * world_size
+        self.bytes_received = [0] * world_size
 
     def comm(self, rank: int) -> Communicator:
         """The handle thread `rank` uses to talk to the others."""
@@ -164,6 +166,7 @@ class ThreadGroup:
         with self._lock:
             self.bytes_sent = [0] * self.world_size
             self.messages_sent = [0] * self.world_size
+            self.bytes_received = [0] * self.world_size
 
     def reset(self) -> None:
         """Empty the mailboxes and reset the barrier (after an aborted run)."""
@@ -178,6 +181,10 @@ class ThreadGroup:
         with self._lock:
             self.bytes_sent[rank] += nbytes
             self.messages_sent[rank] += 1
+
+    def _count_received(self, rank: int, nbytes: int) -> None:
+        with self._lock:
+            self.bytes_received[rank] += nbytes
 
 
 class Communicator:
@@ -207,9 +214,12 @@ class Communicator:
         deadline = time.monotonic() + self.group.timeout
         while True:
             try:
-                return box.get(timeout=_POLL_S)
+                message = box.get(timeout=_POLL_S)
             except queue.Empty:
                 pass
+            else:
+                self.group._count_received(self.rank, message.numel() * message.element_size())
+                return message
             if self.group.abort.is_set():
                 raise CommAborted(f"rank {self.rank}: gave up waiting for rank {src} (aborted)")
             if time.monotonic() > deadline:

@@ -97,6 +97,9 @@ def test_list_of_differently_shaped_tensors(pool, algorithm):
     numel = sum(t.numel() for t in per_rank[0])
     if algorithm == "ring":
         assert group.bytes_sent == ring_bytes_per_rank(numel, n)
+    else:  # rank 0 is the hub: it receives N-1 copies and sends N-1 copies
+        assert group.bytes_received[0] == group.bytes_sent[0] == (n - 1) * numel * 4
+    assert sum(group.bytes_received) == sum(group.bytes_sent)
 
 
 def test_point_to_point_is_fifo_and_copies(pool):
@@ -119,6 +122,7 @@ def test_point_to_point_is_fifo_and_copies(pool):
     _, got = pool.run([sender, receiver])
     assert torch.equal(got[0], torch.zeros(3)) and torch.equal(got[1], torch.full((3,), 7.0))
     assert group.bytes_sent == [24, 0] and group.messages_sent == [2, 0]
+    assert group.bytes_received == [0, 24]
 
 
 def test_recv_times_out_with_a_clear_error():
