@@ -377,7 +377,7 @@ def _no_cyclic_gc():
 def _print(sched: Schedule, result: dict, as_json: bool) -> None:
     out = sys.stdout
     if as_json:
-        names = [[str(a) for a in acts] for acts in result["actions"]]
+        names = [[f"{a.stage}{a.kind}{a.microbatch}" for a in acts] for acts in result["actions"]]
         # 100k+ events: formatting each as text is 3x faster than json.dumps on dicts.
         events = []  # device by device, each in its run order
         for d, (acts, st, en) in enumerate(

@@ -244,7 +244,7 @@ def _run(
     while ready:
         d = ready.pop()
         plan, i, t = plans[d], pointer[d], free[d]
-        d_starts, d_ends = starts[d], ends[d]
+        push_start, push_end = starts[d].append, ends[d].append
         while i < len(plan):
             a = plan[i]
             kind, s = a.kind, a.stage
@@ -263,7 +263,7 @@ def _run(
                 if done is None:
                     waiters[dep1].append(d)  # woken when dep1 finishes
                     break
-                if made_on[dep1] != d:
+                if p2p and made_on[dep1] != d:
                     done += p2p
                 if done > start:
                     start = done
@@ -272,15 +272,15 @@ def _run(
                 if done is None:
                     waiters[dep2].append(d)
                     break
-                if made_on[dep2] != d:
+                if p2p and made_on[dep2] != d:
                     done += p2p
                 if done > start:
                     start = done
             t = start + cost_of[kind][s]
             end[key] = t
             made_on[key] = d
-            d_starts.append(start)
-            d_ends.append(t)
+            push_start(start)
+            push_end(t)
             i += 1
             if key in waiters:
                 ready.extend(waiters.pop(key))

@@ -112,6 +112,17 @@ def test_chunked_schedules_shrink_the_bubble_v_times(name, p, m, v):
     assert makespan == pytest.approx(m * (F + B) + (p - 1) * (F + B) / v)
 
 
+def test_chunked_closed_form_holds_for_every_small_shape():
+    # Breadth-first: any m >= p. Interleaved: any m that is a multiple of p.
+    for p in range(1, 6):
+        for v in range(1, 5):
+            for m in range(p, 2 * p + 4):
+                want = m * (F + B) + (p - 1) * (F + B) / v
+                assert simulate(breadth_first(p, m, v)).makespan == pytest.approx(want)
+                if m % p == 0:
+                    assert simulate(interleaved(p, m, v)).makespan == pytest.approx(want)
+
+
 def test_breadth_first_with_fewer_microbatches_than_devices_waits_between_loops():
     # With m < p a device finishes its micro-batches of one stage before the first of them
     # comes back round the loop, so the closed form above is only a lower bound.
