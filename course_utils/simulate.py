@@ -22,7 +22,8 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from numbers import Real
 
 from course_utils.actions import Action, Schedule
 from course_utils.errors import CourseInputError, ScheduleError
@@ -55,7 +56,7 @@ class CostModel:
     def __post_init__(self) -> None:
         for name in ("forward", "backward", "p2p"):
             value = getattr(self, name)
-            if not isinstance(value, int | float) or not 0 <= value < math.inf:
+            if not isinstance(value, Real) or not 0 <= value < math.inf:
                 raise CourseInputError(f"{name} cost must be a finite number >= 0, got {value!r}")
         if not 0 <= self.weight_fraction <= 1:
             raise CourseInputError(
@@ -64,7 +65,7 @@ class CostModel:
         for name in ("stage_forward", "stage_backward"):
             values = getattr(self, name)
             if values is not None and any(
-                not isinstance(x, int | float) or not 0 <= x < math.inf for x in values
+                not isinstance(x, Real) or not 0 <= x < math.inf for x in values
             ):
                 raise CourseInputError(f"{name} must be a list of numbers >= 0, got {values!r}")
 
@@ -399,7 +400,7 @@ def simulate(schedule: Schedule, costs: CostModel | None = None) -> Timeline:
             "stages": schedule.stages,
             "microbatches": schedule.microbatches,
             "chunks": schedule.chunks,
-            "costs": costs or CostModel(),
+            "costs": asdict(costs or CostModel()),
         },
     )
 
