@@ -222,7 +222,11 @@ def prepare(
 
 def failure_message(text: str) -> str:
     """The check's own message from nbval's failure report, else the error's last line."""
-    traceback = ANSI.sub("", text.partition("\nTraceback:\n")[2]).strip()
+    header, _, rest = text.partition("\nInput:\n")
+    timeout = re.search(r"Cell \d+: (Timeout .*)", header)
+    if timeout:  # nbval interrupted a cell that ran too long
+        return timeout.group(1).strip()
+    traceback = ANSI.sub("", rest.partition("\nTraceback:\n")[2]).strip()
     lines = [line.rstrip() for line in traceback.splitlines() if line.strip()]
     if not lines:
         return ANSI.sub("", text).strip().splitlines()[-1] if text.strip() else "failed"
@@ -270,8 +274,10 @@ def run_nbval(
             bad = bad if bad is not None else case.find("error")
             if bad is not None:
                 results[int(number.group(1))] = (False, failure_message(bad.text or ""))
-            elif case.find("skipped") is not None:
-                results[int(number.group(1))] = (False, "the check cell was skipped")
+            elif (skipped := case.find("skipped")) is not None:
+                why = f"{skipped.get('message', '')} {skipped.text or ''}"
+                reason = "an earlier cell timed out" if "timed out" in why else ""
+                results[int(number.group(1))] = (False, f"did not run ({reason or 'skipped'})")
             else:
                 results[int(number.group(1))] = (True, "")
         return results, problem
