@@ -26,6 +26,7 @@ every device all-reduces one tensor the size of the MLP's output (tokens x d_mod
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from course_utils.actions import Action
 from course_utils.collectives import (
     ALGORITHMS,
     Communicator,
@@ -43,38 +45,47 @@ from course_utils.collectives import (
     ring_bytes_per_rank,
 )
 from course_utils.errors import CourseInputError
+from course_utils.timeline import Event, Timeline
 from course_utils.workers import DeviceThreads
 
 # -- Megatron's f and g -------------------------------------------------------------------
+
+
+def _all_reduce(comm: Communicator, tensor: torch.Tensor, algorithm: str, log, label: str):
+    """Sum `tensor` over the group in place; append (label, start_ns, end_ns) to `log` if given."""
+    start = time.perf_counter_ns()
+    comm.all_reduce(tensor, op="sum", algorithm=algorithm)
+    if log is not None:
+        log.append((label, start, time.perf_counter_ns()))
 
 
 class CopyToParallel(torch.autograd.Function):
     """f: the input goes to every device unchanged; its gradients are summed on the way back."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, comm: Communicator, algorithm: str) -> torch.Tensor:
-        ctx.comm, ctx.algorithm = comm, algorithm
+    def forward(ctx, x: torch.Tensor, comm: Communicator, algorithm: str, log=None):
+        ctx.comm, ctx.algorithm, ctx.log = comm, algorithm, log
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         grad = grad.contiguous().clone()
-        ctx.comm.all_reduce(grad, op="sum", algorithm=ctx.algorithm)
-        return grad, None, None
+        _all_reduce(ctx.comm, grad, ctx.algorithm, ctx.log, "all-reduce (f)")
+        return grad, None, None, None
 
 
 class ReduceFromParallel(torch.autograd.Function):
     """g: the partial outputs are summed over devices; the gradient passes through unchanged."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, comm: Communicator, algorithm: str) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, comm: Communicator, algorithm: str, log=None):
         out = x.contiguous().clone()
-        comm.all_reduce(out, op="sum", algorithm=algorithm)
+        _all_reduce(comm, out, algorithm, log, "all-reduce (g)")
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return grad, None, None
+        return grad, None, None, None
 
 
 # -- the two sharded layers ---------------------------------------------------------------
@@ -94,9 +105,10 @@ class ColumnParallelLinear(nn.Module):
         self.weight = nn.Parameter(weight.detach().clone())
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone())
         self.comm, self.algorithm = comm, algorithm
+        self.comm_log: list | None = None  # when a list: all-reduce times are appended to it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = CopyToParallel.apply(x, self.comm, self.algorithm)
+        x = CopyToParallel.apply(x, self.comm, self.algorithm, self.comm_log)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -114,10 +126,11 @@ class RowParallelLinear(nn.Module):
         self.weight = nn.Parameter(weight.detach().clone())
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone())
         self.comm, self.algorithm = comm, algorithm
+        self.comm_log: list | None = None  # when a list: all-reduce times are appended to it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         partial = F.linear(x, self.weight)  # no bias here: it would be added N times
-        out = ReduceFromParallel.apply(partial, self.comm, self.algorithm)
+        out = ReduceFromParallel.apply(partial, self.comm, self.algorithm, self.comm_log)
         return out if self.bias is None else out + self.bias
 
 
@@ -170,7 +183,9 @@ class TPResult:
 
     `grads` uses the unsplit layer's names: "linear1.weight", "linear1.bias",
     "linear2.weight", "linear2.bias". `bytes_forward[r]` / `bytes_backward[r]` are the
-    bytes device r sent during the forward / backward pass.
+    bytes device r sent during the forward / backward pass. `timeline` is measured:
+    per device, compute (`0F0`, `0B0`) and the two all-reduces (`0REDUCE_GRAD`, labelled
+    "all-reduce (g)" in the forward and "all-reduce (f)" in the backward).
     """
 
     outputs: list[torch.Tensor]
@@ -178,6 +193,7 @@ class TPResult:
     grads: dict[str, torch.Tensor]
     bytes_forward: list[int]
     bytes_backward: list[int]
+    timeline: Timeline | None = None
 
     @property
     def output(self) -> torch.Tensor:
@@ -247,15 +263,21 @@ class TensorParallelMLP:
             for p in (*col.parameters(), *row.parameters()):
                 p.grad = None
         sent = self.group.bytes_sent  # each rank only ever adds to its own entry
+        t0 = time.perf_counter_ns()
 
         def work(rank: int):
             def run():
+                col, row = self.shards[rank]
+                col.comm_log = row.comm_log = log = []
                 x_local = x.detach().clone().requires_grad_(True)  # X is replicated
-                before = sent[rank]
+                before, f_start = sent[rank], time.perf_counter_ns()
                 y = self._forward_on(rank, x_local)
-                middle = sent[rank]
+                middle, b_start = sent[rank], time.perf_counter_ns()
                 y.backward(torch.ones_like(y) if grad_output is None else grad_output)
-                return y.detach(), x_local.grad, middle - before, sent[rank] - middle
+                b_end = time.perf_counter_ns()
+                col.comm_log = row.comm_log = None
+                events = _events(rank, t0, [("F", f_start, b_start), ("B", b_start, b_end)], log)
+                return y.detach(), x_local.grad, middle - before, sent[rank] - middle, events
 
             return run
 
@@ -264,7 +286,15 @@ class TensorParallelMLP:
         except Exception:
             self.group.reset()  # drop half-delivered messages so the next call starts clean
             raise
+        timeline = Timeline(
+            [e for r in results for e in r[4]],
+            self.workers,
+            name=f"tensor-parallel MLP on {self.workers} threads",
+            source="measured",
+            unit="s",
+        )
         return TPResult(
+            timeline=timeline,
             outputs=[r[0] for r in results],
             input_grads=[r[1] for r in results],
             grads=self.gathered_grads(),
@@ -294,6 +324,26 @@ class TensorParallelMLP:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+def _events(rank: int, t0: int, phases, comms) -> list[Event]:
+    """Cut each phase (kind, start, end) into compute events around the all-reduces in it."""
+    events = []
+    for kind, start, end in phases:
+        cursor = start
+        for label, c_start, c_end in comms:
+            if start <= c_start < end:
+                if c_start > cursor:
+                    events.append(_event(rank, Action(0, kind, 0), cursor, c_start, t0))
+                events.append(_event(rank, Action(0, "REDUCE_GRAD"), c_start, c_end, t0, label))
+                cursor = c_end
+        if end > cursor:
+            events.append(_event(rank, Action(0, kind, 0), cursor, end, t0))
+    return events
+
+
+def _event(rank, action, start_ns, end_ns, t0, label=None) -> Event:
+    return Event(rank, action, (start_ns - t0) / 1e9, (end_ns - t0) / 1e9, label)
 
 
 def unsplit_forward_backward(

@@ -143,3 +143,19 @@ def test_splits_the_mlp_of_a_tiny_gpt_block():
     x, dy = inputs((2, 8, 32))
     with TensorParallelMLP(linear1, linear2, 4) as tp:
         assert_matches_unsplit(tp, linear1, linear2, x, dy)
+
+
+def test_measured_timeline_shows_one_all_reduce_each_way():
+    linear1, linear2 = make_mlp()
+    x, dy = inputs((4, 16))
+    with TensorParallelMLP(linear1, linear2, 2) as tp:
+        tl = tp.forward_backward(x, dy).timeline
+    assert tl.source == "measured" and tl.unit == "s" and tl.num_devices == 2
+    for d in range(2):
+        events = tl.device_events(d)
+        comms = [e.label for e in events if not e.action.is_compute]
+        assert comms == ["all-reduce (g)", "all-reduce (f)"]  # forward's g, then backward's f
+        kinds = [e.action.kind for e in events]
+        assert kinds[0] == "F" and kinds[-1] in ("B", "REDUCE_GRAD") and "B" in kinds
+        for prev, nxt in zip(events, events[1:], strict=False):
+            assert prev.end <= nxt.start
