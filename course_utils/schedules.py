@@ -265,7 +265,8 @@ def dp_pp_timeline(
     done, on the device's communication lane (one reduction at a time per device). The
     step ends when the last reduction ends. Breadth-first finishes each stage's backward
     early, so its reductions hide behind the remaining backward; depth-first interleaved
-    finishes all stages near the end, so its reductions are exposed.
+    finishes all stages near the end, so its reductions are exposed. Give `costs` in the
+    time unit of `bytes / bandwidth` (e.g. seconds with bytes/s).
     """
     costs = costs or CostModel()
     sched = make_schedule(schedule_name, devices, microbatches, chunks)
@@ -307,7 +308,7 @@ def dp_pp_timeline(
             "compute_end": compute_end,
             "step_end": step_end,
             "exposed_reduction": step_end - compute_end,
-            "reduction_start": {s: e.start for s, e in ((ev.action.stage, ev) for ev in comm)},
+            "reduction_start": {e.action.stage: e.start for e in comm},
         },
     )
 
