@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib
 import json
 import os
 import queue as queue_module
@@ -108,8 +109,8 @@ def resolve_port(port: int | None = None) -> int:
 # --------------------------------------------------------------------------- processes
 
 
-def _child(rank: int, world: int, port: int, fn, payload: dict, results, timeout: float) -> None:
-    """Body of every spawned process: join the group, run `fn`, report back, leave."""
+def _child(rank: int, world: int, port: int, inbox, outbox, timeout: float) -> None:
+    """Body of every spawned process: join the group once, then run jobs until told to stop."""
     torch.set_num_threads(1)  # one process = one device = one core's worth of work
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # stay on loopback, never the LAN
     try:
@@ -120,79 +121,177 @@ def _child(rank: int, world: int, port: int, fn, payload: dict, results, timeout
             world_size=world,
             timeout=timedelta(seconds=timeout),
         )
+        importlib.import_module("torch.distributed.pipelining")  # slow: pay it once, up front
+
+        outbox.put((rank, -1, "ok", None))  # "ready"
+    except BaseException as exc:
+        outbox.put((rank, -1, "error", _describe(exc)))
+        return
+    try:
+        while (job := inbox.get()) is not None:
+            job_id, fn, payload = job
+            try:
+                outbox.put((rank, job_id, "ok", fn(rank, world, payload)))
+            except BaseException as exc:  # report everything: the parent decides what to raise
+                outbox.put((rank, job_id, "error", _describe(exc)))
+    finally:
+        dist.destroy_process_group()
+
+
+def _describe(exc: BaseException) -> tuple[str, str]:
+    return f"{type(exc).__name__}: {exc}".splitlines()[0], traceback.format_exc()
+
+
+class Cluster:
+    """`workers` processes on this machine, joined in one gloo process group, reused for jobs.
+
+    Starting a process costs seconds (a fresh interpreter imports torch), so a cluster
+    is started once and runs many jobs, like the long-lived ranks of a real training job:
+
+        with Cluster(2) as cluster:
+            ddp = run_ddp(cluster=cluster)
+            pipe = run_pipeline("1f1b", cluster=cluster)
+
+    A job is a module-level function `fn(rank, world, payload)` run on every rank at once.
+    Any failure or time-out tears the whole cluster down (a rank stuck in a collective
+    cannot be rescued) and raises WorkerError; `close()` always leaves no process behind.
+    """
+
+    def __init__(self, workers: int = 2, port: int | None = None, timeout: float = 60.0):
+        self.workers = _check_int("workers", workers, 1, MAX_WORKERS)
+        if not isinstance(timeout, int | float) or not timeout > 0:
+            raise CourseInputError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+        self.timeout = float(timeout)
+        self.port = resolve_port(port)
+        self._procs: list = []
+        self._jobs = 0
+
+    @property
+    def alive(self) -> bool:
+        return bool(self._procs) and all(p.is_alive() for p in self._procs)
+
+    def start(self) -> Cluster:
+        """Spawn the processes and wait (bounded) until every rank has joined the group."""
+        if self._procs:
+            return self
+        ctx = mp.get_context("spawn")
+        self._outbox = ctx.Queue()
+        self._inboxes = [ctx.Queue() for _ in range(self.workers)]
+        self._procs = [
+            ctx.Process(
+                target=_child,
+                args=(r, self.workers, self.port, self._inboxes[r], self._outbox, self.timeout),
+                daemon=True,  # if the notebook kernel dies, its ranks die with it
+            )
+            for r in range(self.workers)
+        ]
         try:
-            out = fn(rank, world, payload)
-        finally:
-            dist.destroy_process_group()
-        results.put((rank, "ok", out))
-    except BaseException as exc:  # report everything: the parent decides what to raise
-        last = f"{type(exc).__name__}: {exc}".splitlines()[0]
-        results.put((rank, "error", (last, traceback.format_exc())))
+            for p in self._procs:
+                p.start()
+            self._collect(-1, "start-up")
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def run(self, fn, payload: dict, timeout: float | None = None) -> list:
+        """Run `fn(rank, world, payload)` on every rank; return the results by rank."""
+        if not self._procs:
+            self.start()
+        if not self.alive:
+            self.close()
+            raise WorkerError("the cluster's processes are gone: start a new Cluster")
+        self._jobs += 1
+        try:
+            for inbox in self._inboxes:
+                inbox.put((self._jobs, fn, payload))
+            return self._collect(self._jobs, fn.__name__, timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def _collect(self, job_id: int, what: str, timeout: float | None = None) -> list:
+        timeout = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        out: dict[int, object] = {}
+        while len(out) < self.workers:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WorkerError(
+                    f"{what} timed out after {timeout:g} s (ranks done: {sorted(out)})"
+                )
+            try:
+                rank, jid, status, value = self._outbox.get(timeout=min(left, 0.5))
+            except queue_module.Empty:
+                for r, p in enumerate(self._procs):
+                    if r not in out and p.exitcode is not None:
+                        raise WorkerError(f"rank {r} exited with code {p.exitcode}") from None
+                continue
+            if jid != job_id:
+                continue  # a late answer to an earlier job: ignore it
+            if status == "error":
+                last, tb = value
+                message = f"rank {rank} failed: {last}"
+                if os.environ.get("COURSE_DEBUG"):
+                    message += "\n" + tb
+                raise WorkerError(message)
+            out[rank] = value
+        return [out[r] for r in range(self.workers)]
+
+    def close(self) -> None:
+        """Ask ranks to leave, then terminate and kill whatever is still there."""
+        procs, self._procs = [p for p in self._procs if p.pid is not None], []
+        for p, inbox in zip(procs, self._inboxes, strict=False):
+            if p.is_alive():
+                try:
+                    inbox.put(None)
+                except (ValueError, OSError):
+                    pass
+        for p in procs:
+            p.join(timeout=2)
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(timeout=3)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=3)
+        for q in [*getattr(self, "_inboxes", []), getattr(self, "_outbox", None)]:
+            if q is not None:
+                q.close()
+                q.cancel_join_thread()  # never block on undelivered messages to dead ranks
+
+    def __enter__(self) -> Cluster:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_procs", None):
+            self.close()
 
 
 def spawn(fn, world: int, payload: dict, port: int | None = None, timeout: float = 60.0) -> list:
-    """Run `fn(rank, world, payload)` on `world` new processes; return their results by rank.
+    """Run `fn(rank, world, payload)` once on a fresh cluster of `world` processes."""
+    with Cluster(world, port, timeout) as cluster:
+        return cluster.run(fn, payload)
 
-    `fn` must be importable by name (a module-level function) because "spawn" starts
-    fresh interpreters. Raises WorkerError if a rank fails or the run exceeds `timeout`
-    seconds; in every case all children are gone when this returns.
-    """
-    port = resolve_port(port)
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    procs = [
-        ctx.Process(
-            target=_child, args=(r, world, port, fn, payload, results, timeout), daemon=True
+
+def _run_job(cluster, fn, workers: int, payload: dict, port, timeout: float) -> list:
+    """On `cluster` if one is given (it must have `workers` ranks), else on a fresh one."""
+    if cluster is None:
+        return spawn(fn, workers, payload, port=port, timeout=timeout)
+    if cluster.workers != workers:
+        raise CourseInputError(
+            f"workers must match the cluster's {cluster.workers} processes, got {workers}"
         )
-        for r in range(world)
-    ]
-    out: dict[int, object] = {}
-    error: str | None = None
-    deadline = time.monotonic() + timeout
-    try:
-        for p in procs:
-            p.start()
-        while len(out) < world and error is None:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                error = f"distributed run timed out after {timeout:g} s (ranks done: {sorted(out)})"
-                break
-            try:
-                rank, status, value = results.get(timeout=min(left, 0.5))
-            except queue_module.Empty:
-                dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
-                if dead and not any(r in out for r in dead):
-                    error = f"rank {dead[0]} exited with code {procs[dead[0]].exitcode}"
-                continue
-            if status == "ok":
-                out[rank] = value
-            else:
-                last, tb = value
-                error = f"rank {rank} failed: {last}"
-                if os.environ.get("COURSE_DEBUG"):
-                    error += "\n" + tb
-        for p in procs:
-            p.join(timeout=max(1.0, deadline - time.monotonic()) if error is None else 0.1)
-    finally:
-        _reap(procs)
-        results.close()
-        results.join_thread()
-    if error is not None:
-        raise WorkerError(error)
-    return [out[r] for r in range(world)]
+    return cluster.run(fn, payload, timeout)
 
 
-def _reap(procs) -> None:
-    """Terminate, then kill, any child still alive; always join so none is left behind."""
-    procs = [p for p in procs if p.pid is not None]  # started ones only
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    for p in procs:
-        p.join(timeout=3)
-        if p.is_alive():
-            p.kill()
-            p.join(timeout=3)
+def _workers(workers: int | None, cluster) -> int:
+    return workers if workers is not None else (cluster.workers if cluster else 2)
 
 
 # --------------------------------------------------------------------------- model and data
@@ -417,7 +516,7 @@ def reference_ddp(setup: Setup, steps: int = 1, lr: float = 0.1) -> tuple[list[f
 
 
 def run_ddp(
-    workers: int = 2,
+    workers: int | None = None,
     steps: int = 1,
     batch: int = 8,
     model: str | None = None,
@@ -426,14 +525,16 @@ def run_ddp(
     bucket_mb: float = 0.05,
     port: int | None = None,
     timeout: float = 60.0,
+    cluster: Cluster | None = None,
 ) -> DistributedResult:
     """Train `steps` SGD steps with DistributedDataParallel on `workers` processes.
 
     Each rank holds a full copy of the model and `batch / workers` samples; DDP averages
     the gradients with all-reduce, so every rank must end up with exactly the gradient of
     the full batch on one process (Li et al., 2020, arXiv:2006.15704). We check that.
+    Pass a started `Cluster` to reuse its processes; otherwise a fresh one is spawned.
     """
-    workers = _check_int("workers", workers, 1, MAX_WORKERS)
+    workers = _check_int("workers", _workers(workers, cluster), 1, MAX_WORKERS)
     steps = _check_int("steps", steps, 1, 100)
     batch = _check_int("batch", batch, 1, 4096)
     if batch % workers:
@@ -441,7 +542,7 @@ def run_ddp(
     setup = Setup(_check_model(model), batch, seed)
     payload = {"setup": setup, "steps": steps, "lr": lr, "bucket_mb": bucket_mb}
     start = time.perf_counter()
-    outs = spawn(_ddp_worker, workers, payload, port=port, timeout=timeout)
+    outs = _run_job(cluster, _ddp_worker, workers, payload, port, timeout)
     seconds = time.perf_counter() - start
     ref_losses, ref_grads = reference_ddp(setup, steps, lr)
     max_grad_diff = max(
@@ -569,7 +670,7 @@ def course_schedule(name: str, workers: int, microbatches: int) -> Schedule | No
 
 def run_pipeline(
     schedule: str | Schedule = "gpipe",
-    workers: int = 2,
+    workers: int | None = None,
     microbatches: int = 4,
     batch: int = 8,
     model: str | None = None,
@@ -577,6 +678,7 @@ def run_pipeline(
     port: int | None = None,
     timeout: float = 60.0,
     compare_executor: bool = True,
+    cluster: Cluster | None = None,
 ) -> DistributedResult:
     """One training step of a pipeline on `workers` processes with PyTorch's pipelining.
 
@@ -585,8 +687,9 @@ def run_pipeline(
     to PyTorch's CSV format and run by `_PipelineScheduleRuntime._load_csv`. Losses and
     gradients are compared with one process on the full batch, and with the course's
     thread executor running the matching course schedule (when available).
+    Pass a started `Cluster` to reuse its processes; otherwise a fresh one is spawned.
     """
-    workers = _check_int("workers", workers, 2, MAX_WORKERS)
+    workers = _check_int("workers", _workers(workers, cluster), 2, MAX_WORKERS)
     batch = _check_int("batch", batch, 1, 4096)
     setup = Setup(_check_model(model), batch, seed)
     payload: dict = {"setup": setup}
@@ -622,7 +725,7 @@ def run_pipeline(
     payload["m"] = microbatches
     try:
         start = time.perf_counter()
-        outs = spawn(_pipeline_worker, workers, payload, port=port, timeout=timeout)
+        outs = _run_job(cluster, _pipeline_worker, workers, payload, port, timeout)
         seconds = time.perf_counter() - start
     finally:
         if csv_file is not None:

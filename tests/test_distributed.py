@@ -1,0 +1,220 @@
+"""torch.distributed on real processes: same numbers as one process, bounded, nothing left behind.
+
+Each test that spawns pays a few seconds of interpreter + torch start-up per process, so
+the file spawns as few times as it can and keeps the model tiny.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from course_utils.actions import Action, Schedule, parse_actions
+from course_utils.cli import main
+from course_utils.distributed import (
+    Cluster,
+    Setup,
+    _pipeline_worker,
+    port_is_free,
+    resolve_port,
+    run_ddp,
+    run_pipeline,
+    spawn,
+)
+from course_utils.errors import CourseInputError, WorkerError
+
+ROOT = Path(__file__).resolve().parents[1]
+TOL = 1e-5
+
+
+def spawned_children() -> list[psutil.Process]:
+    """Live multiprocessing workers started by this test process (not its resource tracker)."""
+    alive = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            cmd = " ".join(child.cmdline())
+            if "spawn_main" in cmd and child.status() != psutil.STATUS_ZOMBIE:
+                alive.append(child)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def pids(procs) -> set[int]:
+    return {p.pid for p in procs}
+
+
+def tagged_processes(tag: str) -> list[psutil.Process]:
+    """Processes anywhere on the machine whose environment carries our tag."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("COURSE_TEST_TAG") == tag:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            pass
+    return found
+
+
+def cli(*args: str, env: dict | None = None, timeout: float = 120):
+    return subprocess.run(
+        [sys.executable, "-m", "course_utils", "distributed", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        timeout=timeout,
+    )
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Two ranks started once for the whole file (starting processes is the slow part)."""
+    with Cluster(2, timeout=60) as c:
+        yield c
+    assert spawned_children() == []
+
+
+def count_compute(timeline, device: int, kind: str) -> int:
+    return sum(1 for e in timeline.device_events(device) if e.action.kind == kind)
+
+
+def test_cli_ddp_two_processes_json_bounded_and_clean():
+    tag = uuid.uuid4().hex
+    start = time.monotonic()
+    out = cli("--workers", "2", "--json", env={"COURSE_TEST_TAG": tag})
+    elapsed = time.monotonic() - start
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert set(data) == {"workers", "max_grad_diff", "seconds"}
+    assert data["workers"] == 2
+    assert 0 <= data["max_grad_diff"] <= TOL
+    assert 0 < data["seconds"] < elapsed
+    assert elapsed < 60  # bounded, not a speed claim: the run has a 60 s time-out
+    # The command has exited; none of its worker processes may outlive it.
+    time.sleep(0.2)
+    assert tagged_processes(tag) == []
+
+
+def test_ddp_matches_one_process_over_steps_and_records_all_reduce(cluster):
+    result = run_ddp(steps=3, batch=8, model="gpt", cluster=cluster)
+    assert result.max_grad_diff <= TOL
+    assert result.max_loss_diff <= TOL
+    assert result.losses[-1] < result.losses[0]  # three SGD steps on real text do learn
+    tl = result.timeline
+    assert tl.source == "measured" and tl.unit == "s" and tl.num_devices == 2
+    for rank in range(2):
+        assert count_compute(tl, rank, "F") == 3 and count_compute(tl, rank, "B") == 3
+        # DDP all-reduced gradient buckets on every rank (the comm hook timed them).
+        assert count_compute(tl, rank, "REDUCE_GRAD") >= 3
+    assert len(spawned_children()) == 2  # the shared cluster's two ranks, still serving
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "breadth-first"])
+def test_pytorch_pipeline_schedules_match_one_process(schedule, cluster):
+    result = run_pipeline(schedule, microbatches=4, batch=8, model="gpt", cluster=cluster)
+    assert result.max_grad_diff <= TOL
+    assert result.max_loss_diff <= TOL
+    if "executor_max_grad_diff" in result.extra:  # course thread executor, same schedule
+        assert result.extra["executor_max_grad_diff"] <= TOL
+        assert abs(result.extra["executor_loss"] - result.losses[0]) <= TOL
+    tl = result.timeline
+    stages_per_rank = 2 if schedule == "breadth-first" else 1
+    for rank in range(2):
+        assert count_compute(tl, rank, "F") == 4 * stages_per_rank
+        assert count_compute(tl, rank, "B") == 4 * stages_per_rank
+    # Measured, so real: the last stage's first forward cannot start before the first
+    # stage's first forward ended (it needs its activations from another process).
+    first = {e.action: e for e in tl.events}
+    last_stage = 2 * stages_per_rank - 1
+    assert first[Action(last_stage, "F", 0)].start >= first[Action(0, "F", 0)].end
+
+
+def test_course_schedule_runs_on_pytorch_runtime_via_csv(cluster):
+    # Zero-bubble style order with split backward (I then W), written by hand.
+    rows = [
+        "0F0 0F1 0I0 0F2 0I1 0W0 0F3 0I2 0W1 0I3 0W2 0W3".split(),
+        "1F0 1I0 1F1 1W0 1I1 1F2 1W1 1I2 1F3 1W2 1I3 1W3".split(),
+    ]
+    schedule = Schedule("zb-hand", 2, 4, tuple(tuple(parse_actions(r)) for r in rows))
+    result = run_pipeline(schedule, batch=8, model="mlp", compare_executor=False, cluster=cluster)
+    assert result.max_grad_diff <= TOL and result.max_loss_diff <= TOL
+    ran = [[str(e.action) for e in result.timeline.device_events(d)] for d in range(2)]
+    assert ran == rows  # PyTorch ran exactly the order we exported
+
+
+def test_worker_failure_is_reported_and_children_are_gone(tmp_path):
+    payload = {"setup": Setup("mlp"), "kind": "csv", "csv": str(tmp_path / "no.csv")}
+    payload.update(stages=2, m=2)
+    before = pids(spawned_children())  # the shared cluster's ranks may be running
+    with pytest.raises(WorkerError, match=r"rank \d failed: FileNotFoundError"):
+        spawn(_pipeline_worker, 2, payload, timeout=60)
+    assert pids(spawned_children()) <= before
+
+
+def test_timeout_kills_children():
+    before = pids(spawned_children())
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match="timed out"):
+        spawn(_pipeline_worker, 2, {}, timeout=0.5)
+    assert time.monotonic() - start < 15
+    assert pids(spawned_children()) <= before
+
+
+def test_busy_port_is_one_clear_line(capsys):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert not port_is_free(port)
+        code = main(["distributed", "--workers", "2", "--port", str(port)])
+        err = capsys.readouterr().err
+        assert code == 2
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+        assert f"port {port} is already in use" in err
+        # The same for MASTER_PORT, the variable torchrun and friends use.
+        os.environ["MASTER_PORT"] = str(port)
+        try:
+            with pytest.raises(CourseInputError, match=f"MASTER_PORT {port} is already in use"):
+                resolve_port(None)
+        finally:
+            del os.environ["MASTER_PORT"]
+
+
+def test_cluster_rejects_a_mismatched_job(cluster):
+    with pytest.raises(CourseInputError, match="workers must match"):
+        run_ddp(workers=4, cluster=cluster)
+
+
+@pytest.mark.parametrize(
+    "args, word",
+    [
+        (["--workers", "0"], "workers"),
+        (["--workers", "2", "--batch", "7"], "batch"),
+        (["--pipeline", "zigzag"], "pipeline"),
+        (["--pipeline", "gpipe", "--workers", "1"], "workers"),
+        (["--model", "resnet"], "model"),
+        (["--csv"], "csv"),
+        (["--port", "70000"], "port"),
+        (["--workers", "two"], "workers"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(args, word, capsys):
+    # In-process through the real dispatcher (a subprocess per case would cost seconds).
+    try:
+        code = main(["distributed", *args])
+    except SystemExit as exc:  # argparse's own errors exit through OneLineParser
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1
+    assert word in err and "Traceback" not in err
