@@ -1,0 +1,162 @@
+"""Every exercise notebook's checks can fail and can pass.
+
+For each `solutions/NN_*.ipynb` (whatever exists when the tests run):
+
+- exercises/ is generated from solutions/ and up to date (`make exercises`);
+- the notebook follows the conventions: "### Exercise N.K (Predict|Build|Diagnose)" heading,
+  an answer cell (tag "answer") with a solution block, a check cell (tag "check", id
+  `check-NN-K`) making one call `check.exercise_K(...)`;
+- run unanswered (exercises/), EVERY check cell fails with "not answered yet" and no stack
+  trace; run solved (solutions/), every check cell passes and says so;
+- the grader gives the unanswered notebook 0, the solution full marks, and a submission
+  that deletes or nbval-skips its checks no marks.
+
+Each notebook is executed once per session (cached below), as in Restart & Run All.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from course_utils import make_exercises
+from course_utils.notebook_tools import BEGIN, check_cells, has_solution, is_check_cell
+
+ROOT = Path(__file__).resolve().parents[1]
+SOLVED = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
+NAMES = [pytest.param(p.name, id=p.stem) for p in SOLVED] or [
+    pytest.param(None, marks=pytest.mark.skip(reason="no solutions/NN_*.ipynb notebooks yet"))
+]
+CALL = re.compile(r"\w+\.exercise_(\d+)\(.*\)")
+
+_runs: dict[Path, tuple[nbformat.NotebookNode, float]] = {}
+
+
+def executed(path: Path) -> nbformat.NotebookNode:
+    """`path` run top to bottom in a fresh kernel (errors allowed), once per session."""
+    from nbclient import NotebookClient
+
+    if path not in _runs:
+        if not path.exists():
+            pytest.fail(f"{path.relative_to(ROOT)} is missing: run `make exercises`")
+        nb = nbformat.read(path, as_version=4)
+        start = time.perf_counter()
+        NotebookClient(
+            nb,
+            timeout=300,
+            kernel_name="python3",
+            allow_errors=True,
+            resources={"metadata": {"path": str(path.parent)}},
+        ).execute()
+        _runs[path] = (nb, time.perf_counter() - start)
+    return _runs[path][0]
+
+
+def errors(cell) -> list:
+    return [o for o in cell.get("outputs", []) if o.output_type == "error"]
+
+
+def test_exercises_folder_is_up_to_date():
+    stale = make_exercises.stale_files()
+    assert not stale, "run `make exercises`:\n" + "\n".join(stale)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_notebook_follows_the_exercise_conventions(name):
+    nb = nbformat.read(ROOT / "solutions" / name, as_version=4)
+    lesson = int(name[:2])
+    imports = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert f"from course_utils.checks import l{lesson:02d} as check" in imports
+
+    checks = check_cells(nb)
+    assert 4 <= len(checks) <= 8, f"{name}: {len(checks)} exercises (the course uses 4-8)"
+    previous = -1
+    for k, check in enumerate(checks, start=1):
+        where = f"{name}, check cell {check.get('id')!r}"
+        assert check.id == f"check-{lesson:02d}-{k}", f"{where}: ids go check-NN-1, -2, ..."
+        assert "check" in check.metadata.get("tags", []), f"{where}: needs the tag 'check'"
+        calls = [ln for ln in check.source.splitlines() if ln.strip() and not ln.startswith("#")]
+        assert len(calls) == 1 and CALL.fullmatch(calls[0].strip()), f"{where}: one check call"
+        assert int(CALL.fullmatch(calls[0].strip()).group(1)) == k, f"{where}: calls exercise_{k}"
+
+        here = nb.cells.index(check)
+        between = nb.cells[previous + 1 : here]
+        answers = [c for c in between if "answer" in c.metadata.get("tags", [])]
+        assert answers, f"{where}: no answer cell (tag 'answer') before it"
+        assert all(has_solution(c.source) for c in answers), f"{where}: answer lacks {BEGIN!r}"
+        heading = re.compile(rf"^#+ Exercise {lesson}\.{k} \((Predict|Build|Diagnose)\)", re.M)
+        assert any(c.cell_type == "markdown" and heading.search(c.source) for c in between), (
+            f"{where}: no '### Exercise {lesson}.{k} (Predict|Build|Diagnose): ...' heading"
+        )
+        previous = here
+    # No check cells hidden elsewhere, e.g. with the id but not the tag.
+    assert sum(is_check_cell(c) for c in nb.cells) == len(checks)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_every_check_fails_when_unanswered(name):
+    nb = executed(ROOT / "exercises" / name)
+    for check in check_cells(nb):
+        found = errors(check)
+        assert len(found) == 1, f"{name} {check.id}: the unanswered check did not fail"
+        (error,) = found
+        assert error.ename == "NotAnswered", (
+            f"{name} {check.id}: unanswered should raise NotAnswered, got "
+            f"{error.ename}: {error.evalue}"
+        )
+        assert "is not answered yet" in error.evalue
+        # The learner sees one kind message, no stack trace from inside the checker.
+        assert error.traceback[0].startswith("✋") and "File " not in "\n".join(error.traceback)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_every_check_passes_with_the_solution(name):
+    nb = executed(ROOT / "solutions" / name)
+    for check in check_cells(nb):
+        found = errors(check)
+        assert not found, f"{name} {check.id}: {found[0].ename}: {found[0].evalue}"
+        text = "".join(o.get("text", "") for o in check.outputs if o.output_type == "stream")
+        assert "✅" in text, f"{name} {check.id}: a passing check should say so (passed(...))"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SOLVED, reason="no solutions/NN_*.ipynb notebooks yet")
+def test_grader_on_a_real_exercise_notebook(tmp_path):
+    # The notebook that ran fastest in this session, else the first one.
+    timed = {p.name: t for p, (_, t) in _runs.items() if p.parent.name == "solutions"}
+    name = min(timed, key=timed.get) if timed else SOLVED[0].name
+    exercise = nbformat.read(ROOT / "exercises" / name, as_version=4)
+    solution = nbformat.read(ROOT / "solutions" / name, as_version=4)
+
+    cheat = copy.deepcopy(exercise)
+    first, second, *rest = check_cells(cheat)
+    cheat.cells.remove(first)
+    second.source = "# NBVAL_SKIP\n" + second.source
+    for cell in rest:
+        cell.metadata["tags"] = ["check", "nbval-skip"]
+
+    for student, nb in {"unanswered": exercise, "solved": solution, "cheat": cheat}.items():
+        (tmp_path / student).mkdir()
+        nbformat.write(nb, tmp_path / student / name)
+    result = subprocess.run(
+        [sys.executable, "-m", "course_utils", "grade", str(tmp_path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr
+    scores = {
+        Path(r["notebook"]).parent.name: (r["score"], r["total"]) for r in json.loads(result.stdout)
+    }
+    total = len(check_cells(solution))
+    assert scores == {"unanswered": (0, total), "solved": (total, total), "cheat": (0, total)}
