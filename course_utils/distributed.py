@@ -167,6 +167,11 @@ class Cluster:
         self._jobs = 0
 
     @property
+    def pids(self) -> list[int]:
+        """Operating-system process ids of the ranks, rank 0 first."""
+        return [p.pid for p in self._procs]
+
+    @property
     def alive(self) -> bool:
         return bool(self._procs) and all(p.is_alive() for p in self._procs)
 
