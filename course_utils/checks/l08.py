@@ -153,7 +153,7 @@ FIXES = {
     "c": "more tensor parallelism",
     "d": "ZeRO-3",
 }
-DIAGNOSIS = ("b", "b")  # the notebook's timeline: stage 3 does 2.5x the work of the others
+DIAGNOSIS = ("b", "b")  # the notebook's measured run: stage 1 holds 7 of the MLP's 9 layers
 
 
 def exercise_3(problem, fix) -> None:
@@ -177,8 +177,9 @@ def exercise_3(problem, fix) -> None:
             "than the others, and how would you even them out?"
         )
     passed(
-        "Right: the last stage is the bottleneck; every other device waits for it in each "
-        "1F1B step. More micro-batches would not help: balance the stages by cost."
+        "Right: the second stage holds most of the layers and is the bottleneck; the other "
+        "device waits for it all through the step, not just at the ends. More micro-batches "
+        "would not help: give every stage the same cost."
     )
 
 
@@ -348,7 +349,7 @@ def exercise_6(best_before, best_after) -> None:
     )
 
 
-MEMORY_PARTS = ("parameters", "gradients", "optimizer", "activations")
+SHRINKS = ("model states", "activations", "both", "neither")
 SYMPTOMS = {
     "a": "the loss slowly drifts upwards while the gradients stay finite",
     "b": "gradients overflow to inf/NaN: the scaler skips steps and keeps halving the scale, "
@@ -358,15 +359,15 @@ SYMPTOMS = {
 }
 
 
-def exercise_7(saves_most, loss_scale, divergence_sign) -> None:
+def exercise_7(what_shrinks, loss_scale, divergence_sign) -> None:
     """Mixed precision for a memory-bound run: what shrinks, fp16 loss scale, divergence."""
-    part = as_choice(saves_most, MEMORY_PARTS, "saves_most")
+    part = as_choice(what_shrinks, SHRINKS, "what_shrinks")
     scale = as_number(loss_scale, "loss_scale")
     sign = as_choice(divergence_sign, SYMPTOMS, "divergence_sign")
     if part != "activations":
         fail(
-            f"`saves_most`: compare plan.memory for 'fp32' and 'bf16-mixed'. Did the "
-            f"{part} shrink? With Adam both precisions keep 16 bytes per parameter."
+            "`what_shrinks`: compare the two plan.memory results, adding parameters + "
+            "gradients + optimizer into model states. Which total got smaller?"
         )
     # fp16's smallest normal number is 2**-14 (IEEE 754 half precision); the smallest
     # power-of-two scale that lifts a 1e-9 gradient to it (Micikevicius et al. 2018).
@@ -387,10 +388,11 @@ def exercise_7(saves_most, loss_scale, divergence_sign) -> None:
         )
     if sign != "b":
         fail(
-            "`saves_most` and `loss_scale` are right. `divergence_sign` is not: what happens "
+            "`what_shrinks` and `loss_scale` are right. `divergence_sign` is not: what happens "
             "to values above fp16's largest number, 65504, and what does a loss scaler do?"
         )
     passed(
-        f"Right: bf16-mixed halves the activations, loss scale {want} = 2^{int(math.log2(want))} "
+        f"Right: bf16-mixed halves the activations (model states stay 16 bytes per parameter), "
+        f"loss scale {want} = 2^{int(math.log2(want))} "
         "keeps small fp16 gradients alive, and overflow shows as inf/NaN and skipped steps."
     )
