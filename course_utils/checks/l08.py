@@ -79,7 +79,6 @@ def _min_gpus(params: float, gpu_memory_gib: float, reserve_gib: float) -> int:
 def exercise_2(min_gpus_to_fit, what_must_change) -> None:
     """Build min_gpus_to_fit(params, gpu_memory_gib, reserve_gib) and say what must change."""
     call = check_function(min_gpus_to_fit, "min_gpus_to_fit")
-    choice = as_choice(what_must_change, MUST_CHANGE, "what_must_change")
     rng = random.Random()
     cases = [(70e9, 80, 10)]
     cases += [
@@ -126,6 +125,7 @@ def exercise_2(min_gpus_to_fit, what_must_change) -> None:
             f"{shown} returned {got:g}, which is not right. Fully sharded states take "
             "bytes-per-parameter x params / GPUs on each GPU; compare that with the free GiB."
         )
+    choice = as_choice(what_must_change, MUST_CHANGE, "what_must_change")
     if choice != "c":
         hint = {
             "a": "ZeRO-3 already spreads the 16 bytes per parameter over all 8 GPUs. Is that "
