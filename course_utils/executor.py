@@ -281,6 +281,11 @@ class _Run:
                     self.peaks[d] = max(self.peaks[d], held)
                 elif action.kind in ("B", "W"):
                     held -= 1
+        except BaseException:
+            # Tell peers before this device counts as finished, so they give up (Aborted)
+            # instead of mistaking the failure for a deadlock.
+            self.ex.pool.abort.set()
+            raise
         finally:
             self.mail.finished(d)
 

@@ -1,0 +1,275 @@
+"""The thread pipeline executor: same numbers as the unsplit model, honest timelines, clean
+failures (errors, deadlocks, Ctrl-C) and a usable executor afterwards."""
+
+import _thread
+import copy
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from course_utils.actions import Action, Schedule
+from course_utils.errors import CourseInputError, ScheduleError, WorkerError
+from course_utils.executor import PipelineExecutor, simulated_from_measured
+from course_utils.models import (
+    MLP,
+    CharTokenizer,
+    GPTConfig,
+    TinyGPT,
+    load_text,
+    loss_fn,
+    partition,
+    single_thread,
+)
+from course_utils.schedules import make_schedule
+
+# (name, chunks) for every schedule the course teaches
+ALL = [
+    ("naive", 1),
+    ("gpipe", 1),
+    ("1f1b", 1),
+    ("interleaved", 2),
+    ("breadth-first", 2),
+    ("zb-h1", 1),
+]
+P, M = 2, 4
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    with single_thread():
+        yield
+
+
+def make_model(kind: str, num_stages: int) -> nn.Module:
+    torch.manual_seed(0)
+    if kind == "mlp":
+        return MLP(16, 32, 5, depth=max(3, num_stages))
+    vocab = CharTokenizer(load_text()).vocab_size
+    cfg = GPTConfig(vocab_size=vocab, block_size=8, n_layer=max(2, num_stages), d_model=32)
+    return TinyGPT(cfg)
+
+
+def reference(model, x, y):
+    ref = copy.deepcopy(model)
+    loss = loss_fn(ref(x), y)
+    loss.backward()
+    return ref, loss.item()
+
+
+def max_grad_diff(a: nn.Module, b: nn.Module) -> float:
+    return max(
+        (p.grad - q.grad).abs().max().item()
+        for p, q in zip(a.parameters(), b.parameters(), strict=True)
+    )
+
+
+def hand_schedule(rows, stages=2, microbatches=2, name="hand") -> Schedule:
+    devices = tuple(tuple(Action.parse(a) for a in row.split()) for row in rows)
+    return Schedule(name, stages, microbatches, devices)
+
+
+@pytest.mark.parametrize("kind", ["mlp", "gpt"])
+@pytest.mark.parametrize("name,chunks", ALL)
+def test_one_step_matches_unsplit_model(kind, name, chunks):
+    model = make_model(kind, P * chunks)
+    x, y = model.example_batch(8, torch.Generator().manual_seed(1))
+    ref, ref_loss = reference(model, x, y)
+    schedule = make_schedule(name, P, M, chunks)
+    with PipelineExecutor(partition(model, P * chunks), P, loss_fn) as ex:
+        result = ex.step(schedule, x, y)
+    assert abs(result.loss - ref_loss) <= 1e-5
+    assert max_grad_diff(model, ref) <= 1e-5
+    tl = result.timeline
+    assert tl.source == "measured" and tl.unit == "s"
+    computed = sorted(str(a) for acts in schedule.devices for a in acts if a.is_compute)
+    assert sorted(str(e.action) for e in tl.events) == computed
+    for d in range(P):  # each device ran its actions in the schedule's order, one at a time
+        events = tl.device_events(d)
+        assert [e.action for e in events] == [a for a in schedule.devices[d] if a.is_compute]
+        assert all(e.start <= e.end <= f.start for e, f in zip(events, events[1:], strict=False))
+    # memory as the simulator counts it, but measured
+    assert tl.peak_activations == simulated_from_measured(result, schedule).peak_activations
+
+
+@pytest.mark.parametrize("name,chunks", ALL)
+@pytest.mark.parametrize("opt", ["sgd", "adam"])
+def test_training_steps_give_the_same_weights(name, chunks, opt):
+    model = make_model("mlp", P * chunks)
+    ref = copy.deepcopy(model)
+
+    def optimizer(m):
+        if opt == "sgd":
+            return torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
+        return torch.optim.Adam(m.parameters(), lr=1e-2)
+
+    opt_pipe, opt_ref = optimizer(model), optimizer(ref)
+    gen = torch.Generator().manual_seed(2)
+    schedule = make_schedule(name, P, M, chunks)
+    with PipelineExecutor(partition(model, P * chunks), P, loss_fn) as ex:
+        for _ in range(3):
+            x, y = model.example_batch(8, gen)
+            ex.step(schedule, x, y, optimizer=opt_pipe)
+            opt_ref.zero_grad()
+            loss_fn(ref(x), y).backward()
+            opt_ref.step()
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
+        assert (p - q).abs().max().item() <= 1e-5
+
+
+def test_looping_placement_four_devices_eight_stages():
+    model = make_model("gpt", 8)
+    x, y = model.example_batch(8)
+    ref, ref_loss = reference(model, x, y)
+    with PipelineExecutor(partition(model, 8), 4, loss_fn) as ex:
+        result = ex.step(make_schedule("interleaved", 4, 4, 2), x, y)
+        devices = {e.action.stage: e.device for e in result.timeline.events}
+    assert devices == {s: s % 4 for s in range(8)}
+    assert abs(result.loss - ref_loss) <= 1e-5 and max_grad_diff(model, ref) <= 1e-5
+
+
+def test_stage_costs_feed_the_simulator():
+    model = make_model("mlp", 2)
+    x, y = model.example_batch(8)
+    schedule = make_schedule("zb-h1", P, M)
+    with PipelineExecutor(partition(model, 2), P, loss_fn) as ex:
+        result = ex.step(schedule, x, y)
+    costs = result.stage_costs
+    assert len(costs.forward) == len(costs.backward) == 2
+    assert all(c > 0 for c in costs.forward + costs.backward)
+    assert 0 < costs.weight_fraction < 1
+    sim = simulated_from_measured(result, schedule)
+    assert sim.source == "simulated" and sim.unit == "s"
+    assert [str(e.action) for e in sorted(sim.events, key=lambda e: (e.device, e.start))] == [
+        str(a) for acts in schedule.devices for a in acts if a.is_compute
+    ]
+    assert sim.makespan > 0
+
+
+def test_worker_error_names_device_action_and_executor_recovers():
+    model = make_model("mlp", 2)
+    x, y = model.example_batch(8)
+    stages = partition(model, 2)
+    good = stages[1]
+    stages[1] = nn.Linear(7, 5)  # wrong input width: a shape error in stage 1's forward
+    schedule = make_schedule("gpipe", P, M)
+    ex = PipelineExecutor(stages, P, loss_fn)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(WorkerError) as info:
+            ex.step(schedule, x, y)
+        assert time.monotonic() - t0 < 2
+        msg = str(info.value)
+        assert msg.startswith("device 1 failed in 1F0 (stage 1, micro-batch 0, forward): ")
+        assert "RuntimeError" in msg and "\n" not in msg
+        assert isinstance(info.value.__cause__, WorkerError)
+
+        ex.stages[1] = good  # fix it: the same executor (same threads) works again
+        ref, ref_loss = reference(model, x, y)
+        result = ex.step(schedule, x, y)
+        assert abs(result.loss - ref_loss) <= 1e-5 and max_grad_diff(model, ref) <= 1e-5
+    finally:
+        ex.close()
+    assert not any(t.is_alive() for t in ex.pool._threads)
+
+
+def test_fail_at_raises_inside_that_action():
+    model = make_model("mlp", 2)
+    x, y = model.example_batch(8)
+    with PipelineExecutor(partition(model, 2), P, loss_fn) as ex:
+        with pytest.raises(WorkerError, match=r"device 1 failed in 1F2 \(stage 1, micro-batch 2"):
+            ex.step(make_schedule("1f1b", P, M), x, y, fail_at="1F2")
+        with pytest.raises(CourseInputError, match="fail_at"):
+            ex.step(make_schedule("1f1b", P, M), x, y, fail_at="1F9")
+        assert ex.step(make_schedule("1f1b", P, M), x, y).loss > 0
+
+
+def test_deadlock_is_reported_quickly_with_what_each_device_waits_for():
+    model = make_model("mlp", 2)
+    x, y = model.example_batch(4)
+    # device 1 wants micro-batch 1 first, but device 0 sends it only after 0B0,
+    # which needs device 1's 1B0: nobody can move.
+    bad = hand_schedule(["0F0 0B0 0F1 0B1", "1F1 1F0 1B0 1B1"])
+    with PipelineExecutor(partition(model, 2), P, loss_fn, deadlock_timeout=1.0) as ex:
+        t0 = time.monotonic()
+        with pytest.raises(ScheduleError, match="deadlock") as info:
+            ex.step(bad, x, y)
+        assert time.monotonic() - t0 < 3
+        msg = str(info.value)
+        assert "device 0 waits for the gradient from stage 1 micro-batch 0 for 0B0" in msg
+        assert "device 1 waits for the activations of stage 0 micro-batch 1 for 1F1" in msg
+        good = hand_schedule(["0F0 0F1 0B0 0B1", "1F0 1B0 1F1 1B1"])
+        assert ex.step(good, x, y).loss > 0  # usable again
+
+
+def test_incomplete_or_misplaced_schedules_are_rejected_before_running():
+    model = make_model("mlp", 2)
+    x, y = model.example_batch(4)
+    with PipelineExecutor(partition(model, 2), P, loss_fn) as ex:
+        with pytest.raises(ScheduleError, match="1F1 appears 0 times"):
+            ex.step(hand_schedule(["0F0 0F1 0B0 0B1", "1F0 1B0 1B1"]), x, y)
+        with pytest.raises(ScheduleError, match="stage 0 lives on device 0"):
+            ex.step(hand_schedule(["0F0 0B0 0B1", "0F1 1F0 1B0 1F1 1B1"]), x, y)
+        with pytest.raises(ScheduleError, match="before 1F1"):
+            ex.step(hand_schedule(["0F0 0F1 0B0 0B1", "1F0 1B0 1B1 1F1"]), x, y)
+        with pytest.raises(CourseInputError, match="divisible"):
+            ex.step(make_schedule("gpipe", P, 3), x, y)
+        with pytest.raises(CourseInputError, match="3 devices"):
+            ex.step(make_schedule("gpipe", 3, 2), x, y)
+    with pytest.raises(CourseInputError, match="multiple of num_devices"):
+        PipelineExecutor(partition(model, 3), 2)
+
+
+def test_keyboard_interrupt_stops_the_workers():
+    class Slow(nn.Linear):
+        def forward(self, x):
+            time.sleep(0.05)
+            return super().forward(x)
+
+    stages = [Slow(16, 16), nn.Linear(16, 5)]
+    x, y = torch.randn(16, 16), torch.randint(5, (16,))
+    with PipelineExecutor(stages, P, loss_fn) as ex:
+        timer = threading.Timer(0.2, _thread.interrupt_main)
+        timer.start()
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            ex.step(make_schedule("gpipe", P, 16), x, y)
+        assert time.monotonic() - t0 < 2  # 16 x 50 ms of work were not all done
+        assert ex.step(make_schedule("gpipe", P, 2), x, y).loss > 0
+
+
+def run_cli(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "course_utils", "run", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_cli_json_figures():
+    out = run_cli("1f1b", "--stages", "2", "--microbatches", "4", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    for key in ("measured_makespan_s", "naive_makespan_s", "speedup", "simulated_makespan_s"):
+        assert data[key] > 0
+    assert data["schedule"] == "1f1b"
+    assert data["ideal_speedup"] == pytest.approx(2 * 4 / (4 + 2 - 1))
+    assert data["max_grad_diff"] <= 1e-5
+    assert len(data["events"]) == 16
+    assert set(data["events"][0]) == {"device", "action", "start", "end"}
+
+
+def test_cli_fail_at_and_bad_input_are_one_line():
+    out = run_cli("gpipe", "--stages", "2", "--microbatches", "4", "--fail-at", "1F2")
+    assert out.returncode == 1
+    assert out.stderr.count("\n") == 1 and "1F2" in out.stderr and "Traceback" not in out.stderr
+    out = run_cli("gpipe", "--stages", "2", "--microbatches", "0")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1
+    out = run_cli("nope", "--stages", "2")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1
