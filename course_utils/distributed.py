@@ -520,6 +520,24 @@ def reference_ddp(setup: Setup, steps: int = 1, lr: float = 0.1) -> tuple[list[f
     return losses, grads
 
 
+def threads_ddp(setup: Setup, workers: int, steps: int = 1, lr: float = 0.1):
+    """The course's thread data parallelism on the same model and batches (None if absent).
+
+    Returns (losses, grads per step, timeline of the last step).
+    """
+    try:
+        from course_utils.data_parallel import DataParallel, sgd
+    except ImportError:
+        return None
+    losses, grads = [], []
+    with DataParallel(build_model(setup), workers, loss_fn=loss_fn(setup), optimizer=sgd(lr)) as dp:
+        for step in range(steps):
+            result = dp.step(*make_batch(setup, step))
+            losses.append(float(result.loss))
+            grads.append(_grads(dp.replicas[0]))  # .grad holds the all-reduced gradient
+    return losses, grads, result.timeline
+
+
 def run_ddp(
     workers: int | None = None,
     steps: int = 1,
@@ -531,12 +549,14 @@ def run_ddp(
     port: int | None = None,
     timeout: float = 60.0,
     cluster: Cluster | None = None,
+    compare_threads: bool = True,
 ) -> DistributedResult:
     """Train `steps` SGD steps with DistributedDataParallel on `workers` processes.
 
     Each rank holds a full copy of the model and `batch / workers` samples; DDP averages
     the gradients with all-reduce, so every rank must end up with exactly the gradient of
     the full batch on one process (Li et al., 2020, arXiv:2006.15704). We check that.
+    With `compare_threads`, the course's thread `DataParallel` runs the same steps too.
     Pass a started `Cluster` to reuse its processes; otherwise a fresh one is spawned.
     """
     workers = _check_int("workers", _workers(workers, cluster), 1, MAX_WORKERS)
@@ -557,7 +577,15 @@ def run_ddp(
     timeline = _timeline(
         [out["records"] for out in outs], f"DDP on {workers} processes", {"model": setup.model}
     )
-    return DistributedResult(workers, losses, ref_losses, max_grad_diff, seconds, timeline)
+    extra: dict = {}
+    if compare_threads and (threads := threads_ddp(setup, workers, steps, lr)) is not None:
+        th_losses, th_grads, th_timeline = threads
+        extra["threads_losses"] = th_losses
+        extra["threads_max_grad_diff"] = max(
+            _max_diff(out["grads"][s], th_grads[s]) for out in outs for s in range(steps)
+        )
+        extra["threads_timeline"] = th_timeline
+    return DistributedResult(workers, losses, ref_losses, max_grad_diff, seconds, timeline, extra)
 
 
 # --------------------------------------------------------------------------- pipelining
@@ -857,6 +885,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"{what} on {result.workers} processes (gloo, {HOST}): {result.seconds:.2f} s")
         print(f"  loss {result.losses[-1]:.6f}  vs one process {result.reference_losses[-1]:.6f}")
         print(f"  largest gradient difference vs one process: {result.max_grad_diff:.2e}")
+        if "threads_max_grad_diff" in result.extra:
+            diff = result.extra["threads_max_grad_diff"]
+            print(f"  largest gradient difference vs thread data parallelism: {diff:.2e}")
         if "executor_max_grad_diff" in out:
             diff = out["executor_max_grad_diff"]
             print(f"  largest gradient difference vs thread executor: {diff:.2e}")

@@ -116,7 +116,23 @@ def test_ddp_matches_one_process_over_steps_and_records_all_reduce(cluster):
         assert count_compute(tl, rank, "F") == 3 and count_compute(tl, rank, "B") == 3
         # DDP all-reduced gradient buckets on every rank (the comm hook timed them).
         assert count_compute(tl, rank, "REDUCE_GRAD") >= 3
+    if "threads_max_grad_diff" in result.extra:  # the course's thread DataParallel agrees
+        assert result.extra["threads_max_grad_diff"] <= TOL
+        pairs = zip(result.extra["threads_losses"], result.losses, strict=True)
+        assert max(abs(a - b) for a, b in pairs) <= TOL
     assert len(spawned_children()) == 2  # the shared cluster's two ranks, still serving
+
+
+def test_measured_timelines_draw_with_the_course_gantt(cluster):
+    gantt = pytest.importorskip("course_utils.gantt")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    ddp = run_ddp(steps=1, model="mlp", cluster=cluster, compare_threads=False)
+    pipe = run_pipeline("1f1b", model="mlp", cluster=cluster, compare_executor=False)
+    fig = gantt.draw([ddp.timeline, pipe.timeline], title=["DDP", "1F1B"])
+    assert len(fig.axes) >= 2
+    matplotlib.pyplot.close(fig)
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "breadth-first"])
