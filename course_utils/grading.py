@@ -283,6 +283,14 @@ def run_nbval(
         return results, problem
 
 
+def _shown(path: Path) -> str:
+    """`path` relative to the working directory when it is inside it (shorter tables)."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
 def grade_notebook(
     path: Path,
     student: str | None = None,
@@ -300,7 +308,7 @@ def grade_notebook(
     result = GradeResult(
         notebook=str(path),
         student=student_name(path, student, solution_path),
-        solution=str(solution_path),
+        solution=_shown(solution_path),
     )
     for cell in check_cells(solution):
         outcome = by_id.get(cell.id)

@@ -139,6 +139,13 @@ def test_grader_on_a_real_exercise_notebook(tmp_path):
     solution = nbformat.read(ROOT / "solutions" / name, as_version=4)
 
     cheat = copy.deepcopy(exercise)
+    # An answer cell that replaces every check with one that always passes...
+    answer = next(c for c in cheat.cells if "answer" in c.metadata.get("tags", []))
+    answer.source = (
+        "for _k in range(1, 9):\n    setattr(check, f'exercise_{_k}', lambda *a, **k: None)\n"
+        + answer.source
+    )
+    # ...and check cells deleted or skipped in every way nbval allows.
     first, second, *rest = check_cells(cheat)
     cheat.cells.remove(first)
     second.source = "# NBVAL_SKIP\n" + second.source
