@@ -112,7 +112,9 @@ def resolve_port(port: int | None = None) -> int:
 def _child(rank: int, world: int, port: int, inbox, outbox, timeout: float) -> None:
     """Body of every spawned process: join the group once, then run jobs until told to stop."""
     torch.set_num_threads(1)  # one process = one device = one core's worth of work
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # stay on loopback, never the LAN
+    loopback = {"linux": "lo", "darwin": "lo0"}.get(sys.platform)
+    if loopback:  # stay on loopback: a hostname resolving to a LAN address can hang gloo
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
     try:
         dist.init_process_group(
             "gloo",
