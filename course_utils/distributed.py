@@ -19,13 +19,14 @@ available), and return a measured `Timeline` built from each process's own times
 `course_utils.gantt.draw`.
 
 Processes are started with `torch.multiprocessing` ("spawn"), so the worker functions
-live here, importable by name. Every wait is bounded, and children are terminated (then
-killed) on any error or time-out, so nothing is left running.
+live here, importable by name. A `Cluster` keeps its processes for several runs, since
+starting one costs seconds (each imports torch). Every wait is bounded, and children are
+terminated (then killed) on any error or time-out, so nothing is left running.
 
 CLI: `python -m course_utils distributed --workers N [--port P] [--json]` runs the DDP
-comparison and prints workers, max_grad_diff and seconds; add `--pipeline gpipe|1f1b|
-breadth-first` to run the pipelining comparison instead (`--csv` runs the course's own
-schedule of that name through the CSV export).
+comparison and prints workers, max_grad_diff and seconds (wall time of the whole run);
+add `--pipeline gpipe|1f1b|breadth-first` to run the pipelining comparison instead, or
+`--pipeline NAME --csv` to run any course schedule through the CSV export.
 """
 
 from __future__ import annotations
@@ -276,8 +277,12 @@ class Cluster:
         self.close()
 
     def __del__(self) -> None:
-        if getattr(self, "_procs", None):
-            self.close()
+        # A notebook cell re-run drops the old cluster: its processes must go with it.
+        try:
+            if getattr(self, "_procs", None):
+                self.close()
+        except Exception:
+            pass  # interpreter shut-down: the daemon children are being reaped anyway
 
 
 def spawn(fn, world: int, payload: dict, port: int | None = None, timeout: float = 60.0) -> list:
@@ -461,17 +466,12 @@ def _ddp_worker(rank: int, world: int, payload: dict) -> dict:
     """One DDP rank: shard of the batch, forward, backward with all-reduce, SGD step."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    setup, steps, lr, bucket_mb = (
-        payload["setup"],
-        payload["steps"],
-        payload["lr"],
-        payload["bucket_mb"],
-    )
+    setup, steps = payload["setup"], payload["steps"]
     model = build_model(setup)
     records: list[tuple] = []
     # Small buckets so several all-reduces happen during one backward pass (as in real
     # DDP on a big model), which the timeline then shows overlapping the backward.
-    ddp = DDP(model, bucket_cap_mb=bucket_mb)
+    ddp = DDP(model, bucket_cap_mb=payload["bucket_mb"])
 
     def timed_allreduce(state, bucket):
         start = time.time_ns()
@@ -485,7 +485,7 @@ def _ddp_worker(rank: int, world: int, payload: dict) -> dict:
         return fut.then(done)
 
     ddp.register_comm_hook(None, timed_allreduce)
-    opt = torch.optim.SGD(ddp.parameters(), lr=lr)
+    opt = torch.optim.SGD(ddp.parameters(), lr=payload["lr"])
     criterion = loss_fn(setup)
     shard = setup.batch // world
     losses, grads = [], []
@@ -822,7 +822,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--steps", type=int, default=1, help="DDP training steps (default 1)")
     parser.add_argument("--microbatches", type=int, default=4, help="pipeline micro-batches")
-    parser.add_argument("--batch", type=int, default=8, help="global batch size (default 8)")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="global batch size (default: 4 per worker for DDP, 2 per micro-batch for pipelines)",
+    )
     parser.add_argument("--model", default=None, help=f"one of {', '.join(MODELS)}")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds before giving up")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -833,8 +838,9 @@ def _run_from_args(args: argparse.Namespace) -> tuple[DistributedResult, str]:
     if args.pipeline is None:
         if args.csv:
             raise CourseInputError("csv needs --pipeline (one of " + ", ".join(PIPELINES) + ")")
+        batch = args.batch if args.batch is not None else 4 * args.workers
         result = run_ddp(
-            args.workers, args.steps, args.batch, args.model, port=args.port, timeout=args.timeout
+            args.workers, args.steps, batch, args.model, port=args.port, timeout=args.timeout
         )
         what = "DDP"
     else:
@@ -859,7 +865,7 @@ def _run_from_args(args: argparse.Namespace) -> tuple[DistributedResult, str]:
             schedule,
             args.workers,
             args.microbatches,
-            args.batch,
+            args.batch if args.batch is not None else 2 * args.microbatches,
             args.model,
             port=args.port,
             timeout=args.timeout,
