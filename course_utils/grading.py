@@ -367,6 +367,8 @@ def run(args: argparse.Namespace) -> int:
         raise CourseInputError("--timeout and --cell-timeout must be positive numbers of seconds")
     if not args.solutions.is_dir():
         raise CourseInputError(f"--solutions {str(args.solutions)!r} is not a folder")
+    if args.csv and not args.csv.parent.is_dir():
+        raise CourseInputError(f"--csv {str(args.csv)!r}: folder {str(args.csv.parent)!r} missing")
     submissions = find_submissions(args.submissions)
     for path, _ in submissions:  # fail fast on bad input before running anything
         match_solution(read_notebook(path), path, args.solutions)
@@ -378,7 +380,9 @@ def run(args: argparse.Namespace) -> int:
             print(table(result), flush=True)
     if args.json:
         payload = [r.to_dict() for r in results]
-        print(json.dumps(payload[0] if len(payload) == 1 else payload, indent=2))
+        # One notebook named on the command line: an object; a folder or several: a list.
+        single = len(payload) == 1 and not args.submissions[0].is_dir()
+        print(json.dumps(payload[0] if single else payload, indent=2))
     if args.csv:
         write_csv(results, args.csv)
         if not args.json:

@@ -135,6 +135,7 @@ def test_student_names(tmp_path):
         (["stranger.ipynb", "--timeout", "0"], "--timeout and --cell-timeout must be positive"),
         (["stranger.ipynb", "--solutions", "nowhere"], "--solutions 'nowhere' is not a folder"),
         (["--json"], "the following arguments are required: submissions"),
+        (["stranger.ipynb", "--csv", "no/such/dir/g.csv"], "--csv 'no/such/dir/g.csv'"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
