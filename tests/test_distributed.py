@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from course_utils import distributed
 from course_utils.actions import Action, Schedule, parse_actions
 from course_utils.cli import main
 from course_utils.distributed import (
@@ -166,6 +167,26 @@ def test_course_schedule_runs_on_pytorch_runtime_via_csv(cluster):
     assert result.max_grad_diff <= TOL and result.max_loss_diff <= TOL
     ran = [[str(e.action) for e in result.timeline.device_events(d)] for d in range(2)]
     assert ran == rows  # PyTorch ran exactly the order we exported
+
+
+@pytest.mark.parametrize("args", [["--pipeline", "1f1b"], ["--pipeline", "zb-h1", "--csv"]])
+def test_cli_pipeline_json(args, cluster, monkeypatch, capsys):
+    if "--csv" in args:
+        pytest.importorskip("course_utils.schedules")
+    # The real CLI code path, but on the shared cluster instead of freshly spawned processes.
+    real = distributed.run_pipeline
+    monkeypatch.setattr(
+        distributed, "run_pipeline", lambda *a, **k: real(*a, **{**k, "cluster": cluster})
+    )
+    code = main(["distributed", *args, "--model", "mlp", "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    data = json.loads(captured.out)
+    assert {"workers", "max_grad_diff", "seconds", "schedule", "max_loss_diff"} <= set(data)
+    assert data["schedule"] == args[1] and data["workers"] == 2
+    assert data["max_grad_diff"] <= TOL and data["max_loss_diff"] <= TOL
+    if "executor_max_grad_diff" in data:
+        assert data["executor_max_grad_diff"] <= TOL
 
 
 def test_worker_failure_is_reported_and_children_are_gone(tmp_path):
