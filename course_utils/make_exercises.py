@@ -26,6 +26,7 @@ from course_utils.notebook_tools import (
     notebook_text,
     read_notebook,
     ruff_format_notebook,
+    ruff_problems,
     strip_solutions,
 )
 
@@ -83,6 +84,9 @@ def write_exercises(solutions: Path = SOLUTIONS, exercises: Path = EXERCISES) ->
         if not path.exists() or path.read_text(encoding="utf-8") != text:
             path.write_text(text, encoding="utf-8")
             written.append(path)
+            # Cutting solutions out can leave e.g. an import only the solution used.
+            for problem in ruff_problems(text, f"exercises/{path.name}"):
+                print(f"warning: ruff: {problem} (fix it in {solutions / path.name})")
     for path in orphans:
         print(f"warning: {path} has no solution notebook in {solutions} (delete it)")
     return written

@@ -89,11 +89,30 @@ def has_solution(source: str) -> bool:
     return any(line.strip() == BEGIN for line in source.split("\n"))
 
 
+def _ruff() -> str | None:
+    ruff = Path(sys.executable).with_name("ruff")
+    return str(ruff) if ruff.exists() else shutil.which("ruff")
+
+
+def ruff_problems(text: str, filename: str) -> list[str]:
+    """`ruff check` findings for a notebook's text (empty if clean or ruff is missing)."""
+    command = _ruff()
+    if command is None:
+        return []
+    result = subprocess.run(
+        [command, "check", "--quiet", "--output-format=concise", "--stdin-filename", filename, "-"],
+        input=text,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    return [line for line in result.stdout.splitlines() if line.strip()]
+
+
 def ruff_format_notebook(text: str, filename: str) -> str:
     """Format a notebook's code cells with the project's ruff settings (as `make lint` will
     check them); returns `text` unchanged if ruff is not installed."""
-    ruff = Path(sys.executable).with_name("ruff")
-    command = str(ruff) if ruff.exists() else shutil.which("ruff")
+    command = _ruff()
     if command is None:
         return text
     result = subprocess.run(

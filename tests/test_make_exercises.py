@@ -188,3 +188,17 @@ def test_unbalanced_solution_is_a_one_line_error(folders):
     assert result.returncode == 2
     assert "99_sample.ipynb, cell 3 (id answer-99-1)" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.skipif(not RUFF.exists(), reason="ruff is not installed next to this Python")
+def test_lint_problems_left_by_cutting_a_solution_are_reported(folders, capsys):
+    solutions, exercises = folders
+    nb = nbformat.read(solutions / "99_sample.ipynb", as_version=4)
+    nb.cells[3].source = (
+        "import math\n\nbubble_fraction = None\n"
+        "### BEGIN SOLUTION\nbubble_fraction = math.sqrt(9) / 11\n### END SOLUTION"
+    )
+    nbformat.write(nb, solutions / "99_sample.ipynb")
+    make_exercises.write_exercises(solutions, exercises)
+    out = capsys.readouterr().out
+    assert "warning: ruff: exercises/99_sample.ipynb:cell 4" in out and "F401" in out
