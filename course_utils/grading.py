@@ -156,8 +156,9 @@ def strip_nbval_markers(cell: nbformat.NotebookNode) -> None:
 
 
 def restored_check(cell: nbformat.NotebookNode, reimport: str) -> nbformat.NotebookNode:
-    """A fresh copy of the solution's check cell; it re-imports the check module first so
-    an answer cell that replaced `check` (or patched it) cannot fake a pass."""
+    """A fresh copy of the solution's check cell; it first reloads the check framework and
+    the lesson's check module, so an answer cell that replaced or patched them (or `check`)
+    cannot fake a pass."""
     new = copy.deepcopy(cell)
     new.source = reimport + new.source if reimport else new.source
     new.outputs, new.execution_count = [], None
@@ -179,6 +180,7 @@ def prepare(
     imports = CHECK_IMPORT.findall("\n".join(c.source for c in solution.cells))
     reimport = "".join(
         f"import importlib as _importlib, course_utils.checks.{module} as {alias}\n"
+        f"_importlib.reload(_importlib.import_module('course_utils.checks'))\n"
         f"{alias} = _importlib.reload({alias})\n"
         for module, alias in dict(imports).items()
     )
@@ -199,7 +201,8 @@ def prepare(
     for cell in strays:
         cell.metadata["tags"] = [t for t in tags(cell) if t != "check"]
     for stray, check in zip(strays, list(missing), strict=False):
-        nb.cells[nb.cells.index(stray)] = restored_check(check, reimport)
+        index = next(i for i, c in enumerate(nb.cells) if c is stray)
+        nb.cells[index] = restored_check(check, reimport)
         missing.remove(check)
     # 3. deleted check cells: put back after the nearest solution cell before them that
     # the submission still has (normally the answer cell), else at the same relative place.

@@ -89,6 +89,7 @@ def test_prepare_reimports_the_lessons_check_module(exercise, tmp_path):
     nb, _ = grading.prepare(exercise, solution, tmp_path)
     source = cell(nb, "check-99-1").source
     assert source.startswith("import importlib as _importlib, course_utils.checks.l03 as check\n")
+    assert "_importlib.reload(_importlib.import_module('course_utils.checks'))\n" in source
     assert "check = _importlib.reload(check)\n" in source
     assert source.endswith("check.exercise_1(bubble_fraction)")
 
