@@ -69,14 +69,18 @@ def _worker_loop(tasks: queue.SimpleQueue, device: int) -> None:
         item = tasks.get()
         if item is _STOP:
             return
-        fn, job = item
-        try:
-            result = fn()
-        except BaseException as exc:  # noqa: BLE001 - reported to the caller, never lost
-            exc.__worker_traceback__ = traceback.format_exc()  # type: ignore[attr-defined]
-            job.finish(device, error=exc)
-        else:
-            job.finish(device, result=result)
+        _run_one(*item, device)
+        del item  # keep no reference to the task (and the pool behind it) while idle
+
+
+def _run_one(fn: Callable, job: _Job, device: int) -> None:
+    try:
+        result = fn()
+    except BaseException as exc:  # noqa: BLE001 - reported to the caller, never lost
+        exc.__worker_traceback__ = traceback.format_exc()  # type: ignore[attr-defined]
+        job.finish(device, error=exc)
+    else:
+        job.finish(device, result=result)
 
 
 def _stop_threads(

@@ -273,3 +273,18 @@ def test_cli_fail_at_and_bad_input_are_one_line():
     assert out.returncode == 2 and out.stderr.count("\n") == 1
     out = run_cli("nope", "--stages", "2")
     assert out.returncode == 2 and out.stderr.count("\n") == 1
+
+
+def test_a_forgotten_executor_stops_its_threads():
+    import gc
+
+    model = make_model("mlp", 2)
+    x, y = model.example_batch(4)
+    ex = PipelineExecutor(partition(model, 2), P, loss_fn)
+    ex.step(make_schedule("gpipe", P, 2), x, y)
+    threads = list(ex.pool._threads)
+    del ex
+    gc.collect()
+    for t in threads:
+        t.join(timeout=5)
+    assert not any(t.is_alive() for t in threads)
