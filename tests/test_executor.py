@@ -252,8 +252,9 @@ def run_cli(*args):
     )
 
 
-def test_cli_json_figures():
-    out = run_cli("1f1b", "--stages", "2", "--microbatches", "4", "--json")
+def test_cli_json_figures(tmp_path):
+    png = tmp_path / "gantt.png"
+    out = run_cli("1f1b", "--stages", "2", "--microbatches", "4", "--json", "--gantt", str(png))
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     for key in ("measured_makespan_s", "naive_makespan_s", "speedup", "simulated_makespan_s"):
@@ -263,6 +264,7 @@ def test_cli_json_figures():
     assert data["max_grad_diff"] <= 1e-5
     assert len(data["events"]) == 16
     assert set(data["events"][0]) == {"device", "action", "start", "end"}
+    assert png.stat().st_size > 10_000  # measured vs simulated chart
 
 
 def test_cli_fail_at_and_bad_input_are_one_line():
