@@ -10,7 +10,8 @@ in the order the schedule gives it:
        stage; accumulates parameter gradients and posts the input gradient backwards
     I  zero-bubble input gradient only (Qi et al., 2023, arXiv:2401.10241): posts the input
        gradient backwards early and keeps the graph for W
-    W  zero-bubble weight gradient: the parameter gradients, layer by layer
+    W  zero-bubble weight gradient: each module's parameter gradients, from the output
+       gradients I kept (like torch.distributed.pipelining's stage_backward_weight)
 
 A device blocks when it needs a message that has not arrived yet; that waiting is the
 pipeline bubble, and it shows in the measured `Timeline` exactly as in the simulated one.
@@ -262,6 +263,8 @@ class _Run:
         self.events: list[list[Event]] = [[] for _ in range(ex.num_devices)]
         self.peaks = [0] * ex.num_devices
         self.losses: dict[int, float] = {}
+        # record module outputs during F only when the schedule splits backward into I and W
+        self.split = any(a.kind == "I" for acts in schedule.devices for a in acts)
         self.t0 = time.perf_counter_ns()
 
     # Each device thread runs this over its own action list.
@@ -321,7 +324,7 @@ class _Run:
         if a.kind in ("B", "I", "W") and (s, mb) not in saved:
             need = f"{s}F{mb}" if a.kind != "W" else f"{s}I{mb}"
             raise ScheduleError(f"device {d} runs {a} before {need}, which it needs")
-        if a.kind == "W" and "grad_outs" not in saved[(s, mb)]:
+        if a.kind == "W" and "record_grads" not in saved[(s, mb)]:
             raise ScheduleError(f"device {d} runs {a} before {s}I{mb}, which it needs")
         if a.kind == "F" and s > 0:
             return self.mail.get(
@@ -338,54 +341,60 @@ class _Run:
         if s > 0 and x.is_floating_point():
             # a leaf of this stage's own graph, so backward stops here and yields x.grad
             x = x.detach().requires_grad_(True)
-        # Run layer by layer and keep every layer's output: the zero-bubble split needs them.
-        hs = [x]
+        stage = self.ex.stages[s]
         with torch.enable_grad():
-            for layer in _layers(self.ex.stages[s]):
-                hs.append(layer(hs[-1]))
-            out = hs[-1]
+            if self.split:
+                out, records = _forward_recording(stage, x)
+            else:
+                out, records = stage(x), []
             if s == self.last:
                 loss = self.ex.loss_fn(out, self.ys[mb])
                 self.losses[mb] = loss.item()
                 out = loss * self.scale
-        saved[(s, mb)] = {"hs": hs, "out": out}
+        saved[(s, mb)] = {"x": x, "out": out, "records": records}
         if s < self.last:
             self.mail.put(("act", s + 1, mb), out.detach())
-
-    def _send_input_grad(self, s: int, mb: int, x: torch.Tensor) -> None:
-        if s > 0:
-            self.mail.put(
-                ("grad", s - 1, mb), x.grad if x.grad is not None else torch.zeros_like(x)
-            )
 
     def _backward(self, s: int, mb: int, grad_out, saved: dict) -> None:
         st = saved.pop((s, mb))
         torch.autograd.backward(st["out"], grad_out)  # accumulates into .grad
-        self._send_input_grad(s, mb, st["hs"][0])
+        x = st["x"]
+        if s > 0:
+            self.mail.put(("grad", s - 1, mb), x.grad if x.grad is not None else x * 0)
 
     def _backward_input(self, s: int, mb: int, grad_out, saved: dict) -> None:
-        """I: gradients w.r.t. the stage input and every layer's input, not the weights."""
+        """I: one backward pass that stops short of the weights.
+
+        It yields the gradient of the stage input (sent to the previous stage at once) and
+        of every parameterised module's output, which is all W needs later.
+        """
         st = saved[(s, mb)]
-        hs = st["hs"]
-        wanted = [h for h in hs[:-1] if h.requires_grad]
-        grads = (
-            torch.autograd.grad(st["out"], wanted, grad_out, retain_graph=True) if wanted else []
+        x, records = st["x"], st["records"]
+        wanted = ([x] if x.requires_grad else []) + [o for _, o in records]
+        grads = torch.autograd.grad(
+            st["out"], wanted, grad_out, retain_graph=True, allow_unused=True
         )
-        by_id = {id(h): g for h, g in zip(wanted, grads, strict=True)}
-        # Gradient of each layer's output: the next layer's input gradient (or the top one).
-        top = grad_out if grad_out is not None else torch.ones_like(st["out"])
-        st["grad_outs"] = [by_id.get(id(h)) for h in hs[1:-1]] + [top]
-        if s > 0:
-            self.mail.put(("grad", s - 1, mb), by_id[id(hs[0])])
+        if x.requires_grad:
+            gx, grads = grads[0], grads[1:]
+            self.mail.put(("grad", s - 1, mb), gx if gx is not None else x * 0)
+        st["grad_out"], st["record_grads"] = grad_out, list(grads)
 
     def _backward_weight(self, s: int, mb: int, saved: dict) -> None:
-        """W: parameter gradients of each layer, from the output gradients I computed."""
+        """W: each module's weight gradients from the output gradient I left for it.
+
+        Backward from a module's output with `inputs=` its own parameters runs only that
+        module's weight-gradient ops (for a Linear, one matmul), not the whole chain again.
+        """
         st = saved.pop((s, mb))
-        outs = st["hs"][1:-1] + [st["out"]]
-        for layer, out, g in zip(_layers(self.ex.stages[s]), outs, st["grad_outs"], strict=True):
-            params = [p for p in layer.parameters() if p.requires_grad]
+        covered = {id(p) for mod, _ in st["records"] for p in mod.parameters(recurse=False)}
+        rest = [
+            p for p in self.ex.stages[s].parameters() if p.requires_grad and id(p) not in covered
+        ]
+        if rest:  # parameters used outside a recorded module: the plain (slower) way
+            torch.autograd.backward(st["out"], st["grad_out"], inputs=rest, retain_graph=True)
+        for (mod, out), g in zip(st["records"], st["record_grads"], strict=True):
+            params = [p for p in mod.parameters(recurse=False) if p.requires_grad]
             if params and g is not None:
-                # `inputs=` limits the pass to this layer's weights (no input-gradient work)
                 torch.autograd.backward(out, g, inputs=params)
 
     # -- the result ----------------------------------------------------------------------
@@ -412,9 +421,26 @@ class _Run:
         )
 
 
-def _layers(stage: nn.Module) -> list[nn.Module]:
-    """A stage's layers in order (an `nn.Sequential`), or the stage itself as one layer."""
-    return list(stage) if isinstance(stage, nn.Sequential) else [stage]
+def _forward_recording(stage: nn.Module, x: torch.Tensor):
+    """Run `stage(x)` and record (module, output) for every module that owns parameters.
+
+    The zero-bubble split needs those outputs: I computes their gradients, W turns each
+    into that module's weight gradients.
+    """
+    records: list[tuple[nn.Module, torch.Tensor]] = []
+
+    def hook(module, _inputs, output) -> None:
+        if isinstance(output, torch.Tensor) and output.requires_grad:
+            records.append((module, output))
+
+    owners = [m for m in stage.modules() if any(True for _ in m.parameters(recurse=False))]
+    handles = [m.register_forward_hook(hook) for m in owners]
+    try:
+        out = stage(x)
+    finally:
+        for h in handles:
+            h.remove()
+    return out, records
 
 
 def _stage_costs(events: list[Event], schedule: Schedule) -> StageCosts:
@@ -423,15 +449,15 @@ def _stage_costs(events: list[Event], schedule: Schedule) -> StageCosts:
         total[(e.action.stage, e.action.kind)].append(e.duration / schedule.batch_scale)
 
     def mean(stage: int, kind: str) -> float:
-        values = total[(stage, kind)]
+        values = total.get((stage, kind), [])
         return sum(values) / len(values) if values else 0.0
 
+    split = any(kind == "W" for _, kind in total)
     forward, backward, weight = [], [], []
     for s in range(schedule.stages):
         forward.append(mean(s, "F"))
         backward.append(mean(s, "B") + mean(s, "I") + mean(s, "W"))
         weight.append(mean(s, "W"))
-    split = any(kind == "W" for _, kind in total)
     fraction = min(1.0, sum(weight) / sum(backward)) if split and sum(backward) > 0 else None
     return StageCosts(forward, backward, fraction)
 

@@ -290,3 +290,29 @@ def test_a_forgotten_executor_stops_its_threads():
     for t in threads:
         t.join(timeout=5)
     assert not any(t.is_alive() for t in threads)
+
+
+def test_zero_bubble_split_with_parameters_outside_recorded_modules():
+    # A module that owns a parameter but returns a tuple: W falls back to the plain way.
+    class ScaleToTuple(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = nn.Parameter(torch.linspace(0.5, 1.5, 16))
+
+        def forward(self, x):
+            return (x * self.scale,)
+
+    class First(nn.Module):
+        def forward(self, pair):
+            return pair[0]
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Linear(16, 16), nn.GELU(), ScaleToTuple(), First(), nn.Linear(16, 16), nn.Linear(16, 5)
+    )
+    stages = [model[:4], model[4:]]
+    x, y = torch.randn(8, 16), torch.randint(5, (8,))
+    ref, ref_loss = reference(model, x, y)
+    with PipelineExecutor(stages, P, loss_fn) as ex:
+        result = ex.step(make_schedule("zb-h1", P, M), x, y)
+    assert abs(result.loss - ref_loss) <= 1e-5 and max_grad_diff(model, ref) <= 1e-5
