@@ -15,6 +15,8 @@ in the order the schedule gives it:
 
 A device blocks when it needs a message that has not arrived yet; that waiting is the
 pipeline bubble, and it shows in the measured `Timeline` exactly as in the simulated one.
+(Explicit communication actions such as SEND_F or RECV_B are skipped: on threads sharing
+memory a message is just a tensor handed over in a mailbox by F, B and I themselves.)
 Each micro-batch's loss is scaled by 1/m so the accumulated gradients equal those of the
 full-batch mean loss; the tests check them against the unsplit model.
 """
@@ -50,6 +52,8 @@ class StageCosts:
 
 @dataclass
 class StepResult:
+    """One step: the full-batch mean loss, what each device did when, and stage costs."""
+
     loss: float
     timeline: Timeline
     stage_costs: StageCosts
