@@ -8,13 +8,13 @@ from course_utils.checks import CheckFailed, NotAnswered
 from course_utils.checks import l03 as check
 
 
-def bubble_fraction(p, m):
+def gpipe_bubble(p, m):
     return (p - 1) / (m + p - 1)
 
 
 RIGHT = {
     1: (0.2,),
-    2: (bubble_fraction,),
+    2: (gpipe_bubble,),
     3: (63,),
     4: (20, 3 / 23),
     5: ("a", "b"),

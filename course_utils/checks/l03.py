@@ -50,13 +50,13 @@ def exercise_1(bubble_fraction) -> None:
     )
 
 
-def exercise_2(bubble_fraction) -> None:
-    """Build bubble_fraction(p, m)."""
-    call = check_function(bubble_fraction, "bubble_fraction")
+def exercise_2(gpipe_bubble) -> None:
+    """Build gpipe_bubble(p, m)."""
+    call = check_function(gpipe_bubble, "gpipe_bubble")
     rng = random.Random()
     cases = [(1, rng.randint(1, 8))] + [(rng.randint(2, 16), rng.randint(1, 64)) for _ in range(8)]
     for p, m in cases:
-        shown = f"bubble_fraction({p}, {m})"
+        shown = f"gpipe_bubble({p}, {m})"
         value = as_number(call(p, m), shown)
         want = _bubble(p, m)
         if not close(value, want, rel=1e-9, abs=1e-12):
@@ -79,7 +79,7 @@ def exercise_3(microbatches) -> None:
     if _bubble(8, m) > 0.1 + 1e-12:
         fail(
             f"With m = {m} the bubble is still above 10%. Solve (p-1)/(m+p-1) <= 0.1 for m, "
-            "or try larger values with your bubble_fraction function."
+            "or try larger values with your gpipe_bubble function."
         )
     if _bubble(8, m - 1) <= 0.1 + 1e-12:
         fail(f"m = {m} works, but fewer micro-batches would too: the question asks for the fewest.")
@@ -88,10 +88,10 @@ def exercise_3(microbatches) -> None:
     )
 
 
-def exercise_4(max_microbatches, bubble_fraction) -> None:
+def exercise_4(max_microbatches, bubble_at_max) -> None:
     """Largest m under a 30 GB activation budget (1.5 GB per micro-batch) and its bubble."""
     m = as_int(max_microbatches, "max_microbatches")
-    b = _number_between_0_and_1(bubble_fraction, "bubble_fraction")
+    b = _number_between_0_and_1(bubble_at_max, "bubble_at_max")
     if m != 20:
         if m == 53:
             fail("80 / 1.5 forgets the 50 GB of model state already on the GPU.")
