@@ -298,11 +298,13 @@ def activation_bytes_per_layer(
 def _closed_form_bubble(schedule: str, pp: int, m: int, v: int, weight_fraction: float) -> float:
     """Idle fraction for uniform stages, forward 1 and backward 2 per device share.
 
-    GPipe and 1F1B: (p - 1) / (m + p - 1) (Huang et al. 2019, arXiv 1811.06965; Narayanan et
-    al. 2019 PipeDream). Interleaved and breadth-first with v chunks: the warm-up shrinks by v,
-    (p - 1) / (v m + p - 1) (Narayanan et al. 2021, arXiv 2104.04473; Lamy-Poirier 2022,
-    arXiv 2211.05953). ZB-H1 (Qi et al. 2023, arXiv 2401.10241): the bubble per device falls
-    from (p - 1)(F + B) to (p - 1)(F + B - 2 W) with W the weight-gradient part of B.
+    GPipe and 1F1B: (p - 1) / (m + p - 1) (Huang et al. 2019, arXiv 1811.06965; 1F1B with a
+    flush: Narayanan et al. 2021, PipeDream-2BW, arXiv 2006.09503). Interleaved and
+    breadth-first with v chunks: the warm-up shrinks by v, (p - 1) / (v m + p - 1)
+    (Narayanan et al. 2021, arXiv 2104.04473; Lamy-Poirier 2022, arXiv 2211.05953).
+    ZB-H1 (Qi et al. 2023, arXiv 2401.10241): the bubble per device falls from
+    (p - 1)(F + B) to (p - 1)(F + B - 2 W) with W the weight-gradient part of B.
+    These hold once every device has work (m >= p); below that the simulator is used.
     """
     if pp == 1:
         return 0.0
@@ -361,7 +363,7 @@ def pipeline_bubble(schedule: str, pp: int, microbatches: int, chunks: int = 1) 
 def _closed_form_inflight(schedule: str, pp: int, m: int, v: int) -> float:
     """Micro-batches (whole-stage equivalents) the first stage holds at its peak.
 
-    GPipe keeps all m. 1F1B and ZB-H1 keep min(p, m) (Narayanan et al. 2019; Qi et al. 2023).
+    GPipe keeps all m. 1F1B and ZB-H1 keep min(p, m) (arXiv 2006.09503; Qi et al. 2023).
     Interleaved keeps p (1 + (p - 1) / (p v)) (Korthikanti et al. 2022, Section 4.2.3).
     Breadth-first runs all forwards of a chunk before the next, so it keeps all m like GPipe.
     """
