@@ -342,7 +342,8 @@ SIMULATE_LIMIT = 512
 
 
 def _use_simulator(pp: int, m: int, v: int) -> bool:
-    return pp > 1 and 3 * m * v <= SIMULATE_LIMIT
+    # the closed forms need m >= p, so smaller m is always simulated (it is cheap then)
+    return pp > 1 and (3 * m * v <= SIMULATE_LIMIT or m < pp)
 
 
 def pipeline_bubble(schedule: str, pp: int, microbatches: int, chunks: int = 1) -> float:
