@@ -1,0 +1,547 @@
+"""Gantt charts of timelines: who computed what, when, and where the bubbles are.
+
+`draw(timeline)` gives one row per device (device 0 at the top). The fill colour says
+which micro-batch, the shade and hatch say which kind of work:
+
+    forward (F)        plain micro-batch colour
+    backward (B)       darker, diagonal hatch
+    input-grad (I)     darker, the other diagonal      (zero-bubble split of B)
+    weight-grad (W)    lighter, dotted                 (zero-bubble split of B)
+    communication      thin dark bar on a lane under the device's row
+    bubble             grey cross-hatch wherever the device computes nothing
+
+Simulated timelines (cost units) and measured ones (seconds, drawn in ms) look alike,
+so `draw([simulated, measured])` or `compare(simulated, measured)` stacks them on one
+time axis. Bars are drawn as one collection per kind of work, not one artist per bar,
+so a 16-device, 64-micro-batch chart still renders in a few tens of milliseconds.
+
+Also the `python -m course_utils gantt` command. This module never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+from dataclasses import replace
+from pathlib import Path
+
+import matplotlib
+from matplotlib.collections import PolyCollection
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from course_utils import style
+from course_utils.errors import CourseInputError
+from course_utils.timeline import Event, Timeline
+
+# How schedule names are written in titles.
+PRETTY_NAMES = {
+    "naive": "Naive (no micro-batches)",
+    "gpipe": "GPipe",
+    "1f1b": "1F1B",
+    "interleaved": "Interleaved 1F1B",
+    "breadth-first": "Breadth-first",
+    "zb-h1": "ZB-H1",
+}
+
+# Kinds of work, in legend order: (key, legend label, hatch).
+CATEGORIES = (
+    ("F", "forward (F)", style.FORWARD_HATCH),
+    ("B", "backward (B)", style.BACKWARD_HATCH),
+    ("I", "input-grad (I)", style.INPUT_GRAD_HATCH),
+    ("W", "weight-grad (W)", style.WEIGHT_GRAD_HATCH),
+    ("comm", "communication", ""),
+)
+
+# Layout, in inches: fixed margins instead of tight_layout, which is slow and jumpy.
+LEFT, RIGHT = 0.85, 0.25
+TITLE_H = 0.42  # above each chart
+XAXIS_H = 0.55  # tick labels and axis label under the last chart
+LEGEND_H = 0.38  # one legend row at the bottom
+TOP_PAD = 0.08
+MAX_PLOT_H = 4.8  # per chart: p=16 gets 0.3 inch per device row
+ROW_H = 0.55
+MIN_PLOT_H = 0.9
+
+LABEL_FONTSIZE = 7.5
+MAX_LABELS = 400  # beyond this many labels the chart is too dense to read them anyway
+MIN_HATCH_PX = 8  # narrower bars are drawn without hatching
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _category(event: Event) -> str:
+    kind = event.action.kind
+    return kind if kind in ("F", "B", "I", "W") else "comm"
+
+
+def _stats(timeline: Timeline) -> tuple[float, float, list[float]]:
+    """(start, makespan, busy per device) in one pass; same definitions as `Timeline`.
+
+    Timeline.bubble_fraction recomputes the makespan per device, which is quadratic;
+    the explorer redraws 8000-event timelines, so we count once here.
+    """
+    if not timeline.events:
+        return 0.0, 0.0, [0.0] * timeline.num_devices
+    start = min(e.start for e in timeline.events)
+    end = max(e.end for e in timeline.events)
+    busy = [0.0] * timeline.num_devices
+    for e in timeline.events:
+        if e.action.is_compute and 0 <= e.device < timeline.num_devices:
+            busy[e.device] += e.end - e.start
+    return start, end - start, busy
+
+
+def bubble_fraction(timeline: Timeline) -> float:
+    """Idle compute time over devices x makespan (fast version of Timeline.bubble_fraction)."""
+    _, makespan, busy = _stats(timeline)
+    total = timeline.num_devices * makespan
+    return 0.0 if total <= 0 else sum(makespan - b for b in busy) / total
+
+
+def _shape(timeline: Timeline) -> tuple[int, int, int]:
+    """(devices, micro-batches, chunks) of a timeline, from its meta or its events."""
+    p = timeline.num_devices
+    meta = timeline.meta or {}
+    mbs = {e.action.microbatch for e in timeline.events if e.action.microbatch is not None}
+    m = int(meta.get("microbatches", len(mbs)))
+    stages = {e.action.stage for e in timeline.events if e.action.is_compute}
+    v = int(meta.get("chunks", max(1, (max(stages) + 1) // p) if stages and p else 1))
+    return p, m, v
+
+
+def _time_unit(timeline: Timeline) -> tuple[float, str]:
+    """(scale, unit name): measured seconds are shown in milliseconds."""
+    if timeline.unit == "s":
+        return 1000.0, "ms"
+    return 1.0, timeline.unit or "units"
+
+
+def _number(x: float) -> str:
+    """33.0, 237.0, 4.27, 0.0123: one decimal for big numbers, 3 significant digits else."""
+    return f"{x:.1f}" if abs(x) >= 10 else f"{x:.3g}"
+
+
+def title_for(timeline: Timeline, prefix: str | None = None) -> str:
+    """E.g. '1F1B, p=4, m=8 — makespan 33.0 units, bubble 27.3%'."""
+    if prefix is None:
+        name = timeline.name or "timeline"
+        prefix = PRETTY_NAMES.get(name.lower(), name)
+        if "p=" not in prefix:
+            p, m, v = _shape(timeline)
+            prefix += f", p={p}, m={m}" + (f", v={v}" if v > 1 else "")
+        if timeline.source == "measured" and "measured" not in prefix.lower():
+            prefix += " (measured)"
+    scale, unit = _time_unit(timeline)
+    _, makespan, _ = _stats(timeline)
+    return (
+        f"{prefix} — makespan {_number(makespan * scale)} {unit}, "
+        f"bubble {100 * bubble_fraction(timeline):.1f}%"
+    )
+
+
+def _idle_segments(intervals: list[tuple[float, float]], end: float) -> list[tuple[float, float]]:
+    """Gaps in [0, end] not covered by `intervals` (the device's compute)."""
+    gaps, cursor = [], 0.0
+    eps = 1e-9 * max(end, 1e-12)
+    for a, b in sorted(intervals):
+        if a > cursor + eps:
+            gaps.append((cursor, a))
+        cursor = max(cursor, b)
+    if end > cursor + eps:
+        gaps.append((cursor, end))
+    return gaps
+
+
+def _rect(x0: float, x1: float, y0: float, y1: float) -> list[tuple[float, float]]:
+    return [(x0, y0), (x0, y1), (x1, y1), (x1, y0)]
+
+
+def _fill(category: str, microbatch: int | None):
+    base = style.microbatch_color(microbatch)
+    if category in ("B", "I"):
+        return style.darken(base)
+    if category == "W":
+        return style.lighten(base)
+    if category == "comm":
+        return matplotlib.colors.to_rgb(style.COMM_COLOR)
+    return base
+
+
+def _label_candidates(event: Event, chunks: int) -> list[str]:
+    if event.label:
+        return [event.label]
+    a = event.action
+    mb = "" if a.microbatch is None else str(a.microbatch)
+    short = f"{a.kind}{mb}"
+    # With chunks the stage number says which chunk; without, the row already says it.
+    full = [str(a)] if chunks > 1 else []
+    return full + [short] + ([mb] if mb else [])
+
+
+# ----------------------------------------------------------------------------- drawing
+
+
+def _draw_one(
+    ax,
+    timeline: Timeline,
+    *,
+    title: str | None,
+    show_bubble: bool,
+    labels: bool,
+    xmax: float,
+    px_per_unit: float,
+    row_px: float,
+) -> set[str]:
+    """Draw one timeline into `ax`; returns the categories it contains (for the legend)."""
+    p = timeline.num_devices
+    start, makespan, _ = _stats(timeline)
+    scale, unit = _time_unit(timeline)
+    _, _, chunks = _shape(timeline)
+    has_comm = any(not e.action.is_compute for e in timeline.events)
+    # Row geometry (device d is centred on y=d): compute bar, then a thin comm lane.
+    if has_comm:
+        bar0, bar1, lane0, lane1 = -0.38, 0.22, 0.27, 0.42
+    else:
+        bar0, bar1, lane0, lane1 = -0.34, 0.34, 0.0, 0.0
+
+    verts: dict[str, list] = {c[0]: [] for c in CATEGORIES}
+    colors: dict[str, list] = {c[0]: [] for c in CATEGORIES}
+    compute_by_device: list[list[tuple[float, float]]] = [[] for _ in range(p)]
+    narrowest = float("inf")
+    for e in timeline.events:
+        x0, x1 = (e.start - start) * scale, (e.end - start) * scale
+        cat = _category(e)
+        if cat == "comm":
+            verts[cat].append(_rect(x0, x1, e.device + lane0, e.device + lane1))
+        else:
+            verts[cat].append(_rect(x0, x1, e.device + bar0, e.device + bar1))
+            if 0 <= e.device < p:
+                compute_by_device[e.device].append((x0, x1))
+            narrowest = min(narrowest, (x1 - x0) * px_per_unit)
+        colors[cat].append(_fill(cat, e.action.microbatch))
+
+    present: set[str] = set()
+    if show_bubble:
+        bubbles = []
+        for d in range(p):
+            for a, b in _idle_segments(compute_by_device[d], makespan * scale):
+                bubbles.append(_rect(a, b, d + bar0, d + bar1))
+        if bubbles:
+            present.add("bubble")
+            ax.add_collection(
+                PolyCollection(
+                    bubbles,
+                    facecolors=style.BUBBLE_COLOR,
+                    edgecolors="none",
+                    hatch=style.BUBBLE_HATCH,
+                    hatchcolor=style.BUBBLE_HATCH_COLOR,
+                    linewidths=0,
+                    zorder=1,
+                )
+            )
+    # Thin white edges separate neighbours, unless bars are only a few pixels wide.
+    # Hatches on bars a few pixels wide are invisible but cost seconds to render in Agg,
+    # so narrow bars are told apart by shade alone.
+    edge_lw = 0.6 if narrowest > 6 else 0.0
+    hatched = narrowest >= MIN_HATCH_PX
+    for key, _label, hatch in CATEGORIES:
+        if not verts[key]:
+            continue
+        present.add(key)
+        hatchcolor = (1, 1, 1, 0.55) if key in ("B", "I") else (0, 0, 0, 0.35)
+        ax.add_collection(
+            PolyCollection(
+                verts[key],
+                facecolors=colors[key],
+                edgecolors=style.EDGE_COLOR if key != "comm" else "none",
+                linewidths=edge_lw if key != "comm" else 0,
+                hatch=(hatch or None) if hatched else None,
+                hatchcolor=hatchcolor,
+                zorder=2 if key != "comm" else 3,
+            )
+        )
+
+    if labels and row_px * (bar1 - bar0) >= LABEL_FONTSIZE * 1.45:
+        _add_labels(ax, timeline, start, scale, chunks, px_per_unit, (bar0 + bar1) / 2)
+
+    ax.set_xlim(0, xmax)
+    ax.set_ylim(p - 0.5, -0.5)  # device 0 at the top
+    ax.set_yticks(range(p))
+    ax.set_yticklabels([f"dev {d}" for d in range(p)])
+    ax.tick_params(axis="y", length=0)
+    ax.set_ylabel("device")
+    ax.set_xlabel(f"time ({unit})")
+    ax.grid(True, axis="x")
+    ax.grid(False, axis="y")
+    ax.set_title(title_for(timeline, title), loc="left")
+    return present
+
+
+def _add_labels(ax, timeline, start, scale, chunks, px_per_unit, y_mid) -> None:
+    char_px = 0.62 * LABEL_FONTSIZE * ax.figure.dpi / 72  # average glyph width
+    texts = []
+    for e in timeline.events:
+        if not e.action.is_compute:
+            continue
+        width_px = (e.end - e.start) * scale * px_per_unit
+        for text in _label_candidates(e, chunks):
+            if len(text) * char_px + 4 <= width_px:
+                x = ((e.start + e.end) / 2 - start) * scale
+                texts.append((x, e.device + y_mid, text, e))
+                break
+    if len(texts) > MAX_LABELS:
+        return
+    for x, y, text, e in texts:
+        fill = _fill(_category(e), e.action.microbatch)
+        ax.text(
+            x,
+            y,
+            text,
+            ha="center",
+            va="center",
+            fontsize=LABEL_FONTSIZE,
+            color=style.text_color_on(fill),
+            zorder=4,
+            clip_on=True,
+        )
+
+
+def _legend_handles(present: set[str]) -> list[Patch]:
+    handles = []
+    for key, label, hatch in CATEGORIES:
+        if key not in present:
+            continue
+        fill = _fill(key, None) if key != "F" else style.microbatch_color(None)
+        hatchcolor = (1, 1, 1, 0.7) if key in ("B", "I") else (0, 0, 0, 0.4)
+        handles.append(
+            Patch(facecolor=fill, edgecolor="white", hatch=hatch, label=label)
+            if key != "comm"
+            else Patch(facecolor=fill, label=label)
+        )
+        handles[-1].set_hatchcolor(hatchcolor)
+    if "bubble" in present:
+        bubble = Patch(
+            facecolor=style.BUBBLE_COLOR, hatch=style.BUBBLE_HATCH, label="idle (bubble)"
+        )
+        bubble.set_hatchcolor(style.BUBBLE_HATCH_COLOR)
+        handles.append(bubble)
+    return handles
+
+
+def _new_figure(width: float, height: float, pyplot: bool) -> Figure:
+    if pyplot:
+        import matplotlib.pyplot as plt  # notebooks: shown once at the end of the cell
+
+        return plt.figure(figsize=(width, height))
+    return Figure(figsize=(width, height))  # explorer and CLI: no global pyplot state
+
+
+def draw(
+    timeline_or_list: Timeline | list[Timeline] | tuple[Timeline, ...],
+    ax=None,
+    title: str | list[str] | None = None,
+    show_bubble: bool = True,
+    labels: bool = True,
+    legend: bool = True,
+    width: float = style.FIGURE_WIDTH,
+    share_x: bool | None = None,
+    pyplot: bool = True,
+) -> Figure:
+    """Draw a timeline (or a list of them, stacked) as a Gantt chart; returns the Figure.
+
+    `title` replaces the schedule-name part of the title (makespan and bubble are always
+    shown); for a list it may be a list of titles. `share_x=None` shares the time axis
+    when all timelines use the same unit. `pyplot=False` makes a Figure outside pyplot
+    (no global state, nothing auto-displayed), for the explorer and the CLI.
+    """
+    style.use_course_style()
+    timelines = (
+        list(timeline_or_list) if isinstance(timeline_or_list, list | tuple) else [timeline_or_list]
+    )
+    if not timelines or not all(isinstance(t, Timeline) for t in timelines):
+        raise CourseInputError("timeline_or_list must be a Timeline or a non-empty list of them")
+    titles = title if isinstance(title, list | tuple) else [title] * len(timelines)
+    if len(titles) != len(timelines):
+        raise CourseInputError(f"title must be one string or {len(timelines)} strings")
+    if ax is not None and len(timelines) > 1:
+        raise CourseInputError("ax can only be given for a single timeline, not a list")
+    if share_x is None:
+        share_x = len({t.unit for t in timelines}) == 1
+    spans = [_stats(t)[1] * _time_unit(t)[0] for t in timelines]
+    xmaxes = [max(spans) if share_x else s for s in spans]
+    xmaxes = [1.005 * x if x > 0 else 1.0 for x in xmaxes]
+
+    if ax is not None:  # draw into the caller's axes
+        fig = ax.figure
+        bbox = ax.get_window_extent()
+        p = max(1, timelines[0].num_devices)
+        present = _draw_one(
+            ax,
+            timelines[0],
+            title=titles[0],
+            show_bubble=show_bubble,
+            labels=labels,
+            xmax=xmaxes[0],
+            px_per_unit=bbox.width / xmaxes[0],
+            row_px=bbox.height / p,
+        )
+        if legend:
+            ax.legend(handles=_legend_handles(present), loc="upper left", bbox_to_anchor=(1, 1))
+        return fig
+
+    plot_hs = [min(MAX_PLOT_H, max(MIN_PLOT_H, ROW_H * max(1, t.num_devices))) for t in timelines]
+    height = TOP_PAD + sum(TITLE_H + h for h in plot_hs) + XAXIS_H + (LEGEND_H if legend else 0)
+    if not share_x:
+        height += XAXIS_H * (len(timelines) - 1)
+    fig = _new_figure(width, height, pyplot)
+    dpi = fig.dpi
+    axes_w = width - LEFT - RIGHT
+    present: set[str] = set()
+    top = height - TOP_PAD
+    axes = []
+    for i, (t, h) in enumerate(zip(timelines, plot_hs, strict=True)):
+        top -= TITLE_H
+        rect = (LEFT / width, (top - h) / height, axes_w / width, h / height)
+        shared = axes[0] if (share_x and axes) else None
+        a = fig.add_axes(rect, sharex=shared)
+        present |= _draw_one(
+            a,
+            t,
+            title=titles[i],
+            show_bubble=show_bubble,
+            labels=labels,
+            xmax=xmaxes[i],
+            px_per_unit=axes_w * dpi / xmaxes[i],
+            row_px=h * dpi / max(1, t.num_devices),
+        )
+        last = i == len(timelines) - 1
+        if share_x and not last:
+            a.tick_params(axis="x", labelbottom=False)
+            a.set_xlabel("")
+        top -= h + (0 if share_x or last else XAXIS_H)
+        axes.append(a)
+    if legend:
+        handles = _legend_handles(present)
+        fig.legend(
+            handles=handles,
+            loc="lower left",
+            bbox_to_anchor=(LEFT / width, 0.02 / height),
+            ncol=len(handles) + 1,
+            handlelength=1.6,
+            columnspacing=1.2,
+            title="colour = micro-batch",
+            alignment="left",
+        )
+    return fig
+
+
+def compare(simulated: Timeline, measured: Timeline, **kwargs) -> Figure:
+    """Simulated above measured on one time axis.
+
+    When the units differ (cost units vs seconds) the simulated timeline is converted to
+    seconds with one calibration factor: total measured compute time / total simulated
+    compute time. Where the bars then disagree, the cost model missed something real
+    (communication, thread start-up, uneven stages).
+    """
+    if simulated.unit != measured.unit:
+        sim_busy = sum(_stats(simulated)[2])
+        real_busy = sum(_stats(measured)[2])
+        if sim_busy <= 0 or real_busy <= 0:
+            raise CourseInputError("compare needs compute events in both timelines")
+        factor = real_busy / sim_busy
+        scale, unit = _time_unit(measured)
+        events = [replace(e, start=e.start * factor, end=e.end * factor) for e in simulated.events]
+        name = PRETTY_NAMES.get(simulated.name.lower(), simulated.name or "timeline")
+        p, m, v = _shape(simulated)
+        simulated = Timeline(
+            events,
+            simulated.num_devices,
+            name=(
+                f"{name}, p={p}, m={m}{f', v={v}' if v > 1 else ''} (simulated, "
+                f"1 unit = {factor * scale:.3g} {unit})"
+            ),
+            source="simulated",
+            unit=measured.unit,
+            peak_activations=simulated.peak_activations,
+            meta=dict(simulated.meta or {}),
+        )
+    return draw([simulated, measured], share_x=True, **kwargs)
+
+
+def save(fig: Figure, path: str | Path, dpi: float | None = None) -> Path:
+    """Save as PNG, SVG or PDF (chosen by the file extension); creates missing folders."""
+    path = Path(path)
+    fmt = path.suffix.lower().lstrip(".")
+    if fmt not in ("png", "svg", "pdf"):
+        raise CourseInputError(f"output file must end in .png, .svg or .pdf, got {str(path)!r}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, format=fmt, dpi=dpi or fig.dpi, facecolor="white")
+    return path
+
+
+def to_png(fig: Figure, dpi: float | None = None) -> bytes:
+    """The figure as PNG bytes (for ipywidgets.Image and for tests)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi or fig.dpi, facecolor="white")
+    return buf.getvalue()
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from course_utils.schedules import SCHEDULES
+
+    parser.add_argument("name", choices=SCHEDULES, help="which schedule to draw")
+    parser.add_argument("-p", "--stages", type=int, required=True, help="devices (pipeline ranks)")
+    parser.add_argument("-m", "--microbatches", type=int, required=True, help="micro-batches")
+    parser.add_argument(
+        "-v", "--chunks", type=int, default=1, help="stages per device (interleaved, breadth-first)"
+    )
+    parser.add_argument("--forward-cost", type=float, default=1.0, help="F time per device share")
+    parser.add_argument("--backward-cost", type=float, default=2.0, help="B time per device share")
+    parser.add_argument(
+        "--weight-cost",
+        type=float,
+        default=None,
+        help="part of the backward cost that is the weight gradient W (zb-h1); default half",
+    )
+    parser.add_argument("--p2p-cost", type=float, default=0.0, help="time to send between stages")
+    parser.add_argument("-o", "--output", required=True, help="chart file (.png or .svg)")
+    parser.add_argument("--no-labels", action="store_true", help="no text inside the bars")
+
+
+def cost_model(forward: float, backward: float, weight: float | None, p2p: float):
+    """A CostModel from CLI/explorer numbers, with one-line errors for bad values."""
+    from course_utils.simulate import CostModel
+
+    if not forward > 0:
+        raise CourseInputError(f"forward cost must be > 0, got {forward}")
+    if not backward > 0:
+        raise CourseInputError(f"backward cost must be > 0, got {backward}")
+    if not p2p >= 0:
+        raise CourseInputError(f"p2p cost must be >= 0, got {p2p}")
+    if weight is not None and not 0 <= weight <= backward:
+        raise CourseInputError(
+            f"weight cost must be between 0 and the backward cost {backward}, got {weight}"
+        )
+    fraction = 0.5 if weight is None else weight / backward
+    return CostModel(forward=forward, backward=backward, weight_fraction=fraction, p2p=p2p)
+
+
+def run(args: argparse.Namespace) -> int:
+    from course_utils.schedules import make_schedule
+    from course_utils.simulate import simulate
+
+    suffix = Path(args.output).suffix.lower()
+    if suffix not in (".png", ".svg", ".pdf"):
+        raise CourseInputError(f"--output must end in .png, .svg or .pdf, got {args.output!r}")
+    costs = cost_model(args.forward_cost, args.backward_cost, args.weight_cost, args.p2p_cost)
+    schedule = make_schedule(args.name, args.stages, args.microbatches, args.chunks)
+    timeline = simulate(schedule, costs)
+    fig = draw(timeline, labels=not args.no_labels, pyplot=False)
+    path = save(fig, args.output)
+    print(f"{title_for(timeline)}\nwrote {path}")
+    return 0
