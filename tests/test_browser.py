@@ -1,0 +1,158 @@
+"""JupyterLab in a real browser: headless Debian Chromium driven by Playwright.
+
+Run with `make test-browser` (CI installs Debian's chromium with apt; no browser download).
+Opens the course index and the pipeline explorer lesson, runs all cells, checks there is no
+error output, that the Gantt chart image is visible, and that moving the micro-batch slider
+changes the chart and the bubble %. Screenshots go to `screenshots/` (git-ignored).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+
+import pytest
+from conftest import ROOT
+from lab_server import jupyter_lab
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-sync",
+    "--disable-quic",
+]
+EXPLORER_LESSON = "notebooks/02_microbatching_gpipe.ipynb"
+SHOTS = ROOT / "screenshots"
+
+
+@pytest.fixture(scope="module")
+def lab():
+    if not shutil.which("chromium") and not (ROOT / CHROMIUM).exists():
+        pytest.fail("Debian's chromium is not installed: apt-get install chromium (.ci/run does)")
+    command = [
+        str(ROOT / ".venv" / "bin" / "jupyter"),
+        "lab",
+        "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.root_dir={ROOT}",
+        "--allow-root",
+        "--LabApp.expose_app_in_browser=True",
+        # A fresh workspace each run, so no earlier layout or open tabs get in the way.
+        "--LabApp.workspaces_dir=" + str(ROOT / "screenshots" / "workspaces"),
+    ]
+    with jupyter_lab(command) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    SHOTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+def _open_and_run_all(browser, lab, path: str, timeout_s: float = 240):
+    base, token = lab
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(60_000)
+    page.goto(f"{base}/lab/tree/{path}?token={token}&reset")
+    page.wait_for_selector(".jp-Notebook .jp-Cell", state="attached")
+    # Wait for the kernel, then Run > Run All Cells through the menu, as a learner would.
+    page.wait_for_function(
+        "() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
+        " const k = w && w.sessionContext && w.sessionContext.session"
+        " && w.sessionContext.session.kernel; return k && k.status === 'idle'; }"
+    )
+    page.click(".lm-MenuBar-itemLabel:text-is('Run')")
+    page.click(".lm-Menu-itemLabel:text-is('Run All Cells')")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = page.evaluate(
+            "() => { const w = window.jupyterapp.shell.currentWidget;"
+            " const cells = w.content.model.cells; let pending = 0, total = 0;"
+            " for (let i = 0; i < cells.length; i++) { const c = cells.get(i);"
+            "   if (c.type !== 'code') continue; total++;"
+            "   if (c.executionCount === null || c.executionCount === undefined) pending++; }"
+            " const busy = w.sessionContext.session.kernel.status !== 'idle';"
+            " return {pending, total, busy}; }"
+        )
+        if state["pending"] == 0 and not state["busy"]:
+            break
+        time.sleep(1)
+    else:
+        page.screenshot(path=str(SHOTS / "timeout.png"), full_page=True)
+        pytest.fail(f"{path}: cells still running after {timeout_s} s: {state}")
+    return page
+
+
+def _error_outputs(page) -> list[str]:
+    return page.evaluate(
+        "() => { const w = window.jupyterapp.shell.currentWidget;"
+        " const cells = w.content.model.cells; const errors = [];"
+        " for (let i = 0; i < cells.length; i++) { const c = cells.get(i);"
+        "   if (c.type !== 'code') continue; const outs = c.outputs;"
+        "   for (let j = 0; j < outs.length; j++) { const o = outs.get(j);"
+        "     if (o.type === 'error') { const e = o.toJSON();"
+        "       errors.push(`cell ${i}: ${e.ename}: ${e.evalue}`); } } }"
+        " return errors; }"
+    )
+
+
+def test_course_index_runs_in_the_browser(browser, lab):
+    page = _open_and_run_all(browser, lab, "notebooks/00_welcome.ipynb")
+    page.screenshot(path=str(SHOTS / "00_welcome.png"), full_page=True)
+    assert _error_outputs(page) == []
+    assert page.locator(".jp-OutputArea-output:has-text('Two torch threads')").count() >= 1
+    page.close()
+
+
+def _bubble_percent(page) -> str:
+    text = page.locator(".explorer-metrics").first.inner_text()
+    match = re.search(r"bubble[^0-9]*([0-9]+(?:\.[0-9]+)?)\s*%", text, re.I)
+    assert match, f"no bubble % in the explorer's metrics: {text!r}"
+    return match.group(1)
+
+
+@pytest.mark.skip(reason="the schedule explorer (course_utils.explorer) is not built yet: issue 3")
+def test_explorer_slider_changes_chart_and_bubble(browser, lab):
+    page = _open_and_run_all(browser, lab, EXPLORER_LESSON)
+    assert _error_outputs(page) == []
+    chart = page.locator("img.explorer-chart, .explorer-chart img").first
+    chart.scroll_into_view_if_needed()
+    assert chart.is_visible()
+    box = chart.bounding_box()
+    assert box and box["width"] > 200 and box["height"] > 100, box
+    # The image really loaded (a decoded PNG, not a broken icon).
+    assert chart.evaluate("img => img.complete && img.naturalWidth > 200")
+    page.screenshot(path=str(SHOTS / "explorer_before.png"), full_page=False)
+    src_before, bubble_before = chart.get_attribute("src"), _bubble_percent(page)
+
+    slider = page.locator(".explorer-microbatches").first
+    handle = slider.locator(".noUi-handle").first
+    handle.focus()
+    for _ in range(4):
+        page.keyboard.press("ArrowRight")
+    page.wait_for_function(
+        "([sel, before]) => { const img = document.querySelector(sel);"
+        " return img && img.src !== before; }",
+        arg=["img.explorer-chart, .explorer-chart img", src_before],
+        timeout=30_000,
+    )
+    time.sleep(0.5)
+    page.screenshot(path=str(SHOTS / "explorer_after.png"), full_page=False)
+    bubble_after = _bubble_percent(page)
+    assert bubble_after != bubble_before, (bubble_before, bubble_after)
+    assert chart.evaluate("img => img.complete && img.naturalWidth > 200")
+    assert _error_outputs(page) == []
+    page.close()
