@@ -535,6 +535,10 @@ def run(args: argparse.Namespace) -> int:
     from course_utils.schedules import make_schedule
     from course_utils.simulate import simulate
 
+    for flag in ("stages", "microbatches", "chunks"):  # name the flag the user typed
+        value = getattr(args, flag)
+        if value < 1:
+            raise CourseInputError(f"--{flag} must be an integer >= 1, got {value}")
     suffix = Path(args.output).suffix.lower()
     if suffix not in (".png", ".svg", ".pdf"):
         raise CourseInputError(f"--output must end in .png, .svg or .pdf, got {args.output!r}")
@@ -542,6 +546,9 @@ def run(args: argparse.Namespace) -> int:
     schedule = make_schedule(args.name, args.stages, args.microbatches, args.chunks)
     timeline = simulate(schedule, costs)
     fig = draw(timeline, labels=not args.no_labels, pyplot=False)
-    path = save(fig, args.output)
+    try:
+        path = save(fig, args.output)
+    except OSError as exc:  # a file where a folder should be, a folder in the way, no rights
+        raise CourseInputError(f"cannot write {args.output!r}: {exc.strerror or exc}") from None
     print(f"{title_for(timeline)}\nwrote {path}")
     return 0
