@@ -16,7 +16,6 @@ its chart as a PNG and its numbers as text.
 
 from __future__ import annotations
 
-import base64
 import html
 import io
 from dataclasses import dataclass, field, replace
@@ -493,10 +492,9 @@ class ScheduleExplorer:
         self.metrics.value = self.view.html()
 
     def _repr_mimebundle_(self, **kwargs) -> dict:
-        bundle = self.ui._repr_mimebundle_(**kwargs) or {}
-        bundle["text/plain"] = self.view.text
-        bundle["image/png"] = base64.b64encode(self.view.png).decode("ascii")
-        return bundle
+        from course_utils.display import fallback_bundle
+
+        return fallback_bundle(self.ui, self.view.text, self.view.png, **kwargs)
 
     def __repr__(self) -> str:
         return self.view.text

@@ -768,6 +768,8 @@ def planner_widget(global_batch: int = 512, hardware: Hardware = Hardware()):
     import matplotlib.pyplot as plt
     from IPython.display import display
 
+    from course_utils.display import WithFallback
+
     try:
         from course_utils.style import use_course_style
 
@@ -816,9 +818,20 @@ def planner_widget(global_batch: int = 512, hardware: Hardware = Hardware()):
     for w in controls:
         w.observe(update, names="value")
     ui = widgets.VBox([widgets.HBox([widgets.VBox(controls[:5]), widgets.VBox(controls[5:])]), out])
-    display(ui)
+    display(WithFallback(ui, _planner_fallback_text(controls, global_batch, hardware)))
     update()
     return ui
+
+
+def _planner_fallback_text(controls, global_batch: int, hardware: Hardware) -> str:
+    """What the planner widget shows at its starting values, as text."""
+    try:
+        estimate = estimate_from_sliders(*(c.value for c in controls), global_batch, hardware)
+    except CourseInputError as exc:
+        return f"Planner (widgets not shown here): not a valid layout: {exc}"
+    return "Planner at its starting values (widgets not shown here):\n" + describe(
+        estimate, hardware
+    )
 
 
 def estimate_from_sliders(

@@ -124,7 +124,6 @@ def _bubble_percent(page) -> str:
     return match.group(1)
 
 
-@pytest.mark.skip(reason="the schedule explorer (course_utils.explorer) is not built yet: issue 3")
 def test_explorer_slider_changes_chart_and_bubble(browser, lab):
     page = _open_and_run_all(browser, lab, EXPLORER_LESSON)
     assert _error_outputs(page) == []
