@@ -156,7 +156,9 @@ def zb_h1(p: int, m: int) -> Schedule:
     postpones each W by d micro-batches, and the cool-down, where 1F1B idles waiting for
     gradients, is filled with the postponed W's. Every device then holds at most p
     micro-batches (a micro-batch counts until its W is done), which is 1F1B's peak (on
-    device 0), and the bubble drops from (p-1)(F+B) to (p-1)(F+I-W) (Qi et al. 2023).
+    device 0), and the idle time per device drops from (p-1)(F+B) to (p-1)(F+I-W)
+    (Qi et al. 2023, arXiv 2401.10241) while W <= I; with W longer than I the W's cannot
+    fill more than the gaps they are given and the idle time stays at (p-1)F.
     """
     _check("devices", p), _check("microbatches", m)
     devices = []
