@@ -27,12 +27,15 @@ class Event:
         return self.end - self.start
 
     def to_dict(self) -> dict:
-        return {
+        d = {
             "device": self.device,
             "action": str(self.action),
             "start": self.start,
             "end": self.end,
         }
+        if self.label is not None:
+            d["label"] = self.label
+        return d
 
 
 @dataclass
@@ -70,6 +73,14 @@ class Timeline:
         """Time `device` spent computing (communication does not count as busy)."""
         return sum(e.duration for e in self.events if e.device == device and e.action.is_compute)
 
+    def busy_per_device(self) -> list[float]:
+        """`busy(d)` for every device, in one pass over the events."""
+        busy = [0.0] * self.num_devices
+        for e in self.events:
+            if e.action.is_compute:
+                busy[e.device] += e.duration
+        return busy
+
     def idle(self, device: int) -> float:
         return self.makespan - self.busy(device)
 
@@ -79,18 +90,19 @@ class Timeline:
         total = self.num_devices * self.makespan
         if total <= 0:
             return 0.0
-        return sum(self.idle(d) for d in range(self.num_devices)) / total
+        return (total - sum(self.busy_per_device())) / total
 
     def to_dict(self) -> dict:
+        makespan, busy = self.makespan, self.busy_per_device()
         return {
             "name": self.name,
             "source": self.source,
             "unit": self.unit,
             "events": [e.to_dict() for e in sorted(self.events, key=lambda e: (e.start, e.device))],
-            "makespan": self.makespan,
+            "makespan": makespan,
             "bubble_fraction": self.bubble_fraction,
-            "busy": [self.busy(d) for d in range(self.num_devices)],
-            "idle": [self.idle(d) for d in range(self.num_devices)],
+            "busy": busy,
+            "idle": [makespan - b for b in busy],
             "peak_activations": self.peak_activations,
         }
 
