@@ -219,7 +219,8 @@ def _draw_one(
             verts[cat].append(_rect(x0, x1, e.device + bar0, e.device + bar1))
             if 0 <= e.device < p:
                 compute_by_device[e.device].append((x0, x1))
-            narrowest = min(narrowest, (x1 - x0) * px_per_unit)
+            if x1 > x0:  # zero-length bars (e.g. W with --weight-cost 0) are invisible anyway
+                narrowest = min(narrowest, (x1 - x0) * px_per_unit)
         colors[cat].append(_fill(cat, e.action.microbatch))
 
     present: set[str] = set()

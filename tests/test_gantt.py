@@ -274,7 +274,7 @@ def test_forward_backward_and_weight_grad_look_different():
                 for e in tl.events
                 if e.device == b["device"] and e.start - tl.start == pytest.approx(b["x0"])
             ]
-            by_kind[event.action.kind].append(b)
+            by_kind[event.action.kind].append(b | {"mb": event.action.microbatch})
         hatches = {k: {b["hatch"] for b in bs} for k, bs in by_kind.items()}
         assert all(len(h) == 1 for h in hatches.values()), hatches
         assert hatches["F"] in ({None}, {""})
@@ -286,13 +286,13 @@ def test_forward_backward_and_weight_grad_look_different():
             assert hatches["I"] == {style.INPUT_GRAD_HATCH}
             assert hatches["W"] == {style.WEIGHT_GRAD_HATCH}
             assert hatches["I"] != hatches["W"]
-        # same micro-batch: backward darker than forward, W lighter than forward
+        # same micro-batch: backward drawn darker than forward, W lighter than forward
+        shade = {(k, b["mb"]): luminance(b["fill"]) for k, bs in by_kind.items() for b in bs}
         for mb in range(2):
-            f = luminance(style.microbatch_color(mb))
-            back = "B" if name == "gpipe" else "I"
-            assert luminance(expected_fill(Action(0, back, mb))) < f - 0.1
+            f = shade[("F", mb)]
+            assert shade[(kinds[1], mb)] < f - 0.1
             if name == "zb-h1":
-                assert luminance(expected_fill(Action(0, "W", mb))) > f + 0.1
+                assert shade[("W", mb)] > f + 0.1
         # the legend names each kind, with the same hatch as the bars, and the bubble
         labels = legend_labels(fig)
         names = {"F": "forward (F)", "B": "backward (B)", "I": "input-grad (I)"}
@@ -312,6 +312,15 @@ def test_narrow_bars_still_tell_forward_from_backward_by_shade():
     for b in bars(ax, "compute"):
         kinds[starts[(b["device"], round(b["x0"], 6))]].add(b["fill"])
     assert kinds["F"] and kinds["B"] and not kinds["F"] & kinds["B"]
+
+
+def test_zero_length_bars_do_not_switch_off_the_hatches():
+    # --weight-cost 0: every W lasts no time; the other bars are wide and keep their hatch
+    tl = sim("zb-h1", 2, 2, costs=CostModel(weight_fraction=0.0))
+    ax = chart(tl).axes[0]
+    hatches = {b["hatch"] for b in bars(ax, "compute")}
+    assert style.INPUT_GRAD_HATCH in hatches
+    assert len(bars(ax, "compute")) == len(tl.events)  # the W's are still there, one each
 
 
 def test_bubbles_cover_exactly_the_idle_time():
@@ -381,6 +390,7 @@ def check_labels_fit(fig, tl) -> int:
         box = text.get_window_extent(renderer)
         (left, _), (right, _) = ax.transData.transform([(bar["x0"], y), (bar["x1"], y)])
         assert left <= box.x0 and box.x1 <= right, f"{text.get_text()!r} overflows its bar"
+        assert text.get_color() == style.text_color_on(bar["fill"])  # readable on its bar
     return len(ax.texts)
 
 
@@ -393,7 +403,12 @@ def test_labels_name_the_action_and_fit_inside_their_bars():
     # with chunks the label says which stage too
     tl = sim("interleaved", 2, 2, 2)
     fig = chart(tl)
-    assert {t.get_text() for t in fig.axes[0].texts} <= {str(e.action) for e in tl.events}
+    assert Counter(t.get_text() for t in fig.axes[0].texts) == Counter(
+        str(e.action) for e in tl.events
+    )
+    # an event's own label wins over the action's name
+    labelled = Timeline([Event(0, Action(0, "F", 0), 0.0, 5.0, "warm-up")], 1)
+    assert [t.get_text() for t in chart(labelled).axes[0].texts] == ["warm-up"]
     # dense chart: fewer labels than bars, and those shown still fit
     tl = sim("1f1b", 4, 40)
     fig = chart(tl)
@@ -459,21 +474,63 @@ def test_real_executor_step_drawn_and_compared_with_the_simulation():
 
 
 def test_stacked_charts_share_one_time_axis():
-    a, b = sim("gpipe", 2, 4), sim("1f1b", 4, 4)
-    fig = chart([a, b], title=["GPipe", "1F1B"])
+    a, b = sim("1f1b", 4, 4), sim("gpipe", 2, 4)  # the longer one on top
+    assert a.makespan > b.makespan
+    fig = chart([a, b], title=["1F1B", "GPipe"])
     top, bottom = fig.axes
     assert top.get_shared_x_axes().joined(top, bottom)
     assert top.get_xlim() == bottom.get_xlim()
-    assert top.get_xlim()[1] >= max(a.makespan, b.makespan)
-    assert top.get_title(loc="left").startswith("GPipe — ")
-    assert bottom.get_title(loc="left").startswith("1F1B — ")
-    assert len(top.get_yticklabels()) == 2 and len(bottom.get_yticklabels()) == 4
+    assert top.get_xlim()[1] >= a.makespan  # room for the longer timeline
+    assert top.get_position().y0 > bottom.get_position().y0  # first in the list on top
+    assert top.get_title(loc="left").startswith("1F1B — ")
+    assert bottom.get_title(loc="left").startswith("GPipe — ")
+    assert len(top.get_yticklabels()) == 4 and len(bottom.get_yticklabels()) == 2
+    assert not top.xaxis.get_tick_params()["labelbottom"] and top.get_xlabel() == ""
+    assert bottom.get_xlabel() == "time (units)"
     assert len(fig.legends) == 1  # one legend for the whole figure
     # different units: each chart keeps its own axis
     fig = chart([a, measured_like()])
     top, bottom = fig.axes
     assert not top.get_shared_x_axes().joined(top, bottom)
     assert (top.get_xlabel(), bottom.get_xlabel()) == ("time (units)", "time (ms)")
+
+
+def test_compare_puts_the_simulation_above_the_measurement_on_one_axis():
+    simulated, measured = sim("gpipe", 2, 2), measured_like()
+    fig = gantt.compare(simulated, measured, pyplot=False)
+    top, bottom = fig.axes
+    assert top.get_shared_x_axes().joined(top, bottom)
+    assert top.get_xlim() == bottom.get_xlim()
+    assert top.get_xlim()[1] >= 1000 * measured.makespan
+    assert top.get_position().y0 > bottom.get_position().y0
+    assert (top.get_xlabel(), bottom.get_xlabel()) == ("", "time (ms)")
+    # units -> ms with one factor: measured compute time / simulated compute time
+    factor = sum(measured.busy(d) for d in range(2)) / sum(simulated.busy(d) for d in range(2))
+    title = top.get_title(loc="left")
+    assert title.startswith("GPipe, p=2, m=2 (simulated, 1 unit = ")
+    assert f"1 unit = {1000 * factor:.3g} ms" in title
+    assert f"makespan {1000 * factor * simulated.makespan:.1f} ms" in title
+    assert f"bubble {100 * simulated.bubble_fraction:.1f}%" in title
+    drawn = Counter(bar_key(b, 4) for b in bars(top, "compute"))
+    assert drawn == Counter(event_key(e, 0.0, 1000 * factor, 4) for e in simulated.events)
+    assert "(measured)" in bottom.get_title(loc="left")
+    # same units: nothing is converted
+    fig = gantt.compare(simulated, sim("1f1b", 2, 2), pyplot=False)
+    assert fig.axes[0].get_title(loc="left") == gantt.title_for(simulated)
+
+
+def test_cost_model_from_command_line_numbers():
+    costs = gantt.cost_model(1.0, 2.0, None, 0.0)
+    assert (costs.forward, costs.backward, costs.weight_fraction, costs.p2p) == (1, 2, 0.5, 0)
+    assert gantt.cost_model(1.0, 4.0, 1.0, 0.5).weight_fraction == 0.25
+    for args, words in [
+        ((0.0, 2.0, None, 0.0), "forward cost must be > 0"),
+        ((1.0, float("nan"), None, 0.0), "backward cost must be > 0"),
+        ((1.0, 2.0, None, -1.0), "p2p cost must be >= 0"),
+        ((1.0, 2.0, 2.5, 0.0), "weight cost must be between 0 and the backward cost"),
+    ]:
+        with pytest.raises(CourseInputError, match=words):
+            gantt.cost_model(*args)
 
 
 def test_draw_into_a_given_axes():
@@ -569,7 +626,7 @@ def test_cli_writes_png_and_svg(tmp_path):
 def test_cli_costs_change_the_chart(tmp_path):
     path = str(tmp_path / "c.png")
     args = ("gpipe", "--stages", "2", "--microbatches", "2", "-o", path)
-    assert "makespan 9.00 units" in cli(*args)[1] or "makespan 9 units" in cli(*args)[1]
+    assert "makespan 9 units, bubble 33.3%" in cli(*args)[1]  # (m + p - 1)(F + B)
     out = cli(*args, "--forward-cost", "2", "--backward-cost", "4")[1]
     assert "makespan 18.0 units" in out  # (m + p - 1)(F + B)
     out = cli(*args, "--p2p-cost", "0.5")[1]
