@@ -102,6 +102,11 @@ def test_lessons_00_to_09_are_listed_in_the_index():
     for n in range(10):
         assert re.search(rf"^\| 0{n} \|", text, re.M), f"lesson 0{n} missing from the index"
     assert "check_setup()" in text
+    linked = set(re.findall(r"\]\((\d\d_\w+\.ipynb)\)", text))
+    for name in linked:
+        assert (ROOT / "notebooks" / name).exists(), f"the index links to a missing {name}"
+    lessons = {p.name for p in (ROOT / "notebooks").glob("0[1-9]_*.ipynb")}
+    assert lessons <= linked, f"lessons not linked from the index: {sorted(lessons - linked)}"
 
 
 def _run_python(code: str) -> subprocess.CompletedProcess:
