@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 
 from course_utils.checks import CheckFailed, NotAnswered
@@ -178,6 +179,16 @@ def test_build_exercise_catches_wrong_functions():
         check.exercise_4(all_gather_off_by_one)
     with pytest.raises(CheckFailed, match="IndexError"):
         check.exercise_4(crashes)
+
+    def bad_rank(data, send):
+        return [send(0, 1.5, row) for row in data]
+
+    def numpy_ranks(data, send):
+        return ring_allreduce(data, lambda s, d, v: send(np.int64(s), np.int64(d), np.array(v)))
+
+    with pytest.raises(CheckFailed, match="ranks are whole numbers"):
+        check.exercise_4(bad_rank)
+    check.exercise_4(numpy_ranks)
     with pytest.raises(NotAnswered):
         check.exercise_4(stub)
     with pytest.raises(CheckFailed, match="should be a function"):

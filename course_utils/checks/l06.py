@@ -9,6 +9,7 @@ naive all-reduce (gather on rank 0, then broadcast) makes rank 0 send (N-1) copi
 from __future__ import annotations
 
 import math
+import operator
 import random
 
 from course_utils.checks import (
@@ -165,11 +166,11 @@ def exercise_4(ring_allreduce) -> None:
         messages = [0]
 
         def send(src, dst, values, n=n, sent=sent, messages=messages):
-            if (
-                not isinstance(src, int)
-                or not isinstance(dst, int)
-                or not (0 <= src < n and 0 <= dst < n)
-            ):
+            try:  # ints, numpy integers and 0-d integer tensors are all fine
+                src, dst = operator.index(src), operator.index(dst)
+            except TypeError:
+                fail(f"send({src!r}, {dst!r}, ...): ranks are whole numbers 0..{n - 1}.")
+            if not (0 <= src < n and 0 <= dst < n):
                 fail(f"send({src!r}, {dst!r}, ...): ranks are whole numbers 0..{n - 1}.")
             if dst != (src + 1) % n:
                 fail(
