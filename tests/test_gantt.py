@@ -62,10 +62,6 @@ def rgb(color) -> tuple[float, float, float]:
     return tuple(round(float(c), 4) for c in to_rgb(tuple(color[:3])))
 
 
-def same_rgb(a, b) -> bool:
-    return rgb(a) == rgb(b)
-
-
 def bars(ax, kind: str = "all") -> list[dict]:
     """Every rectangle of every PolyCollection in `ax`, with its fill and its collection.
 
@@ -132,14 +128,14 @@ def luminance(color) -> float:
 
 
 def measured_like(offset: float = 1000.0) -> Timeline:
-    """A 2-device GPipe step in seconds, starting at perf-counter time `offset`."""
+    """A 2-device GPipe step in seconds (F 4 ms, B 8 ms), starting at perf-counter `offset`."""
     f, b = 0.004, 0.008
     rows = {
-        0: [("0F0", 0, f), ("0F1", f, 2 * f), ("0B1", 3 * f + b, 3 * f + 2 * b)],
-        1: [("1F0", f, 2 * f), ("1F1", 2 * f, 3 * f), ("1B0", 3 * f, 3 * f + b)],
-    }
-    rows[0].append(("0B0", 3 * f + 2 * b, 3 * f + 3 * b))
-    rows[1].append(("1B1", 3 * f + b, 3 * f + 2 * b))
+        0: [("0F0", 0, f), ("0F1", f, 2 * f), ("0B0", 3 * f + b, 3 * f + 2 * b),
+            ("0B1", 3 * f + 2 * b, 3 * f + 3 * b)],
+        1: [("1F0", f, 2 * f), ("1F1", 2 * f, 3 * f), ("1B0", 3 * f, 3 * f + b),
+            ("1B1", 3 * f + b, 3 * f + 2 * b)],
+    }  # fmt: skip
     events = [
         Event(d, Action.parse(a), offset + s, offset + e)
         for d, row in rows.items()
@@ -428,6 +424,7 @@ def test_a_measured_timeline_is_drawn_in_milliseconds_from_its_start():
     assert f"makespan {tl.makespan * 1000:.1f} ms" in title
     assert f"bubble {100 * tl.bubble_fraction:.1f}%" in title
     assert "(measured)" in title
+    assert title.endswith("makespan 36.0 ms, bubble 33.3%")  # 3F+3B long, each device busy 2F+2B
     drawn = Counter(bar_key(b, 4) for b in bars(ax, "compute"))
     assert drawn == Counter(event_key(e, tl.start, 1000.0, 4) for e in tl.events)
     assert min(b["x0"] for b in bars(ax)) == pytest.approx(0.0)
