@@ -1,0 +1,381 @@
+"""Checks for the exercises of lesson 07 (tensor parallelism and hybrid parallelism).
+
+Each `exercise_K` is called by the check cell of Exercise 7.K in
+`exercises/07_tensor_hybrid_parallelism.ipynb`. Sources: the column/row split of the
+Megatron-LM MLP (Shoeybi et al. 2019, arXiv 1909.08053), the ring all-reduce's
+2(N-1)/N bytes per device (Patarasuk & Yuan 2009), ZeRO's model-state formulas
+(Rajbhandari et al. 2020, arXiv 1910.02054), 3D layouts (Narayanan et al. 2021,
+arXiv 2104.04473) and activation recomputation (Chen et al. 2016, arXiv 1604.06174).
+torch is imported lazily, only by the checks that need it.
+"""
+
+from __future__ import annotations
+
+import random
+
+from course_utils.checks import (
+    as_choice,
+    as_int,
+    as_number,
+    as_sequence,
+    check_function,
+    close,
+    fail,
+    passed,
+)
+
+# --------------------------------------------------------------------------- 7.1
+
+
+def _tensor(value, what: str):
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        fail(f"`{what}` should be a torch tensor, but it is a {type(value).__name__}.")
+    return value
+
+
+def exercise_1(split_columns, gather_outputs) -> None:
+    """Build split_columns(A, n) and gather_outputs(parts) for a column-parallel layer."""
+    import torch
+
+    split = check_function(split_columns, "split_columns")
+    gather = check_function(gather_outputs, "gather_outputs")
+    rng = random.Random()
+    n0 = rng.randint(2, 4)
+    cases = [(rng.randint(2, 12), n0, n0 * rng.randint(1, 4))]  # n divides d_out: plain cases
+    cases += [
+        (rng.randint(2, 12), n, rng.randint(n, 4 * n + 3)) for n in rng.choices(range(1, 6), k=5)
+    ]
+    cases.append((rng.randint(2, 8), 3, 3 * rng.randint(2, 4) + 2))  # n does not divide d_out
+    for d_in, n, d_out in cases:
+        gen = torch.Generator().manual_seed(rng.randrange(2**31))
+        A = torch.randn(d_in, d_out, generator=gen)
+        X = torch.randn(2, 3, d_in, generator=gen)  # 2 sequences of 3 tokens
+        shown = f"split_columns(A, {n}) with A of shape {tuple(A.shape)}"
+        shards = as_sequence(split(A.clone(), n), shown)
+        if len(shards) != n:
+            fail(
+                f"{shown} returned {len(shards)} shards; it should return n = {n}, one per device."
+            )
+        shards = [_tensor(s, f"shard {i} of {shown}") for i, s in enumerate(shards)]
+        for i, s in enumerate(shards):
+            if s.dim() != 2:
+                fail(f"shard {i} of {shown} has {s.dim()} dimensions; shards are matrices.")
+            if s.shape[0] != d_in:
+                if s.shape[1] == d_out:
+                    fail(
+                        f"shard {i} of {shown} has shape {tuple(s.shape)}: that cuts the rows "
+                        "(input features). A column-parallel layer keeps every input feature "
+                        "and cuts the output features: the second dimension of A."
+                    )
+                fail(
+                    f"shard {i} of {shown} has shape {tuple(s.shape)}; every shard should keep "
+                    f"all {d_in} rows of A."
+                )
+        widths = [s.shape[1] for s in shards]
+        if sum(widths) != d_out:
+            fail(
+                f"{shown}: the shards have {sum(widths)} columns in total, A has {d_out}. "
+                "Every column must land on exactly one device."
+            )
+        if min(widths) < 1 or max(widths) - min(widths) > 1:
+            fail(
+                f"{shown} gave shards of widths {widths}. Share the work as evenly as "
+                "possible: widths may differ by at most one, and no device gets nothing."
+            )
+        if not torch.equal(torch.cat(shards, dim=1), A):
+            fail(
+                f"{shown}: put side by side, the shards are not A. Each shard should be a "
+                "block of consecutive columns, in order (device 0 gets the first ones)."
+            )
+        # gather_outputs is tested on correct shards, so its own mistakes show up alone.
+        parts = [X @ block for block in torch.tensor_split(A, n, dim=1)]
+        shown = f"gather_outputs(parts) with {n} parts of shapes {[tuple(p.shape) for p in parts]}"
+        Y = gather([p.clone() for p in parts])
+        Y = _tensor(Y, shown)
+        want = X @ A
+        if tuple(Y.shape) != tuple(want.shape):
+            hint = (
+                "Partial outputs are added only after a row-parallel layer; column slices "
+                "are put side by side."
+                if tuple(Y.shape) == tuple(parts[0].shape) and n > 1
+                else "Join the slices along the last dimension (the output features)."
+            )
+            fail(f"{shown} has shape {tuple(Y.shape)}, X @ A has {tuple(want.shape)}. {hint}")
+        if not torch.allclose(Y, want, atol=1e-5, rtol=1e-5):
+            fail(f"{shown} has the right shape but not the values of X @ A: check the order.")
+    passed(
+        f"Right on {len(cases)} fresh random shapes (d_in, n, d_out) = {cases}: the column "
+        "shards reproduce X @ A with no communication but the final concatenation."
+    )
+
+
+# --------------------------------------------------------------------------- 7.2
+
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "broadcast", "none")
+# 4 sequences x 1024 tokens x d_model 3072, bf16, over 4 devices
+EX2_TENSOR_BYTES = 4 * 1024 * 3072 * 2
+EX2_DEVICES = 4
+
+
+def exercise_2(collective, bytes_per_device) -> None:
+    """Row-parallel output: which collective, and the bytes each device sends (ring)."""
+    kind = as_choice(collective, COLLECTIVES, "collective")
+    sent = as_number(bytes_per_device, "bytes_per_device")
+    if kind != "all-reduce":
+        hints = {
+            "all-gather": "an all-gather puts slices side by side, but each device holds a "
+            "full-size partial sum: the partial sums have to be added.",
+            "reduce-scatter": "a reduce-scatter adds the partial sums but leaves each device "
+            "only 1/N of the result (sequence parallelism uses that); here every device "
+            "needs the whole Y.",
+            "broadcast": "a broadcast copies one device's tensor to the others, but no single "
+            "device has the sum yet.",
+            "none": "each device holds only a partial sum X_i A_i; Y is their sum.",
+        }
+        fail(f"`collective` = {kind!r} is not it: {hints[kind]}")
+    size, n = EX2_TENSOR_BYTES, EX2_DEVICES
+    want = 2 * (n - 1) / n * size
+    if close(sent, want):
+        passed(
+            f"Right: an all-reduce; with the ring each device sends 2(N-1)/N x {size:,} = "
+            f"{want:,.0f} bytes."
+        )
+        return
+    if close(sent, size):
+        fail(
+            "`collective` is right. That is the size of the tensor itself; in a ring "
+            "all-reduce each device sends 2(N-1)/N times that (a reduce-scatter, then an "
+            "all-gather)."
+        )
+    if close(sent, (n - 1) / n * size):
+        fail(
+            "`collective` is right. That counts only one of the two phases of the ring "
+            "all-reduce (reduce-scatter, then all-gather)."
+        )
+    if close(sent, 2 * want) or close(sent, 2 * size):
+        fail(
+            "`collective` is right, but check the bytes per value: bf16 takes 2 bytes, "
+            "and the factor is 2(N-1)/N."
+        )
+    if close(sent, n * want):
+        fail("`collective` is right. That is all devices together; the question asks per device.")
+    if close(sent, (n - 1) * size):
+        fail(
+            "`collective` is right. (N-1) x size is what rank 0 sends in the naive all-reduce; "
+            "the question asks for the ring, where every device sends the same amount."
+        )
+    if sent > 1e12 or sent < 1e3:
+        fail(
+            "`bytes_per_device` should be in bytes: tokens x d_model x bytes per value, "
+            "times the ring's factor."
+        )
+    fail(
+        "`collective` is right, `bytes_per_device` is not. Size of the output tensor in bytes "
+        "(sequences x tokens x d_model x 2 for bf16), times the ring's 2(N-1)/N."
+    )
+
+
+# --------------------------------------------------------------------------- 7.3
+
+EX3_PARAMS = 5e9
+EX3_DP = 16
+GB = 1e9
+
+
+def _zero_gb(stage: int) -> float:
+    psi, n = EX3_PARAMS, EX3_DP
+    return {
+        0: 16 * psi,
+        1: 4 * psi + 12 * psi / n,
+        2: 2 * psi + 14 * psi / n,
+        3: 16 * psi / n,
+    }[stage] / GB
+
+
+def exercise_3(zero1_gb, zero2_gb, zero3_gb) -> None:
+    """Model states per device under ZeRO-1/2/3: 5B parameters, 16 data-parallel devices."""
+    answers = {
+        1: as_number(zero1_gb, "zero1_gb"),
+        2: as_number(zero2_gb, "zero2_gb"),
+        3: as_number(zero3_gb, "zero3_gb"),
+    }
+    sharded = {
+        1: "the optimizer state",
+        2: "the optimizer state and the gradients",
+        3: "everything",
+    }
+    for stage, value in answers.items():
+        name = f"zero{stage}_gb"
+        want = _zero_gb(stage)
+        if close(value, want, rel=2e-3):
+            continue
+        if value > 1e6:
+            fail(f"`{name}` looks like bytes; give it in GB (1 GB = 1e9 bytes).")
+        if close(value, want * GB / 2**30, rel=2e-3):
+            fail(f"`{name}` is in GiB (2**30 bytes); the exercise uses GB = 1e9 bytes.")
+        if close(value, _zero_gb(0), rel=2e-3):
+            fail(f"`{name}` = {value:g} GB is plain data parallelism: nothing is sharded yet.")
+        for other in (1, 2, 3):
+            if other != stage and close(value, _zero_gb(other), rel=2e-3):
+                fail(
+                    f"`{name}` = {value:g} GB is the value of ZeRO-{other}. ZeRO-{stage} shards "
+                    f"{sharded[stage]}; the rest stays replicated on every device."
+                )
+        fail(
+            f"`{name}` is not right. Start from 2 + 2 + 12 bytes per parameter (bf16 weights, "
+            f"bf16 gradients, fp32 Adam state); ZeRO-{stage} divides {sharded[stage]} by the "
+            f"{EX3_DP} data-parallel devices and keeps the rest whole."
+        )
+    passed(
+        "Right: 80 GB per device without ZeRO becomes "
+        f"{_zero_gb(1):g}, {_zero_gb(2):g} and {_zero_gb(3):g} GB with ZeRO-1, 2 and 3."
+    )
+
+
+# --------------------------------------------------------------------------- 7.4
+
+EX4 = {
+    "gpus": 32,
+    "per_node": 8,
+    "params": 20e9,
+    "layers": 48,
+    "heads": 48,
+    "batch": 64,
+    "state_budget_gb": 40,
+    "max_bubble": 0.2,
+}
+
+
+def exercise_4(tp, pp, dp) -> None:
+    """Choose tp, pp, dp for a 20B model on 4 nodes of 8 GPUs, graded by constraints."""
+    t, p, d = as_int(tp, "tp"), as_int(pp, "pp"), as_int(dp, "dp")
+    s = EX4
+    if min(t, p, d) < 1:
+        fail("Each degree is a number of devices: at least 1.")
+    if t * p * d != s["gpus"]:
+        fail(f"tp x pp x dp = {t * p * d}, but the job has {s['gpus']} GPUs: use all of them.")
+    if t > s["per_node"]:
+        fail(
+            f"tp = {t} puts one tensor-parallel group on more than one node of "
+            f"{s['per_node']} GPUs: its all-reduces, in every layer, would cross the slow "
+            "network. Keep tp within a node."
+        )
+    if s["heads"] % t:
+        fail(f"tp = {t} does not divide the {s['heads']} attention heads: heads are split evenly.")
+    if s["layers"] % p:
+        fail(f"pp = {p} does not divide the {s['layers']} layers into equal stages.")
+    states = 16 * s["params"] / (t * p) / GB
+    if states > s["state_budget_gb"]:
+        fail(
+            f"With tp x pp = {t * p} each GPU holds {states:g} GB of model state (16 bytes per "
+            f"parameter / (tp x pp)), over the {s['state_budget_gb']} GB budget. The model "
+            "needs a larger model-parallel part."
+        )
+    m = s["batch"] // d
+    bubble = (p - 1) / (m + p - 1)
+    if bubble > s["max_bubble"] + 1e-12:
+        fail(
+            f"With dp = {d} each replica gets {m} micro-batches, and pp = {p} leaves a bubble "
+            f"of {bubble:.0%} > {s['max_bubble']:.0%}. Use fewer pipeline stages (more tensor "
+            "parallelism inside the node instead)."
+        )
+    fewest = 16 * s["params"] / (s["state_budget_gb"] * GB)  # smallest tp x pp that fits
+    if t * p > fewest:
+        fail(
+            f"That layout works, but tp x pp = {t * p} is more model parallelism than the memory "
+            "needs. Every GPU you take from data parallelism adds per-layer (TP) or per-stage "
+            "(PP) communication: use the smallest tp x pp that fits, and give the rest to dp."
+        )
+    passed(
+        f"Right: tp={t}, pp={p}, dp={d}. Model state {states:g} GB per GPU, tensor groups inside "
+        f"a node, bubble {bubble:.0%} with {m} micro-batches per replica, and as much data "
+        "parallelism as the memory allows. (tp=8/pp=1, tp=4/pp=2 and tp=2/pp=4 all pass; a "
+        "planner would pick between them by step time.)"
+    )
+
+
+# --------------------------------------------------------------------------- 7.5
+
+PROBLEMS = ("a", "b", "c", "d")
+FIXES = ("a", "b", "c", "d")
+
+
+def exercise_5(problem, fix) -> None:
+    """Diagnose a regression when tensor parallelism grows from 4 to 8 on nodes of 4 GPUs."""
+    pr = as_choice(problem, PROBLEMS, "problem")
+    fx = as_choice(fix, FIXES, "fix")
+    if pr != "b":
+        hints = {
+            "a": "compare the bubble bars of the two runs: they hardly changed.",
+            "c": "both runs have dp = 1: there is no data-parallel all-reduce at all.",
+            "d": "the memory per GPU went down, not up, when tp doubled.",
+        }
+        fail(f"`problem` = {pr!r} is not it: {hints[pr]} Which part of the step grew?")
+    if fx != "b":
+        hints = {
+            "a": "more micro-batches shrink the bubble, which is not what grew.",
+            "c": "a larger tensor group would cross even more nodes.",
+            "d": "ZeRO-3 saves memory (and adds communication); memory is not the problem.",
+        }
+        fail(f"`problem` is right. `fix` = {fx!r} is not: {hints[fx]}")
+    passed(
+        "Right: with nodes of 4 GPUs, tp = 8 sends every layer's all-reduces over the slow "
+        "network. Keep tp = 4 inside a node and use the new GPUs as data (or pipeline) "
+        "parallelism: the step then really gets about 2x faster."
+    )
+
+
+# --------------------------------------------------------------------------- 7.6
+
+EX6 = {"layers": 16, "block_gb": 0.5, "input_gb": 0.125, "segments": 4}
+
+
+def exercise_6(peak_gb, extra_compute) -> None:
+    """Activation recomputation: peak activation memory and extra compute for 4 segments."""
+    peak = as_number(peak_gb, "peak_gb")
+    extra = as_number(extra_compute, "extra_compute")
+    L, a, x, k = EX6["layers"], EX6["block_gb"], EX6["input_gb"], EX6["segments"]
+    want_peak = k * x + (L // k) * a
+    if not close(peak, want_peak, rel=2e-3):
+        if close(peak, L * a, rel=2e-3):
+            fail("`peak_gb` = 8 GB is memory without recomputation: every block keeps everything.")
+        if close(peak, (L // k) * a, rel=2e-3):
+            fail(
+                "`peak_gb` counts the segment being recomputed, but not the segment inputs "
+                "stored for the other segments."
+            )
+        if close(peak, k * x, rel=2e-3):
+            fail(
+                "`peak_gb` counts the stored segment inputs, but during the backward pass one "
+                "segment's activations are recomputed and alive again."
+            )
+        fail(
+            "`peak_gb` is not right. At the peak of the backward pass: the stored inputs of "
+            "all segments, plus the full activations of the one segment being worked on."
+        )
+    want_extra = 1 / 3
+    if not close(extra, want_extra, rel=1e-2):
+        if close(extra, 4 / 3, rel=1e-2):
+            fail("`extra_compute` is the extra share, not the new total: subtract the original 1.")
+        if close(extra, 1.0, rel=1e-2):
+            fail(
+                "`extra_compute` = 1 would double the step. Only the forward pass is repeated, "
+                "and the backward costs twice the forward."
+            )
+        if close(extra, 0.5, rel=1e-2):
+            fail("Relative to what? The step is forward (1) + backward (2); add one more forward.")
+        fail(
+            "`extra_compute` is not right. Each block's forward runs once more; compare that "
+            "with a step of forward (1) + backward (2)."
+        )
+    passed(
+        f"Right: {want_peak:g} GB instead of {L * a:g} GB of activations, for a third more "
+        "compute. "
+        "With k segments of L/k layers the peak is about k inputs + L/k layers: smallest near "
+        "k = sqrt(L)."
+    )
+
+
+__all__ = [f"exercise_{k}" for k in range(1, 7)]

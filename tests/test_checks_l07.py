@@ -1,0 +1,173 @@
+"""The lesson 07 checks: right answers pass, wrong ones fail kindly, placeholders say so."""
+
+import math
+
+import pytest
+import torch
+
+from course_utils.checks import CheckFailed, NotAnswered
+from course_utils.checks import l07 as check
+
+
+def split_columns(A, n):
+    return list(torch.tensor_split(A, n, dim=1))
+
+
+def gather_outputs(parts):
+    return torch.cat(parts, dim=-1)
+
+
+RIGHT = {
+    1: (split_columns, gather_outputs),
+    2: ("all-reduce", 37_748_736),
+    3: (23.75, 14.375, 5.0),
+    4: (4, 2, 4),
+    5: ("b", "b"),
+    6: (2.5, 1 / 3),
+}
+
+
+@pytest.mark.parametrize("k", sorted(RIGHT))
+def test_right_answers_pass(k, capsys):
+    getattr(check, f"exercise_{k}")(*RIGHT[k])
+    assert capsys.readouterr().out.startswith("✅")
+
+
+@pytest.mark.parametrize("layout", [(8, 1, 4), (4, 2, 4), (2, 4, 4)])
+def test_every_valid_layout_passes(layout, capsys):
+    check.exercise_4(*layout)
+    assert capsys.readouterr().out.startswith("✅")
+
+
+def test_other_spellings_pass(capsys):
+    check.exercise_2(" All-Reduce ", 37_748_736.0)
+    check.exercise_6(2.5, 0.3333)
+    check.exercise_3(23.75, 14.375, 5)
+    assert capsys.readouterr().out.count("✅") == 3
+
+
+@pytest.mark.parametrize("k", sorted(RIGHT))
+def test_none_is_not_answered(k):
+    args = [None] * len(RIGHT[k])
+    with pytest.raises(NotAnswered, match=f"Exercise 7.{k} is not answered yet"):
+        getattr(check, f"exercise_{k}")(*args)
+
+
+@pytest.mark.parametrize("k", sorted(RIGHT))
+def test_partly_answered_is_not_answered(k):
+    if len(RIGHT[k]) < 2:
+        pytest.skip("one answer only")
+    args = list(RIGHT[k])
+    args[-1] = None
+    with pytest.raises(NotAnswered):
+        getattr(check, f"exercise_{k}")(*args)
+
+
+S = 4 * 1024 * 3072 * 2  # the tensor of exercise 7.2, in bytes
+
+
+@pytest.mark.parametrize(
+    "k, args, needle",
+    [
+        (2, ("all-gather", 1.5 * S), "partial sum"),
+        (2, ("reduce-scatter", 1.5 * S), "whole Y"),
+        (2, ("broadcast", 1.5 * S), "no single"),
+        (2, ("none", 1.5 * S), "their sum"),
+        (2, ("allreduce", 1.5 * S), "should be one of"),
+        (2, ("all-reduce", S), "2(N-1)/N"),
+        (2, ("all-reduce", 0.75 * S), "one of the two phases"),
+        (2, ("all-reduce", 3 * S), "bytes per value"),
+        (2, ("all-reduce", 6 * S), "per device"),
+        (2, ("all-reduce", 37.7), "in bytes"),
+        (2, ("all-reduce", 1e8), "sequences x tokens"),
+        (2, ("all-reduce", math.nan), "NaN"),
+        (2, ("all-reduce", "37748736"), "without quotes"),
+        (3, (80, 14.375, 5), "plain data parallelism"),
+        (3, (5, 14.375, 5), "value of ZeRO-3"),
+        (3, (23.75e9, 14.375, 5), "looks like bytes"),
+        (3, (23.75 / 1.073741824, 14.375, 5), "GiB"),
+        (3, (3.75, 14.375, 5), "ZeRO-1 divides the optimizer state"),
+        (3, (23.75, 23.75, 5), "value of ZeRO-1"),
+        (3, (23.75, 13.75, 5), "ZeRO-2 divides the optimizer state and the gradients"),
+        (3, (23.75, 14.375, 20), "ZeRO-3 divides everything"),
+        (4, (4, 2, 2), "use all of them"),
+        (4, (16, 1, 2), "more than one node"),
+        (4, (1, 32, 1), "does not divide the 48 layers"),
+        (4, (2, 2, 8), "over the 40 GB budget"),
+        (4, (1, 8, 4), "bubble"),
+        (4, (4, 4, 2), "smallest tp x pp"),
+        (4, (0, 8, 4), "at least 1"),
+        (4, (4.5, 2, 4), "whole number"),
+        (5, ("a", "b"), "bubble bars"),
+        (5, ("c", "b"), "dp = 1"),
+        (5, ("d", "b"), "went down"),
+        (5, ("b", "a"), "not what grew"),
+        (5, ("b", "c"), "even more nodes"),
+        (5, ("b", "d"), "memory is not the problem"),
+        (5, ("e", "b"), "should be one of"),
+        (6, (8, 1 / 3), "without recomputation"),
+        (6, (2.0, 1 / 3), "segment inputs"),
+        (6, (0.5, 1 / 3), "alive again"),
+        (6, (3.0, 1 / 3), "peak of the backward"),
+        (6, (2.5, 4 / 3), "subtract"),
+        (6, (2.5, 1.0), "double"),
+        (6, (2.5, 0.5), "Relative to what"),
+        (6, (2.5, 0.1), "once more"),
+    ],
+)
+def test_wrong_answers_get_hints(k, args, needle):
+    with pytest.raises(CheckFailed) as info:
+        getattr(check, f"exercise_{k}")(*args)
+    assert not isinstance(info.value, NotAnswered)
+    assert needle in str(info.value)
+
+
+def test_build_exercise_catches_wrong_functions():
+    def by_rows(A, n):
+        return list(torch.tensor_split(A, n, dim=0))
+
+    def too_few(A, n):
+        return list(torch.tensor_split(A, max(1, n - 1), dim=1)) if n > 1 else [A, A]
+
+    def uneven(A, n):  # everything left over lands on the last device
+        w = A.shape[1] // n
+        return [A[:, i * w : (i + 1) * w if i < n - 1 else None] for i in range(n)]
+
+    def reversed_order(A, n):
+        return list(torch.tensor_split(A, n, dim=1))[::-1]
+
+    def summed(parts):
+        return sum(parts)
+
+    def wrong_dim(parts):
+        return torch.cat(parts, dim=0)
+
+    def crashes(A, n):
+        return [A[:, i] for i in range(n)][n]
+
+    def stub(A, n):
+        raise NotImplementedError()
+
+    def check_split(fn, pattern):
+        # several random draws, because some wrong functions are right on lucky shapes
+        for _ in range(5):
+            with pytest.raises(CheckFailed, match=pattern):
+                check.exercise_1(fn, gather_outputs)
+
+    check_split(by_rows, "rows|all .* rows")
+    check_split(too_few, "shards")
+    check_split(uneven, "evenly|at most one")
+    check_split(reversed_order, "in order|evenly")
+    check_split(crashes, "IndexError")
+    with pytest.raises(NotAnswered):
+        check.exercise_1(stub, gather_outputs)
+    with pytest.raises(NotAnswered):
+        check.exercise_1(split_columns, None)
+    with pytest.raises(CheckFailed, match="side by side"):
+        check.exercise_1(split_columns, summed)
+    with pytest.raises(CheckFailed, match="last dimension"):
+        check.exercise_1(split_columns, wrong_dim)
+    with pytest.raises(CheckFailed, match="should be a function"):
+        check.exercise_1("torch.tensor_split", gather_outputs)
+    with pytest.raises(CheckFailed, match="torch tensor"):
+        check.exercise_1(lambda A, n: [A.tolist()] * n, gather_outputs)
