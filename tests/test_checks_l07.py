@@ -89,7 +89,7 @@ S = 4 * 1024 * 3072 * 2  # the tensor of exercise 7.2, in bytes
         (3, (3.75, 14.375, 5), "ZeRO-1 divides the optimizer state"),
         (3, (23.75, 23.75, 5), "value of ZeRO-1"),
         (3, (23.75, 13.75, 5), "ZeRO-2 divides the optimizer state and the gradients"),
-        (3, (23.75, 14.375, 20), "ZeRO-3 divides everything"),
+        (3, (23.75, 14.375, 20), "ZeRO-3 divides everything (weights"),
         (4, (4, 2, 2), "use all of them"),
         (4, (16, 1, 2), "more than one node"),
         (4, (1, 32, 1), "does not divide the 48 layers"),

@@ -204,7 +204,7 @@ def exercise_3(zero1_gb, zero2_gb, zero3_gb) -> None:
     sharded = {
         1: "the optimizer state",
         2: "the optimizer state and the gradients",
-        3: "everything",
+        3: "everything (weights, gradients and optimizer state)",
     }
     for stage, value in answers.items():
         name = f"zero{stage}_gb"
@@ -221,12 +221,14 @@ def exercise_3(zero1_gb, zero2_gb, zero3_gb) -> None:
             if other != stage and close(value, _zero_gb(other), rel=2e-3):
                 fail(
                     f"`{name}` = {value:g} GB is the value of ZeRO-{other}. ZeRO-{stage} shards "
-                    f"{sharded[stage]}; the rest stays replicated on every device."
+                    f"{sharded[stage]}"
+                    + ("; the rest stays replicated on every device." if stage < 3 else ".")
                 )
         fail(
             f"`{name}` is not right. Start from 2 + 2 + 12 bytes per parameter (bf16 weights, "
             f"bf16 gradients, fp32 Adam state); ZeRO-{stage} divides {sharded[stage]} by the "
-            f"{EX3_DP} data-parallel devices and keeps the rest whole."
+            f"{EX3_DP} data-parallel devices"
+            + (" and keeps the rest whole on every device." if stage < 3 else ".")
         )
     passed(
         "Right: 80 GB per device without ZeRO becomes "
