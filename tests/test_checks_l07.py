@@ -17,13 +17,23 @@ def gather_outputs(parts):
     return torch.cat(parts, dim=-1)
 
 
+def groups_of(rank, tp, pp, dp):
+    t, s, d = rank % tp, (rank // tp) % pp, rank // (tp * pp)
+    return {
+        "tensor": [t_ + tp * (s + pp * d) for t_ in range(tp)],
+        "pipeline": [t + tp * (s_ + pp * d) for s_ in range(pp)],
+        "data": [t + tp * (s + pp * d_) for d_ in range(dp)],
+    }
+
+
 RIGHT = {
     1: (split_columns, gather_outputs),
     2: ("all-reduce", 37_748_736),
     3: (23.75, 14.375, 5.0),
     4: (4, 2, 4),
-    5: ("b", "b"),
-    6: (2.5, 1 / 3),
+    5: (groups_of,),
+    6: ("b", "b"),
+    7: (2.5, 1 / 3),
 }
 
 
@@ -41,7 +51,7 @@ def test_every_valid_layout_passes(layout, capsys):
 
 def test_other_spellings_pass(capsys):
     check.exercise_2(" All-Reduce ", 37_748_736.0)
-    check.exercise_6(2.5, 0.3333)
+    check.exercise_7(2.5, 0.3333)
     check.exercise_3(23.75, 14.375, 5)
     assert capsys.readouterr().out.count("✅") == 3
 
@@ -53,10 +63,8 @@ def test_none_is_not_answered(k):
         getattr(check, f"exercise_{k}")(*args)
 
 
-@pytest.mark.parametrize("k", sorted(RIGHT))
+@pytest.mark.parametrize("k", [k for k in sorted(RIGHT) if len(RIGHT[k]) > 1])
 def test_partly_answered_is_not_answered(k):
-    if len(RIGHT[k]) < 2:
-        pytest.skip("one answer only")
     args = list(RIGHT[k])
     args[-1] = None
     with pytest.raises(NotAnswered):
@@ -98,21 +106,21 @@ S = 4 * 1024 * 3072 * 2  # the tensor of exercise 7.2, in bytes
         (4, (4, 4, 2), "smallest tp x pp"),
         (4, (0, 8, 4), "at least 1"),
         (4, (4.5, 2, 4), "whole number"),
-        (5, ("a", "b"), "bubble bars"),
-        (5, ("c", "b"), "dp = 1"),
-        (5, ("d", "b"), "went down"),
-        (5, ("b", "a"), "not what grew"),
-        (5, ("b", "c"), "even more nodes"),
-        (5, ("b", "d"), "memory is not the problem"),
-        (5, ("e", "b"), "should be one of"),
-        (6, (8, 1 / 3), "without recomputation"),
-        (6, (2.0, 1 / 3), "segment inputs"),
-        (6, (0.5, 1 / 3), "alive again"),
-        (6, (3.0, 1 / 3), "peak of the backward"),
-        (6, (2.5, 4 / 3), "subtract"),
-        (6, (2.5, 1.0), "double"),
-        (6, (2.5, 0.5), "Relative to what"),
-        (6, (2.5, 0.1), "once more"),
+        (6, ("a", "b"), "bubble bars"),
+        (6, ("c", "b"), "dp = 1"),
+        (6, ("d", "b"), "went down"),
+        (6, ("b", "a"), "not what grew"),
+        (6, ("b", "c"), "even more nodes"),
+        (6, ("b", "d"), "memory is not the problem"),
+        (6, ("e", "b"), "should be one of"),
+        (7, (8, 1 / 3), "without recomputation"),
+        (7, (2.0, 1 / 3), "segment inputs"),
+        (7, (0.5, 1 / 3), "alive again"),
+        (7, (3.0, 1 / 3), "peak of the backward"),
+        (7, (2.5, 4 / 3), "subtract"),
+        (7, (2.5, 1.0), "double"),
+        (7, (2.5, 0.5), "Relative to what"),
+        (7, (2.5, 0.1), "once more"),
     ],
 )
 def test_wrong_answers_get_hints(k, args, needle):
@@ -171,3 +179,41 @@ def test_build_exercise_catches_wrong_functions():
         check.exercise_1("torch.tensor_split", gather_outputs)
     with pytest.raises(CheckFailed, match="torch tensor"):
         check.exercise_1(lambda A, n: [A.tolist()] * n, gather_outputs)
+
+
+def test_grid_exercise_catches_wrong_groups():
+    def pp_innermost(rank, tp, pp, dp):  # numbers stages first: a different grid
+        s, t, d = rank % pp, (rank // pp) % tp, rank // (tp * pp)
+        return {
+            "tensor": [s + pp * (t_ + tp * d) for t_ in range(tp)],
+            "pipeline": [s_ + pp * (t + tp * d) for s_ in range(pp)],
+            "data": [s + pp * (t + tp * d_) for d_ in range(dp)],
+        }
+
+    def swapped(rank, tp, pp, dp):
+        right = groups_of(rank, tp, pp, dp)
+        return {"tensor": right["pipeline"], "pipeline": right["tensor"], "data": right["data"]}
+
+    def without_self(rank, tp, pp, dp):
+        return {k: [r for r in v if r != rank] for k, v in groups_of(rank, tp, pp, dp).items()}
+
+    def stub(rank, tp, pp, dp):
+        raise NotImplementedError()
+
+    # the first case is always the lesson's tp=2, pp=4, dp=2 grid, where these are all wrong
+    with pytest.raises(CheckFailed, match="innermost|group"):
+        check.exercise_5(pp_innermost)
+    with pytest.raises(CheckFailed, match="members|pipeline group|tensor group"):
+        check.exercise_5(swapped)
+    with pytest.raises(CheckFailed, match="itself"):
+        check.exercise_5(without_self)
+    with pytest.raises(CheckFailed, match="no key 'data'"):
+        check.exercise_5(lambda rank, tp, pp, dp: {"tensor": [rank], "pipeline": [rank]})
+    with pytest.raises(CheckFailed, match="should return a dict"):
+        check.exercise_5(lambda rank, tp, pp, dp: [[rank]] * 3)
+    with pytest.raises(CheckFailed, match="whole number"):
+        check.exercise_5(
+            lambda rank, tp, pp, dp: {k: [0.5] for k in ("tensor", "pipeline", "data")}
+        )
+    with pytest.raises(NotAnswered):
+        check.exercise_5(stub)

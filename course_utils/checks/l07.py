@@ -300,11 +300,80 @@ def exercise_4(tp, pp, dp) -> None:
 
 # --------------------------------------------------------------------------- 7.5
 
+GROUPS = ("tensor", "pipeline", "data")
+
+
+def _groups(rank: int, tp: int, pp: int, dp: int) -> dict[str, list[int]]:
+    """The three groups of `rank`, ranks numbered TP-innermost: t + tp (s + pp d)."""
+    t, s, d = rank % tp, (rank // tp) % pp, rank // (tp * pp)
+
+    def r(d_, s_, t_):
+        return t_ + tp * (s_ + pp * d_)
+
+    return {
+        "tensor": [r(d, s, x) for x in range(tp)],
+        "pipeline": [r(d, x, t) for x in range(pp)],
+        "data": [r(x, s, t) for x in range(dp)],
+    }
+
+
+def exercise_5(groups_of) -> None:
+    """Build groups_of(rank, tp, pp, dp): the tensor, pipeline and data groups of one rank."""
+    call = check_function(groups_of, "groups_of")
+    rng = random.Random()
+    cases = [(2, 4, 2, rng.randrange(16))]  # the lesson's grid
+    for _ in range(8):
+        tp, pp, dp = rng.randint(1, 4), rng.randint(1, 4), rng.randint(1, 3)
+        cases.append((tp, pp, dp, rng.randrange(tp * pp * dp)))
+    for tp, pp, dp, rank in cases:
+        shown = f"groups_of({rank}, tp={tp}, pp={pp}, dp={dp})"
+        got = call(rank, tp, pp, dp)
+        if not isinstance(got, dict):
+            fail(
+                f"{shown} should return a dict with keys 'tensor', 'pipeline' and 'data', "
+                f"not a {type(got).__name__}."
+            )
+        missing = [k for k in GROUPS if k not in got]
+        if missing:
+            fail(f"{shown} has no key {missing[0]!r}: return all of 'tensor', 'pipeline', 'data'.")
+        want = _groups(rank, tp, pp, dp)
+        mine = {k: sorted(as_sequence(got[k], f"{shown}[{k!r}]", item=as_int)) for k in GROUPS}
+        for kind, size, degree in (
+            ("tensor", tp, "tp"),
+            ("pipeline", pp, "pp"),
+            ("data", dp, "dp"),
+        ):
+            group = mine[kind]
+            if rank not in group:
+                fail(f"{shown}[{kind!r}] = {group} leaves out rank {rank} itself; include it.")
+            if len(group) != size:
+                fail(
+                    f"{shown}[{kind!r}] has {len(group)} ranks; a {kind} group has {degree} = "
+                    f"{size} members."
+                )
+            if group != sorted(want[kind]):
+                swapped = [k for k in GROUPS if k != kind and group == sorted(want[k])]
+                hint = (
+                    f"that is the rank's {swapped[0]} group."
+                    if swapped
+                    else "work out the rank's coordinates (d, s, t) first: tensor parallelism "
+                    "is innermost (neighbouring ranks), data parallelism outermost."
+                )
+                fail(f"{shown}[{kind!r}] = {group} is not right: {hint}")
+    passed(
+        f"Right on {len(cases)} grids and ranks (the lesson's and fresh random ones): each "
+        "rank talks to its tensor group every layer, its pipeline neighbours per micro-batch "
+        "and its data-parallel twins once per step."
+    )
+
+
+# --------------------------------------------------------------------------- 7.6
+
 PROBLEMS = ("a", "b", "c", "d")
 FIXES = ("a", "b", "c", "d")
 
 
-def exercise_5(problem, fix) -> None:
+def exercise_6(problem, fix) -> None:
     """Diagnose a regression when tensor parallelism grows from 4 to 8 on nodes of 4 GPUs."""
     pr = as_choice(problem, PROBLEMS, "problem")
     fx = as_choice(fix, FIXES, "fix")
@@ -329,16 +398,16 @@ def exercise_5(problem, fix) -> None:
     )
 
 
-# --------------------------------------------------------------------------- 7.6
+# --------------------------------------------------------------------------- 7.7
 
-EX6 = {"layers": 16, "block_gb": 0.5, "input_gb": 0.125, "segments": 4}
+EX7 = {"layers": 16, "block_gb": 0.5, "input_gb": 0.125, "segments": 4}
 
 
-def exercise_6(peak_gb, extra_compute) -> None:
+def exercise_7(peak_gb, extra_compute) -> None:
     """Activation recomputation: peak activation memory and extra compute for 4 segments."""
     peak = as_number(peak_gb, "peak_gb")
     extra = as_number(extra_compute, "extra_compute")
-    L, a, x, k = EX6["layers"], EX6["block_gb"], EX6["input_gb"], EX6["segments"]
+    L, a, x, k = EX7["layers"], EX7["block_gb"], EX7["input_gb"], EX7["segments"]
     want_peak = k * x + (L // k) * a
     if not close(peak, want_peak, rel=2e-3):
         if close(peak, L * a, rel=2e-3):
@@ -380,4 +449,4 @@ def exercise_6(peak_gb, extra_compute) -> None:
     )
 
 
-__all__ = [f"exercise_{k}" for k in range(1, 7)]
+__all__ = [f"exercise_{k}" for k in range(1, 8)]
