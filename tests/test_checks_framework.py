@@ -255,3 +255,20 @@ def test_failed_check_is_a_failed_nbval_test(tmp_path):
     assert result.returncode == 1, result.stdout
     assert "1 failed, 5 passed" in result.stdout
     assert "❌ bubble_fraction is not right yet" in result.stdout
+
+
+def test_failing_call_names_tensors_by_shape_not_by_their_numbers():
+    import numpy as np
+    import torch
+
+    from course_utils.checks import check_function
+
+    def broken(parts, n):
+        raise ValueError("boom")
+
+    call = check_function(broken, "gather_outputs")
+    with pytest.raises(CheckFailed) as info:
+        call([torch.zeros(2, 3), torch.ones(2, 3)], np.int64(2))
+    message = str(info.value)
+    assert "gather_outputs([tensor(shape=(2, 3)), tensor(shape=(2, 3))], 2)" in message
+    assert "0." not in message  # no tensor contents

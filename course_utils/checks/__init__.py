@@ -222,8 +222,22 @@ def close(value: float, expected: float, rel: float = 1e-3, abs: float = 1e-9) -
     return math.isclose(value, expected, rel_tol=rel, abs_tol=abs)
 
 
+def _short(value: Any) -> str:
+    """A call argument as a learner should read it: tensors and arrays by their shape."""
+    shape = getattr(value, "shape", None)
+    if shape == () and hasattr(value, "item"):  # numpy / torch scalar: show the number
+        return repr(value.item())
+    if shape is not None and hasattr(value, "dtype") and getattr(value, "ndim", 0) > 0:
+        kind = "tensor" if type(value).__module__.startswith("torch") else "array"
+        return f"{kind}(shape={tuple(shape)})"
+    if isinstance(value, list | tuple) and value and all(hasattr(v, "shape") for v in value):
+        inner = ", ".join(_short(v) for v in value)
+        return f"[{inner}]" if isinstance(value, list) else f"({inner})"
+    return repr(value)
+
+
 def _format_call(what: str, args: Sequence[Any], kwargs: dict[str, Any]) -> str:
-    parts = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]
+    parts = [_short(a) for a in args] + [f"{k}={_short(v)}" for k, v in kwargs.items()]
     call = f"{what}({', '.join(parts)})"
     return call if len(call) <= 120 else call[:117] + "..."
 
