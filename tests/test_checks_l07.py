@@ -37,12 +37,6 @@ RIGHT = {
 }
 
 
-@pytest.mark.parametrize("k", sorted(RIGHT))
-def test_right_answers_pass(k, capsys):
-    getattr(check, f"exercise_{k}")(*RIGHT[k])
-    assert capsys.readouterr().out.startswith("✅")
-
-
 @pytest.mark.parametrize("layout", [(8, 1, 4), (4, 2, 4), (2, 4, 4)])
 def test_every_valid_layout_passes(layout, capsys):
     check.exercise_4(*layout)
@@ -54,13 +48,6 @@ def test_other_spellings_pass(capsys):
     check.exercise_7(2.5, 0.3333)
     check.exercise_3(23.75, 14.375, 5)
     assert capsys.readouterr().out.count("✅") == 3
-
-
-@pytest.mark.parametrize("k", sorted(RIGHT))
-def test_none_is_not_answered(k):
-    args = [None] * len(RIGHT[k])
-    with pytest.raises(NotAnswered, match=f"Exercise 7.{k} is not answered yet"):
-        getattr(check, f"exercise_{k}")(*args)
 
 
 @pytest.mark.parametrize("k", [k for k in sorted(RIGHT) if len(RIGHT[k]) > 1])

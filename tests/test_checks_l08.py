@@ -5,7 +5,7 @@ import math
 import pytest
 
 from course_utils import plan
-from course_utils.checks import CheckFailed, NotAnswered
+from course_utils.checks import CheckFailed
 from course_utils.checks import l08 as check
 
 
@@ -26,19 +26,6 @@ RIGHT = {
     6: (best(check.OLD_HARDWARE), best(check.NEW_HARDWARE)),
     7: ("activations", 2**16, "b"),
 }
-
-
-@pytest.mark.parametrize("k", sorted(RIGHT))
-def test_right_answers_pass(k, capsys):
-    getattr(check, f"exercise_{k}")(*RIGHT[k])
-    assert capsys.readouterr().out.startswith("✅")
-
-
-@pytest.mark.parametrize("k", sorted(RIGHT))
-def test_none_is_not_answered(k):
-    args = [None] * len(RIGHT[k])
-    with pytest.raises(NotAnswered, match=f"Exercise 8.{k} is not answered yet"):
-        getattr(check, f"exercise_{k}")(*args)
 
 
 def stub(*args):

@@ -1,0 +1,52 @@
+"""What every lesson's checks promise, tested once for all lessons.
+
+Each `tests/test_checks_lNN.py` holds RIGHT = {exercise number: right arguments} and the
+lesson's own wrong-answer tests. Here, for every lesson and exercise: the right answer
+passes with a ✅, all-None arguments say "not answered yet", and no exercise of a check
+module is left without a right answer to test it with.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import pytest
+
+from course_utils.checks import NotAnswered
+
+LESSONS = range(1, 9)
+
+
+def lesson(n: int):
+    """(check module, RIGHT) of lesson n, from its test file."""
+    tests = importlib.import_module(f"test_checks_l0{n}")
+    return tests.check, tests.RIGHT
+
+
+CASES = [(n, k) for n in LESSONS for k in sorted(lesson(n)[1])]
+
+
+@pytest.mark.parametrize("n, k", CASES, ids=[f"l0{n}-{k}" for n, k in CASES])
+def test_right_answers_pass(n, k, capsys):
+    check, right = lesson(n)
+    getattr(check, f"exercise_{k}")(*right[k])
+    assert capsys.readouterr().out.startswith("✅")
+
+
+@pytest.mark.parametrize("n, k", CASES, ids=[f"l0{n}-{k}" for n, k in CASES])
+def test_none_is_not_answered(n, k):
+    check, right = lesson(n)
+    with pytest.raises(NotAnswered, match=rf"Exercise {n}\.{k} is not answered yet"):
+        getattr(check, f"exercise_{k}")(*[None] * len(right[k]))
+
+
+@pytest.mark.parametrize("n", LESSONS)
+def test_every_exercise_has_a_right_answer_to_test(n):
+    check, right = lesson(n)
+    exercises = {
+        int(name.removeprefix("exercise_"))
+        for name, fn in inspect.getmembers(check, inspect.isfunction)
+        if name.startswith("exercise_") and fn.__module__ == check.__name__
+    }
+    assert exercises and exercises == set(right), (sorted(exercises), sorted(right))
