@@ -272,3 +272,12 @@ def test_failing_call_names_tensors_by_shape_not_by_their_numbers():
     message = str(info.value)
     assert "gather_outputs([tensor(shape=(2, 3)), tensor(shape=(2, 3))], 2)" in message
     assert "0." not in message  # no tensor contents
+
+
+def test_expect_choice_explains_the_wrong_option_chosen():
+    from course_utils.checks import expect_choice
+
+    hints = {"a": "a costs time, not memory.", "c": "c is about gradients."}
+    expect_choice("b", "b", hints, "unused {got!r} {hint}")  # right: no error
+    with pytest.raises(CheckFailed, match=r"^`fix` = 'c' is not it: c is about gradients\.$"):
+        expect_choice("c", "b", hints, "`fix` = {got!r} is not it: {hint}")

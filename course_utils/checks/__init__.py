@@ -114,6 +114,15 @@ def fail(message: str) -> NoReturn:
     raise CheckFailed(message)
 
 
+def expect_choice(got: Any, right: Any, hints: dict[Any, str], message: str) -> None:
+    """Fail unless `got == right`, explaining the wrong option chosen.
+
+    `hints` holds one explanation per wrong option; `message` may use {got!r} and {hint}.
+    """
+    if got != right:
+        fail(message.format(got=got, hint=hints.get(got, "")))
+
+
 def _is_unanswered(value: Any) -> bool:
     return value is None or value is NotImplemented or value is Ellipsis
 

@@ -15,6 +15,7 @@ from course_utils.checks import (
     as_number,
     check_function,
     close,
+    expect_choice,
     fail,
     passed,
 )
@@ -125,13 +126,16 @@ def exercise_5(left_cause, right_cause) -> None:
             f"`left_cause` = {left!r} is not it. With one or two micro-batches, look at the "
             "measured Gantt chart: how many devices compute at the same time?"
         )
-    if right != "b":
-        hints = {
+    expect_choice(
+        right,
+        "b",
+        {
             "a": "The bubble keeps shrinking as m grows: it cannot explain a drop on the right.",
             "c": "The global batch is fixed, so the activation memory does not grow here.",
             "d": "Every point runs the same samples through the same model: the work is equal.",
-        }
-        fail(f"`left_cause` is right. `right_cause` = {right!r} is not: {hints[right]}")
+        },
+        "`left_cause` is right. `right_cause` = {got!r} is not: {hint}",
+    )
     passed(
         "Right: few micro-batches leave devices idle in the bubble; many tiny ones each pay a "
         "fixed overhead and use the hardware poorly. The best m is in between."

@@ -17,6 +17,7 @@ from course_utils.checks import (
     as_sequence,
     check_function,
     close,
+    expect_choice,
     fail,
     passed,
 )
@@ -221,15 +222,20 @@ def exercise_5(oom_cause, oom_fix) -> None:
     """GPipe p=4, m=12 runs out of activation memory: name the problem and the fix."""
     got_problem = as_choice(oom_cause, PROBLEMS_5, "oom_cause")
     got_fix = as_choice(oom_fix, FIXES_5, "oom_fix")
-    if got_problem != "b":
-        hints = {
+    expect_choice(
+        got_problem,
+        "b",
+        {
             "a": "The bubble costs time, not memory: an idle device holds nothing extra.",
             "c": "Accumulated gradients take the size of the parameters once, whatever m is.",
             "d": "Read the chart again: in GPipe every device climbs to the same height.",
-        }
-        fail(f"`oom_cause` = {got_problem!r} is not it. {hints[got_problem]}")
-    if got_fix != "c":
-        hints = {
+        },
+        "`oom_cause` = {got!r} is not it. {hint}",
+    )
+    expect_choice(
+        got_fix,
+        "c",
+        {
             "a": (
                 "24 micro-batches of half the size: each device still holds the whole batch "
                 "before its first backward, so the same bytes."
@@ -239,8 +245,9 @@ def exercise_5(oom_cause, oom_fix) -> None:
                 "leaves twice the activations, and it still holds all 12."
             ),
             "d": "a data-parallel replica runs the same schedule: the same memory per device.",
-        }
-        fail(f"`oom_cause` is right. `oom_fix` = {got_fix!r} does not help: {hints[got_fix]}")
+        },
+        "`oom_cause` is right. `oom_fix` = {got!r} does not help: {hint}",
+    )
     passed(
         "Right: GPipe holds all 12 micro-batches at the peak; 1F1B with the same m holds at "
         "most 4 (on device 0), under the budget, with the same bubble."
@@ -255,22 +262,28 @@ def exercise_6(zb_problem, zb_fix) -> None:
     """A split schedule with every W at the end: name the problem and the fix."""
     got_problem = as_choice(zb_problem, PROBLEMS_6, "zb_problem")
     got_fix = as_choice(zb_fix, FIXES_6, "zb_fix")
-    if got_problem != "b":
-        hints = {
+    expect_choice(
+        got_problem,
+        "b",
+        {
             "a": "Compare the title's bubble with 1F1B's for p=4, m=8: it is smaller, not larger.",
             "c": "Every W comes after its own I here; the simulator would refuse the schedule "
             "otherwise.",
             "d": "The simulator finished the step and drew it: a deadlock has no chart.",
-        }
-        fail(f"`zb_problem` = {got_problem!r} is not it. {hints[got_problem]}")
-    if got_fix != "c":
-        hints = {
+        },
+        "`zb_problem` = {got!r} is not it. {hint}",
+    )
+    expect_choice(
+        got_fix,
+        "c",
+        {
             "a": "W needs its own I first (it uses the output gradient I computed).",
             "b": "Smaller pieces of W still wait until the end: the micro-batches stay held.",
             "d": "That fixes the memory but brings back 1F1B's whole bubble. Keep the split "
             "and place each W better.",
-        }
-        fail(f"`zb_problem` is right. `zb_fix` = {got_fix!r} is not the best: {hints[got_fix]}")
+        },
+        "`zb_problem` is right. `zb_fix` = {got!r} is not the best: {hint}",
+    )
     passed(
         "Right: a micro-batch's activations stay until its W, so W's parked at the end hold "
         "all m micro-batches. ZB-H1 runs each W a few slots after its I, inside the bubbles, "

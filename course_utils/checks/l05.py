@@ -18,6 +18,7 @@ from course_utils.checks import (
     as_sequence,
     check_function,
     close,
+    expect_choice,
     fail,
     passed,
 )
@@ -242,21 +243,27 @@ def exercise_5(problem, fix, best_chunks) -> None:
     what = as_choice(problem, PROBLEMS, "problem")
     remedy = as_choice(fix, FIXES, "fix")
     best = as_int(best_chunks, "best_chunks")
-    if what != "b":
-        hints = {
+    expect_choice(
+        what,
+        "b",
+        {
             "a": "8 micro-batches on 4 devices: the bubble formula says the bubble is small "
             "with 8 chunks. Look at the gaps between the bars instead.",
             "c": "Memory does not appear in a timeline; the gaps are waiting time.",
             "d": "All chunks cost the same here (equal stages); look at what sits between them.",
-        }
-        fail(f"`problem` = {what!r} is not it. {hints[what]}")
-    if remedy != "b":
-        hints = {
+        },
+        "`problem` = {got!r} is not it. {hint}",
+    )
+    expect_choice(
+        remedy,
+        "b",
+        {
             "a": "More chunks means more hops per micro-batch, each paying the transfer cost.",
             "c": "More devices means more hops too, and it changes the whole setup.",
             "d": "GPipe has the same number of transfers as 1F1B and a bigger activation peak.",
-        }
-        fail(f"`problem` is right. `fix` = {remedy!r} is not: {hints[remedy]}")
+        },
+        "`problem` is right. `fix` = {got!r} is not: {hint}",
+    )
     if best not in (1, 2, 4, 8):
         fail("`best_chunks` is one of the values in the sweep: 1, 2, 4 or 8.")
     if best != 2:
@@ -293,14 +300,17 @@ def exercise_6(scenario_a, scenario_b, reason_a) -> None:
             "small either way; what limits this team is activation memory. Which order "
             "holds fewer micro-batches at once?"
         )
-    if why != "b":
-        hints = {
+    expect_choice(
+        why,
+        "b",
+        {
             "a": "Both orders have the same bubble, (p - 1)/(v m) of the ideal time.",
             "c": "Breadth-first holds MORE activations than depth-first (like GPipe).",
             "d": "Both orders send the same transfers: each micro-batch crosses every "
             "stage boundary once each way.",
-        }
-        fail(f"Both scenarios are right. `reason_a` = {why!r} is not: {hints[why]}")
+        },
+        "Both scenarios are right. `reason_a` = {got!r} is not: {hint}",
+    )
     passed(
         "Right: breadth-first pays in activation memory and wins when a small batch per "
         "device would otherwise leave the data-parallel gradient reduction exposed."

@@ -20,6 +20,7 @@ from course_utils.checks import (
     as_sequence,
     check_function,
     close,
+    expect_choice,
     fail,
     passed,
 )
@@ -377,20 +378,26 @@ def exercise_6(problem, fix) -> None:
     """Diagnose a regression when tensor parallelism grows from 4 to 8 on nodes of 4 GPUs."""
     pr = as_choice(problem, PROBLEMS, "problem")
     fx = as_choice(fix, FIXES, "fix")
-    if pr != "b":
-        hints = {
+    expect_choice(
+        pr,
+        "b",
+        {
             "a": "compare the bubble bars of the two runs: they hardly changed.",
             "c": "both runs have dp = 1: there is no data-parallel all-reduce at all.",
             "d": "the memory per GPU went down, not up, when tp doubled.",
-        }
-        fail(f"`problem` = {pr!r} is not it: {hints[pr]} Which part of the step grew?")
-    if fx != "b":
-        hints = {
+        },
+        "`problem` = {got!r} is not it: {hint} Which part of the step grew?",
+    )
+    expect_choice(
+        fx,
+        "b",
+        {
             "a": "more micro-batches shrink the bubble, which is not what grew.",
             "c": "a larger tensor group would cross even more nodes.",
             "d": "ZeRO-3 saves memory (and adds communication); memory is not the problem.",
-        }
-        fail(f"`problem` is right. `fix` = {fx!r} is not: {hints[fx]}")
+        },
+        "`problem` is right. `fix` = {got!r} is not: {hint}",
+    )
     passed(
         "Right: with nodes of 4 GPUs, tp = 8 sends every layer's all-reduces over the slow "
         "network. Keep tp = 4 inside a node and use the new GPUs as data (or pipeline) "
