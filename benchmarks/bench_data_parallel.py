@@ -17,6 +17,7 @@ import sys
 import time
 
 import torch
+from tqdm.auto import tqdm
 
 from course_utils.data_parallel import DataParallel
 from course_utils.models import MLP
@@ -73,7 +74,7 @@ def main() -> int:
             dp.step(x, y)
         best_one = best_dp = float("inf")
         comm_share = 0.0
-        for _ in range(ROUNDS):
+        for _ in tqdm(range(ROUNDS), desc="1 worker vs 2 workers rounds", leave=False):
             t1, _ = timed_step(one, x, y)
             t2, result = timed_step(dp, x, y)
             best_one = min(best_one, t1)

@@ -20,6 +20,7 @@ import time
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from course_utils.executor import PipelineExecutor, simulated_from_measured
 from course_utils.models import MLP, loss_fn, partition, single_thread
@@ -78,7 +79,7 @@ def speedup_figures() -> list[tuple[str, float, float, bool | None]]:
     with PipelineExecutor(partition(model, P), P, loss_fn) as ex:
         # Alternate unsplit and pipelined runs so a change in machine load hits all alike;
         # keep the best of each after two warm-up rounds.
-        for i in range(REPEATS + 2):
+        for i in tqdm(range(REPEATS + 2), desc="unsplit vs pipelined rounds", leave=False):
             t_unsplit = unsplit_time(model, x, y)
             results = {name: ex.step(schedules[name], x, y) for name in names}
             if i < 2:
