@@ -78,7 +78,7 @@ def test_notebook_follows_the_exercise_conventions(name):
 
     checks = check_cells(nb)
     assert 4 <= len(checks) <= 8, f"{name}: {len(checks)} exercises (the course uses 4-8)"
-    previous = -1
+    previous, kinds = -1, set()
     for k, check in enumerate(checks, start=1):
         where = f"{name}, check cell {check.get('id')!r}"
         assert check.id == f"check-{lesson:02d}-{k}", f"{where}: ids go check-NN-1, -2, ..."
@@ -93,12 +93,23 @@ def test_notebook_follows_the_exercise_conventions(name):
         assert answers, f"{where}: no answer cell (tag 'answer') before it"
         assert all(has_solution(c.source) for c in answers), f"{where}: answer lacks {BEGIN!r}"
         heading = re.compile(rf"^#+ Exercise {lesson}\.{k} \((Predict|Build|Diagnose)\)", re.M)
-        assert any(c.cell_type == "markdown" and heading.search(c.source) for c in between), (
+        found = [heading.search(c.source) for c in between if c.cell_type == "markdown"]
+        found = [m.group(1) for m in found if m]
+        assert found, (
             f"{where}: no '### Exercise {lesson}.{k} (Predict|Build|Diagnose): ...' heading"
         )
+        kinds.add(found[0])
         previous = here
     # No check cells hidden elsewhere, e.g. with the id but not the tag.
     assert sum(is_check_cell(c) for c in nb.cells) == len(checks)
+    assert kinds == {"Predict", "Build", "Diagnose"}, f"{name}: exercise kinds {sorted(kinds)}"
+
+
+def test_lessons_01_to_08_each_have_exercises():
+    have = {p.name[:2] for p in SOLVED}
+    assert have >= {f"0{n}" for n in range(1, 9)}, f"solutions/ has lessons {sorted(have)}"
+    lessons = {p.name for p in (ROOT / "notebooks").glob("0[1-8]_*.ipynb")}
+    assert {p.name for p in SOLVED if p.name[:2] in {f"0{n}" for n in range(1, 9)}} == lessons
 
 
 @pytest.mark.slow
