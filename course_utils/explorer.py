@@ -322,7 +322,7 @@ def paint(result: dict, title: str, chunks: int = 1) -> bytes:
     draw = ImageDraw.Draw(img)
     small, body, big = _font(10), _font(12), _font(14)
     draw.text((LEFT, 8), title, fill=(20, 20, 20), font=big)
-    # y axis: one label per device (thinned when rows are short), and the axis name.
+    # y axis: one "device d" label per row (every other row when rows are short).
     every = 1 if row_h >= 13 else 2
     for d in range(0, p, every):
         y = TITLE_H + d * row_h + row_h // 2
