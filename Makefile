@@ -17,6 +17,9 @@ $(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -r requirements.txt
 	$(PIP) install --no-deps -e .
+	@# No "get notified about Jupyter news?" pop-up over the lessons (it is a network feature).
+	$(VENV)/bin/jupyter labextension disable --level=sys_prefix \
+		"@jupyterlab/apputils-extension:announcements" >/dev/null 2>&1
 	@touch $(STAMP)
 
 setup: $(STAMP)

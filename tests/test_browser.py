@@ -114,6 +114,8 @@ def test_course_index_runs_in_the_browser(browser, lab):
     page.screenshot(path=str(SHOTS / "00_welcome.png"), full_page=True)
     assert _error_outputs(page) == []
     assert page.locator(".jp-OutputArea-output:has-text('Two torch threads')").count() >= 1
+    # `make` turns off JupyterLab's news pop-up, which would cover the lessons.
+    assert page.locator("text=Jupyter news").count() == 0
     page.close()
 
 
