@@ -510,7 +510,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="part of the backward cost that is the weight gradient W (zb-h1); default half",
     )
     parser.add_argument("--p2p-cost", type=float, default=0.0, help="time to send between stages")
-    parser.add_argument("-o", "--output", required=True, help="chart file (.png or .svg)")
+    parser.add_argument("-o", "--output", required=True, help="chart file (.png, .svg or .pdf)")
     parser.add_argument("--no-labels", action="store_true", help="no text inside the bars")
 
 
