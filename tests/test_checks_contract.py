@@ -1,19 +1,21 @@
 """What every lesson's checks promise, tested once for all lessons.
 
-Each `tests/test_checks_lNN.py` holds RIGHT = {exercise number: right arguments} and the
-lesson's own wrong-answer tests. Here, for every lesson and exercise: the right answer
-passes with a ✅, all-None arguments say "not answered yet", and no exercise of a check
-module is left without a right answer to test it with.
+Each `tests/test_checks_lNN.py` holds RIGHT = {exercise number: right arguments}, WRONG =
+[(exercise, wrong arguments, what the hint must say)] and the lesson's own special tests.
+Here, for every lesson and exercise: the right answer passes with a ✅, all-None arguments
+say "not answered yet", each wrong answer fails with its hint (and is not mistaken for an
+unanswered one), and no exercise of a check module is left without a right answer to test.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import re
 
 import pytest
 
-from course_utils.checks import NotAnswered
+from course_utils.checks import CheckFailed, NotAnswered
 
 LESSONS = range(1, 9)
 
@@ -24,7 +26,12 @@ def lesson(n: int):
     return tests.check, tests.RIGHT
 
 
+def wrong_answers(n: int) -> list:
+    return importlib.import_module(f"test_checks_l0{n}").WRONG
+
+
 CASES = [(n, k) for n in LESSONS for k in sorted(lesson(n)[1])]
+WRONG = [(n, i) for n in LESSONS for i in range(len(wrong_answers(n)))]
 
 
 @pytest.mark.parametrize("n, k", CASES, ids=[f"l0{n}-{k}" for n, k in CASES])
@@ -39,6 +46,20 @@ def test_none_is_not_answered(n, k):
     check, right = lesson(n)
     with pytest.raises(NotAnswered, match=rf"Exercise {n}\.{k} is not answered yet"):
         getattr(check, f"exercise_{k}")(*[None] * len(right[k]))
+
+
+@pytest.mark.parametrize("n, i", WRONG, ids=[f"l0{n}-{i}" for n, i in WRONG])
+def test_wrong_answers_get_hints(n, i):
+    k, args, needle = wrong_answers(n)[i]
+    check, _ = lesson(n)
+    with pytest.raises(CheckFailed) as info:
+        getattr(check, f"exercise_{k}")(*args)
+    assert not isinstance(info.value, NotAnswered)
+    message = str(info.value)
+    if isinstance(needle, re.Pattern):
+        assert needle.search(message), (needle.pattern, message)
+    else:
+        assert needle in message, (needle, message)
 
 
 @pytest.mark.parametrize("n", LESSONS)

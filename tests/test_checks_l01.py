@@ -25,37 +25,29 @@ RIGHT = {
 }
 
 
-@pytest.mark.parametrize(
-    "k, args, needle",
-    [
-        (1, (28,), "only the parameters"),
-        (1, (56,), "Adam"),
-        (1, (84,), "two running averages"),
-        (1, (112e9,), "unit"),
-        (1, (3,), "bytes per parameter"),
-        (1, ("112",), "without quotes"),
-        (1, (math.nan,), "NaN"),
-        (3, (6,), "activations"),
-        (3, (2,), "16-bit weights"),
-        (3, (16,), "fewest"),
-        (3, (7.5,), "whole number"),
-        (4, (0.75, 1.0), "idle fraction"),
-        (4, (0.5, 1.0), "staircase"),
-        (4, (0.25, 4.0), "speedup"),
-        (4, (1.5, 1.0), "between 0 and 1"),
-        (5, ("a", "a"), "imbalance"),
-        (5, ("b", "b"), "fix"),
-        (5, ("e", "a"), "should be one of"),
-        (6, ("pipeline", "pipeline"), "single layer"),
-        (6, ("tensor", "tensor"), "scenario_b"),
-        (6, (1, "pipeline"), "should be one of"),
-    ],
-)
-def test_wrong_answers_get_hints(k, args, needle):
-    with pytest.raises(CheckFailed) as info:
-        getattr(check, f"exercise_{k}")(*args)
-    assert not isinstance(info.value, NotAnswered)
-    assert needle in str(info.value)
+WRONG = [  # (exercise, arguments, words the hint must contain)
+    (1, (28,), "only the parameters"),
+    (1, (56,), "Adam"),
+    (1, (84,), "two running averages"),
+    (1, (112e9,), "unit"),
+    (1, (3,), "bytes per parameter"),
+    (1, ("112",), "without quotes"),
+    (1, (math.nan,), "NaN"),
+    (3, (6,), "activations"),
+    (3, (2,), "16-bit weights"),
+    (3, (16,), "fewest"),
+    (3, (7.5,), "whole number"),
+    (4, (0.75, 1.0), "idle fraction"),
+    (4, (0.5, 1.0), "staircase"),
+    (4, (0.25, 4.0), "speedup"),
+    (4, (1.5, 1.0), "between 0 and 1"),
+    (5, ("a", "a"), "imbalance"),
+    (5, ("b", "b"), "fix"),
+    (5, ("e", "a"), "should be one of"),
+    (6, ("pipeline", "pipeline"), "single layer"),
+    (6, ("tensor", "tensor"), "scenario_b"),
+    (6, (1, "pipeline"), "should be one of"),
+]
 
 
 def test_build_exercise_catches_wrong_functions():

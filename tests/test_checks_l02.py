@@ -27,38 +27,30 @@ def test_ties_may_be_listed_either_way(capsys):
     assert "✅" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(
-    "k, args, needle",
-    [
-        (1, (["0F0", "1F0", "0F1", "1F1", "0B0", "1B0", "1B1", "0B1"],), "1B0 starts first"),
-        (1, (["0F0", "0F1", "1F0", "1F1", "1B0", "0B0", "1B1"],), "missing"),
-        (1, (["0F0", "0F0", "1F0", "1F1", "1B0", "0B0", "1B1", "0B1"],), "twice"),
-        (1, (["0F0", "0F1", "1F0", "1F1", "1B0", "0B0", "1B1", "2B1"],), "does not happen"),
-        (1, (["0X0"],), "action written like"),
-        (1, ("0F0 0F1",), "should be a list"),
-        (2, ("0F3", "1F3"), "behind"),
-        (2, ("0F5", "1F3"), "ahead"),
-        (2, ("0B0", "1F3"), "no backward"),
-        (2, ("1F4", "1F3"), "action of stage 0"),
-        (4, (24, 4.0), "busy time"),
-        (4, (96, 1.0), "naive"),
-        (4, (30, 3.0), "Draw the forward half"),
-        (4, (33, 3.0), "speedup"),
-        (4, (math.nan, 3.0), "NaN"),
-        (5, ("b", "b"), "most grey"),
-        (5, ("a", "a"), "slow stage"),
-        (5, ("a", "z"), "should be one of"),
-        (6, (1 / 32,), "mean"),
-        (6, (1.0,), "4 times"),
-        (6, (4,), "below 1"),
-        (6, ("0.25",), "without quotes"),
-    ],
-)
-def test_wrong_answers_get_hints(k, args, needle):
-    with pytest.raises(CheckFailed) as info:
-        getattr(check, f"exercise_{k}")(*args)
-    assert not isinstance(info.value, NotAnswered)
-    assert needle in str(info.value)
+WRONG = [  # (exercise, arguments, words the hint must contain)
+    (1, (["0F0", "1F0", "0F1", "1F1", "0B0", "1B0", "1B1", "0B1"],), "1B0 starts first"),
+    (1, (["0F0", "0F1", "1F0", "1F1", "1B0", "0B0", "1B1"],), "missing"),
+    (1, (["0F0", "0F0", "1F0", "1F1", "1B0", "0B0", "1B1", "0B1"],), "twice"),
+    (1, (["0F0", "0F1", "1F0", "1F1", "1B0", "0B0", "1B1", "2B1"],), "does not happen"),
+    (1, (["0X0"],), "action written like"),
+    (1, ("0F0 0F1",), "should be a list"),
+    (2, ("0F3", "1F3"), "behind"),
+    (2, ("0F5", "1F3"), "ahead"),
+    (2, ("0B0", "1F3"), "no backward"),
+    (2, ("1F4", "1F3"), "action of stage 0"),
+    (4, (24, 4.0), "busy time"),
+    (4, (96, 1.0), "naive"),
+    (4, (30, 3.0), "Draw the forward half"),
+    (4, (33, 3.0), "speedup"),
+    (4, (math.nan, 3.0), "NaN"),
+    (5, ("b", "b"), "most grey"),
+    (5, ("a", "a"), "slow stage"),
+    (5, ("a", "z"), "should be one of"),
+    (6, (1 / 32,), "mean"),
+    (6, (1.0,), "4 times"),
+    (6, (4,), "below 1"),
+    (6, ("0.25",), "without quotes"),
+]
 
 
 def test_build_exercise_catches_wrong_schedules():

@@ -22,39 +22,31 @@ RIGHT = {
 }
 
 
-@pytest.mark.parametrize(
-    "k, args, needle",
-    [
-        (1, (0.25,), "relative to the ideal"),
-        (1, (0.5,), "count busy slots"),
-        (1, (20,), "between 0 and 1"),
-        (1, (math.nan,), "NaN"),
-        (1, ("0.2",), "without quotes"),
-        (3, (62,), "still above 10%"),
-        (3, (64,), "the fewest"),
-        (3, (63.5,), "whole number"),
-        (3, (0,), "at least 1"),
-        (4, (53, 0.1), "model state"),
-        (4, (33, 0.1), "left for activations"),
-        (4, (5, 0.1), "1F1B"),
-        (4, (10, 0.1), "at the peak"),
-        (4, (20, 0.2), "bubble formula"),
-        (5, ("b", "b"), "how many devices"),
-        (5, ("a", "a"), "keeps shrinking"),
-        (5, ("a", "c"), "fixed"),
-        (5, ("a", 2), "should be one of"),
-        (6, (48 / 90, 1), "least grey"),
-        (6, (48 / 90, 5), "0, 1 or 2"),
-        (6, (42 / 90, 2), "bubble"),
-        (6, (4 / 6, 2), "not equal"),
-        (6, (0.9, 2), "total busy time"),
-    ],
-)
-def test_wrong_answers_get_hints(k, args, needle):
-    with pytest.raises(CheckFailed) as info:
-        getattr(check, f"exercise_{k}")(*args)
-    assert not isinstance(info.value, NotAnswered)
-    assert needle in str(info.value)
+WRONG = [  # (exercise, arguments, words the hint must contain)
+    (1, (0.25,), "relative to the ideal"),
+    (1, (0.5,), "count busy slots"),
+    (1, (20,), "between 0 and 1"),
+    (1, (math.nan,), "NaN"),
+    (1, ("0.2",), "without quotes"),
+    (3, (62,), "still above 10%"),
+    (3, (64,), "the fewest"),
+    (3, (63.5,), "whole number"),
+    (3, (0,), "at least 1"),
+    (4, (53, 0.1), "model state"),
+    (4, (33, 0.1), "left for activations"),
+    (4, (5, 0.1), "1F1B"),
+    (4, (10, 0.1), "at the peak"),
+    (4, (20, 0.2), "bubble formula"),
+    (5, ("b", "b"), "how many devices"),
+    (5, ("a", "a"), "keeps shrinking"),
+    (5, ("a", "c"), "fixed"),
+    (5, ("a", 2), "should be one of"),
+    (6, (48 / 90, 1), "least grey"),
+    (6, (48 / 90, 5), "0, 1 or 2"),
+    (6, (42 / 90, 2), "bubble"),
+    (6, (4 / 6, 2), "not equal"),
+    (6, (0.9, 2), "total busy time"),
+]
 
 
 def test_build_exercise_catches_wrong_functions():

@@ -51,50 +51,42 @@ def test_partly_answered_is_not_answered():
         check.exercise_6("breadth-first", "depth-first", None)
 
 
-@pytest.mark.parametrize(
-    "k, args, needle",
-    [
-        (2, (7 / 16, 53.25), "without chunks"),
-        (2, (7 / 71, 53.25), "whole step"),
-        (2, (31 / 64, 53.25), "last DEVICE"),
-        (2, (0.5, 53.25), "not right yet"),
-        (2, (7 / 64, 48), "ideal time"),
-        (2, (7 / 64, 69), "unchunked"),
-        (2, (7 / 64, 60), "`step_time` is not"),
-        (2, (math.nan, 53.25), "NaN"),
-        (2, ("7/64", 53.25), "without quotes"),
-        (3, ("depth-first", "depth-first", 16), "same p - 1 hops"),
-        (3, ("breadth-first", "depth-first", 16), "same p - 1 hops"),
-        (3, ("same", "breadth-first", 16), "first backward"),
-        (3, ("same", "same", 16), "first backward"),
-        (3, ("same", "depth-first", 8), "whole micro-batches"),
-        (3, ("same", "depth-first", 11), "depth-first peak"),
-        (3, ("same", "depth-first", 32), "not right"),
-        (3, ("same", "depth-first", 16.5), "whole number"),
-        (3, ("neither", "depth-first", 16), "should be one of"),
-        (5, ("a", "b", 2), "bubble formula"),
-        (5, ("c", "b", 2), "Memory"),
-        (5, ("d", "b", 2), "equal stages"),
-        (5, ("b", "a", 2), "More chunks"),
-        (5, ("b", "c", 2), "More devices"),
-        (5, ("b", "d", 2), "GPipe"),
-        (5, ("b", "b", 4), "not the fastest"),
-        (5, ("b", "b", 1), "not the fastest"),
-        (5, ("b", "b", 3), "1, 2, 4 or 8"),
-        (5, ("e", "b", 2), "should be one of"),
-        (6, ("depth-first", "depth-first", "b"), "gradient reduction start early"),
-        (6, ("breadth-first", "breadth-first", "b"), "activation memory"),
-        (6, ("breadth-first", "depth-first", "a"), "same bubble"),
-        (6, ("breadth-first", "depth-first", "c"), "MORE activations"),
-        (6, ("breadth-first", "depth-first", "d"), "same transfers"),
-        (6, ("gpipe", "depth-first", "b"), "should be one of"),
-    ],
-)
-def test_wrong_answers_get_hints(k, args, needle):
-    with pytest.raises(CheckFailed) as info:
-        getattr(check, f"exercise_{k}")(*args)
-    assert not isinstance(info.value, NotAnswered)
-    assert needle in str(info.value)
+WRONG = [  # (exercise, arguments, words the hint must contain)
+    (2, (7 / 16, 53.25), "without chunks"),
+    (2, (7 / 71, 53.25), "whole step"),
+    (2, (31 / 64, 53.25), "last DEVICE"),
+    (2, (0.5, 53.25), "not right yet"),
+    (2, (7 / 64, 48), "ideal time"),
+    (2, (7 / 64, 69), "unchunked"),
+    (2, (7 / 64, 60), "`step_time` is not"),
+    (2, (math.nan, 53.25), "NaN"),
+    (2, ("7/64", 53.25), "without quotes"),
+    (3, ("depth-first", "depth-first", 16), "same p - 1 hops"),
+    (3, ("breadth-first", "depth-first", 16), "same p - 1 hops"),
+    (3, ("same", "breadth-first", 16), "first backward"),
+    (3, ("same", "same", 16), "first backward"),
+    (3, ("same", "depth-first", 8), "whole micro-batches"),
+    (3, ("same", "depth-first", 11), "depth-first peak"),
+    (3, ("same", "depth-first", 32), "not right"),
+    (3, ("same", "depth-first", 16.5), "whole number"),
+    (3, ("neither", "depth-first", 16), "should be one of"),
+    (5, ("a", "b", 2), "bubble formula"),
+    (5, ("c", "b", 2), "Memory"),
+    (5, ("d", "b", 2), "equal stages"),
+    (5, ("b", "a", 2), "More chunks"),
+    (5, ("b", "c", 2), "More devices"),
+    (5, ("b", "d", 2), "GPipe"),
+    (5, ("b", "b", 4), "not the fastest"),
+    (5, ("b", "b", 1), "not the fastest"),
+    (5, ("b", "b", 3), "1, 2, 4 or 8"),
+    (5, ("e", "b", 2), "should be one of"),
+    (6, ("depth-first", "depth-first", "b"), "gradient reduction start early"),
+    (6, ("breadth-first", "breadth-first", "b"), "activation memory"),
+    (6, ("breadth-first", "depth-first", "a"), "same bubble"),
+    (6, ("breadth-first", "depth-first", "c"), "MORE activations"),
+    (6, ("breadth-first", "depth-first", "d"), "same transfers"),
+    (6, ("gpipe", "depth-first", "b"), "should be one of"),
+]
 
 
 def test_placement_exercise_catches_wrong_functions():
