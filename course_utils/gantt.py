@@ -77,27 +77,13 @@ def _category(event: Event) -> str:
 
 
 def _stats(timeline: Timeline) -> tuple[float, float, list[float]]:
-    """(start, makespan, busy per device) in one pass; same definitions as `Timeline`.
-
-    Timeline.bubble_fraction recomputes the makespan per device, which is quadratic;
-    the explorer redraws 8000-event timelines, so we count once here.
-    """
-    if not timeline.events:
-        return 0.0, 0.0, [0.0] * timeline.num_devices
-    start = min(e.start for e in timeline.events)
-    end = max(e.end for e in timeline.events)
-    busy = [0.0] * timeline.num_devices
-    for e in timeline.events:
-        if e.action.is_compute and 0 <= e.device < timeline.num_devices:
-            busy[e.device] += e.end - e.start
-    return start, end - start, busy
+    """(start, makespan, busy per device), each in one pass over the events."""
+    return timeline.start, timeline.makespan, timeline.busy_per_device()
 
 
 def bubble_fraction(timeline: Timeline) -> float:
-    """Idle compute time over devices x makespan (fast version of Timeline.bubble_fraction)."""
-    _, makespan, busy = _stats(timeline)
-    total = timeline.num_devices * makespan
-    return 0.0 if total <= 0 else sum(makespan - b for b in busy) / total
+    """Idle compute time over devices x makespan (the same as `timeline.bubble_fraction`)."""
+    return timeline.bubble_fraction
 
 
 def _shape(timeline: Timeline) -> tuple[int, int, int]:

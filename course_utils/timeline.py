@@ -77,7 +77,7 @@ class Timeline:
         """`busy(d)` for every device, in one pass over the events."""
         busy = [0.0] * self.num_devices
         for e in self.events:
-            if e.action.is_compute:
+            if e.action.is_compute and 0 <= e.device < self.num_devices:
                 busy[e.device] += e.duration
         return busy
 
