@@ -9,7 +9,8 @@ onto PyTorch's:
     0I1   stage 0, input-gradient backward of micro-batch 1   (zero-bubble split)
     0W1   stage 0, weight-gradient backward of micro-batch 1  (zero-bubble split)
 
-Communication kinds use PyTorch's names too (`1SEND_F0`, `2RECV_B3`, `0REDUCE_GRAD`).
+Communication kinds use PyTorch's names too (`1SEND_F0`, `2RECV_B3`, `0REDUCE_GRAD`,
+`1UNSHARD`); `KINDS` is the one table of every kind.
 """
 
 from __future__ import annotations
@@ -19,21 +20,48 @@ from dataclasses import dataclass
 
 from course_utils.errors import CourseInputError
 
-COMPUTE_KINDS = ("F", "B", "I", "W")
-COMM_KINDS = ("SEND_F", "RECV_F", "SEND_B", "RECV_B", "REDUCE_GRAD")
-KIND_NAMES = {
-    "F": "forward",
-    "B": "backward",
-    "I": "input-gradient backward",
-    "W": "weight-gradient backward",
-    "SEND_F": "send activations",
-    "RECV_F": "receive activations",
-    "SEND_B": "send gradients",
-    "RECV_B": "receive gradients",
-    "REDUCE_GRAD": "gradient all-reduce",
-}
 
-_ACTION_RE = re.compile(r"^\s*(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|REDUCE_GRAD|F|B|I|W)(\d*)\s*$")
+@dataclass(frozen=True)
+class Kind:
+    """One kind of action: its code in an action's name, what a learner calls it, and
+    whether it is computation (a device busy with math) or communication."""
+
+    code: str
+    name: str
+    compute: bool
+    backward: bool = False
+
+
+# The one table of action kinds. Compute kinds and PyTorch's communication kinds print as in
+# `torch.distributed.pipelining` ("1SEND_F0", "0REDUCE_GRAD", "2UNSHARD"); the collective
+# kinds are the course's own, for data, tensor, sharded and expert parallelism timelines.
+KINDS: dict[str, Kind] = {
+    k.code: k
+    for k in (
+        Kind("F", "forward", compute=True),
+        Kind("B", "backward", compute=True, backward=True),
+        Kind("I", "input-gradient backward", compute=True, backward=True),
+        Kind("W", "weight-gradient backward", compute=True, backward=True),
+        Kind("SEND_F", "send activations", compute=False),
+        Kind("RECV_F", "receive activations", compute=False),
+        Kind("SEND_B", "send gradients", compute=False),
+        Kind("RECV_B", "receive gradients", compute=False),
+        Kind("REDUCE_GRAD", "gradient all-reduce", compute=False),
+        Kind("UNSHARD", "all-gather of sharded parameters", compute=False),
+        Kind("RESHARD", "free gathered parameters", compute=False),
+        Kind("ALL_REDUCE", "all-reduce of activations", compute=False),
+        Kind("ALL_GATHER", "all-gather", compute=False),
+        Kind("REDUCE_SCATTER", "reduce-scatter", compute=False),
+        Kind("ALL_TO_ALL", "all-to-all", compute=False),
+    )
+}
+COMPUTE_KINDS = tuple(code for code, k in KINDS.items() if k.compute)
+COMM_KINDS = tuple(code for code, k in KINDS.items() if not k.compute)
+KIND_NAMES = {code: k.name for code, k in KINDS.items()}
+
+# Longest codes first, so "REDUCE_GRAD" is not read as "R..." of a shorter code.
+_CODES = "|".join(sorted(KINDS, key=len, reverse=True))
+_ACTION_RE = re.compile(rf"^\s*(\d+)({_CODES})(\d*)\s*$")
 
 
 @dataclass(frozen=True, order=True)
@@ -45,8 +73,8 @@ class Action:
     microbatch: int | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in COMPUTE_KINDS + COMM_KINDS:
-            allowed = ", ".join(COMPUTE_KINDS + COMM_KINDS)
+        if self.kind not in KINDS:
+            allowed = ", ".join(KINDS)
             raise CourseInputError(f"action kind must be one of {allowed}, got {self.kind!r}")
         if not isinstance(self.stage, int) or self.stage < 0:
             raise CourseInputError(f"action stage must be an integer >= 0, got {self.stage!r}")
@@ -66,11 +94,11 @@ class Action:
 
     @property
     def is_compute(self) -> bool:
-        return self.kind in COMPUTE_KINDS
+        return KINDS[self.kind].compute
 
     @property
     def is_backward(self) -> bool:
-        return self.kind in ("B", "I", "W")
+        return KINDS[self.kind].backward
 
     @classmethod
     def parse(cls, text: str | Action) -> Action:
