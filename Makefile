@@ -48,7 +48,7 @@ format: setup
 
 # Regenerate exercises/ from solutions/ (solution blocks become stubs).
 exercises: setup
-	$(PY) -m course_utils.make_exercises
+	$(PY) -m course_utils.grading.make_exercises
 
 bench: setup
 	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done

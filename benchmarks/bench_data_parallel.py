@@ -19,9 +19,9 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from course_utils.data_parallel import DataParallel
 from course_utils.models import MLP
-from course_utils.workers import DeviceThreads
+from course_utils.parallel.data_parallel import DataParallel
+from course_utils.threads.devices import DeviceThreads
 
 TARGET = 1.6
 WORKERS = 2

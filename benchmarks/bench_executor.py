@@ -22,9 +22,9 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from course_utils.executor import PipelineExecutor, simulated_from_measured
 from course_utils.models import MLP, loss_fn, partition, single_thread
-from course_utils.schedules import make_schedule
+from course_utils.pipeline.executor import PipelineExecutor, simulated_from_measured
+from course_utils.pipeline.schedules import make_schedule
 
 P, M = 2, 8
 REPEATS = 7

@@ -17,8 +17,9 @@ import statistics
 import sys
 import time
 
-from course_utils import explorer
-from course_utils.explorer import USES_CHUNKS, Settings, explorer_update
+from course_utils.charts import explorer
+from course_utils.charts.explorer import Settings, explorer_update
+from course_utils.pipeline.schedules import SCHEDULES
 
 TARGET_MS = 100.0
 REPEATS = 7
@@ -40,13 +41,13 @@ def median_ms(settings: Settings) -> tuple[float, float, int]:
 def main() -> int:
     cases = [Settings("gpipe", 4, 8)]
     for name in ("naive", "gpipe", "1f1b", "interleaved", "breadth-first", "zb-h1"):
-        cases.append(Settings(name, 16, 64, chunks=4 if name in USES_CHUNKS else 1))
+        cases.append(Settings(name, 16, 64, chunks=4 if SCHEDULES[name].uses_chunks else 1))
     cases.append(Settings("interleaved", 16, 64, chunks=4, comm_cost=0.5))
     worst = 0.0
     for settings in cases:
         ms, cpu_ms, size = median_ms(settings)
         worst = max(worst, ms)
-        v = f", v={settings.chunks}" if settings.schedule in USES_CHUNKS else ""
+        v = f", v={settings.chunks}" if SCHEDULES[settings.schedule].uses_chunks else ""
         comm = f", transfer {settings.comm_cost:g}" if settings.comm_cost else ""
         label = f"{settings.schedule} p={settings.stages} m={settings.microbatches}{v}{comm}"
         print(

@@ -1,8 +1,8 @@
 """The command line: `python -m course_utils COMMAND ...`.
 
-Each sub-command lives in the module that does its work and exposes two functions:
-`add_arguments(parser)` and `run(args) -> int`. Only the chosen command's module is
-imported, so `--help` and the schedule commands never import torch.
+Each command is a module in `course_utils.commands` with `HELP`, `add_arguments(parser)`
+and `run(args) -> int`; only the chosen one is imported, and commands import torch only
+after their arguments are checked, so `--help` and bad input answer at once.
 
 Bad input is a `CourseInputError` (or an argparse error): one line on stderr, exit 2.
 """
@@ -15,19 +15,16 @@ import sys
 
 from course_utils.errors import CourseInputError
 
-# name -> (module, one-line help)
-COMMANDS: dict[str, tuple[str, str]] = {
-    "schedule": ("course_utils.schedules", "print a pipeline schedule and its simulated timeline"),
-    "gantt": ("course_utils.gantt", "draw a schedule's simulated timeline as a Gantt chart"),
-    "run": ("course_utils.executor", "run one pipelined training step for real on CPU threads"),
-    "data-parallel": ("course_utils.data_parallel", "data-parallel step on threads vs one worker"),
-    "tensor-parallel": (
-        "course_utils.tensor_parallel",
-        "tensor-parallel MLP on threads vs unsplit",
-    ),
-    "grade": ("course_utils.grading", "grade exercise notebooks with nbval"),
-    "plan": ("course_utils.plan", "memory and throughput planner for a training run"),
-    "distributed": ("course_utils.distributed", "DDP on torch.distributed processes vs threads"),
+# name -> module in course_utils.commands
+COMMANDS: dict[str, str] = {
+    "schedule": "schedule",
+    "gantt": "gantt",
+    "run": "run",
+    "data-parallel": "data_parallel",
+    "tensor-parallel": "tensor_parallel",
+    "grade": "grade",
+    "plan": "plan",
+    "distributed": "distributed",
 }
 
 
@@ -36,6 +33,10 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _command(name: str):
+    return importlib.import_module(f"course_utils.commands.{COMMANDS[name]}")
 
 
 def _usage() -> str:
@@ -47,7 +48,7 @@ def _usage() -> str:
         "",
         "commands:",
     ]
-    lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
+    lines += [f"  {name:<{width}}  {_command(name).HELP}" for name in COMMANDS]
     lines += ["", "Run 'python -m course_utils COMMAND --help' for a command's options."]
     return "\n".join(lines)
 
@@ -65,19 +66,15 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    module_name, help_ = COMMANDS[name]
+    command = _command(name)
+    parser = OneLineParser(prog=f"python -m course_utils {name}", description=command.HELP)
+    command.add_arguments(parser)
     try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name != module_name:
-            raise
-        print(f"python -m course_utils {name}: not available yet", file=sys.stderr)
-        return 2
-    parser = OneLineParser(prog=f"python -m course_utils {name}", description=help_)
-    module.add_arguments(parser)
-    args = parser.parse_args(rest)
+        args = parser.parse_args(rest)
+    except SystemExit as exc:  # --help (0) or a usage error (2), already printed
+        return int(exc.code or 0)
     try:
-        return int(module.run(args) or 0)
+        return int(command.run(args) or 0)
     except CourseInputError as exc:
         print(f"python -m course_utils {name}: error: {exc}", file=sys.stderr)
         return 2

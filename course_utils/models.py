@@ -463,3 +463,14 @@ def generate(
             idx = torch.cat([idx, torch.multinomial(probs, 1, generator=generator)], dim=1)
     model.train(was_training)
     return tokenizer.decode(idx[0].tolist())
+
+
+def build_model(kind: str, num_stages: int, seed: int = 0) -> nn.Module:
+    """A fresh, seeded "mlp" or "gpt" with enough layers for `num_stages` stages (the
+    commands' models)."""
+    torch.manual_seed(seed)
+    if kind == "mlp":
+        return MLP(d_in=256, d_hidden=512, d_out=10, depth=max(4, num_stages))
+    vocab = CharTokenizer(load_text()).vocab_size
+    cfg = GPTConfig(vocab_size=vocab, block_size=32, n_layer=max(4, num_stages), d_model=64)
+    return TinyGPT(cfg)

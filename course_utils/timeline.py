@@ -1,8 +1,10 @@
 """A timeline: what each device did and when. Simulated and measured runs share this type.
 
-The simulator (`course_utils.simulate`) fills it with predicted times in cost units;
-the thread executor (`course_utils.executor`) fills it with real `perf_counter_ns`
-timestamps converted to seconds. The Gantt code (`course_utils.gantt`) draws both.
+The simulator (`course_utils.pipeline.simulate`) fills it with predicted times in cost units;
+the thread executor (`course_utils.pipeline.executor`) fills it with real `perf_counter_ns`
+timestamps converted to seconds. Both renderers draw it the same way: the Gantt charts of
+`course_utils.charts.gantt` (matplotlib) and the explorer's fast raster painter
+(`course_utils.charts.raster`), which reads it as `lanes()`, one per device.
 """
 
 from __future__ import annotations
@@ -38,13 +40,18 @@ class Event:
         return d
 
 
+Lane = tuple[list[Action], list[float], list[float]]  # one device: actions, starts, ends
+
+
 @dataclass
 class Timeline:
-    """Events on `num_devices` devices, plus what is known about memory.
+    """Events on `num_devices` devices, plus what is known about memory and shape.
 
     `unit` is "units" for the simulator's cost units or "s" for measured seconds.
     `peak_activations[d]` is the most micro-batch chunks device d held at once
-    (forwarded but not yet backwarded), when known.
+    (forwarded but not yet backwarded), when known. A pipeline's timeline also says its
+    shape: `stages`, `microbatches` and `chunks` (stages per device). `meta` holds figures
+    a particular timeline adds (e.g. when a data-parallel step's compute ended).
     """
 
     events: list[Event]
@@ -54,6 +61,33 @@ class Timeline:
     unit: str = "units"
     peak_activations: list[int] | None = None
     meta: dict = field(default_factory=dict)
+    stages: int | None = None
+    microbatches: int | None = None
+    chunks: int = 1
+
+    @classmethod
+    def from_lanes(cls, lanes: list[Lane], **fields) -> Timeline:
+        """A timeline from per-device (actions, starts, ends) lists, as the simulator makes."""
+        events = [
+            Event(d, a, s, e)
+            for d, (actions, starts, ends) in enumerate(lanes)
+            for a, s, e in zip(actions, starts, ends, strict=True)
+        ]
+        return cls(events, len(lanes), **fields)
+
+    def lanes(self) -> list[Lane]:
+        """Per device, its events' actions, starts and ends in time order (what painters read)."""
+        per_device: list[list[Event]] = [[] for _ in range(self.num_devices)]
+        for e in self.events:
+            if 0 <= e.device < self.num_devices:
+                per_device[e.device].append(e)
+        lanes = []
+        for events in per_device:
+            events.sort(key=lambda e: e.start)
+            lanes.append(
+                ([e.action for e in events], [e.start for e in events], [e.end for e in events])
+            )
+        return lanes
 
     @property
     def start(self) -> float:

@@ -134,7 +134,7 @@ def test_build_exercise_catches_wrong_functions():
 
 
 def test_build_exercise_accepts_action_values():
-    from course_utils.schedules import make_schedule
+    from course_utils.pipeline.schedules import make_schedule
 
     def from_course(p, m, d):
         return list(make_schedule("1f1b", p, m).devices[d])

@@ -8,7 +8,7 @@ import pytest
 
 from course_utils.checks import CheckFailed, NotAnswered
 from course_utils.checks import l06 as check
-from course_utils.collectives import chunk_bounds
+from course_utils.threads.collectives import chunk_bounds
 
 
 def ring_allreduce(data, send):

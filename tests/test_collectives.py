@@ -8,7 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course_utils.collectives import (
+from course_utils.errors import CourseInputError, WorkerError
+from course_utils.threads.collectives import (
     CommAborted,
     CommError,
     ThreadGroup,
@@ -19,8 +20,7 @@ from course_utils.collectives import (
     ring_plan,
     run_all_reduce,
 )
-from course_utils.errors import CourseInputError, WorkerError
-from course_utils.workers import DeviceThreads
+from course_utils.threads.devices import DeviceThreads
 
 MAX_RANKS = 6
 

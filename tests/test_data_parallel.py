@@ -9,15 +9,15 @@ import torch
 from torch import nn
 
 from course_utils.actions import Action
-from course_utils.collectives import naive_bytes_per_rank, ring_bytes_per_rank
-from course_utils.data_parallel import (
+from course_utils.errors import CourseInputError, WorkerError
+from course_utils.parallel.data_parallel import (
     DataParallel,
     dp_speedup_model,
     max_param_diff,
     shard_sizes,
     single_worker_steps,
 )
-from course_utils.errors import CourseInputError, WorkerError
+from course_utils.threads.collectives import naive_bytes_per_rank, ring_bytes_per_rank
 
 D_IN, CLASSES = 12, 5
 
@@ -121,7 +121,8 @@ def test_measured_timeline_and_bytes(algorithm):
 
 
 def test_gantt_draws_the_measured_timeline():
-    gantt = pytest.importorskip("course_utils.gantt")
+    from course_utils.charts import gantt
+
     model, (batch,) = make_model(), make_batches(batch=8, steps=1)
     with DataParallel(model, 2) as dp:
         timeline = dp.step(*batch).timeline
@@ -179,7 +180,6 @@ def test_cli_bad_input_is_one_line_exit_2(args, message):
 
 
 def test_cli_json():
-    pytest.importorskip("course_utils.models")
     proc = _cli("--workers", "2", "--allreduce", "naive", "--batch", "64", "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
@@ -191,7 +191,8 @@ def test_cli_json():
 
 
 def test_tiny_gpt_data_parallel_matches_one_worker():
-    models = pytest.importorskip("course_utils.models")
+    from course_utils import models
+
     torch.manual_seed(0)
     cfg = models.GPTConfig(vocab_size=20, block_size=8, n_layer=2, n_head=2, d_model=16)
     model = models.TinyGPT(cfg)

@@ -7,7 +7,7 @@ import base64
 import IPython.display
 import ipywidgets as widgets
 
-from course_utils.display import WithFallback, fallback_bundle
+from course_utils.charts.display import WithFallback, fallback_bundle
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 

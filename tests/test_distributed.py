@@ -24,14 +24,15 @@ from course_utils.cli import main
 from course_utils.distributed import (
     Cluster,
     Setup,
-    _pipeline_worker,
     port_is_free,
     resolve_port,
     run_ddp,
     run_pipeline,
     spawn,
 )
+from course_utils.distributed.pipelining import PIPELINES, _pipeline_worker, course_schedule
 from course_utils.errors import CourseInputError, WorkerError
+from course_utils.pipeline.schedules import SCHEDULES
 
 ROOT = Path(__file__).resolve().parents[1]
 TOL = 1e-5
@@ -125,8 +126,9 @@ def test_ddp_matches_one_process_over_steps_and_records_all_reduce(cluster):
 
 
 def test_measured_timelines_draw_with_the_course_gantt(cluster):
-    gantt = pytest.importorskip("course_utils.gantt")
     import matplotlib
+
+    from course_utils.charts import gantt
 
     matplotlib.use("Agg")
     ddp = run_ddp(steps=1, model="mlp", cluster=cluster, compare_threads=False)
@@ -136,16 +138,16 @@ def test_measured_timelines_draw_with_the_course_gantt(cluster):
     matplotlib.pyplot.close(fig)
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "breadth-first"])
+@pytest.mark.parametrize("schedule", PIPELINES)
 def test_pytorch_pipeline_schedules_match_one_process(schedule, cluster):
     result = run_pipeline(schedule, microbatches=4, batch=8, model="gpt", cluster=cluster)
     assert result.max_grad_diff <= TOL
     assert result.max_loss_diff <= TOL
-    if "executor_max_grad_diff" in result.extra:  # course thread executor, same schedule
-        assert result.extra["executor_max_grad_diff"] <= TOL
-        assert abs(result.extra["executor_loss"] - result.losses[0]) <= TOL
+    # the course's thread executor ran the same schedule on the same model and batch
+    assert result.extra["executor_max_grad_diff"] <= TOL
+    assert abs(result.extra["executor_loss"] - result.losses[0]) <= TOL
     tl = result.timeline
-    stages_per_rank = 2 if schedule == "breadth-first" else 1
+    stages_per_rank = 2 if SCHEDULES[schedule].uses_chunks else 1
     for rank in range(2):
         assert count_compute(tl, rank, "F") == 4 * stages_per_rank
         assert count_compute(tl, rank, "B") == 4 * stages_per_rank
@@ -154,6 +156,16 @@ def test_pytorch_pipeline_schedules_match_one_process(schedule, cluster):
     first = {e.action: e for e in tl.events}
     last_stage = 2 * stages_per_rank - 1
     assert first[Action(last_stage, "F", 0)].start >= first[Action(0, "F", 0)].end
+
+
+@pytest.mark.parametrize("name", list(SCHEDULES))
+def test_every_registered_schedule_crosses_the_bridge(name, cluster):
+    # Any course schedule runs on PyTorch's runtime through the CSV export, with the
+    # gradients of one process and of the thread executor.
+    schedule = course_schedule(name, 2, 4)
+    result = run_pipeline(schedule, batch=8, model="mlp", cluster=cluster)
+    assert result.max_grad_diff <= TOL and result.max_loss_diff <= TOL
+    assert result.extra["executor_max_grad_diff"] <= TOL
 
 
 def test_course_schedule_runs_on_pytorch_runtime_via_csv(cluster):
@@ -171,8 +183,6 @@ def test_course_schedule_runs_on_pytorch_runtime_via_csv(cluster):
 
 @pytest.mark.parametrize("args", [["--pipeline", "1f1b"], ["--pipeline", "zb-h1", "--csv"]])
 def test_cli_pipeline_json(args, cluster, monkeypatch, capsys):
-    if "--csv" in args:
-        pytest.importorskip("course_utils.schedules")
     # The real CLI code path, but on the shared cluster instead of freshly spawned processes.
     real = distributed.run_pipeline
     monkeypatch.setattr(
@@ -185,8 +195,7 @@ def test_cli_pipeline_json(args, cluster, monkeypatch, capsys):
     assert {"workers", "max_grad_diff", "seconds", "schedule", "max_loss_diff"} <= set(data)
     assert data["schedule"] == args[1] and data["workers"] == 2
     assert data["max_grad_diff"] <= TOL and data["max_loss_diff"] <= TOL
-    if "executor_max_grad_diff" in data:
-        assert data["executor_max_grad_diff"] <= TOL
+    assert data["executor_max_grad_diff"] <= TOL
 
 
 def test_worker_failure_is_reported_and_children_are_gone(tmp_path):

@@ -27,8 +27,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_utils import make_exercises
-from course_utils.notebook_tools import BEGIN, check_cells, has_solution, is_check_cell
+from course_utils.grading import make_exercises
+from course_utils.grading.notebook_tools import BEGIN, check_cells, has_solution, is_check_cell
 
 ROOT = Path(__file__).resolve().parents[1]
 SOLVED = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))

@@ -11,20 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from course_utils import explorer, style
+from course_utils.charts import style
+from course_utils.charts.explorer import Settings, explorer_update, schedule_explorer
+from course_utils.charts.raster import LEFT, RIGHT, TITLE_H, WIDTH, row_height
 from course_utils.errors import CourseInputError
-from course_utils.explorer import (
-    LEFT,
-    RIGHT,
-    TITLE_H,
-    USES_CHUNKS,
-    WIDTH,
-    Settings,
-    explorer_update,
-    schedule_explorer,
-)
-from course_utils.schedules import make_schedule
-from course_utils.simulate import CostModel, simulate
+from course_utils.pipeline.schedules import make_schedule
+from course_utils.pipeline.simulate import CostModel, simulate
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -38,7 +30,7 @@ def pixel_at(view, device: int, t: float) -> np.ndarray:
     """The colour painted for `device` at time `t` (centre of the device's row)."""
     img = rgb(view.png)
     p = view.settings.stages
-    row_h = int(min(30, max(10, explorer.PLOT_H_MAX // p)))
+    row_h = row_height(p)
     plot_w = WIDTH - LEFT - RIGHT
     x = LEFT + int(t / view.makespan * plot_w)
     y = TITLE_H + device * row_h + row_h // 2
@@ -69,9 +61,7 @@ def close(pixel: np.ndarray, color) -> bool:
 )
 def test_numbers_are_the_simulators(name, p, m, v):
     view = explorer_update(Settings(name, p, m, chunks=v, backward_ratio=2.5, comm_cost=0.2))
-    schedule = (
-        make_schedule(name, p, m, chunks=v) if name in USES_CHUNKS else make_schedule(name, p, m)
-    )
+    schedule = make_schedule(name, p, m, chunks=v)
     timeline = simulate(schedule, CostModel(forward=1.0, backward=2.5, p2p=0.2))
     assert view.makespan == pytest.approx(timeline.makespan)
     assert view.bubble_fraction == pytest.approx(timeline.bubble_fraction)
@@ -204,7 +194,7 @@ def test_explorer_module_does_not_import_torch():
     import sys
 
     code = (
-        "import sys; from course_utils.explorer import explorer_update;"
+        "import sys; from course_utils.charts.explorer import explorer_update;"
         "explorer_update(); print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -12,13 +12,13 @@ import pytest
 
 from course_utils.actions import Action, Schedule, parse_actions
 from course_utils.errors import CourseInputError
-from course_utils.export import from_pytorch_csv, to_pytorch_csv, to_pytorch_rows
+from course_utils.pipeline.export import from_pytorch_csv, to_pytorch_csv, to_pytorch_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def hand_gpipe(p: int, m: int) -> Schedule:
-    """GPipe written out by hand, so these tests do not depend on course_utils.schedules."""
+    """GPipe written out by hand, so these tests do not depend on the schedule builders."""
     devices = []
     for d in range(p):
         fwd = [Action(d, "F", i) for i in range(m)]
@@ -88,7 +88,8 @@ def test_zero_bubble_split_backward_exports(tmp_path):
 
 
 def test_course_schedules_round_trip(tmp_path):
-    schedules = pytest.importorskip("course_utils.schedules")
+    from course_utils.pipeline import schedules
+
     cases = [
         ("gpipe", 2, 4, 1),
         ("1f1b", 2, 4, 1),
@@ -170,7 +171,7 @@ def test_bad_cell_is_a_clear_error(tmp_path):
 
 
 def test_export_does_not_import_torch():
-    code = "import sys, course_utils.export; print('torch' in sys.modules)"
+    code = "import sys, course_utils.pipeline.export; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"

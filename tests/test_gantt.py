@@ -1,4 +1,4 @@
-"""Gantt charts (course_utils.gantt): what the figure objects say, not what the pixels look like.
+"""Gantt charts (course_utils.charts.gantt): what the figures say, not what the pixels look like.
 
 One row per device, one bar per action, a stable colour per micro-batch, forward / backward /
 W told apart by shade and hatch, bubbles marked, thin communication bars, labels that fit,
@@ -27,12 +27,13 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.collections import PolyCollection  # noqa: E402
 from matplotlib.colors import to_rgb  # noqa: E402
 
-from course_utils import gantt, style  # noqa: E402
 from course_utils.actions import Action  # noqa: E402
+from course_utils.charts import gantt, style  # noqa: E402
 from course_utils.cli import main  # noqa: E402
 from course_utils.errors import CourseInputError  # noqa: E402
-from course_utils.schedules import dp_pp_timeline, make_schedule  # noqa: E402
-from course_utils.simulate import CostModel, simulate  # noqa: E402
+from course_utils.parallel.timelines import dp_pp_timeline  # noqa: E402
+from course_utils.pipeline.schedules import make_schedule  # noqa: E402
+from course_utils.pipeline.simulate import CostModel, simulate  # noqa: E402
 from course_utils.timeline import Event, Timeline  # noqa: E402
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -147,7 +148,8 @@ def measured_like(offset: float = 1000.0) -> Timeline:
         name="gpipe",
         source="measured",
         unit="s",
-        meta={"stages": 2, "microbatches": 2},
+        stages=2,
+        microbatches=2,
     )
 
 
@@ -432,9 +434,10 @@ def test_a_measured_timeline_is_drawn_in_milliseconds_from_its_start():
 
 
 def test_real_executor_step_drawn_and_compared_with_the_simulation():
-    torch = pytest.importorskip("torch")
-    from course_utils.executor import PipelineExecutor
+    import torch
+
     from course_utils.models import MLP, loss_fn, partition, single_thread
+    from course_utils.pipeline.executor import PipelineExecutor
 
     torch.manual_seed(0)
     model = MLP(16, 32, 5, depth=3)
@@ -517,17 +520,18 @@ def test_compare_puts_the_simulation_above_the_measurement_on_one_axis():
 
 
 def test_cost_model_from_command_line_numbers():
-    costs = gantt.cost_model(1.0, 2.0, None, 0.0)
+    costs = CostModel.from_times(1.0, 2.0, None, 0.0)
     assert (costs.forward, costs.backward, costs.weight_fraction, costs.p2p) == (1, 2, 0.5, 0)
-    assert gantt.cost_model(1.0, 4.0, 1.0, 0.5).weight_fraction == 0.25
+    assert CostModel.from_times(1.0, 4.0, 1.0, 0.5).weight_fraction == 0.25
     for args, words in [
-        ((0.0, 2.0, None, 0.0), "forward cost must be > 0"),
-        ((1.0, float("nan"), None, 0.0), "backward cost must be > 0"),
-        ((1.0, 2.0, None, -1.0), "p2p cost must be >= 0"),
-        ((1.0, 2.0, 2.5, 0.0), "weight cost must be between 0 and the backward cost"),
+        ((0.0, 2.0, None, 0.0), "forward cost must be a finite number > 0"),
+        ((1.0, float("nan"), None, 0.0), "backward cost must be a finite number > 0"),
+        ((1.0, 2.0, None, -1.0), "p2p cost must be a finite number >= 0"),
+        ((1.0, 2.0, 2.5, 0.0), "weight cost must be between 0 and backward cost"),
+        ((1.0, 2.0, float("inf"), 0.0), "weight cost must be between 0 and backward cost"),
     ]:
         with pytest.raises(CourseInputError, match=words):
-            gantt.cost_model(*args)
+            CostModel.from_times(*args)
 
 
 def test_draw_into_a_given_axes():
@@ -640,15 +644,19 @@ BAD_INPUT = [
     (["gpipe", "--stages", "0", "--microbatches", "2"], "--stages"),
     (["gpipe", "--stages", "2", "--microbatches", "-3"], "--microbatches"),
     (["gpipe", "--stages", "2", "--microbatches", "2", "--chunks", "0"], "--chunks"),
-    (["pipedream", "--stages", "2", "--microbatches", "2"], "invalid choice: 'pipedream'"),
+    (["pipedream", "--stages", "2", "--microbatches", "2"], "schedule must be one of"),
     (["interleaved", "--stages", "4", "--microbatches", "6", "--chunks", "2"],
      "multiple of devices (4)"),
     (["1f1b", "--stages", "2", "--microbatches", "4", "--chunks", "2"],
      "chunks > 1 works only with"),
-    (["gpipe", "--stages", "2", "--microbatches", "2", "--forward-cost", "0"], "forward cost"),
-    (["gpipe", "--stages", "2", "--microbatches", "2", "--backward-cost", "nan"], "backward cost"),
-    (["gpipe", "--stages", "2", "--microbatches", "2", "--p2p-cost", "-1"], "p2p cost"),
-    (["zb-h1", "--stages", "2", "--microbatches", "2", "--weight-cost", "3"], "weight cost"),
+    (["gpipe", "--stages", "2", "--microbatches", "2", "--forward-cost", "0"],
+     "--forward-cost must be a finite number > 0"),
+    (["gpipe", "--stages", "2", "--microbatches", "2", "--backward-cost", "nan"],
+     "--backward-cost must be a finite number > 0"),
+    (["gpipe", "--stages", "2", "--microbatches", "2", "--p2p-cost", "-1"],
+     "--p2p-cost must be a finite number >= 0"),
+    (["zb-h1", "--stages", "2", "--microbatches", "2", "--weight-cost", "3"],
+     "--weight-cost must be between 0 and --backward-cost"),
     (["gpipe", "--stages", "two", "--microbatches", "2"], "invalid int value"),
 ]  # fmt: skip
 

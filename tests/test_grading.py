@@ -1,4 +1,4 @@
-"""Tests for course_utils.grading: preparing a submission so it cannot be gamed, reading
+"""Tests for course_utils.grading.grader: preparing a submission so it cannot be gamed, reading
 nbval's report, the CLI's bad-input handling, and real grading runs on a sample notebook."""
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_utils import grading, make_exercises
 from course_utils.errors import CourseInputError
+from course_utils.grading import grader as grading
+from course_utils.grading import make_exercises
 
 FIXTURES = Path(__file__).parent / "fixtures" / "solutions"
 SOLUTION = nbformat.read(FIXTURES / "99_sample.ipynb", as_version=4)

@@ -1,4 +1,4 @@
-"""Tests for course_utils.make_exercises: solution blocks become stubs, the output is
+"""Tests for course_utils.grading.make_exercises: solution blocks become stubs, the output is
 deterministic and lint-clean, and --check catches every kind of stale exercises/ folder."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from course_utils import make_exercises
 from course_utils.errors import CourseInputError
-from course_utils.notebook_tools import REPO, strip_solutions
+from course_utils.grading import make_exercises
+from course_utils.grading.notebook_tools import REPO, strip_solutions
 
 FIXTURES = Path(__file__).parent / "fixtures" / "solutions"
 RUFF = Path(sys.executable).with_name("ruff")
@@ -153,7 +153,7 @@ def test_command_line_check_exit_codes(folders):
 
     def cli(*extra):
         return subprocess.run(
-            [sys.executable, "-m", "course_utils.make_exercises", *extra]
+            [sys.executable, "-m", "course_utils.grading.make_exercises", *extra]
             + ["--solutions", str(solutions), "--exercises", str(exercises)],
             capture_output=True,
             text=True,
@@ -167,7 +167,13 @@ def test_command_line_check_exit_codes(folders):
     assert fresh.returncode == 0, fresh.stdout + fresh.stderr
 
     bad = subprocess.run(
-        [sys.executable, "-m", "course_utils.make_exercises", "--solutions", "/nonexistent"],
+        [
+            sys.executable,
+            "-m",
+            "course_utils.grading.make_exercises",
+            "--solutions",
+            "/nonexistent",
+        ],
         capture_output=True,
         text=True,
     )
@@ -180,7 +186,7 @@ def test_unbalanced_solution_is_a_one_line_error(folders):
     nb.cells[3].source = "x = None\n### BEGIN SOLUTION\nx = 1"
     nbformat.write(nb, solutions / "99_sample.ipynb")
     result = subprocess.run(
-        [sys.executable, "-m", "course_utils.make_exercises"]
+        [sys.executable, "-m", "course_utils.grading.make_exercises"]
         + ["--solutions", str(solutions), "--exercises", str(exercises)],
         capture_output=True,
         text=True,

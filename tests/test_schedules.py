@@ -8,11 +8,10 @@ from hypothesis import strategies as st
 
 from course_utils.actions import Action
 from course_utils.errors import CourseInputError
-from course_utils.schedules import (
+from course_utils.parallel.timelines import data_parallel_timeline, dp_pp_timeline
+from course_utils.pipeline.schedules import (
     SCHEDULES,
     breadth_first,
-    data_parallel_timeline,
-    dp_pp_timeline,
     gpipe,
     interleaved,
     make_schedule,
@@ -20,14 +19,14 @@ from course_utils.schedules import (
     one_f_one_b,
     zb_h1,
 )
-from course_utils.simulate import CostModel, simulate, validate
+from course_utils.pipeline.simulate import CostModel, simulate, validate
 
 F, B = 1.0, 2.0
 
 
 @st.composite
 def shapes(draw):
-    name = draw(st.sampled_from(SCHEDULES))
+    name = draw(st.sampled_from(list(SCHEDULES)))
     p = draw(st.integers(1, 8))
     m = draw(st.integers(1, 32))
     v = draw(st.integers(1, 4)) if name in ("interleaved", "breadth-first") else 1

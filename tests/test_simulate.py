@@ -6,8 +6,9 @@ import pytest
 
 from course_utils.actions import Action, Schedule
 from course_utils.errors import CourseInputError, ScheduleError
-from course_utils.schedules import gpipe, one_f_one_b, zb_h1
-from course_utils.simulate import CostModel, ring_allreduce_time, simulate, validate
+from course_utils.parallel.costs import ring_allreduce_time
+from course_utils.pipeline.schedules import gpipe, one_f_one_b, zb_h1
+from course_utils.pipeline.simulate import CostModel, simulate, validate
 
 
 def _sched(devices: list[list[str]], stages: int, microbatches: int, name="mine") -> Schedule:

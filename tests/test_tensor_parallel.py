@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from course_utils.errors import CourseInputError
-from course_utils.tensor_parallel import (
+from course_utils.parallel.tensor_parallel import (
     TensorParallelMLP,
     max_diff,
     shard_mlp,
@@ -135,7 +135,8 @@ def test_cli_bad_input_is_one_line_exit_2(args):
 
 
 def test_splits_the_mlp_of_a_tiny_gpt_block():
-    models = pytest.importorskip("course_utils.models")
+    from course_utils import models
+
     torch.manual_seed(0)
     cfg = models.GPTConfig(vocab_size=20, block_size=8, n_layer=1, n_head=2, d_model=32)
     mlp = models.TinyGPT(cfg).blocks[0].mlp
@@ -156,6 +157,8 @@ def test_measured_timeline_shows_one_all_reduce_each_way():
         comms = [e.label for e in events if not e.action.is_compute]
         assert comms == ["all-reduce (g)", "all-reduce (f)"]  # forward's g, then backward's f
         kinds = [e.action.kind for e in events]
-        assert kinds[0] == "F" and kinds[-1] in ("B", "REDUCE_GRAD") and "B" in kinds
+        assert kinds[0] == "F" and kinds[-1] in ("B", "ALL_REDUCE") and "B" in kinds
+        # activations and their gradients are all-reduced, not parameter gradients
+        assert {e.action.kind for e in events if not e.action.is_compute} == {"ALL_REDUCE"}
         for prev, nxt in zip(events, events[1:], strict=False):
             assert prev.end <= nxt.start

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from course_utils.actions import Action
-from course_utils.schedules import make_schedule
-from course_utils.simulate import CostModel, simulate
+from course_utils.pipeline.schedules import make_schedule
+from course_utils.pipeline.simulate import CostModel, simulate
 from course_utils.timeline import Event, Timeline
 
 

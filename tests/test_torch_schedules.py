@@ -19,9 +19,6 @@ from __future__ import annotations
 from unittest import mock
 
 import pytest
-
-pipelining = pytest.importorskip("torch.distributed.pipelining")
-
 from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops  # noqa: E402
 from torch.distributed.pipelining.schedules import (  # noqa: E402
     Schedule1F1B,
@@ -31,7 +28,7 @@ from torch.distributed.pipelining.schedules import (  # noqa: E402
 )
 from torch.distributed.pipelining.stage import PipelineStage  # noqa: E402
 
-from course_utils.schedules import make_schedule  # noqa: E402
+from course_utils.pipeline.schedules import make_schedule  # noqa: E402
 
 COMPUTE = {"F", "B", "I", "W"}
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from course_utils.errors import CourseInputError, WorkerError
-from course_utils.workers import Aborted, DeviceThreads
+from course_utils.threads.devices import Aborted, DeviceThreads
 
 
 def test_runs_each_function_on_its_own_persistent_thread():

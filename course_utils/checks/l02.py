@@ -2,7 +2,7 @@
 
 Each `exercise_K` is called by the check cell of Exercise 2.K in
 `exercises/02_microbatching_gpipe.ipynb`. Schedules are graded with the course's own
-simulator (`course_utils.simulate`), so the feedback names the exact action that is wrong.
+simulator (`course_utils.pipeline.simulate`), so the feedback names the exact action that is wrong.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ def _as_action(value, what: str) -> Action:
 
 
 def _gpipe_starts(p: int, m: int) -> dict[Action, float]:
-    from course_utils.schedules import make_schedule
-    from course_utils.simulate import CostModel, simulate
+    from course_utils.pipeline.schedules import make_schedule
+    from course_utils.pipeline.simulate import CostModel, simulate
 
     timeline = simulate(make_schedule("gpipe", p, m), CostModel(forward=1.0, backward=2.0))
     return {e.action: e.start for e in timeline.events if e.action.is_compute}
@@ -102,7 +102,7 @@ def exercise_2(stage0_action, stage1_action) -> None:
 
 def exercise_3(gpipe_schedule) -> None:
     """Build gpipe_schedule(p, m) -> one list of action strings per device."""
-    from course_utils.simulate import validate
+    from course_utils.pipeline.simulate import validate
 
     call = check_function(gpipe_schedule, "gpipe_schedule")
     rng = random.Random()

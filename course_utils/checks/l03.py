@@ -144,8 +144,8 @@ def exercise_5(left_cause, right_cause) -> None:
 
 def exercise_6(efficiency, busiest_device) -> None:
     """Read a simulated timeline with an unbalanced last stage: efficiency and busiest device."""
-    from course_utils.schedules import make_schedule
-    from course_utils.simulate import CostModel, simulate
+    from course_utils.pipeline.schedules import make_schedule
+    from course_utils.pipeline.simulate import CostModel, simulate
 
     eff = _number_between_0_and_1(efficiency, "efficiency")
     dev = as_int(busiest_device, "busiest_device")

@@ -3,7 +3,7 @@
 Each `exercise_K` is called by the check cell of Exercise 4.K in
 `exercises/04_1f1b_zero_bubble.ipynb`. 1F1B is PipeDream-Flush (Narayanan et al. 2021,
 arXiv 2006.09503); ZB-H1 is from "Zero Bubble Pipeline Parallelism" (Qi et al. 2023,
-arXiv 2401.10241). The reference orders come from `course_utils.schedules`.
+arXiv 2401.10241). The reference orders come from `course_utils.pipeline.schedules`.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def exercise_1(peak_gpipe, peak_1f1b) -> None:
 
 
 def _reference(p: int, m: int, d: int) -> list[str]:
-    from course_utils.schedules import make_schedule
+    from course_utils.pipeline.schedules import make_schedule
 
     return [str(a) for a in make_schedule("1f1b", p, m).devices[d]]
 

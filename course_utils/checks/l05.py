@@ -185,8 +185,8 @@ def _parse_devices(my_schedule):
 def exercise_4(my_schedule) -> None:
     """A breadth-first schedule for p=2, v=2, m=2 written by hand."""
     from course_utils.actions import Schedule
-    from course_utils.schedules import make_schedule
-    from course_utils.simulate import simulate, validate
+    from course_utils.pipeline.schedules import make_schedule
+    from course_utils.pipeline.simulate import simulate, validate
 
     devices = _parse_devices(my_schedule)
     if any(a.kind not in ("F", "B") for acts in devices for a in acts):

@@ -285,7 +285,7 @@ SCALING_WORKERS = (1, 2, 4, 8, 16)
 
 def scaling_table() -> list[tuple[int, float, float]]:
     """(workers, compute seconds per step, all-reduce seconds per step) of Exercise 6.6."""
-    from course_utils.simulate import ring_allreduce_time
+    from course_utils.parallel.costs import ring_allreduce_time
 
     c, s, bw = SCALING["compute_1"], SCALING["grad_bytes"], SCALING["bandwidth"]
     return [(n, c / n, ring_allreduce_time(s, n, bw)) for n in SCALING_WORKERS]

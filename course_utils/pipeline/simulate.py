@@ -10,8 +10,7 @@ time when the producer sits on another device). The dependencies are those of ba
     W(s, m)        needs I(s, m)                        (weight gradient after input gradient)
 
 `validate` checks a hand-written order and returns kind, precise messages instead of
-raising, so exercises can grade a learner's schedule. `ring_allreduce_time` is the cost
-of a ring all-reduce (Patarasuk and Yuan, 2009), used by the data-parallel timelines.
+raising, so exercises can grade a learner's schedule.
 
 The simulator is event-driven (a pointer per device, and devices blocked on an action are
 woken when it finishes), so it handles 100k+ actions in well under a second.
@@ -21,17 +20,21 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from numbers import Real
 
 from course_utils.actions import Action, Schedule
 from course_utils.errors import CourseInputError, ScheduleError
-from course_utils.timeline import Event, Timeline
+from course_utils.timeline import Timeline
 
 # Dependency "slots": B and I both deliver the input gradient the stage before waits for.
 _FWD, _GRAD_IN, _WEIGHT = 0, 1, 2
 _SLOT = {"F": _FWD, "B": _GRAD_IN, "I": _GRAD_IN, "W": _WEIGHT}
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,34 @@ class CostModel:
             ):
                 raise CourseInputError(f"{name} must be a list of numbers >= 0, got {values!r}")
 
+    @classmethod
+    def from_times(
+        cls,
+        forward: float = 1.0,
+        backward: float = 2.0,
+        weight: float | None = None,
+        p2p: float = 0.0,
+        *,
+        names: Mapping[str, str] | None = None,
+    ) -> CostModel:
+        """A cost model from times as a learner types them: W is a time (part of B), not a
+        fraction; None means half of B. Every bad value is a one-line error; `names` says what
+        to call each value in it (the commands pass their flags, e.g. "--forward-cost")."""
+        name = {"forward": "forward cost", "backward": "backward cost", "p2p": "p2p cost"}
+        name |= {"weight": "weight cost", **(names or {})}
+        for key, value, strict in (("forward", forward, True), ("backward", backward, True)):
+            if not _finite(value) or value < 0 or (strict and value == 0):
+                raise CourseInputError(f"{name[key]} must be a finite number > 0, got {value!r}")
+        if not _finite(p2p) or p2p < 0:
+            raise CourseInputError(f"{name['p2p']} must be a finite number >= 0, got {p2p!r}")
+        if weight is not None and (not _finite(weight) or not 0 <= weight <= backward):
+            raise CourseInputError(
+                f"{name['weight']} must be between 0 and {name['backward']} ({backward:g}), "
+                f"got {weight!r}"
+            )
+        fraction = 0.5 if weight is None else weight / backward
+        return cls(float(forward), float(backward), fraction, float(p2p))
+
     def per_stage(self, stages: int, chunks: int) -> tuple[list[float], list[float]]:
         """Forward and backward cost of one micro-batch on each stage."""
         forward = self._stage_list("stage_forward", self.stage_forward, stages)
@@ -87,24 +118,6 @@ class CostModel:
                 f"{name} needs one cost per stage ({stages}), got {len(values)} values"
             )
         return [float(x) for x in values]
-
-
-def ring_allreduce_time(
-    nbytes: float, workers: int, bandwidth_bytes_per_s: float, latency_s: float = 0.0
-) -> float:
-    """Time of a ring all-reduce: 2(N-1)/N * bytes/bandwidth + 2(N-1) * latency.
-
-    Reduce-scatter then all-gather, each N-1 steps moving 1/N of the data
-    (Patarasuk and Yuan, 2009, "Bandwidth optimal all-reduce algorithms").
-    """
-    if workers < 1:
-        raise CourseInputError(f"workers must be >= 1, got {workers!r}")
-    if bandwidth_bytes_per_s <= 0:
-        raise CourseInputError(f"bandwidth must be > 0 bytes/s, got {bandwidth_bytes_per_s!r}")
-    if nbytes < 0 or latency_s < 0:
-        raise CourseInputError("bytes and latency must be >= 0")
-    steps = 2 * (workers - 1)
-    return steps / workers * nbytes / bandwidth_bytes_per_s + steps * latency_s
 
 
 # --------------------------------------------------------------------------- reading input
@@ -149,8 +162,9 @@ def _structure_is_fine(devices: list[list[Action]], stages: int, microbatches: i
     return all(b ^ i for b, i in zip(full, inputs, strict=True))
 
 
-def _structure_problems(devices: list[list[Action]], stages: int, microbatches: int) -> list[str]:
-    """Everything wrong with the set of actions, ignoring their order."""
+def structure_problems(devices: list[list[Action]], stages: int, microbatches: int) -> list[str]:
+    """Everything wrong with the set of actions, ignoring their order: each action once, each
+    stage on one device, nothing missing. The executor checks schedules with it too."""
     if _structure_is_fine(devices, stages, microbatches):
         return []
     problems: list[str] = []
@@ -337,7 +351,7 @@ def _peaks(devices: list[list[Action]], scale: int) -> list[int]:
 def _prepare(schedule: Schedule, costs: CostModel):
     devices = _as_device_lists(schedule)
     microbatches = -(-schedule.microbatches // schedule.batch_scale)  # naive: just one
-    problems = _structure_problems(devices, schedule.stages, microbatches)
+    problems = structure_problems(devices, schedule.stages, microbatches)
     if problems:
         raise ScheduleError(f"{schedule.name}: " + "; ".join(problems))
     fwd, bwd = costs.per_stage(schedule.stages, schedule.chunks)
@@ -381,27 +395,18 @@ def simulate_arrays(schedule: Schedule, costs: CostModel | None = None) -> dict:
 
 def simulate(schedule: Schedule, costs: CostModel | None = None) -> Timeline:
     """Simulated timeline of `schedule` under `costs` (raises ScheduleError if it cannot run)."""
+    costs = costs or CostModel()
     result = simulate_arrays(schedule, costs)
-    events = [
-        Event(d, a, s, e)
-        for d, (acts, st, en) in enumerate(
-            zip(result["actions"], result["starts"], result["ends"], strict=True)
-        )
-        for a, s, e in zip(acts, st, en, strict=True)
-    ]
-    return Timeline(
-        events=events,
-        num_devices=schedule.num_devices,
+    return Timeline.from_lanes(
+        list(zip(result["actions"], result["starts"], result["ends"], strict=True)),
         name=schedule.name,
         source="simulated",
         unit="units",
         peak_activations=result["peak_activations"],
-        meta={
-            "stages": schedule.stages,
-            "microbatches": schedule.microbatches,
-            "chunks": schedule.chunks,
-            "costs": asdict(costs or CostModel()),
-        },
+        meta={"costs": asdict(costs)},
+        stages=schedule.stages,
+        microbatches=schedule.microbatches,
+        chunks=schedule.chunks,
     )
 
 
@@ -429,7 +434,7 @@ def validate(
         devices = _as_device_lists(devices_or_schedule)
     except CourseInputError as exc:
         return [str(exc)]
-    problems = _structure_problems(devices, stages, microbatches)
+    problems = structure_problems(devices, stages, microbatches)
     if problems:
         return problems
     ones = [1.0] * stages

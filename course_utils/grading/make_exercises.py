@@ -1,7 +1,7 @@
 """Generate exercises/ from solutions/: the solved notebooks are the one source of truth.
 
-    python -m course_utils.make_exercises          # (re)write exercises/*.ipynb
-    python -m course_utils.make_exercises --check  # exit 1 and list stale files
+    python -m course_utils.grading.make_exercises          # (re)write exercises/*.ipynb
+    python -m course_utils.grading.make_exercises --check  # exit 1 and list stale files
 
 Each `### BEGIN SOLUTION` ... `### END SOLUTION` block (nbgrader's markers) becomes
 `# YOUR CODE HERE` + `raise NotImplementedError()` at the block's indentation (in markdown
@@ -20,7 +20,7 @@ from pathlib import Path
 import nbformat
 
 from course_utils.errors import CourseInputError
-from course_utils.notebook_tools import (
+from course_utils.grading.notebook_tools import (
     EXERCISES,
     SOLUTIONS,
     notebook_text,
@@ -94,7 +94,7 @@ def write_exercises(solutions: Path = SOLUTIONS, exercises: Path = EXERCISES) ->
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m course_utils.make_exercises", description=__doc__.split("\n")[0]
+        prog="python -m course_utils.grading.make_exercises", description=__doc__.split("\n")[0]
     )
     parser.add_argument(
         "--check", action="store_true", help="only report stale files (exit 1 if any)"

@@ -23,8 +23,6 @@ full-batch mean loss; the tests check them against the unsplit model.
 
 from __future__ import annotations
 
-import json
-import sys
 import threading
 import time
 from collections import defaultdict
@@ -35,8 +33,9 @@ from torch import nn
 
 from course_utils.actions import KIND_NAMES, Action, Schedule
 from course_utils.errors import CourseInputError, ScheduleError, WorkerError
+from course_utils.pipeline.simulate import structure_problems
+from course_utils.threads.devices import Aborted, DeviceThreads
 from course_utils.timeline import Event, Timeline
-from course_utils.workers import Aborted, DeviceThreads
 
 _POLL_S = 0.02  # how often a waiting device re-checks abort and deadlock
 
@@ -212,35 +211,23 @@ class PipelineExecutor:
     def _check(self, schedule: Schedule) -> int:
         """Structural problems fail fast; returns the number of micro-batch chunks."""
         if not isinstance(schedule, Schedule):
-            raise CourseInputError("schedule must be a Schedule (see course_utils.schedules)")
+            raise CourseInputError(
+                "schedule must be a Schedule (see course_utils.pipeline.schedules)"
+            )
         if schedule.num_devices != self.num_devices or schedule.stages != len(self.stages):
             raise CourseInputError(
                 f"schedule is for {schedule.num_devices} devices and {schedule.stages} stages, "
                 f"but this executor has {self.num_devices} devices and {len(self.stages)} stages"
             )
         n_mb = -(-schedule.microbatches // schedule.batch_scale)  # naive: one whole batch
-        counts: dict[tuple[int, str, int], int] = defaultdict(int)
-        problems = []
-        for d, actions in enumerate(schedule.devices):
-            for a in actions:
-                if not a.is_compute:
-                    continue
-                if a.stage >= schedule.stages or a.microbatch is None or a.microbatch >= n_mb:
-                    problems.append(f"{a} on device {d} is out of range")
-                elif a.stage % self.num_devices != d:
-                    problems.append(
-                        f"{a} is on device {d} but stage {a.stage} lives on device "
-                        f"{a.stage % self.num_devices}"
-                    )
-                counts[(a.stage, a.kind, a.microbatch)] += 1
-        for s in range(schedule.stages):
-            for mb in range(n_mb):
-                f, b = counts[(s, "F", mb)], counts[(s, "B", mb)]
-                i, w = counts[(s, "I", mb)], counts[(s, "W", mb)]
-                if f != 1:
-                    problems.append(f"{s}F{mb} appears {f} times (needs exactly 1)")
-                if not ((b == 1 and i == w == 0) or (b == 0 and i == w == 1)):
-                    problems.append(f"stage {s} micro-batch {mb} needs one B, or one I and one W")
+        devices = [list(actions) for actions in schedule.devices]
+        problems = structure_problems(devices, schedule.stages, n_mb)  # the simulator's checks
+        for stage, device in sorted(schedule.device_of_stage().items()):
+            if stage < schedule.stages and device != stage % self.num_devices:
+                problems.append(
+                    f"stage {stage} is on device {device}, but it lives on device "
+                    f"{stage % self.num_devices} (looping placement: stage s on s % devices)"
+                )
         if problems:
             more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
             raise ScheduleError(f"{schedule.name}: " + "; ".join(problems[:5]) + more)
@@ -413,7 +400,9 @@ class _Run:
             source="measured",
             unit="s",
             peak_activations=[p * sched.batch_scale for p in self.peaks],
-            meta={"stages": sched.stages, "microbatches": sched.microbatches},
+            stages=sched.stages,
+            microbatches=sched.microbatches,
+            chunks=sched.chunks,
         )
         loss = sum(self.losses[mb] for mb in sorted(self.losses)) * self.scale
         return StepResult(
@@ -468,7 +457,7 @@ def _stage_costs(events: list[Event], schedule: Schedule) -> StageCosts:
 
 def simulated_from_measured(result: StepResult, schedule: Schedule) -> Timeline:
     """The simulator's prediction for `schedule` using the measured per-stage costs (s)."""
-    from course_utils.simulate import CostModel, simulate
+    from course_utils.pipeline.simulate import CostModel, simulate
 
     costs = result.stage_costs
     model = CostModel(
@@ -479,36 +468,6 @@ def simulated_from_measured(result: StepResult, schedule: Schedule) -> Timeline:
     timeline = simulate(schedule, model)
     timeline.unit = "s"
     return timeline
-
-
-# --------------------------------------------------------------------------- CLI
-
-
-def add_arguments(parser) -> None:
-    parser.add_argument("name", help="schedule: naive, gpipe, 1f1b, interleaved, ...")
-    parser.add_argument("--stages", type=int, default=2, help="pipeline devices P (threads)")
-    parser.add_argument("--microbatches", type=int, default=4, help="micro-batches M")
-    parser.add_argument("--chunks", type=int, default=1, help="stages per device V")
-    parser.add_argument("--model", choices=("gpt", "mlp"), default="gpt")
-    parser.add_argument(
-        "--batch-size", type=int, default=None, help="default: 16 x M (gpt), 64 x M (mlp)"
-    )
-    parser.add_argument("--fail-at", default=None, help="inject an error in ACTION, e.g. 1F2")
-    parser.add_argument("--gantt", default=None, metavar="PNG", help="draw measured vs simulated")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    parser.add_argument("--seed", type=int, default=0)
-
-
-def build_model(kind: str, num_stages: int, seed: int = 0) -> nn.Module:
-    """The CLI's models: enough layers for `num_stages` stages."""
-    from course_utils.models import MLP, CharTokenizer, GPTConfig, TinyGPT, load_text
-
-    torch.manual_seed(seed)
-    if kind == "mlp":
-        return MLP(d_in=256, d_hidden=512, d_out=10, depth=max(4, num_stages))
-    vocab = CharTokenizer(load_text()).vocab_size
-    cfg = GPTConfig(vocab_size=vocab, block_size=32, n_layer=max(4, num_stages), d_model=64)
-    return TinyGPT(cfg)
 
 
 def unsplit_step_time(model: nn.Module, loss_fn, x, y, repeats: int = 3) -> float:
@@ -530,87 +489,9 @@ def unsplit_step_time(model: nn.Module, loss_fn, x, y, repeats: int = 3) -> floa
 
 def ideal_speedup(schedule: Schedule) -> float:
     """Speed-up with equal stages and free communication: p*m*(F+B) / simulated makespan."""
-    from course_utils.simulate import CostModel, simulate
+    from course_utils.pipeline.simulate import CostModel, simulate
 
     costs = CostModel()
     timeline = simulate(schedule, costs)
     unsplit = schedule.num_devices * schedule.microbatches * (costs.forward + costs.backward)
     return unsplit / timeline.makespan
-
-
-def run(args) -> int:
-    import copy
-
-    from course_utils.models import loss_fn, partition
-    from course_utils.schedules import make_schedule
-
-    p, m, v = args.stages, args.microbatches, args.chunks
-    schedule = make_schedule(args.name, p, m, v)
-    if args.batch_size is None:  # enough work per micro-batch that threads pay off
-        batch = (16 if args.model == "gpt" else 64) * m
-    else:
-        batch = args.batch_size
-    if batch < 1 or batch % m:
-        raise CourseInputError(f"--batch-size must be a positive multiple of --microbatches ({m})")
-    model = build_model(args.model, p * v, args.seed)
-    x, y = model.example_batch(batch, torch.Generator().manual_seed(args.seed))
-    reference = copy.deepcopy(model)
-    naive_s = unsplit_step_time(reference, loss_fn, x, y)
-    ref_loss = loss_fn(reference(x), y)
-    ref_loss.backward()
-
-    with PipelineExecutor(partition(model, p * v), p, loss_fn) as ex:
-        try:
-            ex.step(schedule, x, y, fail_at=args.fail_at)  # warm-up (first-call costs)
-            # the least disturbed of a few steps, like the unsplit baseline (same batch, so
-            # the gradients compared below are the same whichever step is kept)
-            result = min(
-                (ex.step(schedule, x, y) for _ in range(3)), key=lambda r: r.timeline.makespan
-            )
-        except (WorkerError, ScheduleError) as err:
-            print(f"python -m course_utils run: {err}", file=sys.stderr)
-            return 1
-    grad_diff = max(
-        (a.grad - b.grad).abs().max().item()
-        for a, b in zip(model.parameters(), reference.parameters(), strict=True)
-    )
-    simulated = simulated_from_measured(result, schedule)
-    measured = result.timeline
-    figures = {
-        "schedule": schedule.name,
-        "measured_makespan_s": measured.makespan,
-        "naive_makespan_s": naive_s,
-        "speedup": naive_s / measured.makespan,
-        "ideal_speedup": ideal_speedup(schedule),
-        "simulated_makespan_s": simulated.makespan,
-        "max_grad_diff": grad_diff,
-        "loss": result.loss,
-        "reference_loss": ref_loss.item(),
-        "events": [e.to_dict() for e in measured.events],
-    }
-    if args.gantt:
-        try:
-            from course_utils import gantt
-        except ImportError:
-            print("gantt drawing is not available yet (course_utils.gantt)", file=sys.stderr)
-        else:
-            fig = gantt.compare(simulated, measured)
-            fig.savefig(args.gantt, dpi=120, bbox_inches="tight")
-    if args.json:
-        print(json.dumps(figures, indent=1))
-    else:
-        print(str(schedule))
-        print(
-            f"loss {result.loss:.5f} (unsplit {ref_loss.item():.5f}), "
-            f"max gradient difference {grad_diff:.2e}"
-        )
-        print(
-            f"measured {measured.makespan * 1e3:.2f} ms, unsplit on one thread "
-            f"{naive_s * 1e3:.2f} ms: speed-up {figures['speedup']:.2f}x "
-            f"(ideal {figures['ideal_speedup']:.2f}x); "
-            f"simulated from measured stage costs {simulated.makespan * 1e3:.2f} ms"
-        )
-        print(f"peak activations per device (micro-batches): {measured.peak_activations}")
-        if args.gantt:
-            print(f"wrote {args.gantt}")
-    return 0

@@ -110,6 +110,49 @@ COURSE_RC: dict[str, object] = {
 }
 
 
+# Kinds of bar, in legend order: (category, legend label, hatch). Both renderers (gantt.py's
+# matplotlib charts and raster.py's painted ones) draw these, with the same fills and labels.
+CATEGORIES = (
+    ("F", "forward (F)", FORWARD_HATCH),
+    ("B", "backward (B)", BACKWARD_HATCH),
+    ("I", "input-grad (I)", INPUT_GRAD_HATCH),
+    ("W", "weight-grad (W)", WEIGHT_GRAD_HATCH),
+    ("comm", "communication", ""),
+)
+BUBBLE_LABEL = "idle (bubble)"
+
+
+def category(kind: str) -> str:
+    """The bar category of an action kind: F, B, I, W, or "comm" for every communication."""
+    return kind if kind in ("F", "B", "I", "W") else "comm"
+
+
+def fill(category: str, microbatch: int | None) -> tuple[float, float, float]:
+    """A bar's fill: the micro-batch colour, darker for B and I, lighter for W."""
+    base = microbatch_color(microbatch)
+    if category in ("B", "I"):
+        return darken(base)
+    if category == "W":
+        return lighten(base)
+    if category == "comm":
+        return to_rgb(COMM_COLOR)
+    return base
+
+
+def bar_labels(action, label: str | None, chunks: int) -> list[str]:
+    """What a bar may say, longest first; a renderer shows the first that fits.
+
+    An event's own label wins. With several chunks per device the stage number tells the
+    chunk ("5F3"); otherwise the row already says the stage, so "F3", then just "3".
+    """
+    if label:
+        return [label]
+    mb = "" if action.microbatch is None else str(action.microbatch)
+    short = f"{action.kind}{mb}"
+    full = [str(action)] if chunks > 1 else []
+    return full + [short] + ([mb] if mb else [])
+
+
 def use_course_style() -> None:
     """Apply the course's matplotlib settings (safe to call many times)."""
     mpl.rcParams.update(COURSE_RC)

@@ -2,7 +2,7 @@
 
 Every replica (one thread = one device) holds a full copy of the model and gets its own
 slice of the mini-batch. All replicas run forward and backward at the same time; then the
-gradients are summed with the hand-made all-reduce from `course_utils.collectives`
+gradients are summed with the hand-made all-reduce from `course_utils.threads.collectives`
 (ring or naive), and every replica applies the same optimizer step to the same summed
 gradient, so the replicas stay identical, step after step.
 
@@ -15,7 +15,7 @@ shards this is the usual "average the gradients".
 
 `DataParallel.step` also records a measured `Timeline` (real `perf_counter_ns` times):
 per replica a forward `0F0`, a backward `0B0` and the all-reduce `0REDUCE_GRAD`
-(labelled "all-reduce"), drawn by `course_utils.gantt.draw` like every other timeline.
+(labelled "all-reduce"), drawn by `course_utils.charts.gantt.draw` like every other timeline.
 
 `dp_speedup_model` is the back-of-the-envelope model for the lesson: why adding workers
 stops paying off once the all-reduce costs as much as the shrinking compute.
@@ -24,28 +24,22 @@ stops paying off once the all-reduce costs as much as the shrinking compute.
 from __future__ import annotations
 
 import copy
-import json
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from course_utils.actions import Action
-from course_utils.collectives import ALGORITHMS, ThreadGroup, check_options
 from course_utils.errors import CourseInputError
-from course_utils.simulate import ring_allreduce_time
+from course_utils.models import loss_fn
+from course_utils.parallel.costs import ring_allreduce_time
+from course_utils.threads.collectives import ThreadGroup, check_options
+from course_utils.threads.devices import DeviceThreads
 from course_utils.timeline import Event, Timeline
-from course_utils.workers import DeviceThreads
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
-
-
-def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over all positions (works for (B, C) and (B, T, C) logits)."""
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
 
 
 def sgd(lr: float = 0.1) -> OptimizerFactory:
@@ -87,7 +81,7 @@ class DataParallel:
         model: nn.Module,
         workers: int,
         algorithm: str = "ring",
-        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = cross_entropy,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = loss_fn,
         optimizer: OptimizerFactory | None = None,
         timeout: float = 120.0,
     ) -> None:
@@ -200,7 +194,7 @@ def _grad(p: nn.Parameter) -> torch.Tensor:
 def single_worker_steps(
     model: nn.Module,
     batches: Iterable[tuple[torch.Tensor, torch.Tensor]],
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = cross_entropy,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = loss_fn,
     optimizer: OptimizerFactory | None = None,
 ) -> tuple[nn.Module, list[float]]:
     """The reference: a copy of `model` trained by plain gradient descent on whole batches."""
@@ -267,99 +261,3 @@ def dp_speedup_model(
         raise CourseInputError(f"overlap must be between 0 and 1, got {overlap!r}")
     comm = ring_allreduce_time(grad_bytes, workers, bandwidth, latency)
     return compute_time / (compute_time / workers + (1.0 - overlap) * comm)
-
-
-# -- command line -------------------------------------------------------------------------
-
-
-def add_arguments(parser) -> None:
-    parser.add_argument("--workers", type=int, default=2, help="data-parallel replicas (>= 1)")
-    parser.add_argument(
-        "--allreduce", default="ring", help=f"all-reduce algorithm: {', '.join(ALGORITHMS)}"
-    )
-    parser.add_argument("--batch", type=int, default=256, help="global mini-batch size")
-    parser.add_argument("--steps", type=int, default=3, help="steps compared with one worker")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
-
-
-def _cli_model(seed: int = 0) -> tuple[nn.Module, int, int]:
-    """An MLP big enough that a step takes tens of ms on one core: (model, d_in, classes)."""
-    from course_utils.models import MLP
-
-    torch.manual_seed(seed)
-    d_in, width, classes = 256, 512, 10
-    return MLP(d_in, width, classes, depth=3), d_in, classes
-
-
-def _time_steps(dp: DataParallel, x, y, repeats: int) -> tuple[float, DPStepResult]:
-    """Best step time of `repeats` steps after one warm-up step (and the last result)."""
-    result = dp.step(x, y)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = dp.step(x, y)
-        best = min(best, time.perf_counter() - start)
-    return best, result
-
-
-def compare(
-    workers: int, algorithm: str = "ring", batch: int = 256, steps: int = 3, repeats: int = 5
-) -> dict:
-    """Train N replicas and one worker side by side; return the CLI's figures as a dict."""
-    if not isinstance(workers, int) or workers < 1:
-        raise CourseInputError(f"--workers must be an integer >= 1, got {workers!r}")
-    if algorithm not in ALGORITHMS:
-        raise CourseInputError(
-            f"--allreduce must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}"
-        )
-    if steps < 1:
-        raise CourseInputError(f"--steps must be >= 1, got {steps!r}")
-    shard_sizes(batch, workers)  # validates --batch against --workers
-    model, d_in, classes = _cli_model()
-    gen = torch.Generator().manual_seed(1)
-    batches = [
-        (torch.randn(batch, d_in, generator=gen), torch.randint(classes, (batch,), generator=gen))
-        for _ in range(steps)
-    ]
-    reference, _ = single_worker_steps(model, batches)
-    with DataParallel(model, workers, algorithm) as dp, DataParallel(model, 1) as one:
-        for x, y in batches:
-            dp.step(x, y)
-        diff = max_param_diff(dp.replicas[0], reference)
-        x, y = batches[0]
-        t_one, _ = _time_steps(one, x, y, repeats)
-        t_dp, last = _time_steps(dp, x, y, repeats)
-        param_bytes = dp.param_bytes
-    return {
-        "workers": workers,
-        "allreduce": algorithm,
-        "batch": batch,
-        "max_param_diff": diff,
-        "speedup": t_one / t_dp,
-        "step_time_one_worker_s": t_one,
-        "step_time_s": t_dp,
-        "bytes_sent_per_worker": last.bytes_sent,
-        "param_bytes": param_bytes,
-        "events": [
-            {**e.to_dict(), "label": e.label}
-            for e in sorted(last.timeline.events, key=lambda e: (e.start, e.device))
-        ],
-    }
-
-
-def run(args) -> int:
-    result = compare(args.workers, args.allreduce, args.batch, args.steps)
-    if args.json:
-        print(json.dumps(result, indent=2))
-        return 0
-    n = result["workers"]
-    print(f"data parallel: {n} workers, {result['allreduce']} all-reduce, batch {args.batch}")
-    print(f"  max |param diff| vs one worker on the whole batch: {result['max_param_diff']:.2e}")
-    print(
-        f"  step time: {1e3 * result['step_time_s']:.1f} ms vs "
-        f"{1e3 * result['step_time_one_worker_s']:.1f} ms on one worker "
-        f"-> speed-up {result['speedup']:.2f}x (ideal {n}x)"
-    )
-    sent = ", ".join(f"{b / 1e6:.3f}" for b in result["bytes_sent_per_worker"])
-    print(f"  gradient bytes: {result['param_bytes'] / 1e6:.3f} MB; sent per worker (MB): {sent}")
-    return 0

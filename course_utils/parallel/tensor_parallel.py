@@ -19,13 +19,12 @@ Megatron names the two communication points f and g:
 - g, after the row-parallel layer: all-reduce forward, identity backward.
 
 Both are `torch.autograd.Function`s here that call the hand-made all-reduce of
-`course_utils.collectives`, so autograd does the rest. Per forward and per backward,
+`course_utils.threads.collectives`, so autograd does the rest. Per forward and per backward,
 every device all-reduces one tensor the size of the MLP's output (tokens x d_model).
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,8 +34,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from course_utils.actions import Action
-from course_utils.collectives import (
-    ALGORITHMS,
+from course_utils.errors import CourseInputError
+from course_utils.threads.collectives import (
     Communicator,
     ThreadGroup,
     check_options,
@@ -44,9 +43,8 @@ from course_utils.collectives import (
     naive_bytes_per_rank,
     ring_bytes_per_rank,
 )
-from course_utils.errors import CourseInputError
+from course_utils.threads.devices import DeviceThreads
 from course_utils.timeline import Event, Timeline
-from course_utils.workers import DeviceThreads
 
 # -- Megatron's f and g -------------------------------------------------------------------
 
@@ -335,7 +333,7 @@ def _events(rank: int, t0: int, phases, comms) -> list[Event]:
             if start <= c_start < end:
                 if c_start > cursor:
                     events.append(_event(rank, Action(0, kind, 0), cursor, c_start, t0))
-                events.append(_event(rank, Action(0, "REDUCE_GRAD"), c_start, c_end, t0, label))
+                events.append(_event(rank, Action(0, "ALL_REDUCE"), c_start, c_end, t0, label))
                 cursor = c_end
         if end > cursor:
             events.append(_event(rank, Action(0, kind, 0), cursor, end, t0))
@@ -385,66 +383,3 @@ def tp_mlp_comm_bytes(
 
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a - b).abs().max().item() if a.numel() else 0.0
-
-
-# -- command line -------------------------------------------------------------------------
-
-
-def add_arguments(parser) -> None:
-    parser.add_argument("--workers", type=int, default=2, help="tensor-parallel devices (>= 1)")
-    parser.add_argument(
-        "--allreduce", default="ring", help=f"all-reduce algorithm: {', '.join(ALGORITHMS)}"
-    )
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
-
-
-def compare(workers: int, algorithm: str = "ring", seed: int = 0) -> dict:
-    """Run a GPT-sized-down MLP (64 -> 256 -> 64) split over `workers` threads vs unsplit."""
-    if not isinstance(workers, int) or workers < 1:
-        raise CourseInputError(f"--workers must be an integer >= 1, got {workers!r}")
-    if algorithm not in ALGORITHMS:
-        raise CourseInputError(
-            f"--allreduce must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}"
-        )
-    d_model, hidden, batch, seq = 64, 256, 4, 16
-    if workers > hidden:
-        raise CourseInputError(f"--workers must be <= {hidden} (the hidden size), got {workers}")
-    torch.manual_seed(seed)
-    linear1, linear2 = nn.Linear(d_model, hidden), nn.Linear(hidden, d_model)
-    gen = torch.Generator().manual_seed(seed + 1)
-    x = torch.randn(batch, seq, d_model, generator=gen)
-    dy = torch.randn(batch, seq, d_model, generator=gen)
-    y_ref, dx_ref, grads_ref = unsplit_forward_backward(linear1, linear2, x, dy)
-    with TensorParallelMLP(linear1, linear2, workers, algorithm=algorithm) as tp:
-        result = tp.forward_backward(x, dy)
-    out_diff = max(max_diff(y, y_ref) for y in result.outputs)
-    grad_diffs = [max_diff(dx, dx_ref) for dx in result.input_grads]
-    grad_diffs += [max_diff(result.grads[k], g) for k, g in grads_ref.items()]
-    return {
-        "workers": workers,
-        "allreduce": algorithm,
-        "shape": [batch, seq, d_model],
-        "hidden": hidden,
-        "max_output_diff": out_diff,
-        "max_grad_diff": max(grad_diffs),
-        "bytes_forward_per_worker": result.bytes_forward,
-        "bytes_backward_per_worker": result.bytes_backward,
-    }
-
-
-def run(args) -> int:
-    result = compare(args.workers, args.allreduce)
-    if args.json:
-        print(json.dumps(result, indent=2))
-        return 0
-    b, s, d = result["shape"]
-    print(
-        f"tensor-parallel MLP {d} -> {result['hidden']} -> {d} on {result['workers']} threads, "
-        f"input {b}x{s}x{d}, {result['allreduce']} all-reduce"
-    )
-    print(f"  max |output diff| vs unsplit:   {result['max_output_diff']:.2e}")
-    print(f"  max |gradient diff| vs unsplit: {result['max_grad_diff']:.2e}")
-    fwd = ", ".join(str(x) for x in result["bytes_forward_per_worker"])
-    bwd = ", ".join(str(x) for x in result["bytes_backward_per_worker"])
-    print(f"  bytes sent per worker: forward [{fwd}], backward [{bwd}]")
-    return 0

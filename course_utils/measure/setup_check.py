@@ -10,24 +10,18 @@ mistaken for a broken set-up:
    keeps counting while a worker thread is inside one long matrix multiply. If torch
    kept the lock, the count would stop for the whole multiply, however idle the machine.
 
-The speed-up of two threads over one is measured too. It depends on what else runs on
-the machine, so a low one is reported as a warning, not an error.
+The speed-up of two threads over one is measured too, with the capacity probe every lesson
+uses (`course_utils.measure.capacity`). It depends on what else runs on the machine, so a
+low one is reported as a warning, not an error.
 """
 
 from __future__ import annotations
 
-import os
 import platform
 import threading
 import time
 
-
-def available_cores() -> int:
-    """Cores this process may run on (respects container and affinity limits)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+from course_utils.measure.capacity import available_cores, probe
 
 
 def _long_op() -> None:
@@ -65,33 +59,9 @@ def python_runs_during_torch() -> int:
     return sum(1 for t in ticks if start + margin < t < end - margin)
 
 
-def _work(size: int, repeats: int) -> None:
-    import torch
-
-    torch.set_num_threads(1)  # one core per thread, like one device per thread
-    a = torch.randn(size, size)
-    for _ in range(repeats):
-        a = (a @ a / size).tanh()
-
-
-def concurrency_speedup(size: int = 128, repeats: int = 300) -> float:
-    """Time the same torch work twice in one thread, then once in each of two threads.
-
-    Returns sequential time / parallel time: about 2 on an idle 2-core machine, less when
-    other programs share the cores, about 1 when the threads take turns.
-    """
-    _work(size, 5)  # warm-up
-    start = time.perf_counter()
-    _work(size, repeats)
-    _work(size, repeats)
-    sequential = time.perf_counter() - start
-    threads = [threading.Thread(target=_work, args=(size, repeats)) for _ in range(2)]
-    start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return sequential / (time.perf_counter() - start)
+def concurrency_speedup() -> float:
+    """How much faster two device threads compute than one right now (the capacity probe)."""
+    return probe().speedup
 
 
 def check_setup(min_speedup: float = 1.3, attempts: int = 3) -> dict:

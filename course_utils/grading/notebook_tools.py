@@ -18,7 +18,7 @@ import nbformat
 
 from course_utils.errors import CourseInputError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SOLUTIONS = REPO / "solutions"
 EXERCISES = REPO / "exercises"
 

@@ -15,43 +15,26 @@ so `draw([simulated, measured])` or `compare(simulated, measured)` stacks them o
 time axis. Bars are drawn as one collection per kind of work, not one artist per bar,
 so a 16-device, 64-micro-batch chart still renders in a few tens of milliseconds.
 
-Also the `python -m course_utils gantt` command. This module never imports torch.
+The `python -m course_utils gantt` command draws a schedule with it. This module never
+imports torch.
 """
 
 from __future__ import annotations
 
-import argparse
 import io
 from dataclasses import replace
 from pathlib import Path
 
-import matplotlib
 from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from course_utils import style
+from course_utils.charts import style
 from course_utils.errors import CourseInputError
+from course_utils.pipeline.schedules import label as schedule_label
 from course_utils.timeline import Event, Timeline
 
-# How schedule names are written in titles.
-PRETTY_NAMES = {
-    "naive": "Naive (no micro-batches)",
-    "gpipe": "GPipe",
-    "1f1b": "1F1B",
-    "interleaved": "Interleaved 1F1B",
-    "breadth-first": "Breadth-first",
-    "zb-h1": "ZB-H1",
-}
-
-# Kinds of work, in legend order: (key, legend label, hatch).
-CATEGORIES = (
-    ("F", "forward (F)", style.FORWARD_HATCH),
-    ("B", "backward (B)", style.BACKWARD_HATCH),
-    ("I", "input-grad (I)", style.INPUT_GRAD_HATCH),
-    ("W", "weight-grad (W)", style.WEIGHT_GRAD_HATCH),
-    ("comm", "communication", ""),
-)
+CATEGORIES = style.CATEGORIES
 
 # Layout, in inches: fixed margins instead of tight_layout, which is slow and jumpy.
 LEFT, RIGHT = 0.85, 0.25
@@ -72,8 +55,7 @@ MIN_HATCH_PX = 8  # narrower bars are drawn without hatching
 
 
 def _category(event: Event) -> str:
-    kind = event.action.kind
-    return kind if kind in ("F", "B", "I", "W") else "comm"
+    return style.category(event.action.kind)
 
 
 def _stats(timeline: Timeline) -> tuple[float, float, list[float]]:
@@ -87,14 +69,12 @@ def bubble_fraction(timeline: Timeline) -> float:
 
 
 def _shape(timeline: Timeline) -> tuple[int, int, int]:
-    """(devices, micro-batches, chunks) of a timeline, from its meta or its events."""
-    p = timeline.num_devices
-    meta = timeline.meta or {}
-    mbs = {e.action.microbatch for e in timeline.events if e.action.microbatch is not None}
-    m = int(meta.get("microbatches", len(mbs)))
-    stages = {e.action.stage for e in timeline.events if e.action.is_compute}
-    v = int(meta.get("chunks", max(1, (max(stages) + 1) // p) if stages and p else 1))
-    return p, m, v
+    """(devices, micro-batches, chunks) of a timeline; micro-batches counted from the events
+    when the timeline does not say (a measured data-parallel step, say)."""
+    m = timeline.microbatches
+    if m is None:
+        m = len({e.action.microbatch for e in timeline.events if e.action.microbatch is not None})
+    return timeline.num_devices, m, timeline.chunks
 
 
 def _time_unit(timeline: Timeline) -> tuple[float, str]:
@@ -113,7 +93,7 @@ def title_for(timeline: Timeline, prefix: str | None = None) -> str:
     """E.g. '1F1B, p=4, m=8 — makespan 33.0 units, bubble 27.3%'."""
     if prefix is None:
         name = timeline.name or "timeline"
-        prefix = PRETTY_NAMES.get(name.lower(), name)
+        prefix = schedule_label(name)
         if "p=" not in prefix:
             p, m, v = _shape(timeline)
             prefix += f", p={p}, m={m}" + (f", v={v}" if v > 1 else "")
@@ -145,25 +125,11 @@ def _rect(x0: float, x1: float, y0: float, y1: float) -> list[tuple[float, float
 
 
 def _fill(category: str, microbatch: int | None):
-    base = style.microbatch_color(microbatch)
-    if category in ("B", "I"):
-        return style.darken(base)
-    if category == "W":
-        return style.lighten(base)
-    if category == "comm":
-        return matplotlib.colors.to_rgb(style.COMM_COLOR)
-    return base
+    return style.fill(category, microbatch)
 
 
 def _label_candidates(event: Event, chunks: int) -> list[str]:
-    if event.label:
-        return [event.label]
-    a = event.action
-    mb = "" if a.microbatch is None else str(a.microbatch)
-    short = f"{a.kind}{mb}"
-    # With chunks the stage number says which chunk; without, the row already says it.
-    full = [str(a)] if chunks > 1 else []
-    return full + [short] + ([mb] if mb else [])
+    return style.bar_labels(event.action, event.label, chunks)
 
 
 # ----------------------------------------------------------------------------- drawing
@@ -310,7 +276,7 @@ def _legend_handles(present: set[str]) -> list[Patch]:
         handles[-1].set_hatchcolor(hatchcolor)
     if "bubble" in present:
         bubble = Patch(
-            facecolor=style.BUBBLE_COLOR, hatch=style.BUBBLE_HATCH, label="idle (bubble)"
+            facecolor=style.BUBBLE_COLOR, hatch=style.BUBBLE_HATCH, label=style.BUBBLE_LABEL
         )
         bubble.set_hatchcolor(style.BUBBLE_HATCH_COLOR)
         handles.append(bubble)
@@ -440,7 +406,7 @@ def compare(simulated: Timeline, measured: Timeline, **kwargs) -> Figure:
         factor = real_busy / sim_busy
         scale, unit = _time_unit(measured)
         events = [replace(e, start=e.start * factor, end=e.end * factor) for e in simulated.events]
-        name = PRETTY_NAMES.get(simulated.name.lower(), simulated.name or "timeline")
+        name = schedule_label(simulated.name or "timeline")
         p, m, v = _shape(simulated)
         simulated = Timeline(
             events,
@@ -452,7 +418,10 @@ def compare(simulated: Timeline, measured: Timeline, **kwargs) -> Figure:
             source="simulated",
             unit=measured.unit,
             peak_activations=simulated.peak_activations,
-            meta=dict(simulated.meta or {}),
+            meta=dict(simulated.meta),
+            stages=simulated.stages,
+            microbatches=simulated.microbatches,
+            chunks=simulated.chunks,
         )
     return draw([simulated, measured], share_x=True, **kwargs)
 
@@ -473,69 +442,3 @@ def to_png(fig: Figure, dpi: float | None = None) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi or fig.dpi, facecolor="white")
     return buf.getvalue()
-
-
-# ----------------------------------------------------------------------------- CLI
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from course_utils.schedules import SCHEDULES
-
-    parser.add_argument("name", choices=SCHEDULES, help="which schedule to draw")
-    parser.add_argument("-p", "--stages", type=int, required=True, help="devices (pipeline ranks)")
-    parser.add_argument("-m", "--microbatches", type=int, required=True, help="micro-batches")
-    parser.add_argument(
-        "-v", "--chunks", type=int, default=1, help="stages per device (interleaved, breadth-first)"
-    )
-    parser.add_argument("--forward-cost", type=float, default=1.0, help="F time per device share")
-    parser.add_argument("--backward-cost", type=float, default=2.0, help="B time per device share")
-    parser.add_argument(
-        "--weight-cost",
-        type=float,
-        default=None,
-        help="part of the backward cost that is the weight gradient W (zb-h1); default half",
-    )
-    parser.add_argument("--p2p-cost", type=float, default=0.0, help="time to send between stages")
-    parser.add_argument("-o", "--output", required=True, help="chart file (.png, .svg or .pdf)")
-    parser.add_argument("--no-labels", action="store_true", help="no text inside the bars")
-
-
-def cost_model(forward: float, backward: float, weight: float | None, p2p: float):
-    """A CostModel from CLI/explorer numbers, with one-line errors for bad values."""
-    from course_utils.simulate import CostModel
-
-    if not forward > 0:
-        raise CourseInputError(f"forward cost must be > 0, got {forward}")
-    if not backward > 0:
-        raise CourseInputError(f"backward cost must be > 0, got {backward}")
-    if not p2p >= 0:
-        raise CourseInputError(f"p2p cost must be >= 0, got {p2p}")
-    if weight is not None and not 0 <= weight <= backward:
-        raise CourseInputError(
-            f"weight cost must be between 0 and the backward cost {backward}, got {weight}"
-        )
-    fraction = 0.5 if weight is None else weight / backward
-    return CostModel(forward=forward, backward=backward, weight_fraction=fraction, p2p=p2p)
-
-
-def run(args: argparse.Namespace) -> int:
-    from course_utils.schedules import make_schedule
-    from course_utils.simulate import simulate
-
-    for flag in ("stages", "microbatches", "chunks"):  # name the flag the user typed
-        value = getattr(args, flag)
-        if value < 1:
-            raise CourseInputError(f"--{flag} must be an integer >= 1, got {value}")
-    suffix = Path(args.output).suffix.lower()
-    if suffix not in (".png", ".svg", ".pdf"):
-        raise CourseInputError(f"--output must end in .png, .svg or .pdf, got {args.output!r}")
-    costs = cost_model(args.forward_cost, args.backward_cost, args.weight_cost, args.p2p_cost)
-    schedule = make_schedule(args.name, args.stages, args.microbatches, args.chunks)
-    timeline = simulate(schedule, costs)
-    fig = draw(timeline, labels=not args.no_labels, pyplot=False)
-    try:
-        path = save(fig, args.output)
-    except OSError as exc:  # a file where a folder should be, a folder in the way, no rights
-        raise CourseInputError(f"cannot write {args.output!r}: {exc.strerror or exc}") from None
-    print(f"{title_for(timeline)}\nwrote {path}")
-    return 0

@@ -38,9 +38,9 @@ from dataclasses import dataclass
 import torch
 
 from course_utils.errors import CourseInputError, WorkerError
-from course_utils.workers import Aborted
+from course_utils.parallel.costs import ALGORITHMS
+from course_utils.threads.devices import Aborted
 
-ALGORITHMS = ("ring", "naive")
 OPS = ("sum", "mean")
 _POLL_S = 0.02  # how often a blocked recv looks at the abort event
 
@@ -409,7 +409,7 @@ def run_all_reduce(
     rank on `threads` (a `DeviceThreads` with >= N devices; a temporary one if None) and
     returns (each rank's reduced copy, `bytes_sent` per rank). The inputs are not modified.
     """
-    from course_utils.workers import DeviceThreads
+    from course_utils.threads.devices import DeviceThreads
 
     check_options(op, algorithm)
     n = len(tensors)

@@ -1,0 +1,104 @@
+"""What several commands share: the schedule and cost flags, and checks that name the flag."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+from course_utils.errors import CourseInputError
+
+
+def int_flag(args: argparse.Namespace, flag: str, low: int = 1, high: int | None = None) -> int:
+    """The value of `--flag` as an int in [low, high], or a one-line error naming the flag."""
+    value = getattr(args, flag.lstrip("-").replace("-", "_"))
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise CourseInputError(f"{flag} must be an integer >= {low}, got {value!r}")
+    if high is not None and value > high:
+        raise CourseInputError(f"{flag} must be an integer from {low} to {high}, got {value!r}")
+    return value
+
+
+def number_flag(
+    args: argparse.Namespace,
+    flag: str,
+    low: float = 0.0,
+    high: float = math.inf,
+    strict: bool = False,
+) -> float:
+    """The value of `--flag` as a finite float >= low (> low if strict) and <= high."""
+    value = getattr(args, flag.lstrip("-").replace("-", "_"))
+    bound = f"> {low:g}" if strict else f">= {low:g}"
+    if (
+        not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < low
+        or (strict and value == low)
+        or value > high
+    ):
+        within = f" and <= {high:g}" if math.isfinite(high) else ""
+        raise CourseInputError(f"{flag} must be a finite number {bound}{within}, got {value!r}")
+    return float(value)
+
+
+def output_path(path: str, flag: str, suffixes: tuple[str, ...]) -> Path:
+    """Check an output file's extension and folder before any work is done."""
+    out = Path(path)
+    if out.suffix.lower() not in suffixes:
+        allowed = ", ".join(suffixes[:-1]) + " or " + suffixes[-1] if suffixes[1:] else suffixes[0]
+        raise CourseInputError(f"{flag} must end in {allowed}, got {path!r}")
+    return out
+
+
+def add_schedule_arguments(parser: argparse.ArgumentParser, short: bool = False) -> None:
+    """The schedule name, p, m, v and the cost flags (the `schedule` and `gantt` commands)."""
+    from course_utils.pipeline.schedules import SCHEDULES
+
+    parser.add_argument("name", help=f"the schedule: {', '.join(SCHEDULES)}")
+    names = (lambda s, long: (s, long)) if short else (lambda s, long: (long,))
+    parser.add_argument(*names("-p", "--stages"), type=int, required=True, help="devices P")
+    parser.add_argument(
+        *names("-m", "--microbatches"), type=int, required=True, help="micro-batches M"
+    )
+    with_chunks = ", ".join(n for n, info in SCHEDULES.items() if info.uses_chunks)
+    parser.add_argument(
+        *names("-v", "--chunks"), type=int, default=1, help=f"stages per device V ({with_chunks})"
+    )
+    add_cost_arguments(parser)
+
+
+def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--forward-cost",
+        type=float,
+        default=1.0,
+        help="F: one micro-batch through a device's share",
+    )
+    parser.add_argument("--backward-cost", type=float, default=2.0, help="B: its backward")
+    parser.add_argument(
+        "--weight-cost",
+        type=float,
+        default=None,
+        help="W: the weight-gradient part of B (zero-bubble schedules; default B/2)",
+    )
+    parser.add_argument("--p2p-cost", type=float, default=0.0, help="transfer between devices")
+
+
+def costs_from_args(args: argparse.Namespace):
+    """The CostModel the cost flags describe (one-line errors naming the flag)."""
+    from course_utils.pipeline.simulate import CostModel
+
+    flags = {k: f"--{k.replace('_', '-')}-cost" for k in ("forward", "backward", "weight", "p2p")}
+    return CostModel.from_times(
+        args.forward_cost, args.backward_cost, args.weight_cost, args.p2p_cost, names=flags
+    )
+
+
+def schedule_from_args(args: argparse.Namespace):
+    """The schedule the name, --stages, --microbatches and --chunks flags describe."""
+    from course_utils.pipeline.schedules import make_schedule, schedule_info
+
+    schedule_info(args.name)  # an unknown name is the first thing to say
+    for flag in ("--stages", "--microbatches", "--chunks"):
+        int_flag(args, flag)
+    return make_schedule(args.name, args.stages, args.microbatches, args.chunks)

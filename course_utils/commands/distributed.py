@@ -1,0 +1,116 @@
+"""`python -m course_utils distributed --workers N`: DistributedDataParallel on N real
+processes (gloo on 127.0.0.1) against one process and the threads; `--pipeline NAME` runs a
+`torch.distributed.pipelining` schedule instead, `--csv` any course schedule through
+PyTorch's CSV format. Prints workers, the largest gradient difference and the wall time."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from course_utils.errors import CourseInputError, WorkerError
+from course_utils.pipeline.schedules import SCHEDULES
+
+HELP = "DDP and pipelines on torch.distributed processes vs threads"
+PIPELINES = tuple(name for name, info in SCHEDULES.items() if info.pytorch)
+MODELS = ("gpt", "mlp")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--workers", type=int, default=2, help="number of processes (default 2)")
+    parser.add_argument(
+        "--port", type=int, default=None, help="rendezvous port on 127.0.0.1 (default: a free one)"
+    )
+    parser.add_argument(
+        "--pipeline",
+        default=None,
+        help=f"run a pipelining step instead of DDP: one of {', '.join(PIPELINES)}",
+    )
+    parser.add_argument(
+        "--csv",
+        action="store_true",
+        help="with --pipeline: run the course's own schedule of that name (any course "
+        "schedule, e.g. zb-h1 or interleaved) exported to PyTorch's CSV format",
+    )
+    parser.add_argument("--steps", type=int, default=1, help="DDP training steps (default 1)")
+    parser.add_argument("--microbatches", type=int, default=4, help="pipeline micro-batches")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="global batch size (default: 4 per worker for DDP, 2 per micro-batch for pipelines)",
+    )
+    parser.add_argument("--model", default=None, help=f"one of {', '.join(MODELS)}")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds before giving up")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _run_from_args(args: argparse.Namespace):
+    """Pick and run the comparison the command-line arguments ask for."""
+    from course_utils.distributed import course_schedule, run_ddp, run_pipeline
+
+    if args.pipeline is None:
+        if args.csv:
+            raise CourseInputError("csv needs --pipeline (one of " + ", ".join(PIPELINES) + ")")
+        batch = args.batch if args.batch is not None else 4 * args.workers
+        result = run_ddp(
+            args.workers, args.steps, batch, args.model, port=args.port, timeout=args.timeout
+        )
+        what = "DDP"
+    else:
+        schedule = args.pipeline
+        if args.csv:
+            if args.pipeline not in SCHEDULES:
+                raise CourseInputError(
+                    f"pipeline must be one of {', '.join(SCHEDULES)} with --csv, "
+                    f"got {args.pipeline!r}"
+                )
+            schedule = course_schedule(args.pipeline, args.workers, args.microbatches)
+        elif args.pipeline not in PIPELINES:
+            raise CourseInputError(
+                f"pipeline must be one of {', '.join(PIPELINES)} "
+                f"(or any course schedule with --csv), got {args.pipeline!r}"
+            )
+        result = run_pipeline(
+            schedule,
+            args.workers,
+            args.microbatches,
+            args.batch if args.batch is not None else 2 * args.microbatches,
+            args.model,
+            port=args.port,
+            timeout=args.timeout,
+        )
+        what = f"pipeline {args.pipeline}" + (" (CSV)" if args.csv else "")
+    return result, what
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        result, what = _run_from_args(args)
+    except WorkerError as exc:
+        # A failure inside a worker process: one line (COURSE_DEBUG=1 adds the traceback).
+        print(f"python -m course_utils distributed: failed: {exc}", file=sys.stderr)
+        return 1
+    from course_utils.distributed import HOST
+
+    out = result.to_dict()
+    if args.pipeline is not None:
+        out["schedule"] = args.pipeline
+        out["max_loss_diff"] = result.max_loss_diff
+        if "executor_max_grad_diff" in result.extra:
+            out["executor_max_grad_diff"] = result.extra["executor_max_grad_diff"]
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(f"{what} on {result.workers} processes (gloo, {HOST}): {result.seconds:.2f} s")
+        print(f"  loss {result.losses[-1]:.6f}  vs one process {result.reference_losses[-1]:.6f}")
+        print(f"  largest gradient difference vs one process: {result.max_grad_diff:.2e}")
+        if "threads_max_grad_diff" in result.extra:
+            diff = result.extra["threads_max_grad_diff"]
+            print(f"  largest gradient difference vs thread data parallelism: {diff:.2e}")
+        if "executor_max_grad_diff" in out:
+            diff = out["executor_max_grad_diff"]
+            print(f"  largest gradient difference vs thread executor: {diff:.2e}")
+        print("  " + result.timeline.summary())
+    return 0

@@ -1,0 +1,129 @@
+"""`python -m course_utils run NAME --stages P --microbatches M`: one pipelined training step
+for real on CPU threads, checked against the unsplit model and timed against it.
+
+Arguments are checked before torch is imported, so a typo costs well under a second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from course_utils.actions import Action
+from course_utils.commands.common import int_flag, output_path, schedule_from_args
+from course_utils.errors import CourseInputError, ScheduleError, WorkerError
+
+HELP = "run one pipelined training step for real on CPU threads"
+MODELS = ("gpt", "mlp")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from course_utils.pipeline.schedules import SCHEDULES
+
+    parser.add_argument("name", help=f"the schedule: {', '.join(SCHEDULES)}")
+    parser.add_argument("--stages", type=int, default=2, help="pipeline devices P (threads)")
+    parser.add_argument("--microbatches", type=int, default=4, help="micro-batches M")
+    parser.add_argument("--chunks", type=int, default=1, help="stages per device V")
+    parser.add_argument("--model", choices=MODELS, default="gpt")
+    parser.add_argument(
+        "--batch-size", type=int, default=None, help="default: 16 x M (gpt), 64 x M (mlp)"
+    )
+    parser.add_argument("--fail-at", default=None, help="inject an error in ACTION, e.g. 1F2")
+    parser.add_argument("--gantt", default=None, metavar="PNG", help="draw measured vs simulated")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def run(args: argparse.Namespace) -> int:
+    schedule = schedule_from_args(args)
+    m = args.microbatches
+    if args.batch_size is None:  # enough work per micro-batch that threads pay off
+        batch = (16 if args.model == "gpt" else 64) * m
+    else:
+        batch = int_flag(args, "--batch-size")
+    if batch % m:
+        raise CourseInputError(f"--batch-size must be a positive multiple of --microbatches ({m})")
+    fail_at = None
+    if args.fail_at is not None:
+        fail_at = Action.parse(args.fail_at)
+        if not any(fail_at in actions for actions in schedule.devices):
+            raise CourseInputError(f"--fail-at must be an action of the schedule, got {fail_at}")
+    if args.gantt:
+        output_path(args.gantt, "--gantt", (".png", ".svg", ".pdf"))
+
+    import copy
+
+    import torch
+
+    from course_utils.models import build_model, loss_fn, partition
+    from course_utils.pipeline.executor import (
+        PipelineExecutor,
+        ideal_speedup,
+        simulated_from_measured,
+        unsplit_step_time,
+    )
+
+    p, v = args.stages, args.chunks
+    model = build_model(args.model, p * v, args.seed)
+    x, y = model.example_batch(batch, torch.Generator().manual_seed(args.seed))
+    reference = copy.deepcopy(model)
+    naive_s = unsplit_step_time(reference, loss_fn, x, y)
+    ref_loss = loss_fn(reference(x), y)
+    ref_loss.backward()
+
+    with PipelineExecutor(partition(model, p * v), p, loss_fn) as ex:
+        try:
+            ex.step(schedule, x, y, fail_at=fail_at)  # warm-up (first-call costs)
+            # the least disturbed of a few steps, like the unsplit baseline (same batch, so
+            # the gradients compared below are the same whichever step is kept)
+            result = min(
+                (ex.step(schedule, x, y) for _ in range(3)), key=lambda r: r.timeline.makespan
+            )
+        except (WorkerError, ScheduleError) as err:
+            print(f"python -m course_utils run: {err}", file=sys.stderr)
+            return 1
+    grad_diff = max(
+        (a.grad - b.grad).abs().max().item()
+        for a, b in zip(model.parameters(), reference.parameters(), strict=True)
+    )
+    simulated = simulated_from_measured(result, schedule)
+    measured = result.timeline
+    figures = {
+        "schedule": schedule.name,
+        "measured_makespan_s": measured.makespan,
+        "naive_makespan_s": naive_s,
+        "speedup": naive_s / measured.makespan,
+        "ideal_speedup": ideal_speedup(schedule),
+        "simulated_makespan_s": simulated.makespan,
+        "max_grad_diff": grad_diff,
+        "loss": result.loss,
+        "reference_loss": ref_loss.item(),
+        "events": [e.to_dict() for e in measured.events],
+    }
+    if args.gantt:
+        from course_utils.charts import gantt
+
+        fig = gantt.compare(simulated, measured, pyplot=False)
+        try:
+            gantt.save(fig, args.gantt)
+        except OSError as exc:
+            raise CourseInputError(f"cannot write {args.gantt!r}: {exc.strerror or exc}") from None
+    if args.json:
+        print(json.dumps(figures, indent=1))
+    else:
+        print(str(schedule))
+        print(
+            f"loss {result.loss:.5f} (unsplit {ref_loss.item():.5f}), "
+            f"max gradient difference {grad_diff:.2e}"
+        )
+        print(
+            f"measured {measured.makespan * 1e3:.2f} ms, unsplit on one thread "
+            f"{naive_s * 1e3:.2f} ms: speed-up {figures['speedup']:.2f}x "
+            f"(ideal {figures['ideal_speedup']:.2f}x); "
+            f"simulated from measured stage costs {simulated.makespan * 1e3:.2f} ms"
+        )
+        print(f"peak activations per device (micro-batches): {measured.peak_activations}")
+        if args.gantt:
+            print(f"wrote {args.gantt}")
+    return 0

@@ -1,0 +1,46 @@
+"""The same model on real `torch.distributed` processes, checked against one process.
+
+- `cluster`     a group of processes joined by gloo on 127.0.0.1, reused for many jobs
+- `setup`       the identical model and batch on every rank, and the comparison's result
+- `ddp`         `run_ddp`: DistributedDataParallel vs one process and vs the threads
+- `pipelining`  `run_pipeline`: PyTorch's pipeline schedules (or any course schedule through
+                PyTorch's CSV format) vs one process and vs the thread executor
+
+Each returns a measured `Timeline` built from every process's own timestamps
+(`time.time_ns`, one clock for all processes on one machine), ready for
+`course_utils.charts.gantt.draw`. Importing this package imports torch.
+"""
+
+from course_utils.distributed.cluster import (
+    HOST,
+    MAX_WORKERS,
+    Cluster,
+    free_port,
+    port_is_free,
+    resolve_port,
+    spawn,
+)
+from course_utils.distributed.ddp import reference_ddp, run_ddp, threads_ddp
+from course_utils.distributed.pipelining import (
+    PIPELINES,
+    course_schedule,
+    executor_pipeline,
+    reference_pipeline,
+    run_pipeline,
+)
+from course_utils.distributed.setup import (
+    MODELS,
+    DistributedResult,
+    Setup,
+    build_model,
+    loss_fn,
+    make_batch,
+    split_stages,
+)
+
+__all__ = [
+    "HOST", "MAX_WORKERS", "MODELS", "PIPELINES", "Cluster", "DistributedResult", "Setup",
+    "build_model", "course_schedule", "executor_pipeline", "free_port", "loss_fn",
+    "make_batch", "port_is_free", "reference_ddp", "reference_pipeline", "resolve_port",
+    "run_ddp", "run_pipeline", "spawn", "split_stages", "threads_ddp",
+]  # fmt: skip

@@ -1,0 +1,282 @@
+"""A group of real processes on this machine, joined in one gloo process group.
+
+Up to lesson 08 every "device" is a thread. Here each device is an operating-system
+process, as on a real cluster: processes find each other through a rendezvous address
+(127.0.0.1 and a free TCP port) and talk through the gloo backend (CPU collectives; a GPU
+cluster would use NCCL). Processes are started with `torch.multiprocessing` ("spawn"), so
+job functions must be importable by name. A `Cluster` keeps its processes for several
+jobs, since starting one costs seconds (each imports torch). Every wait is bounded, and
+children are terminated (then killed) on any error or time-out, so nothing is left running.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import queue as queue_module
+import socket
+import sys
+import time
+import traceback
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from course_utils.errors import CourseInputError, WorkerError
+
+HOST = "127.0.0.1"
+MAX_WORKERS = 8
+
+
+# --------------------------------------------------------------------------- ports
+
+
+def port_is_free(port: int) -> bool:
+    """True if nothing on this machine holds `port` on 127.0.0.1 (we try to bind it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    """A port the operating system says is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def resolve_port(port: int | None = None) -> int:
+    """The rendezvous port: `port`, else $MASTER_PORT, else a free one. Busy -> clear error.
+
+    We check before spawning: otherwise rank 0's TCP store fails inside a child process
+    and the learner sees a long traceback about a socket instead of one line.
+    """
+    where = "port"
+    if port is None and os.environ.get("MASTER_PORT"):
+        where = "MASTER_PORT"
+        try:
+            port = int(os.environ["MASTER_PORT"])
+        except ValueError:
+            raise CourseInputError(
+                f"MASTER_PORT must be a port number, got {os.environ['MASTER_PORT']!r}"
+            ) from None
+    if port is None:
+        return free_port()
+    if not isinstance(port, int) or not 1 <= port <= 65535:
+        raise CourseInputError(f"{where} must be an integer from 1 to 65535, got {port!r}")
+    if not port_is_free(port):
+        raise CourseInputError(
+            f"{where} {port} is already in use on {HOST}: choose another port, "
+            "or leave it out and a free one is picked"
+        )
+    return port
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def _child(rank: int, world: int, port: int, inbox, outbox, timeout: float) -> None:
+    """Body of every spawned process: join the group once, then run jobs until told to stop."""
+    torch.set_num_threads(1)  # one process = one device = one core's worth of work
+    loopback = {"linux": "lo", "darwin": "lo0"}.get(sys.platform)
+    if loopback:  # stay on loopback: a hostname resolving to a LAN address can hang gloo
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
+    try:
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://{HOST}:{port}",
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=timeout),
+        )
+        importlib.import_module("torch.distributed.pipelining")  # slow: pay it once, up front
+
+        outbox.put((rank, -1, "ok", None))  # "ready"
+    except BaseException as exc:
+        outbox.put((rank, -1, "error", _describe(exc)))
+        return
+    try:
+        while (job := inbox.get()) is not None:
+            job_id, fn, payload = job
+            try:
+                outbox.put((rank, job_id, "ok", fn(rank, world, payload)))
+            except BaseException as exc:  # report everything: the parent decides what to raise
+                outbox.put((rank, job_id, "error", _describe(exc)))
+    finally:
+        dist.destroy_process_group()
+
+
+def _describe(exc: BaseException) -> tuple[str, str]:
+    return f"{type(exc).__name__}: {exc}".splitlines()[0], traceback.format_exc()
+
+
+class Cluster:
+    """`workers` processes on this machine, joined in one gloo process group, reused for jobs.
+
+    Starting a process costs seconds (a fresh interpreter imports torch), so a cluster
+    is started once and runs many jobs, like the long-lived ranks of a real training job:
+
+        with Cluster(2) as cluster:
+            ddp = run_ddp(cluster=cluster)
+            pipe = run_pipeline("1f1b", cluster=cluster)
+
+    A job is a module-level function `fn(rank, world, payload)` run on every rank at once.
+    Any failure or time-out tears the whole cluster down (a rank stuck in a collective
+    cannot be rescued) and raises WorkerError; `close()` always leaves no process behind.
+    """
+
+    def __init__(self, workers: int = 2, port: int | None = None, timeout: float = 60.0):
+        self.workers = _check_int("workers", workers, 1, MAX_WORKERS)
+        if not isinstance(timeout, int | float) or not timeout > 0:
+            raise CourseInputError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+        self.timeout = float(timeout)
+        self.port = resolve_port(port)
+        self._procs: list = []
+        self._jobs = 0
+
+    @property
+    def pids(self) -> list[int]:
+        """Operating-system process ids of the ranks, rank 0 first."""
+        return [p.pid for p in self._procs]
+
+    @property
+    def alive(self) -> bool:
+        return bool(self._procs) and all(p.is_alive() for p in self._procs)
+
+    def start(self) -> Cluster:
+        """Spawn the processes and wait (bounded) until every rank has joined the group."""
+        if self._procs:
+            return self
+        ctx = mp.get_context("spawn")
+        self._outbox = ctx.Queue()
+        self._inboxes = [ctx.Queue() for _ in range(self.workers)]
+        self._procs = [
+            ctx.Process(
+                target=_child,
+                args=(r, self.workers, self.port, self._inboxes[r], self._outbox, self.timeout),
+                daemon=True,  # if the notebook kernel dies, its ranks die with it
+            )
+            for r in range(self.workers)
+        ]
+        try:
+            for p in self._procs:
+                p.start()
+            self._collect(-1, "start-up")
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def run(self, fn, payload: dict, timeout: float | None = None) -> list:
+        """Run `fn(rank, world, payload)` on every rank; return the results by rank."""
+        if not self._procs:
+            self.start()
+        if not self.alive:
+            self.close()
+            raise WorkerError("the cluster's processes are gone: start a new Cluster")
+        self._jobs += 1
+        try:
+            for inbox in self._inboxes:
+                inbox.put((self._jobs, fn, payload))
+            return self._collect(self._jobs, fn.__name__, timeout)
+        except BaseException:
+            self.close()
+            raise
+
+    def _collect(self, job_id: int, what: str, timeout: float | None = None) -> list:
+        timeout = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        out: dict[int, object] = {}
+        while len(out) < self.workers:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WorkerError(
+                    f"{what} timed out after {timeout:g} s (ranks done: {sorted(out)})"
+                )
+            try:
+                rank, jid, status, value = self._outbox.get(timeout=min(left, 0.5))
+            except queue_module.Empty:
+                for r, p in enumerate(self._procs):
+                    if r not in out and p.exitcode is not None:
+                        raise WorkerError(f"rank {r} exited with code {p.exitcode}") from None
+                continue
+            if jid != job_id:
+                continue  # a late answer to an earlier job: ignore it
+            if status == "error":
+                last, tb = value
+                message = f"rank {rank} failed: {last}"
+                if os.environ.get("COURSE_DEBUG"):
+                    message += "\n" + tb
+                raise WorkerError(message)
+            out[rank] = value
+        return [out[r] for r in range(self.workers)]
+
+    def close(self) -> None:
+        """Ask ranks to leave, then terminate and kill whatever is still there."""
+        procs, self._procs = [p for p in self._procs if p.pid is not None], []
+        for p, inbox in zip(procs, self._inboxes, strict=False):
+            if p.is_alive():
+                try:
+                    inbox.put(None)
+                except (ValueError, OSError):
+                    pass
+        for p in procs:
+            p.join(timeout=2)
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(timeout=3)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=3)
+        for q in [*getattr(self, "_inboxes", []), getattr(self, "_outbox", None)]:
+            if q is not None:
+                q.close()
+                q.cancel_join_thread()  # never block on undelivered messages to dead ranks
+
+    def __enter__(self) -> Cluster:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        # A notebook cell re-run drops the old cluster: its processes must go with it.
+        try:
+            if getattr(self, "_procs", None):
+                self.close()
+        except Exception:
+            pass  # interpreter shut-down: the daemon children are being reaped anyway
+
+
+def spawn(fn, world: int, payload: dict, port: int | None = None, timeout: float = 60.0) -> list:
+    """Run `fn(rank, world, payload)` once on a fresh cluster of `world` processes."""
+    with Cluster(world, port, timeout) as cluster:
+        return cluster.run(fn, payload)
+
+
+def _run_job(cluster, fn, workers: int, payload: dict, port, timeout: float) -> list:
+    """On `cluster` if one is given (it must have `workers` ranks), else on a fresh one."""
+    if cluster is None:
+        return spawn(fn, workers, payload, port=port, timeout=timeout)
+    if cluster.workers != workers:
+        raise CourseInputError(
+            f"workers must match the cluster's {cluster.workers} processes, got {workers}"
+        )
+    return cluster.run(fn, payload, timeout)
+
+
+def _workers(workers: int | None, cluster) -> int:
+    return workers if workers is not None else (cluster.workers if cluster else 2)
+
+
+def _check_int(name: str, value, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise CourseInputError(f"{name} must be an integer from {low} to {high}, got {value!r}")
+    return value

@@ -1,0 +1,225 @@
+"""`torch.distributed.pipelining` on real processes, checked against one process and the
+course's thread executor.
+
+A schedule with a PyTorch class in the registry (`course_utils.pipeline.schedules.SCHEDULES`,
+field `pytorch`) runs as that class; any other course schedule is written to PyTorch's CSV
+format (`course_utils.pipeline.export`) and run by PyTorch's `_PipelineScheduleRuntime`.
+Stage s lives on rank s % workers (looping placement, as in the course), and every rank
+records when each of its stages computed, for a measured Timeline.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+
+import torch
+
+from course_utils.actions import Schedule
+from course_utils.distributed.cluster import MAX_WORKERS, Cluster, _check_int, _run_job, _workers
+from course_utils.distributed.setup import (
+    DistributedResult,
+    Setup,
+    _check_model,
+    _grads,
+    _max_diff,
+    _timeline,
+    build_model,
+    loss_fn,
+    make_batch,
+    split_stages,
+)
+from course_utils.errors import CourseInputError
+from course_utils.pipeline.schedules import BASELINE, SCHEDULES, make_schedule
+from course_utils.timeline import Timeline
+
+# The course schedules PyTorch has a class for, run natively (the rest go through the CSV).
+PIPELINES = tuple(name for name, info in SCHEDULES.items() if info.pytorch)
+
+
+def _timed_stage(stage, records: list) -> None:
+    """Wrap one PipelineStage's compute calls so each records (action, start, end)."""
+    fwd, bwd, wgt = (
+        stage.forward_one_chunk,
+        stage.backward_one_chunk,
+        stage.backward_weight_one_chunk,
+    )
+    s = stage.stage_index
+
+    def forward_one_chunk(chunk, *args, **kwargs):
+        t0 = time.time_ns()
+        out = fwd(chunk, *args, **kwargs)
+        records.append((f"{s}F{chunk}", None, t0, time.time_ns()))
+        return out
+
+    def backward_one_chunk(chunk, *args, **kwargs):
+        t0 = time.time_ns()
+        out = bwd(chunk, *args, **kwargs)
+        kind = "B" if kwargs.get("full_backward", True) else "I"
+        records.append((f"{s}{kind}{chunk}", None, t0, time.time_ns()))
+        return out
+
+    def backward_weight_one_chunk(chunk, *args, **kwargs):
+        t0 = time.time_ns()
+        out = wgt(chunk, *args, **kwargs)
+        records.append((f"{s}W{chunk}", None, t0, time.time_ns()))
+        return out
+
+    stage.forward_one_chunk = forward_one_chunk
+    stage.backward_one_chunk = backward_one_chunk
+    stage.backward_weight_one_chunk = backward_weight_one_chunk
+
+
+def _pipeline_worker(rank: int, world: int, payload: dict) -> dict:
+    """One pipeline rank: build the stages it owns (stage s on rank s % world), run a step."""
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining import schedules as torch_schedules
+
+    setup, kind, m, num_stages = payload["setup"], payload["kind"], payload["m"], payload["stages"]
+    pieces = split_stages(build_model(setup), setup, num_stages)
+    mine = list(range(rank, num_stages, world))  # looping placement, as in the course
+    records: list[tuple] = []
+    stages = []
+    for s in mine:
+        stage = PipelineStage(pieces[s], s, num_stages, torch.device("cpu"))
+        _timed_stage(stage, records)
+        stages.append(stage)
+    criterion = loss_fn(setup)
+    if kind == "csv":  # a course schedule, exported to PyTorch's CSV format
+        sched = torch_schedules._PipelineScheduleRuntime(
+            stages, n_microbatches=m, loss_fn=criterion
+        )
+        sched._load_csv(payload["csv"], format="compute_only")
+    else:  # PyTorch's own class for this schedule, named in the registry
+        cls = getattr(torch_schedules, SCHEDULES[kind].pytorch)
+        single = issubclass(cls, torch_schedules.PipelineScheduleSingle)
+        sched = cls(stages[0] if single else stages, n_microbatches=m, loss_fn=criterion)
+    x, y = make_batch(setup)
+    losses: list = []
+    kwargs = {}
+    if 0 in mine:
+        args = (x,)
+    else:
+        args = ()
+    if num_stages - 1 in mine:
+        kwargs = {"target": y, "losses": losses}
+    sched.step(*args, **kwargs)
+    return {
+        "records": records,
+        "losses": [float(v.detach()) for v in losses],
+        "grads": {s: _grads(pieces[s]) for s in mine},
+    }
+
+
+def reference_pipeline(setup: Setup, num_stages: int) -> tuple[float, dict]:
+    """Full batch on one process: the loss and each stage's gradients."""
+    pieces = split_stages(build_model(setup), setup, num_stages)
+    x, y = make_batch(setup)
+    h = x
+    for piece in pieces:
+        h = piece(h)
+    loss = loss_fn(setup)(h, y)
+    loss.backward()
+    return loss.item(), {s: _grads(p) for s, p in enumerate(pieces)}
+
+
+def executor_pipeline(setup: Setup, schedule: Schedule) -> tuple[float, dict, Timeline]:
+    """The course's thread executor on the same model, batch and schedule."""
+    from course_utils.pipeline.executor import PipelineExecutor
+
+    pieces = split_stages(build_model(setup), setup, schedule.stages)
+    x, y = make_batch(setup)
+    with PipelineExecutor(pieces, schedule.num_devices, loss_fn=loss_fn(setup)) as ex:
+        result = ex.step(schedule, x, y)
+    loss = float(result.loss)
+    return loss, {s: _grads(p) for s, p in enumerate(pieces)}, result.timeline
+
+
+def course_schedule(name: str, workers: int, microbatches: int) -> Schedule:
+    """The course's own schedule `name` on `workers` ranks (2 chunks each where it takes them)."""
+    chunks = 2 if SCHEDULES[name].uses_chunks else 1
+    return make_schedule(name, workers, microbatches, chunks)
+
+
+def run_pipeline(
+    schedule: str | Schedule = BASELINE,
+    workers: int | None = None,
+    microbatches: int = 4,
+    batch: int = 8,
+    model: str | None = None,
+    seed: int = 0,
+    port: int | None = None,
+    timeout: float = 60.0,
+    compare_executor: bool = True,
+    cluster: Cluster | None = None,
+) -> DistributedResult:
+    """One training step of a pipeline on `workers` processes with PyTorch's pipelining.
+
+    `schedule` is the name of a schedule PyTorch has a class for (`PIPELINES`: run as that
+    class, with 2 stages per rank where the schedule takes chunks), or a course `Schedule`:
+    that one is written to PyTorch's CSV format and run by `_PipelineScheduleRuntime`.
+    Losses and gradients are compared with one process on the full batch, and with the
+    course's thread executor running the matching course schedule.
+    Pass a started `Cluster` to reuse its processes; otherwise a fresh one is spawned.
+    """
+    workers = _check_int("workers", _workers(workers, cluster), 2, MAX_WORKERS)
+    batch = _check_int("batch", batch, 1, 4096)
+    setup = Setup(_check_model(model), batch, seed)
+    payload: dict = {"setup": setup}
+    csv_file = None
+    if isinstance(schedule, Schedule):
+        if schedule.num_devices != workers:
+            raise CourseInputError(
+                f"workers must equal the schedule's devices ({schedule.num_devices}), got {workers}"
+            )
+        from course_utils.pipeline.export import pytorch_microbatches, to_pytorch_csv
+
+        csv_file = tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False)
+        csv_file.close()
+        to_pytorch_csv(schedule, csv_file.name)
+        payload.update(kind="csv", csv=csv_file.name, stages=schedule.stages)
+        microbatches = pytorch_microbatches(schedule)
+        course = schedule
+        name = f"{schedule.name} (CSV) on {workers} processes"
+    elif schedule in PIPELINES:
+        stages = workers * (2 if SCHEDULES[schedule].uses_chunks else 1)
+        payload.update(kind=schedule, stages=stages)
+        course = None
+        name = f"PyTorch {schedule} on {workers} processes"
+    else:
+        raise CourseInputError(
+            f"schedule must be one of {', '.join(PIPELINES)} or a course Schedule, got {schedule!r}"
+        )
+    microbatches = _check_int("microbatches", microbatches, 1, 64)
+    if batch % microbatches:
+        raise CourseInputError(
+            f"batch must be a multiple of microbatches ({microbatches}), got {batch}"
+        )
+    payload["m"] = microbatches
+    try:
+        start = time.perf_counter()
+        outs = _run_job(cluster, _pipeline_worker, workers, payload, port, timeout)
+        seconds = time.perf_counter() - start
+    finally:
+        if csv_file is not None:
+            os.unlink(csv_file.name)
+    mb_losses = [v for out in outs for v in out["losses"]]
+    loss = sum(mb_losses) / len(mb_losses)
+    grads = {s: g for out in outs for s, g in out["grads"].items()}
+    ref_loss, ref_grads = reference_pipeline(setup, payload["stages"])
+    max_grad_diff = max(_max_diff(grads[s], ref_grads[s]) for s in ref_grads)
+    extra: dict = {"schedule": schedule if isinstance(schedule, str) else schedule.name}
+    if compare_executor:
+        if course is None:
+            course = course_schedule(schedule, workers, microbatches)
+        ex_loss, ex_grads, ex_timeline = executor_pipeline(setup, course)
+        extra["executor_loss"] = ex_loss
+        extra["executor_max_grad_diff"] = max(_max_diff(grads[s], ex_grads[s]) for s in ex_grads)
+        extra["executor_timeline"] = ex_timeline
+    timeline = _timeline([out["records"] for out in outs], name, {"model": setup.model})
+    timeline.stages, timeline.microbatches = payload["stages"], microbatches
+    timeline.chunks = payload["stages"] // workers
+    return DistributedResult(
+        workers, [loss], [ref_loss], max_grad_diff, seconds, timeline, extra=extra
+    )

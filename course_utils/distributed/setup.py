@@ -1,0 +1,126 @@
+"""What every comparison on processes shares: the identical model and batch on every rank,
+the single-process reference's bookkeeping, and the result a comparison returns."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from course_utils import models
+from course_utils.actions import Action
+from course_utils.errors import CourseInputError, WorkerError
+from course_utils.timeline import Event, Timeline
+
+MODELS = ("gpt", "mlp")
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Everything every process needs to build the identical model and batch.
+
+    "gpt" is the course's TinyGPT (course_utils.models), shrunk so a step on two
+    processes takes milliseconds; "mlp" is the course's MLP on a fixed random task.
+    """
+
+    model: str = "gpt"
+    batch: int = 8
+    seed: int = 0
+    block_size: int = 32
+    d_model: int = 64
+    n_layer: int = 4
+
+
+@functools.lru_cache(maxsize=4)
+def _dataset(block_size: int):
+    """The course's character dataset (loaded once per process)."""
+    return models.CharDataset(block_size=block_size)
+
+
+def build_model(setup: Setup) -> nn.Module:
+    """The same weights on every call with the same setup (seeded)."""
+    torch.manual_seed(setup.seed)
+    if setup.model == "gpt":
+        vocab = _dataset(setup.block_size).vocab_size
+        cfg = models.GPTConfig(
+            vocab_size=vocab,
+            block_size=setup.block_size,
+            n_layer=setup.n_layer,
+            n_head=4,
+            d_model=setup.d_model,
+        )
+        return models.TinyGPT(cfg)
+    return models.MLP()
+
+
+def make_batch(setup: Setup, step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and targets for training step `step` (deterministic from seed and step)."""
+    g = torch.Generator().manual_seed(1000 * setup.seed + step)
+    if setup.model == "gpt":
+        return _dataset(setup.block_size).batch(setup.batch, generator=g)
+    x = torch.randn(setup.batch, 32, generator=g)
+    return x, torch.randint(10, (setup.batch,), generator=g)
+
+
+def loss_fn(setup: Setup):
+    """Mean cross-entropy over every token (or row): the course's loss_fn."""
+    return models.loss_fn
+
+
+def split_stages(model: nn.Module, setup: Setup, num_stages: int) -> list[nn.Module]:
+    """The model cut into `num_stages` consecutive stages (course_utils.models.partition)."""
+    return list(models.partition(model, num_stages))
+
+
+def _grads(module: nn.Module) -> dict:
+    return {n: p.grad.detach().clone().numpy() for n, p in module.named_parameters()}
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    if a.keys() != b.keys():
+        raise WorkerError(f"parameter names differ: {sorted(a)[:3]} vs {sorted(b)[:3]}")
+    return max((float(abs(a[k] - b[k]).max()) for k in a), default=0.0)
+
+
+def _timeline(per_rank: list[list[tuple]], name: str, meta: dict) -> Timeline:
+    """Turn each rank's (action, label, start_ns, end_ns) records into one measured Timeline."""
+    t0 = min((rec[2] for recs in per_rank for rec in recs), default=0)
+    events = [
+        Event(rank, Action.parse(action), (s - t0) / 1e9, (e - t0) / 1e9, label)
+        for rank, recs in enumerate(per_rank)
+        for action, label, s, e in recs
+    ]
+    return Timeline(events, len(per_rank), name=name, source="measured", unit="s", meta=meta)
+
+
+@dataclass
+class DistributedResult:
+    """What a distributed run measured, next to its single-process reference."""
+
+    workers: int
+    losses: list[float]  # per step, averaged over ranks (equal shards -> full-batch loss)
+    reference_losses: list[float]
+    max_grad_diff: float  # largest |grad_distributed - grad_reference| over all steps/params
+    seconds: float  # wall time of the whole run: spawning, rendezvous, work, shutdown
+    timeline: Timeline
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def max_loss_diff(self) -> float:
+        return max(abs(a - b) for a, b in zip(self.losses, self.reference_losses, strict=True))
+
+    def to_dict(self) -> dict:
+        return {
+            "workers": self.workers,
+            "max_grad_diff": self.max_grad_diff,
+            "seconds": self.seconds,
+        }
+
+
+def _check_model(model: str | None) -> str:
+    model = "gpt" if model is None else model
+    if model not in MODELS:
+        raise CourseInputError(f"model must be one of {', '.join(MODELS)}, got {model!r}")
+    return model

@@ -1,0 +1,9 @@
+"""The course's "cluster": CPU threads standing in for accelerators, and messages between them.
+
+- `devices`      `DeviceThreads`: persistent threads, one per device, one core's worth each
+- `collectives`  `ThreadGroup`: point-to-point mailboxes between threads with byte counters,
+                 and the collectives (all-reduce, ...) written out with sends and receives
+
+Every parallel dimension of the course (`course_utils.pipeline.executor`,
+`course_utils.parallel`) runs on these. Importing a module here imports torch.
+"""
