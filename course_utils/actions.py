@@ -115,11 +115,6 @@ class Action:
         return cls(int(stage), kind, int(mb) if mb else None)
 
 
-def parse_actions(items) -> list[Action]:
-    """Parse a list of actions given as strings ('0F1') or Action values."""
-    return [Action.parse(item) for item in items]
-
-
 @dataclass(frozen=True)
 class Schedule:
     """Per-device ordered action lists, plus the shape they were made for.

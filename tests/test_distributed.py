@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from course_utils import distributed
-from course_utils.actions import Action, Schedule, parse_actions
+from course_utils.actions import Action, Schedule
 from course_utils.cli import main
 from course_utils.distributed import (
     Cluster,
@@ -174,7 +174,7 @@ def test_course_schedule_runs_on_pytorch_runtime_via_csv(cluster):
         "0F0 0F1 0I0 0F2 0I1 0W0 0F3 0I2 0W1 0I3 0W2 0W3".split(),
         "1F0 1I0 1F1 1W0 1I1 1F2 1W1 1I2 1F3 1W2 1I3 1W3".split(),
     ]
-    schedule = Schedule("zb-hand", 2, 4, tuple(tuple(parse_actions(r)) for r in rows))
+    schedule = Schedule("zb-hand", 2, 4, tuple(tuple(map(Action.parse, r)) for r in rows))
     result = run_pipeline(schedule, batch=8, model="mlp", compare_executor=False, cluster=cluster)
     assert result.max_grad_diff <= TOL and result.max_loss_diff <= TOL
     ran = [[str(e.action) for e in result.timeline.device_events(d)] for d in range(2)]

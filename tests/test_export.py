@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from course_utils.actions import Action, Schedule, parse_actions
+from course_utils.actions import Action, Schedule
 from course_utils.errors import CourseInputError
 from course_utils.pipeline.export import from_pytorch_csv, to_pytorch_csv, to_pytorch_rows
 
@@ -82,7 +82,7 @@ def test_zero_bubble_split_backward_exports(tmp_path):
         "0F0 0F1 0I0 0I1 0W0 0W1".split(),
         "1F0 1I0 1F1 1W0 1I1 1W1".split(),
     ]
-    schedule = Schedule("zb", 2, 2, tuple(tuple(parse_actions(r)) for r in rows))
+    schedule = Schedule("zb", 2, 2, tuple(tuple(map(Action.parse, r)) for r in rows))
     runtime = pytorch_load(to_pytorch_csv(schedule, tmp_path / "zb.csv"), schedule)
     assert as_strings(runtime.pipeline_order) == rows
 
@@ -116,7 +116,7 @@ def test_file_is_one_row_per_rank_of_action_strings(tmp_path):
 
 def test_compute_only_drops_communication_compute_comms_keeps_it():
     rows = ["0F0 0SEND_F0 0RECV_B0 0B0 0REDUCE_GRAD".split(), "1RECV_F0 1F0 1B0 1SEND_B0".split()]
-    schedule = Schedule("with-comms", 2, 1, tuple(tuple(parse_actions(r)) for r in rows))
+    schedule = Schedule("with-comms", 2, 1, tuple(tuple(map(Action.parse, r)) for r in rows))
     assert to_pytorch_rows(schedule) == [["0F0", "0B0"], ["1F0", "1B0"]]
     assert to_pytorch_rows(schedule, format="compute_comms") == rows
 

@@ -567,10 +567,10 @@ def png_size(data: bytes) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
-def test_save_png_svg_pdf_and_to_png(tmp_path):
+def test_save_png_svg_pdf(tmp_path):
     tl = sim("1f1b", 2, 4)
     fig = chart(tl)
-    data = gantt.to_png(fig)
+    data = gantt.save(fig, tmp_path / "first.png").read_bytes()
     width, height = png_size(data)
     assert (width, height) == (
         round(fig.get_figwidth() * fig.dpi),

@@ -31,3 +31,19 @@ class WithFallback:
 
     def __repr__(self) -> str:
         return self.text
+
+
+def show_source(obj) -> None:
+    """Show the source code of a function, method or class of the course, highlighted.
+
+    Lessons use it to put the library's real code in front of the learner where it is the
+    lesson's mechanism (e.g. the executor's zero-bubble split of the backward pass).
+    """
+    import inspect
+    import textwrap
+
+    from IPython.display import Code, display
+
+    source = textwrap.dedent(inspect.getsource(obj))
+    where = f"# {inspect.getsourcefile(obj).split('course_utils', 1)[-1].lstrip('/')}"
+    display(Code(f"{where}\n{source}", language="python"))

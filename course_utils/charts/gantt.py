@@ -21,7 +21,6 @@ imports torch.
 
 from __future__ import annotations
 
-import io
 from dataclasses import replace
 from pathlib import Path
 
@@ -307,7 +306,7 @@ def draw(
     `title` replaces the schedule-name part of the title (makespan and bubble are always
     shown); for a list it may be a list of titles. `share_x=None` shares the time axis
     when all timelines use the same unit. `pyplot=False` makes a Figure outside pyplot
-    (no global state, nothing auto-displayed), for the explorer and the CLI.
+    (no global state, nothing auto-displayed), for the commands and for saving to files.
     """
     style.use_course_style()
     timelines = (
@@ -437,8 +436,3 @@ def save(fig: Figure, path: str | Path, dpi: float | None = None) -> Path:
     return path
 
 
-def to_png(fig: Figure, dpi: float | None = None) -> bytes:
-    """The figure as PNG bytes (for ipywidgets.Image and for tests)."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi or fig.dpi, facecolor="white")
-    return buf.getvalue()

@@ -85,10 +85,6 @@ def strip_solutions(source: str, cell_type: str, where: str = "cell") -> str:
     return "\n".join(out)
 
 
-def has_solution(source: str) -> bool:
-    return any(line.strip() == BEGIN for line in source.split("\n"))
-
-
 def _ruff() -> str | None:
     ruff = Path(sys.executable).with_name("ruff")
     return str(ruff) if ruff.exists() else shutil.which("ruff")

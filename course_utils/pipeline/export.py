@@ -9,7 +9,7 @@ gradient reductions itself ("lowering"), so a compute-only file is all it needs.
 
 The course's `Action` prints exactly like PyTorch's `_Action`, so a schedule a learner
 designed in the course can be written out here and run on PyTorch's runtime unchanged
-(`course_utils.distributed.run_pipeline(..., csv_path=...)` does that on two processes).
+(`course_utils.distributed.run_pipeline(schedule)` does that on real processes).
 
 This module does not import torch: it only writes and reads text.
 """

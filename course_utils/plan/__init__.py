@@ -7,7 +7,7 @@
 - `inputs`  precisions, model shapes and presets, a layout (`Config`), hardware
 - `model`   memory per GPU and time per step of one layout, formula by formula
 - `search`  every layout that fits, fastest first, and why the rest does not
-- `widget`  the chart and the slider widget of lesson 08
+- `widget`  the charts and widgets: lesson 07's layout explorer, lesson 08's planner
 
 Nothing here imports torch: it is arithmetic (and the pipeline simulator, for bubbles).
 """
@@ -34,7 +34,9 @@ from course_utils.plan.inputs import (
 from course_utils.plan.model import (
     SIMULATE_LIMIT,
     Estimate,
+    Traffic,
     activation_bytes_per_layer,
+    communication,
     evaluate,
     inflight_microbatches,
     memory,
@@ -42,6 +44,7 @@ from course_utils.plan.model import (
     pipeline_bubble,
     ring_allreduce_time,
     step_time,
+    traffic,
     training_flops,
 )
 from course_utils.plan.search import format_memory, format_time, search, search_to_dict
@@ -49,8 +52,12 @@ from course_utils.plan.widget import (
     MEMORY_PARTS,
     TIME_PARTS,
     describe,
+    describe_layout,
+    draw_layout,
     draw_plan,
     estimate_from_sliders,
+    layout,
+    layout_explorer,
     planner_widget,
 )
 
@@ -62,4 +69,6 @@ __all__ = [
     "format_memory", "format_time", "get_precision", "inflight_microbatches", "memory",
     "model_state_bytes", "parse_count", "pipeline_bubble", "planner_widget", "replace_config",
     "ring_allreduce_time", "search", "search_to_dict", "step_time", "training_flops",
+    "Traffic", "communication", "traffic", "describe_layout", "draw_layout", "layout",
+    "layout_explorer",
 ]  # fmt: skip

@@ -19,7 +19,7 @@ Nothing here imports torch.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from course_utils.errors import CourseInputError
 from course_utils.parallel.costs import ring_allreduce_time
@@ -40,7 +40,7 @@ from course_utils.plan.inputs import (
     get_precision,
 )
 
-__all__ = ["ring_allreduce_time"]  # the planner uses the course's one formula for it
+__all__ = ["ring_allreduce_time"]  # re-exported: lesson 08 computes with plan.ring_allreduce_time
 
 # --------------------------------------------------------------------------- model states
 
@@ -225,6 +225,51 @@ def training_flops(model: ModelShape | int, tokens: float, recompute: str = "non
     return tokens * (3 * forward + extra)
 
 
+@dataclass(frozen=True)
+class Traffic:
+    """What one kind of parallelism makes each GPU send in one optimizer step."""
+
+    bytes: float  # sent by each GPU
+    messages: float  # messages each GPU sends (each pays the link's latency)
+    span: int  # consecutive GPUs the group spans: its slowest link sets the bandwidth
+
+
+def communication(
+    model: ModelShape, config: Config, precision: str | Precision = "bf16-mixed"
+) -> dict[str, Traffic]:
+    """Per GPU per step: 'tensor', 'pipeline' and 'data' traffic (ring collectives).
+
+    Tensor parallel (Shoeybi et al. 2019, arXiv 1909.08053): 2 all-reduces of the b s h
+    activations per layer forward and 2 backward (sequence parallelism swaps each for a
+    reduce-scatter + all-gather of the same volume); full recomputation repeats the forward 2.
+    A ring all-reduce of S bytes over t GPUs sends 2 (t-1)/t S in 2 (t-1) messages.
+    Pipeline: each micro-batch sends its activations forward and gradients back once per
+    chunk boundary (b s h / t values with Megatron's scatter-gather across TP ranks).
+    Data parallel: a ring all-reduce of this GPU's gradient shard (ZeRO-1/2's reduce-scatter +
+    all-gather move the same bytes; ZeRO-3 also all-gathers the weights again: 1.5x, ZeRO
+    paper Section 7.2).
+    """
+    check_config(model, config)
+    prec = get_precision(precision)
+    t, p, d = config.tp, config.pp, config.dp
+    activations = config.microbatch_size * model.seq * model.hidden * prec.activation_bytes
+    all_reduces = (6 if config.recompute == "full" else 4) * model.layers / p * config.microbatches
+    tensor = Traffic(all_reduces * 2 * (t - 1) / t * activations, all_reduces * 2 * (t - 1), t)
+    sends = 2 * config.microbatches * config.chunks if p > 1 else 0
+    pipeline = Traffic(sends * activations / t, sends, t * p)
+    grads = model.params / (t * p) * prec.grad_bytes
+    again = 1.5 if config.zero == 3 else 1.0
+    data = Traffic(again * 2 * (d - 1) / d * grads, again * 2 * (d - 1), config.gpus)
+    return {"tensor": tensor, "pipeline": pipeline, "data": data}
+
+
+def traffic(
+    model: ModelShape, config: Config, precision: str | Precision = "bf16-mixed"
+) -> dict[str, float]:
+    """Bytes each GPU sends per step for 'tensor', 'pipeline' and 'data' parallelism."""
+    return {kind: c.bytes for kind, c in communication(model, config, precision).items()}
+
+
 def step_time(
     model: ModelShape,
     config: Config,
@@ -233,49 +278,25 @@ def step_time(
 ) -> dict[str, float]:
     """Seconds per optimizer step, split into compute, bubble, dp_comm, tp_comm, pp_comm, total.
 
-    Nothing overlaps (a pessimistic but readable choice). The bubble is the schedule's idle
-    fraction f applied to the per-device work W: idle = W f / (1 - f).
+    Nothing overlaps (a pessimistic but readable choice). Communication is `communication`'s
+    bytes over the group's slowest link plus a latency per message. The bubble is the
+    schedule's idle fraction f applied to the per-device work W: idle = W f / (1 - f).
     """
-    check_config(model, config)
     prec = get_precision(precision)
-    e = prec.activation_bytes
+    comm = communication(model, config, prec)
     tokens = config.global_batch * model.seq
     flops = training_flops(model, tokens, config.recompute)
     compute = flops / config.gpus / (hardware.peak_flops(prec) * hardware.efficiency)
     lat = hardware.latency_us * 1e-6
 
-    # Tensor parallel (Shoeybi et al. 2019, arXiv 1909.08053): 2 all-reduces of the b s h
-    # activations per layer forward and 2 backward (sequence parallelism swaps each for a
-    # reduce-scatter + all-gather of the same volume); full recomputation repeats the forward 2.
-    per_op = ring_allreduce_time(
-        config.microbatch_size * model.seq * model.hidden * e,
-        config.tp,
-        hardware.bandwidth(config.tp),
-        lat,
-    )
-    ops_per_layer = 6 if config.recompute == "full" else 4
-    layers_here = model.layers / config.pp
-    tp_comm = ops_per_layer * layers_here * config.microbatches * per_op
+    def seconds(kind: str) -> float:
+        c = comm[kind]
+        return c.bytes / hardware.bandwidth(c.span) + c.messages * lat
 
-    # Pipeline: each micro-batch sends its activations forward and gradients back once per
-    # chunk boundary (b s h / t values with Megatron's scatter-gather across TP ranks).
-    pp_comm = 0.0
-    if config.pp > 1:
-        message = config.microbatch_size * model.seq * model.hidden * e / config.tp
-        bw = hardware.bandwidth(config.tp * config.pp)
-        pp_comm = 2 * config.microbatches * config.chunks * (message / bw + lat)
-
+    tp_comm, pp_comm, dp_comm = seconds("tensor"), seconds("pipeline"), seconds("data")
     bubble_frac = pipeline_bubble(config.schedule, config.pp, config.microbatches, config.chunks)
     work = compute + tp_comm + pp_comm
     bubble = work * bubble_frac / (1 - bubble_frac)
-
-    # Data parallel: ring all-reduce of this GPU's gradient shard (ZeRO-1/2 reduce-scatter +
-    # all-gather move the same bytes; ZeRO-3 also all-gathers weights again: 1.5x, ZeRO paper
-    # Section 7.2).
-    grad_bytes = model.params / (config.tp * config.pp) * prec.grad_bytes
-    dp_comm = ring_allreduce_time(grad_bytes, config.dp, hardware.bandwidth(config.gpus), lat)
-    if config.zero == 3:
-        dp_comm *= 1.5
     parts = {
         "compute": compute,
         "bubble": bubble,
@@ -298,6 +319,7 @@ class Estimate:
     memory: dict[str, float]
     time: dict[str, float]
     reason: str | None = None
+    traffic: dict[str, float] = field(default_factory=dict)  # bytes sent per GPU per step
 
     @property
     def fits(self) -> bool:
@@ -320,6 +342,7 @@ class Estimate:
             "step_time_s": self.time["total"],
             "memory": self.memory,
             "time": self.time,
+            "traffic_bytes": self.traffic,
         }
 
 
@@ -347,4 +370,4 @@ def evaluate(
                 f"{states / GIB:.1f} GiB + activations {mem['activations'] / GIB:.1f} GiB "
                 f"(recompute={config.recompute})"
             )
-    return Estimate(config, mem, time, reason)
+    return Estimate(config, mem, time, reason, traffic(model, config, precision))

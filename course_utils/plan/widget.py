@@ -16,6 +16,7 @@ from course_utils.plan.inputs import (
     SEARCH_CHUNKS,
     Config,
     Hardware,
+    ModelShape,
 )
 from course_utils.plan.model import Estimate, evaluate
 from course_utils.plan.search import format_memory, format_time
@@ -162,3 +163,129 @@ def estimate_from_sliders(
     chunks = SEARCH_CHUNKS if schedule in LOOPING and pp > 1 else 1
     config = Config(tp, pp, dp, microbatch_size, m, schedule, chunks, zero, recompute, tp > 1)
     return evaluate(MODEL_PRESETS[size], config, precision, hardware)
+
+
+# --------------------------------------------------------------------------- lesson 07's layouts
+
+LAYOUT_COLOURS = {"tensor": "#c44e52", "pipeline": "#4c72b0", "data": "#55a467"}
+_TIME_KEY = {"tensor": "tp_comm", "pipeline": "pp_comm", "data": "dp_comm"}
+
+
+def layout(
+    model: ModelShape,
+    gpus: int,
+    tp: int,
+    pp: int,
+    global_batch: int,
+    hardware: Hardware = Hardware(),
+    **config,
+) -> Estimate:
+    """One layout of `gpus` GPUs: data parallelism takes what tp x pp leaves; one micro-batch
+    per sequence of the replica's share of the batch. Other Config fields go in `config`."""
+    if gpus % (tp * pp):
+        raise CourseInputError(f"tp x pp = {tp * pp} does not divide {gpus} GPUs")
+    dp = gpus // (tp * pp)
+    if global_batch % dp:
+        raise CourseInputError(f"dp = {dp} does not divide the global batch {global_batch}")
+    chosen = Config(tp=tp, pp=pp, dp=dp, microbatches=global_batch // dp, **config)
+    return evaluate(model, chosen, hardware=hardware)
+
+
+def describe_layout(estimate: Estimate, hardware: Hardware = Hardware()) -> str:
+    """One line: the degrees, memory and whether it fits, bytes sent, communication, step."""
+    c, sent = estimate.config, estimate.traffic
+    fits = "fits" if estimate.fits else "does NOT fit"
+    comm = sum(estimate.time[key] for key in _TIME_KEY.values())
+    return (
+        f"tp={c.tp:<2} pp={c.pp:<2} dp={c.dp:<2} memory {estimate.memory['total'] / GIB:6.1f} GiB "
+        f"({fits:12s}) sent: TP {sent['tensor'] / 1e9:6.1f} GB, PP {sent['pipeline'] / 1e9:5.2f} "
+        f"GB, DP {sent['data'] / 1e9:5.1f} GB; comm {comm:6.2f} s, step "
+        f"{estimate.time['total']:6.2f} s"
+    )
+
+
+def draw_layout(estimate: Estimate, hardware: Hardware = Hardware(), title: str = ""):
+    """Memory per GPU against the GPU's, and communication time per step by kind (bytes on
+    each bar): what lesson 07's layout explorer shows."""
+    import matplotlib.pyplot as plt
+
+    fig, (ax_mem, ax_com) = plt.subplots(1, 2, figsize=(10, 3.4))
+    bottom = 0.0
+    for part in MEMORY_PARTS:
+        value = estimate.memory[part] / GIB
+        ax_mem.bar(["per GPU"], [value], bottom=bottom, label=part)
+        bottom += value
+    limit = hardware.gpu_memory_gib
+    ax_mem.axhline(limit, color="black", ls="--", label=f"{limit:g} GiB")
+    ax_mem.set_ylim(0, max(bottom, limit) * 1.15)
+    ax_mem.set_ylabel("GiB")
+    ax_mem.set_title("Memory per GPU")
+    ax_mem.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    kinds = list(_TIME_KEY)
+    seconds = [estimate.time[_TIME_KEY[k]] for k in kinds]
+    ax_com.barh(kinds, seconds, color=[LAYOUT_COLOURS[k] for k in kinds], label="seconds per step")
+    for i, kind in enumerate(kinds):
+        text = f" {estimate.traffic[kind] / 1e9:.1f} GB"
+        ax_com.text(seconds[i], i, text, va="center", fontsize=9)
+    ax_com.set_xlabel("communication time per step (s, no overlap)")
+    ax_com.set_title("Communication per GPU (bytes sent on the bars)")
+    ax_com.legend(fontsize=8, loc="lower right")
+    fig.suptitle(title or estimate.config.short(), fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def layout_explorer(
+    model: ModelShape,
+    global_batch: int,
+    name: str = "",
+    gpus: tuple[int, ...] = (8, 16, 32, 64),
+    per_node: tuple[int, ...] = (8, 4),
+    degrees: tuple[int, ...] = (1, 2, 4, 8),
+    start: tuple[int, int, int, int] = (32, 8, 4, 2),
+    **config,
+):
+    """Drop-downs for the number of GPUs and GPUs per node, sliders for tp and pp: the
+    memory and communication of that layout, drawn and printed (text everywhere else)."""
+    import ipywidgets as widgets
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+
+    from course_utils.charts.display import WithFallback
+    from course_utils.charts.style import use_course_style
+
+    use_course_style()
+
+    def show(gpus: int, per_node: int, tp: int, pp: int) -> None:
+        hardware = Hardware(gpus_per_node=per_node)
+        try:
+            estimate = layout(model, gpus, tp, pp, global_batch, hardware, **config)
+        except CourseInputError as exc:
+            print(f"not a valid layout: {exc}")
+            return
+        title = f"{name} on {gpus} GPUs, nodes of {per_node}: {estimate.config.short()}"
+        draw_layout(estimate, hardware, title.strip())
+        plt.show()
+        print(describe_layout(estimate, hardware))
+
+    g, n, t, p = start
+    controls = {
+        "gpus": widgets.Dropdown(options=list(gpus), value=g, description="GPUs"),
+        "per_node": widgets.Dropdown(options=list(per_node), value=n, description="GPUs / node"),
+        "tp": widgets.SelectionSlider(options=list(degrees), value=t, description="tensor (tp)"),
+        "pp": widgets.SelectionSlider(options=list(degrees), value=p, description="pipeline (pp)"),
+    }
+    out = widgets.interactive_output(show, controls)
+    ui = widgets.VBox([widgets.HBox(list(controls.values())), out])
+    try:
+        text = describe_layout(
+            layout(model, g, t, p, global_batch, Hardware(gpus_per_node=n), **config)
+        )
+    except CourseInputError as exc:
+        text = f"not a valid layout: {exc}"
+    display(
+        WithFallback(
+            ui, f"Layout explorer at its starting values (widgets not shown here):\n{text}"
+        )
+    )
+    return ui
