@@ -9,7 +9,8 @@ LAB_FLAGS ?=
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 PIP := $(PY) -m pip --disable-pip-version-check --quiet
 
-.PHONY: setup lab test lint format unit notebooks exercises bench test-browser clean
+.PHONY: setup lab test lint format unit notebooks exercises bench test-browser test-constrained \
+	record-reference clean
 
 # Set-up: a venv with the pinned dependencies and course_utils (editable). Re-runs only
 # when requirements.txt or pyproject.toml change, so a second `make` takes seconds.
@@ -32,7 +33,7 @@ lab: setup
 test: setup lint unit notebooks
 
 unit: setup
-	$(PY) -m pytest -m "not browser"
+	$(PY) -m pytest -m "not browser and not constrained"
 
 # Every lesson and every solution, run top to bottom with nbval (outputs are not compared).
 notebooks: setup
@@ -52,6 +53,14 @@ exercises: setup
 
 bench: setup
 	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
+
+# Every lesson and solution pinned to one core, then beside a CPU hog (Binder, a busy laptop).
+test-constrained: setup
+	$(PY) -m pytest -m constrained -p no:cacheprovider
+
+# On an idle machine: run every lesson and store its measurements as the reference twins.
+record-reference: setup
+	$(PY) -m course_utils.measure.record
 
 test-browser: setup
 	$(PY) -m pytest -m browser -p no:cacheprovider

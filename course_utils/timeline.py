@@ -138,7 +138,31 @@ class Timeline:
             "busy": busy,
             "idle": [makespan - b for b in busy],
             "peak_activations": self.peak_activations,
+            "num_devices": self.num_devices,
+            "stages": self.stages,
+            "microbatches": self.microbatches,
+            "chunks": self.chunks,
         }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Timeline:
+        """The timeline `to_dict` wrote (figures it derived, like makespan, are recomputed)."""
+        events = [
+            Event(e["device"], Action.parse(e["action"]), e["start"], e["end"], e.get("label"))
+            for e in data["events"]
+        ]
+        devices = data.get("num_devices") or 1 + max((e.device for e in events), default=0)
+        return cls(
+            events,
+            devices,
+            name=data.get("name", ""),
+            source=data.get("source", "simulated"),
+            unit=data.get("unit", "units"),
+            peak_activations=data.get("peak_activations"),
+            stages=data.get("stages"),
+            microbatches=data.get("microbatches"),
+            chunks=data.get("chunks") or 1,
+        )
 
     def summary(self) -> str:
         return (

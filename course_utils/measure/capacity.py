@@ -36,10 +36,10 @@ class Capacity:
     @property
     def regime(self) -> str:
         """'two free cores', 'shared cores' or 'one core' (what the threads really got)."""
+        if self.cores < 2 or self.speedup <= ONE_CORE:
+            return "one core"
         if self.speedup >= IDLE_TWO_CORES:
             return "two free cores"
-        if self.speedup <= ONE_CORE or self.cores < 2:
-            return "one core"
         return "shared cores"
 
     def sentence(self) -> str:

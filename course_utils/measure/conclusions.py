@@ -1,0 +1,85 @@
+"""Sentences about measurements, computed from the measurements.
+
+A lesson's markdown states the theory and what to look for; it never says what the
+learner's own timing will show, because that depends on their machine. What the
+measurement did show is printed by these functions, from the numbers measured and from the
+capacity probe (how much faster 2 threads ran than 1 just before). Each returns plain
+sentences; tests/test_conclusions.py checks them on a machine with two free cores, on one
+core, and in between, so no sentence can contradict the numbers it prints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from course_utils.measure.capacity import Capacity
+
+NOISE = 0.1  # differences below 10% are within what a shared machine varies by
+
+
+def speedup(what: str, measured: float, ideal: float, capacity: Capacity) -> str:
+    """How a measured parallel speed-up compares with the ideal and with the machine.
+
+    `measured` = time of the one-device (or unsplit) run / time of the parallel run;
+    `ideal` = what the schedule or method allows with free communication and equal work.
+    """
+    cap = capacity.speedup
+    bound = min(ideal, max(cap, 1.0))
+    text = f"{what} ran {measured:.2f}x as fast as the baseline (ideal {ideal:.2f}x). "
+    text += f"Just before, 2 threads ran {cap:.2f}x as fast as 1 on this machine"
+    if capacity.regime == "one core":
+        text += ", so the threads took turns and no speed-up could show: "
+        if measured < 1 - NOISE:
+            return (
+                text + "the parallel version even lost time to its extra work (threads, messages)."
+            )
+        return text + f"{measured:.2f}x is what turns on one core give."
+    text += f", so {bound:.2f}x was the most this run could reach here. "
+    reached = measured / bound if bound > 0 else 0.0
+    if reached >= 1 - NOISE:
+        return text + f"It reached {reached:.0%} of that: as good as this machine allows."
+    if measured < 1 - NOISE:
+        return text + (
+            f"It was slower than the baseline: the extra work (threads, messages) cost more "
+            f"than the {cap:.2f}x of parallel compute gave back."
+        )
+    return text + (
+        f"It reached {reached:.0%} of that: the rest went to overheads (messages, waiting, "
+        "uneven work) or to other programs on the machine."
+    )
+
+
+def ratio(a_name: str, a: float, b_name: str, b: float, unit: str = "s") -> str:
+    """Which of two times was shorter, and by how much, or that they are within noise."""
+    if a <= 0 or b <= 0:
+        return f"{a_name} took {a:.3g} {unit} and {b_name} {b:.3g} {unit}."
+    faster, slower = (a_name, b_name) if a < b else (b_name, a_name)
+    factor = max(a, b) / min(a, b)
+    if factor - 1 < NOISE:
+        return (
+            f"{a_name} ({a:.3g} {unit}) and {b_name} ({b:.3g} {unit}) took the same time "
+            f"within noise ({factor - 1:.0%} apart)."
+        )
+    return f"{faster} was {factor:.2f}x as fast as {slower} ({a:.3g} vs {b:.3g} {unit})."
+
+
+def trend(xs: Sequence[float], ys: Sequence[float], x_name: str, y_name: str) -> str:
+    """The shape of a measured curve in words: rises, falls, rises then falls, or flat.
+
+    Steps smaller than NOISE (relative to the largest value) do not count as a change of
+    direction, so a wobble on a busy machine is not called a peak.
+    """
+    if len(xs) != len(ys) or len(ys) < 2:
+        return f"Too few points to say how {y_name} changes with {x_name}."
+    top = max(abs(y) for y in ys) or 1.0
+    best = max(range(len(ys)), key=lambda i: ys[i])
+    rise = ys[best] - ys[0] > NOISE * top
+    fall = ys[best] - ys[-1] > NOISE * top
+    peak = f"{y_name} was highest at {x_name} = {xs[best]:g}"
+    if rise and fall:
+        return f"On this machine {y_name} rose, then fell: {peak}."
+    if rise:
+        return f"On this machine {y_name} only rose over the range measured: {peak}."
+    if ys[0] - ys[-1] > NOISE * top:
+        return f"On this machine {y_name} only fell as {x_name} grew: {peak}, the first point."
+    return f"On this machine {y_name} stayed flat within noise over the range measured."

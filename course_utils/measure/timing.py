@@ -1,0 +1,87 @@
+"""Timing that survives a shared machine: interleaved repeats, best and spread, a budget.
+
+Other programs only ever slow a measurement down, and they come and go. So when a lesson
+compares variants (naive against GPipe, 1 worker against 2), it must not time all runs of
+one and then all runs of the other: a burst of outside work would land on one variant only.
+`compare` runs them in turns (A B C, A B C, ...), after untimed warm-up rounds, keeps every
+sample, and reports the best (the least disturbed) and the spread. It stops early when the
+time budget is spent, so a lesson stays under its time limit on a slow machine.
+
+    timings = compare({"naive": run_naive, "gpipe": run_gpipe}, repeats=5, budget_s=20)
+    timings["gpipe"].best, timings["gpipe"].spread
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from course_utils.errors import CourseInputError
+
+
+@dataclass
+class Timing:
+    """Seconds of every timed run of one variant (warm-up excluded), and what it returned."""
+
+    name: str
+    samples: list[float] = field(default_factory=list)
+    results: list[object] = field(default_factory=list, repr=False)
+
+    @property
+    def best(self) -> float:
+        return min(self.samples)
+
+    @property
+    def median(self) -> float:
+        ordered = sorted(self.samples)
+        mid = len(ordered) // 2
+        return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+    @property
+    def spread(self) -> float:
+        """(slowest - best) / best: 0.05 means the runs varied by 5%."""
+        return (max(self.samples) - self.best) / self.best if self.best > 0 else 0.0
+
+    @property
+    def best_result(self) -> object:
+        """What the fastest run returned (e.g. its measured timeline)."""
+        return self.results[self.samples.index(self.best)]
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "samples": self.samples, "best": self.best}
+
+
+def compare(
+    variants: dict[str, Callable[[], object]],
+    repeats: int = 5,
+    warmup: int = 1,
+    budget_s: float = 30.0,
+) -> dict[str, Timing]:
+    """Time each variant `repeats` times, in turns, after `warmup` untimed rounds.
+
+    Returns one `Timing` per variant. Every variant gets at least one timed run; after that
+    no new round starts once `budget_s` seconds have passed since the first timed round.
+    """
+    if not variants:
+        raise CourseInputError("variants must name at least one function to time")
+    if not isinstance(repeats, int) or repeats < 1:
+        raise CourseInputError(f"repeats must be an integer >= 1, got {repeats!r}")
+    if not isinstance(warmup, int) or warmup < 0:
+        raise CourseInputError(f"warmup must be an integer >= 0, got {warmup!r}")
+    if not budget_s > 0:
+        raise CourseInputError(f"budget_s must be a number of seconds > 0, got {budget_s!r}")
+    for _ in range(warmup):
+        for fn in variants.values():
+            fn()
+    timings = {name: Timing(name) for name in variants}
+    started = time.perf_counter()
+    for round_ in range(repeats):
+        if round_ and time.perf_counter() - started > budget_s:
+            break
+        for name, fn in variants.items():
+            start = time.perf_counter()
+            result = fn()
+            timings[name].samples.append(time.perf_counter() - start)
+            timings[name].results.append(result)
+    return timings

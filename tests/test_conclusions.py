@@ -1,0 +1,100 @@
+"""Printed conclusions agree with the numbers they print, whatever the machine gave.
+
+Three regimes of the capacity probe: two free cores (about 2x), one core or a busy second
+core (about 1x), and in between. For each, the sentences must not claim a speed-up the
+machine could not give, and must say so when a measurement falls short or loses time.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from course_utils.measure.capacity import Capacity
+from course_utils.measure.conclusions import ratio, speedup, trend
+
+IDLE = Capacity(1.93, 2, 0.2, 0.104)
+ONE_CORE = Capacity(0.98, 1, 0.2, 0.204)
+HOGGED = Capacity(1.05, 2, 0.2, 0.19)
+SHARED = Capacity(1.38, 2, 0.2, 0.145)
+
+
+def numbers(text: str) -> list[float]:
+    return [float(x) for x in re.findall(r"(\d+\.\d+)x", text)]
+
+
+def test_two_free_cores_a_good_pipeline_reaches_what_the_machine_allows():
+    text = speedup("GPipe", 1.49, 1.78, IDLE)
+    assert "1.49x" in text and "1.78x" in text and "1.93x" in text
+    assert "1.78x was the most" in text  # the ideal is the bound here, not the cores
+    assert "84%" in text and "overheads" in text
+
+
+@pytest.mark.parametrize("capacity", [ONE_CORE, HOGGED])
+def test_one_core_never_promises_a_speedup(capacity):
+    text = speedup("GPipe", 0.97, 1.78, capacity)
+    assert "took turns" in text and "no speed-up could show" in text
+    assert "most this run could reach" not in text
+    slower = speedup("GPipe", 0.8, 1.78, capacity)
+    assert "lost time" in slower
+
+
+def test_a_shared_core_caps_the_bound_below_the_ideal():
+    text = speedup("data parallelism", 1.2, 2.0, SHARED)
+    assert "1.38x was the most this run could reach" in text
+    assert "87%" in text  # 1.2 / 1.38
+    assert "as good as this machine allows" not in text
+    good = speedup("data parallelism", 1.36, 2.0, SHARED)
+    assert "as good as this machine allows" in good
+
+
+def test_slower_than_the_baseline_on_a_two_core_machine_is_said():
+    text = speedup("ZB-H1", 0.85, 1.6, IDLE)
+    assert "slower than the baseline" in text
+
+
+@given(
+    measured=st.floats(0.3, 2.5),
+    ideal=st.floats(1.0, 4.0),
+    cap=st.floats(0.8, 2.1),
+    cores=st.sampled_from([1, 2]),
+)
+def test_no_sentence_claims_more_than_the_bound(measured, ideal, cap, cores):
+    capacity = Capacity(cap, cores, 1.0, 1.0 / cap)
+    text = speedup("X", measured, ideal, capacity)
+    assert f"{measured:.2f}x" in text  # the number itself is printed
+    bound = min(ideal, max(cap, 1.0))
+    if "most this run could reach" in text:
+        assert f"{bound:.2f}x was the most" in text
+        assert capacity.regime != "one core"
+    if "as good as this machine allows" in text:
+        assert measured >= 0.9 * bound
+    if "slower than the baseline" in text or "lost time" in text:
+        assert measured < 0.9
+
+
+def test_ratio_within_noise_and_beyond():
+    assert "same time within noise" in ratio("naive", 0.100, "GPipe", 0.095)
+    text = ratio("naive", 0.100, "GPipe", 0.060)
+    assert text.startswith("GPipe was 1.67x as fast as naive")
+
+
+@pytest.mark.parametrize(
+    "ys, words",
+    [
+        ([100, 160, 190, 170, 120], "rose, then fell"),
+        ([190, 170, 140, 120, 100], "only fell"),
+        ([100, 130, 150, 170, 190], "only rose"),
+        ([100, 104, 98, 103, 101], "flat within noise"),
+        ([100, 190, 185, 186, 188], "only rose"),  # a plateau is not a fall
+    ],
+)
+def test_trend_names_the_shape_measured(ys, words):
+    text = trend([1, 2, 4, 8, 16], ys, "m", "throughput")
+    assert words in text
+    if "highest" in text:
+        best = [1, 2, 4, 8, 16][ys.index(max(ys))]
+        assert f"m = {best}" in text

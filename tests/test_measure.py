@@ -1,0 +1,86 @@
+"""The measuring tools: interleaved timing, the capacity probe, reference recordings."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from course_utils.errors import CourseInputError
+from course_utils.measure import reference
+from course_utils.measure.capacity import Capacity, probe
+from course_utils.measure.timing import compare
+from course_utils.pipeline import make_schedule, simulate
+from course_utils.timeline import Timeline
+
+
+def test_variants_are_timed_in_turns_after_untimed_warmup():
+    calls = []
+    timings = compare({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, 3, 2)
+    assert calls == ["a", "b"] * 5  # 2 warm-up rounds, then 3 timed rounds, interleaved
+    assert [len(t.samples) for t in timings.values()] == [3, 3]
+    assert all(s >= 0 for t in timings.values() for s in t.samples)
+
+
+def test_the_budget_stops_new_rounds_but_every_variant_runs_once():
+    import time
+
+    timings = compare({"slow": lambda: time.sleep(0.05), "x": lambda: 1}, 10, 0, budget_s=0.01)
+    assert len(timings["slow"].samples) == 1 and len(timings["x"].samples) == 1
+
+
+def test_best_spread_and_the_best_runs_result():
+    timings = compare({"v": iter([3, 1, 2]).__next__}, repeats=3, warmup=0)
+    t = timings["v"]
+    t.samples = [0.3, 0.1, 0.2]  # as if measured
+    assert t.best == 0.1 and t.median == 0.2 and t.spread == pytest.approx(2.0)
+    assert t.best_result == 1
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [({"repeats": 0}, "repeats"), ({"warmup": -1}, "warmup"), ({"budget_s": 0}, "budget_s")],
+)
+def test_bad_timing_arguments(kwargs, words):
+    with pytest.raises(CourseInputError, match=words):
+        compare({"a": lambda: None}, **kwargs)
+    with pytest.raises(CourseInputError, match="variants"):
+        compare({})
+
+
+def test_capacity_probe_measures_and_names_its_regime():
+    capacity = probe(size=64, repeats=5, rounds=1)
+    assert capacity.speedup > 0 and capacity.cores >= 1
+    assert capacity.regime in ("two free cores", "shared cores", "one core")
+    assert f"{capacity.speedup:.2f}x" in capacity.sentence()
+    assert Capacity(1.9, 2, 1, 0.5).regime == "two free cores"
+    assert Capacity(1.3, 2, 1, 0.7).regime == "shared cores"
+    assert Capacity(1.9, 1, 1, 0.5).regime == "one core"  # one core allowed: threads take turns
+    assert Capacity(1.0, 2, 1, 1.0).regime == "one core"
+
+
+def test_timeline_round_trips_through_json():
+    tl = simulate(make_schedule("interleaved", 2, 4, 2))
+    back = Timeline.from_dict(json.loads(json.dumps(tl.to_dict())))
+    assert back.events == sorted(tl.events, key=lambda e: (e.start, e.device))
+    assert (back.num_devices, back.stages, back.microbatches, back.chunks) == (2, 4, 4, 2)
+    assert back.makespan == tl.makespan and back.bubble_fraction == tl.bubble_fraction
+
+
+def test_twin_records_when_asked_and_loads_otherwise(tmp_path, monkeypatch):
+    monkeypatch.setattr(reference, "FOLDER", tmp_path)
+    tl = simulate(make_schedule("gpipe", 2, 2))
+    monkeypatch.delenv(reference.RECORD_ENV, raising=False)
+    assert reference.twin("99-test", {"gpipe": tl}, {"speedup": 1.5}) is None  # nothing stored
+    monkeypatch.setenv(reference.RECORD_ENV, "1")
+    capacity = Capacity(1.9, 2, 0.2, 0.105)
+    stored = reference.twin("99-test", {"gpipe": tl}, {"speedup": 1.5, "curve": [1, 2]}, capacity)
+    assert (tmp_path / "99-test.json").exists()
+    assert stored.machine["capacity"] == 1.9 and stored.machine["cores"] >= 1
+    monkeypatch.setenv(reference.RECORD_ENV, "0")
+    loaded = reference.twin("99-test", {"gpipe": simulate(make_schedule("1f1b", 2, 2))})
+    assert loaded.figures == {"speedup": 1.5, "curve": [1, 2]}
+    assert loaded.timelines["gpipe"].makespan == tl.makespan  # the stored one, not the new one
+    assert "recorded" in loaded.describe() and "1.90x" in loaded.describe()
+    with pytest.raises(CourseInputError, match="reference name"):
+        reference.load("../etc")
