@@ -26,12 +26,21 @@ from __future__ import annotations
 
 import inspect
 import math
+import random
 import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NoReturn
 
 __all__ = [
+    "DEFAULT",
     "CheckFailed",
+    "Given",
+    "LessonChecks",
+    "Variant",
+    "expect_number",
+    "for_student",
+    "is_right",
+    "same_to_3_figures",
     "NotAnswered",
     "as_choice",
     "as_int",
@@ -279,3 +288,174 @@ def check_function(fn: Any, what: str) -> Callable[..., Any]:
             ) from None
 
     return call
+
+
+# --------------------------------------------------------------------------- numbers and units
+
+
+def _half_unit_of_3rd_figure(expected: float) -> float:
+    return 0.5 * 10 ** (math.floor(math.log10(abs(expected))) - 2)
+
+
+def same_to_3_figures(value: float, expected: float) -> bool:
+    """True when `value` equals `expected` to 3 significant figures (or better).
+
+    0.133 and 0.1333 pass for 2/15; 0.13 does not (that is 2 figures). An exact answer,
+    e.g. the fraction 2/15 itself, always passes.
+    """
+    if expected == 0:
+        return abs(value) <= 1e-12
+    return abs(value - expected) <= _half_unit_of_3rd_figure(expected) * (1 + 1e-9)
+
+
+def _rounded_to_fewer_figures(value: float, expected: float) -> bool:
+    if expected == 0 or value == 0:
+        return False
+    for figures in (1, 2):
+        scale = 10 ** (math.floor(math.log10(abs(expected))) - figures + 1)
+        if math.isclose(value, round(expected / scale) * scale, rel_tol=1e-9):
+            return True
+    return False
+
+
+GIB, GB = 2**30, 1e9
+# (factor: value / expected, what the slip is) for the units a question may ask for.
+UNIT_SLIPS: dict[str, list[tuple[float, str]]] = {
+    "fraction": [(100, "a percentage; give a fraction between 0 and 1 (25% is 0.25)")],
+    "percent": [(0.01, "a fraction; give a percentage (0.25 is 25%)")],
+    "s": [(1e3, "milliseconds; give seconds"), (1e-3, "thousands of seconds; give seconds")],
+    "ms": [(1e-3, "seconds; give milliseconds"), (1e3, "microseconds; give milliseconds")],
+    "bytes": [
+        (1 / GB, "GB; give bytes"),
+        (1 / GIB, "GiB; give bytes"),
+        (1e-6, "MB; give bytes"),
+        (8, "bits; give bytes"),
+    ],
+    "GB": [(GB, "bytes; give GB (1 GB = 10^9 bytes)"), (GB / GIB, "GiB; give GB (10^9 bytes)")],
+    "GiB": [
+        (GIB, "bytes; give GiB (1 GiB = 2^30 bytes)"),
+        (GIB / GB, "GB; give GiB (2^30 bytes, not 10^9)"),
+    ],
+    "GB/s": [(8, "gigabits per second; give gigabytes per second")],
+}
+
+
+def expect_number(
+    value: Any,
+    expected: float,
+    what: str,
+    unit: str | None = None,
+    slips: Sequence[tuple[float, str]] = (),
+) -> float:
+    """`value` as a number, checked against `expected` for the slips every question shares.
+
+    Returns the number when it is right to 3 significant figures. Otherwise it fails with:
+    the unit slip it matches (a percentage for a fraction, GB for GiB, ...; `slips` adds the
+    question's own, e.g. (2, "both directions; give the bytes one way")), or "close: give 3
+    significant figures" when it is the right number rounded too far. When none of these
+    applies it returns the number, so the check can give its own hints and then fail.
+    """
+    number = as_number(value, what)
+    if same_to_3_figures(number, expected):
+        return number
+    unit_name = f" {unit}" if unit and unit not in ("fraction", "percent") else ""
+    for factor, slip in [*UNIT_SLIPS.get(unit or "", []), *slips]:
+        if expected and same_to_3_figures(number, expected * factor):
+            fail(f"`{what}` = {number:g} looks like it is in {slip}.")
+    if _rounded_to_fewer_figures(number, expected):
+        fail(f"`{what}` = {number:g}{unit_name} is close: give 3 significant figures.")
+    return number
+
+
+def is_right(value: float, expected: float) -> bool:
+    """The same test `expect_number` passes with, for checks that branch on it."""
+    return same_to_3_figures(value, expected)
+
+
+# --------------------------------------------------------------------------- variants
+
+DEFAULT_STUDENT = "default"
+
+
+class Variant:
+    """One learner's version of a lesson's exercises: the numbers drawn from their seed.
+
+    Every learner gets the same questions with different numbers (p, m, sizes, bandwidths),
+    so copying a neighbour's answers fails. The default student gets the course's own
+    numbers, the ones the solutions are written for. `cases_seed` fixes the inputs Build
+    exercises are tried on (the grader draws its own, which a learner cannot know); without
+    it they are fresh random inputs on every call.
+    """
+
+    def __init__(self, student: str = DEFAULT_STUDENT, cases_seed: int | str | None = None):
+        if not isinstance(student, str) or not student.strip():
+            raise ValueError(f"student must be a non-empty name, got {student!r}")
+        self.student = student.strip()
+        self.cases_seed = cases_seed
+
+    @property
+    def is_default(self) -> bool:
+        return self.student == DEFAULT_STUDENT
+
+    def pick(self, key: str, default: Any, options: Sequence[Any]) -> Any:
+        """The course's `default` for the default student, else one of `options` drawn from
+        the student's seed (the same student always gets the same one)."""
+        if self.is_default:
+            return default
+        return random.Random(f"{self.student}/{key}").choice(list(options))
+
+    def cases(self, key: str) -> random.Random:
+        """The random source for a Build exercise's inputs (see `cases_seed`)."""
+        if self.cases_seed is None:
+            return random.Random()
+        return random.Random(f"{self.cases_seed}/{key}")
+
+    def __repr__(self) -> str:
+        return f"Variant({self.student!r})"
+
+
+DEFAULT = Variant()
+
+
+class Given(dict):
+    """An exercise's numbers: `g["p"]` or `g.p`, shown as "p = 4, m = 12"."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __repr__(self) -> str:
+        return ", ".join(
+            f"{k} = {v:g}" if isinstance(v, float) else f"{k} = {v}" for k, v in self.items()
+        )
+
+
+class LessonChecks:
+    """A lesson's check module bound to one learner's variant.
+
+    check = l03.for_student("alice")   # in the exercise notebook's first code cell
+    g = check.given(1)                 # prints and returns this learner's numbers
+    check.exercise_1(answer)           # judged with those numbers
+    """
+
+    def __init__(self, module: Any, student: str = DEFAULT_STUDENT) -> None:
+        self.module = module
+        self.variant = Variant(student)
+
+    def given(self, k: int) -> Given:
+        numbers = Given(getattr(self.module, f"given_{k}")(self.variant))
+        lesson = self.module.__name__.rsplit(".l", 1)[-1].lstrip("0")
+        print(f"Exercise {lesson}.{k}, your numbers: {numbers!r}")
+        return numbers
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith(("exercise_", "given_", "cases_")):
+            fn = getattr(self.module, name)
+            return lambda *args, **kwargs: fn(*args, v=self.variant, **kwargs)
+        raise AttributeError(name)
+
+
+def for_student(module: Any, student: str = DEFAULT_STUDENT) -> LessonChecks:
+    return LessonChecks(module, student)

@@ -1,60 +1,48 @@
-"""Grade exercise notebooks with nbval: `python -m course_utils grade SUBMISSION.ipynb ...`.
+"""Grade one exercise notebook: run it apart, judge its answers here, report what was changed.
 
-A submission is a learner's copy of an `exercises/NN_slug.ipynb`. Grading it:
+    result = grade_notebook(notebook_bytes, "alice/03_bubble_tradeoff.ipynb", student="alice")
 
-1. match it to its solution notebook in solutions/ (by its check cells' ids `check-NN-K`,
-   failing that by file name);
-2. prepare a copy a learner cannot game: every check cell is put back from the solution
-   (edited ones replaced, deleted ones re-inserted after the answer they check), each
-   check cell re-imports the lesson's check module first, and every nbval marker
-   (`# NBVAL_SKIP`, `# NBVAL_RAISES_EXCEPTION`, tags `nbval-skip`, `raises-exception`, ...)
-   is stripped from every cell;
-3. run the copy top to bottom with `pytest --nbval-lax --nbval-current-env` in a subprocess
-   (the kernel works in the submission's folder, so its relative paths still work), with a
-   per-cell and a per-notebook timeout;
-4. read the per-cell results from pytest's JUnit XML: a check cell that ran without error
-   is a passed exercise; a failed one reports the check's own message.
+1. Which lesson: the check module it imports and its "Exercise N.K" headings say (`lesson=`
+   pins it; a notebook of another lesson then scores what it answers of this one: nothing).
+2. Which numbers: with `variant=` the learner's own (their seed, e.g. their name), else the
+   course's default ones. The inputs for Build exercises are drawn here, fresh, and never
+   leave the grader except as the arguments the learner's function is called with.
+3. Run it apart (`course_utils.grading.sandbox`): its own kernel, its own scratch folder,
+   nothing of the submission's folder on `sys.path`; answers come back as data.
+4. Judge here (`course_utils.grading.judge`): the lesson's check functions, in this process.
+5. Report tampering: every locked cell of the solution (check cells, cells tagged "locked")
+   is compared with the submission's; changed and missing ones are listed.
 
-Score = passed / total check cells of the solution. Output: a table, `--json`, or `--csv`
-(one row per student notebook; a folder argument grades every notebook inside it).
+Score = passed exercises / the solution's exercises. The batch runner (`batch.py`) grades
+many notebooks, each in its own worker process.
 """
 
 from __future__ import annotations
 
-import copy
-import csv
+import hashlib
+import importlib
 import re
-import subprocess
-import sys
-import tempfile
-import xml.etree.ElementTree as ET
+import secrets
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import nbformat
 
-from course_utils.checks import FAILED_MARK, NOT_ANSWERED_MARK
+from course_utils.checks import DEFAULT_STUDENT, Variant
+from course_utils.checks.wire import encode
 from course_utils.errors import CourseInputError
-from course_utils.grading.notebook_tools import (
-    CHECK_ID,
-    SOLUTIONS,
-    check_cells,
-    is_check_cell,
-    read_notebook,
-    tags,
-)
+from course_utils.grading.judge import cases_for, judge
+from course_utils.grading.notebook_tools import SOLUTIONS, is_check_cell, tags
+from course_utils.grading.sandbox import Exercise, check_calls, run_submission
 
-# nbval's switches (comment markers and the tags derived from them) plus Jupyter's own
-# skip tags: any of them could make a failing check count as passed or not run at all.
-NBVAL_MARKER = re.compile(r"^\s*#+\s*(NBVAL_[A-Z_]+|PYTEST_VALIDATE_[A-Z_]+)\s*$")
-SKIP_TAGS = {"raises-exception", "skip-execution", "skip", "remove-cell"}
-CHECK_IMPORT = re.compile(r"^from course_utils\.checks import (l\d+) as (\w+)\s*$", re.M)
-ANSI = re.compile(r"(?:\x1b|#x1B)\[[0-9;]*m")
+IMPORT = re.compile(r"course_utils\.checks import l(\d+)")
+HEADING = re.compile(r"^#+\s*Exercise\s+(\d+)\.\d+", re.M)
 
 
 @dataclass
 class ExerciseResult:
-    id: str
+    id: str  # "3.2"
     passed: bool
     message: str
 
@@ -63,8 +51,13 @@ class ExerciseResult:
 class GradeResult:
     notebook: str
     student: str
-    solution: str
+    lesson: int | None = None
+    variant: str = DEFAULT_STUDENT
     exercises: list[ExerciseResult] = field(default_factory=list)
+    tampering: list[dict] = field(default_factory=list)  # [{"cell", "status"}]
+    problem: str | None = None  # why the notebook could not be graded at all
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
 
     @property
     def total(self) -> int:
@@ -77,270 +70,147 @@ class GradeResult:
     def to_dict(self) -> dict:
         return {
             "notebook": self.notebook,
+            "student": self.student,
+            "lesson": self.lesson,
+            "variant": self.variant,
             "score": self.score,
             "total": self.total,
             "exercises": [asdict(e) for e in self.exercises],
+            "tampering": self.tampering,
+            "problem": self.problem,
+            "notes": self.notes,
+            "seconds": round(self.seconds, 2),
         }
 
 
-# -- finding submissions and their solutions ---------------------------------------------------
-
-
-def find_submissions(paths: list[Path]) -> list[tuple[Path, str | None]]:
-    """(notebook, student) pairs; in a folder of per-student folders the student is the
-    sub-folder's name, otherwise it is decided later from the file (see `student_name`)."""
-    found: list[tuple[Path, str | None]] = []
-    for path in paths:
-        if path.is_dir():
-            notebooks = sorted(
-                p
-                for p in path.rglob("*.ipynb")
-                if not any(part.startswith(".") for part in p.relative_to(path).parts)
-            )
-            if not notebooks:
-                raise CourseInputError(f"submission folder {str(path)!r} has no .ipynb files")
-            for nb in notebooks:
-                parts = nb.relative_to(path).parts
-                found.append((nb, parts[0] if len(parts) > 1 else None))
-        elif path.suffix != ".ipynb":
-            raise CourseInputError(f"submission {str(path)!r} is not a notebook (.ipynb)")
-        elif not path.exists():
-            raise CourseInputError(f"submission {str(path)!r} does not exist")
-        else:
-            found.append((path, None))
-    return found
-
-
-def check_ids(nb: nbformat.NotebookNode) -> list[str]:
-    return [cell.id for cell in check_cells(nb) if CHECK_ID.fullmatch(cell.get("id", ""))]
-
-
-def match_solution(submission: nbformat.NotebookNode, path: Path, solutions: Path) -> Path:
-    """The solution notebook sharing most check ids with `submission`, else the same name."""
-    candidates = sorted(solutions.glob("*.ipynb"))
-    if not candidates:
-        raise CourseInputError(f"--solutions {str(solutions)!r} has no solution notebooks")
-    ids = {cell.get("id") for cell in submission.cells}
-    overlap = {c: len(ids & set(check_ids(read_notebook(c)))) for c in candidates}
-    best = max(candidates, key=lambda c: overlap[c])
-    if overlap[best]:
-        return best
-    for candidate in candidates:
-        if candidate.name == path.name:
-            return candidate
-    raise CourseInputError(
-        f"no solution matches {str(path)!r}: none of its cell ids is a check id of "
-        f"{solutions}/*.ipynb and no solution has its file name"
-    )
-
-
-def student_name(path: Path, student: str | None, solution: Path) -> str:
-    """The folder name for `alice/03_x.ipynb`, the file stem for `alice.ipynb`."""
-    if student:
-        return student
-    return path.parent.resolve().name if path.stem == solution.stem else path.stem
-
-
-# -- preparing a notebook that cannot be gamed -------------------------------------------------
-
-
-def strip_nbval_markers(cell: nbformat.NotebookNode) -> None:
-    lines = cell.source.split("\n")
-    cell.source = "\n".join(line for line in lines if not NBVAL_MARKER.match(line))
-    if "tags" in cell.get("metadata", {}):
-        cell.metadata.tags = [
-            t for t in cell.metadata.tags if not t.startswith("nbval-") and t not in SKIP_TAGS
-        ]
-
-
-def restored_check(cell: nbformat.NotebookNode, reimport: str) -> nbformat.NotebookNode:
-    """A fresh copy of the solution's check cell; it first reloads the check framework and
-    the lesson's check module, so an answer cell that replaced or patched them (or `check`)
-    cannot fake a pass."""
-    new = copy.deepcopy(cell)
-    new.source = reimport + new.source if reimport else new.source
-    new.outputs, new.execution_count = [], None
-    return new
-
-
-def prepare(
-    submission: nbformat.NotebookNode, solution: nbformat.NotebookNode, workdir: Path
-) -> tuple[nbformat.NotebookNode, dict[int, str]]:
-    """The notebook to run, and {code cell index (as nbval counts): check id}."""
-    nb = copy.deepcopy(submission)
-    nb.nbformat, nb.nbformat_minor = 4, max(5, nb.get("nbformat_minor", 5))
-    for cell in nb.cells:
-        cell.setdefault("id", nbformat.v4.new_code_cell().id)  # old notebooks have no ids
-        if cell.cell_type == "code":
-            cell.outputs, cell.execution_count = [], None
-        strip_nbval_markers(cell)
-
-    imports = CHECK_IMPORT.findall("\n".join(c.source for c in solution.cells))
-    reimport = "".join(
-        f"import importlib as _importlib, course_utils.checks.{module} as {alias}\n"
-        f"_importlib.reload(_importlib.import_module('course_utils.checks'))\n"
-        f"{alias} = _importlib.reload({alias})\n"
-        for module, alias in dict(imports).items()
-    )
-    wanted = [c for c in solution.cells if is_check_cell(c)]
-    wanted_ids = {c.id for c in wanted}
-
-    # 1. check cells with the solution's id: replace them.
-    position = {cell.id: i for i, cell in enumerate(nb.cells)}
-    missing = []
-    for check in wanted:
-        if check.id in position:
-            nb.cells[position[check.id]] = restored_check(check, reimport)
-        else:
-            missing.append(check)
-    # 2. cells still tagged "check" but with other ids (old notebooks, pasted copies):
-    # pair them with the missing checks in order; any extra ones are just ordinary cells.
-    strays = [c for c in nb.cells if is_check_cell(c) and c.id not in wanted_ids]
-    for cell in strays:
-        cell.metadata["tags"] = [t for t in tags(cell) if t != "check"]
-    for stray, check in zip(strays, list(missing), strict=False):
-        index = next(i for i, c in enumerate(nb.cells) if c is stray)
-        nb.cells[index] = restored_check(check, reimport)
-        missing.remove(check)
-    # 3. deleted check cells: put back after the nearest solution cell before them that
-    # the submission still has (normally the answer cell), else at the same relative place.
-    for check in missing:
-        at = solution.cells.index(check)
-        ids = [c.id for c in nb.cells]
-        before = [c.id for c in solution.cells[:at] if c.id in ids]
-        index = ids.index(before[-1]) + 1 if before else round(at / len(solution.cells) * len(ids))
-        nb.cells.insert(index, restored_check(check, reimport))
-
-    # The kernel starts where nbval puts the copy (a temp folder); work where the learner did.
-    setup = nbformat.v4.new_code_cell(f"import os\nos.chdir({str(workdir)!r})")
-    nb.cells.insert(0, setup)
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    return nb, {i: c.id for i, c in enumerate(code) if c.id in wanted_ids}
-
-
-# -- running it with nbval ---------------------------------------------------------------------
-
-
-def failure_message(text: str) -> str:
-    """The check's own message from nbval's failure report, else the error's last line."""
-    header, _, rest = text.partition("\nInput:\n")
-    timeout = re.search(r"Cell \d+: (Timeout .*)", header)
-    if timeout:  # nbval interrupted a cell that ran too long
-        return timeout.group(1).strip()
-    traceback = ANSI.sub("", rest.partition("\nTraceback:\n")[2]).strip()
-    lines = [line.rstrip() for line in traceback.splitlines() if line.strip()]
-    if not lines:
-        return ANSI.sub("", text).strip().splitlines()[-1] if text.strip() else "failed"
-    if lines[0].startswith((FAILED_MARK, NOT_ANSWERED_MARK)):
-        lines[0] = lines[0].removeprefix(FAILED_MARK).removeprefix(NOT_ANSWERED_MARK).strip()
-        return "\n".join(lines)
-    return lines[-1]  # e.g. "NameError: name 'bubble' is not defined"
-
-
-def run_nbval(
-    nb: nbformat.NotebookNode, name: str, timeout: float, cell_timeout: float
-) -> tuple[dict[int, tuple[bool, str]], str | None]:
-    """Run a prepared notebook; ({code cell index: (passed, message)}, problem or None)."""
-    with tempfile.TemporaryDirectory(prefix="course-grade-") as tmp:
-        path, report = Path(tmp) / name, Path(tmp) / "report.xml"
-        nbformat.write(nb, path)
-        command = [
-            sys.executable,
-            "-m",
-            "pytest",
-            "--nbval-lax",
-            "--nbval-current-env",
-            f"--nbval-cell-timeout={cell_timeout:g}",
-            "-p",
-            "no:cacheprovider",
-            "--color=no",
-            "-q",
-            f"--rootdir={tmp}",
-            f"--junitxml={report}",
-            str(path),
-        ]
-        problem = None
-        try:
-            subprocess.run(command, cwd=tmp, capture_output=True, text=True, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            problem = f"the notebook did not finish within {timeout:g} s"
-        if not report.exists():
-            return {}, problem or "nbval produced no report"
-        results: dict[int, tuple[bool, str]] = {}
-        for case in ET.parse(report).iter("testcase"):
-            number = re.fullmatch(r"Cell (\d+)", case.get("name", ""))
-            if not number:
-                continue
-            bad = case.find("failure")
-            bad = bad if bad is not None else case.find("error")
-            if bad is not None:
-                results[int(number.group(1))] = (False, failure_message(bad.text or ""))
-            elif (skipped := case.find("skipped")) is not None:
-                why = f"{skipped.get('message', '')} {skipped.text or ''}"
-                reason = "an earlier cell timed out" if "timed out" in why else ""
-                results[int(number.group(1))] = (False, f"did not run ({reason or 'skipped'})")
-            else:
-                results[int(number.group(1))] = (True, "")
-        return results, problem
-
-
-def _shown(path: Path) -> str:
-    """`path` relative to the working directory when it is inside it (shorter tables)."""
+def read_submission(data: bytes, name: str) -> nbformat.NotebookNode:
     try:
-        return str(path.resolve().relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
+        return nbformat.reads(data.decode("utf-8"), as_version=4)
+    except Exception as exc:  # truncated JSON, not a notebook, bad encoding ...
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise CourseInputError(f"{name} is not a readable notebook ({first})") from None
+
+
+def detect_lesson(nb: nbformat.NotebookNode) -> int | None:
+    """The lesson a notebook is for, from the check module it imports and its headings."""
+    text = "\n".join(c.source for c in nb.cells)
+    votes = Counter(int(n) for n in IMPORT.findall(text))
+    votes.update(int(n) for n in HEADING.findall(text))
+    return votes.most_common(1)[0][0] if votes else None
+
+
+def solution_for(lesson: int, solutions: Path = SOLUTIONS) -> Path:
+    found = sorted(solutions.glob(f"{lesson:02d}_*.ipynb"))
+    if not found:
+        raise CourseInputError(f"no solution notebook for lesson {lesson} in {solutions}")
+    return found[0]
+
+
+def exercises_of(solution: nbformat.NotebookNode) -> list[Exercise]:
+    """Each exercise's answer expressions, read from the solution's check calls."""
+    found: dict[int, Exercise] = {}
+    for cell in solution.cells:
+        if is_check_cell(cell):
+            for k, (args, kwargs) in check_calls(cell.source).items():
+                found[k] = Exercise(k, args, kwargs)
+    return [found[k] for k in sorted(found)]
+
+
+def _fingerprint(source: str) -> str:
+    lines = [line.rstrip() for line in source.strip().splitlines()]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+def tampering(submission: nbformat.NotebookNode, solution: nbformat.NotebookNode) -> list[dict]:
+    """Locked cells of the solution (check cells and cells tagged "locked") that the
+    submission changed or removed, matched by cell id, else by content."""
+    theirs = {c.get("id"): c for c in submission.cells}
+    contents = {_fingerprint(c.source) for c in submission.cells}
+    report = []
+    for cell in solution.cells:
+        if not (is_check_cell(cell) or "locked" in tags(cell)):
+            continue
+        mine = _fingerprint(cell.source)
+        if cell.get("id") in theirs:
+            if _fingerprint(theirs[cell.get("id")].source) != mine:
+                report.append({"cell": cell.get("id"), "status": "changed"})
+        elif mine not in contents:
+            report.append({"cell": cell.get("id"), "status": "removed"})
+    return report
 
 
 def grade_notebook(
-    path: Path,
-    student: str | None = None,
+    data: bytes,
+    name: str,
+    student: str = DEFAULT_STUDENT,
+    variant: str | None = None,
+    lesson: int | None = None,
     solutions: Path = SOLUTIONS,
-    timeout: float = 600,
-    cell_timeout: float = 120,
+    folder_files: dict[str, bytes] | None = None,
+    cell_timeout: float = 120.0,
+    total_timeout: float = 600.0,
+    call_timeout: float = 20.0,
 ) -> GradeResult:
-    """Grade one submission (see the module docstring for the steps)."""
-    submission = read_notebook(path)
-    solution_path = match_solution(submission, path, solutions)
-    solution = read_notebook(solution_path)
-    nb, checks = prepare(submission, solution, path.parent.resolve())
-    results, problem = run_nbval(nb, path.name, timeout, cell_timeout)
-    by_id = {check_id: results.get(index) for index, check_id in checks.items()}
-    result = GradeResult(
-        notebook=str(path),
-        student=student_name(path, student, solution_path),
-        solution=_shown(solution_path),
+    """Grade one submitted notebook given as bytes (see the module docstring)."""
+    result = GradeResult(notebook=name, student=student, variant=variant or DEFAULT_STUDENT)
+    try:
+        submission = read_submission(data, name)
+    except CourseInputError as exc:
+        result.problem = str(exc)
+        return result
+    detected = detect_lesson(submission)
+    result.lesson = lesson or detected
+    if result.lesson is None:
+        result.problem = f"{name}: no exercises of any lesson found (no check import or heading)"
+        return result
+    if lesson and detected and detected != lesson:
+        result.notes.append(
+            f"this notebook looks like lesson {detected:02d}'s; graded as {lesson:02d}"
+        )
+    solution = nbformat.read(solution_for(result.lesson, solutions), as_version=4)
+    module = importlib.import_module(f"course_utils.checks.l{result.lesson:02d}")
+    learner = Variant(result.variant, cases_seed=secrets.token_hex(8))
+    exercises = exercises_of(solution)
+    for ex in exercises:
+        ex.cases = {
+            e: [encode(tuple(c)) for c in cs] for e, cs in cases_for(module, ex.k, learner).items()
+        }
+    result.tampering = tampering(submission, solution)
+    run = run_submission(
+        submission,
+        folder_files or {},
+        result.lesson,
+        exercises,
+        cell_timeout,
+        total_timeout,
+        call_timeout,
     )
-    for cell in check_cells(solution):
-        outcome = by_id.get(cell.id)
-        if outcome is None:
-            outcome = (False, f"did not run ({problem or 'no result from nbval'})")
-        result.exercises.append(ExerciseResult(cell.id, *outcome))
+    result.notes += run.notes
+    result.seconds = run.seconds
+    for ex in exercises:
+        verdict = judge(module, ex, run.answers.get(ex.k, {}), learner, run.problems.get(ex.k, []))
+        result.exercises.append(
+            ExerciseResult(f"{result.lesson}.{ex.k}", verdict.passed, verdict.message)
+        )
     return result
 
 
-# -- reporting ----------------------------------------------------------------------------------
-
-
 def table(result: GradeResult) -> str:
+    head = f"{result.notebook} (student {result.student}"
+    head += f", lesson {result.lesson:02d}" if result.lesson else ""
+    head += f", variant {result.variant})" if result.variant != DEFAULT_STUDENT else ")"
+    lines = [head]
+    if result.problem:
+        lines.append(f"  not graded: {result.problem}")
     width = max((len(e.id) for e in result.exercises), default=0)
-    lines = [f"{result.notebook} (student {result.student}, solution {result.solution})"]
     for e in result.exercises:
-        message = e.message.splitlines()[0] if e.message else ""
+        message = e.message.splitlines()[0] if e.message and not e.passed else ""
         lines.append(f"  {e.id:<{width}}  {'passed' if e.passed else 'FAILED'}  {message}".rstrip())
-    percent = 100 * result.score / result.total if result.total else 0.0
-    lines.append(f"  score: {result.score}/{result.total} ({percent:.0f}%)")
+    for t in result.tampering:
+        lines.append(f"  locked cell {t['cell']}: {t['status']}")
+    lines += [f"  note: {n}" for n in result.notes]
+    if result.total:
+        lines.append(
+            f"  score: {result.score}/{result.total} ({100 * result.score / result.total:.0f}%)"
+        )
     return "\n".join(lines)
-
-
-def write_csv(results: list[GradeResult], path: Path) -> None:
-    """One row per student notebook; one 1/0 column per exercise id (blank if not in it)."""
-    ids = sorted({e.id for r in results for e in r.exercises})
-    with path.open("w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(["student", "notebook", "score", "total", *ids])
-        for r in results:
-            marks = {e.id: int(e.passed) for e in r.exercises}
-            writer.writerow(
-                [r.student, r.notebook, r.score, r.total, *(marks.get(i, "") for i in ids)]
-            )

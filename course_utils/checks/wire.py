@@ -1,0 +1,192 @@
+"""Answers as data: what crosses from a learner's kernel to the grader.
+
+The grader never trusts a verdict computed next to the learner's code. It asks the learner's
+kernel for the answers themselves, as data, and judges them in its own process with the
+same check functions the notebook uses. `encode` turns an answer into JSON-safe data (numbers,
+text, lists, dicts, arrays and tensors with their dtype and shape, fractions, the course's
+actions and schedules); `decode` turns it back in the grader. A learner's *function* cannot
+cross: the kernel calls it on the inputs the grader chose (`capture`) and only the results
+cross, which `Replay` then plays back to the check as if it were the function.
+
+This module is imported in both places; it imports neither torch nor numpy unless the
+answer holds one of their values.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import time
+from collections.abc import Callable, Sequence
+from fractions import Fraction
+from typing import Any
+
+TAG = "__course_type__"
+
+
+def encode(value: Any, depth: int = 0) -> Any:
+    """`value` as JSON-safe data (raises TypeError for what cannot cross, e.g. a module)."""
+    if depth > 20:
+        raise TypeError("nested too deeply")
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        return {TAG: "float", "value": repr(value)}  # nan, inf: JSON has no literal for them
+    if isinstance(value, Fraction):
+        return {TAG: "Fraction", "value": [value.numerator, value.denominator]}
+    if isinstance(value, list | tuple):
+        items = [encode(v, depth + 1) for v in value]
+        return items if isinstance(value, list) else {TAG: "tuple", "value": items}
+    if isinstance(value, dict):
+        return {
+            TAG: "dict",
+            "value": [[encode(k, depth + 1), encode(v, depth + 1)] for k, v in value.items()],
+        }
+    if type(value) is Ellipsis.__class__:
+        return {TAG: "Ellipsis"}
+    kind = type(value).__module__.split(".")[0]
+    name = type(value).__name__
+    if kind == "torch" and name in ("Tensor", "Parameter"):
+        return {
+            TAG: "tensor",
+            "dtype": str(value.dtype).removeprefix("torch."),
+            "value": encode(value.detach().cpu().tolist(), depth + 1),
+        }
+    if kind == "numpy":
+        if hasattr(value, "shape") and getattr(value, "ndim", 0) > 0:
+            return {
+                TAG: "ndarray",
+                "dtype": str(value.dtype),
+                "value": encode(value.tolist(), depth + 1),
+            }
+        return encode(value.item(), depth + 1)  # numpy scalar
+    if kind == "course_utils" and name == "Action":
+        return {TAG: "Action", "value": str(value)}
+    if kind == "course_utils" and name == "Schedule":
+        return {
+            TAG: "Schedule",
+            "name": value.name,
+            "stages": value.stages,
+            "microbatches": value.microbatches,
+            "batch_scale": value.batch_scale,
+            "devices": [[str(a) for a in actions] for actions in value.devices],
+        }
+    if isinstance(value, set | frozenset):
+        return {TAG: "set", "value": [encode(v, depth + 1) for v in value]}
+    raise TypeError(f"a {name} cannot be graded as data")
+
+
+def decode(data: Any) -> Any:
+    """The value `encode` wrote (tensors come back as torch tensors, arrays as numpy)."""
+    if isinstance(data, list):
+        return [decode(v) for v in data]
+    if not isinstance(data, dict):
+        return data
+    kind = data.get(TAG)
+    if kind == "float":
+        return float(data["value"])
+    if kind == "Fraction":
+        return Fraction(*data["value"])
+    if kind == "tuple":
+        return tuple(decode(v) for v in data["value"])
+    if kind == "dict":
+        return {_hashable(decode(k)): decode(v) for k, v in data["value"]}
+    if kind == "set":
+        return {_hashable(decode(v)) for v in data["value"]}
+    if kind == "Ellipsis":
+        return ...
+    if kind == "tensor":
+        import torch
+
+        return torch.tensor(decode(data["value"]), dtype=getattr(torch, data["dtype"]))
+    if kind == "ndarray":
+        import numpy as np
+
+        return np.array(decode(data["value"]), dtype=data["dtype"])
+    if kind == "Action":
+        from course_utils.actions import Action
+
+        return Action.parse(data["value"])
+    if kind == "Schedule":
+        from course_utils.actions import Action, Schedule
+
+        devices = tuple(tuple(Action.parse(a) for a in acts) for acts in data["devices"])
+        return Schedule(
+            data["name"], data["stages"], data["microbatches"], devices, data["batch_scale"]
+        )
+    raise ValueError(f"unknown encoded value {kind!r}")
+
+
+def _hashable(value: Any) -> Any:
+    return tuple(_hashable(v) for v in value) if isinstance(value, list) else value
+
+
+# --------------------------------------------------------------------------- functions
+
+
+class CallTimedOut(Exception):
+    """A learner's function ran past the grader's time limit on one input."""
+
+
+def call_outcome(fn: Callable[..., Any], args: Sequence[Any], limit_s: float) -> dict:
+    """Call `fn(*args)` under a time limit; the outcome as data: its result, or what it raised."""
+
+    def alarm(signum, frame):  # noqa: ARG001 - signal handler signature
+        raise CallTimedOut(f"ran past {limit_s:g} s")
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, limit_s)
+    start = time.perf_counter()
+    try:
+        result = fn(*args)
+        outcome = {"result": encode(result)}
+    except CallTimedOut as exc:
+        outcome = {"timeout": str(exc)}
+    except NotImplementedError:
+        outcome = {"raised": "NotImplementedError", "message": ""}
+    except Exception as exc:  # the learner's bug: it is the answer's outcome, not ours
+        outcome = {"raised": type(exc).__name__, "message": str(exc)}
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    outcome["seconds"] = time.perf_counter() - start
+    return outcome
+
+
+class LearnerError(Exception):
+    """What a learner's function raised in their kernel, raised again in the grader."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+def _named(kind: str) -> type[LearnerError]:
+    # check_function reports "raised ZeroDivisionError: ..." from the exception's class name
+    return type(kind, (LearnerError,), {})
+
+
+class Replay:
+    """Stands in for a learner's function in the grader: it answers exactly the calls the
+    check was designed to make, with what the learner's function returned in their kernel."""
+
+    def __init__(self, name: str, cases: Sequence[tuple], outcomes: Sequence[dict]) -> None:
+        self.__name__ = name
+        self._outcomes = {repr(tuple(c)): o for c, o in zip(cases, outcomes, strict=True)}
+
+    def __call__(self, *args: Any) -> Any:
+        outcome = self._outcomes.get(repr(tuple(args)))
+        if outcome is None:
+            raise LookupError(f"{self.__name__}{args!r} was not among the graded inputs")
+        if "result" in outcome:
+            return decode(outcome["result"])
+        if "timeout" in outcome:
+            raise _named("TimeoutError")("TimeoutError", f"it {outcome['timeout']}")
+        if outcome["raised"] == "NotImplementedError":
+            raise NotImplementedError
+        raise _named(outcome["raised"])(outcome["raised"], outcome["message"])

@@ -1,0 +1,282 @@
+"""Run a submission in a kernel of its own and bring back its answers as data.
+
+The learner's code runs in a fresh, isolated kernel: a scratch copy of the notebook's
+folder is its working directory (the submission folder itself is never touched), and the
+kernel is started as `python -I`, so neither that folder nor PYTHONPATH nor the user's site
+packages are on `sys.path`: a `course_utils.py` or `sitecustomize.py` beside the notebook is
+never imported. The grader inserts a *capture* cell after each exercise; it evaluates the
+expressions the solution's check cell passes to `check.exercise_K(...)` and returns them
+as data (`course_utils.checks.wire`). A function answer is called there, on the inputs
+the grader chose, each call under a time limit, and only its results come back.
+
+Nothing the kernel says is a verdict: the grader's own process judges the data
+(`course_utils.grading.judge`). The kernel can only misreport its own answers.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import json
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+PRELUDE = """\
+def __course_capture__(k, expressions, cases, limit):
+    import json
+    from course_utils.checks.wire import call_outcome, decode, encode
+    namespace = get_ipython().user_ns
+    found = {}
+    for expression in expressions:
+        try:
+            value = eval(expression, namespace)
+        except NameError as exc:
+            found[expression] = {"missing": str(exc)}
+            continue
+        except Exception as exc:
+            found[expression] = {"error": f"{type(exc).__name__}: {exc}"}
+            continue
+        if expression in cases and callable(value):
+            calls = [call_outcome(value, decode(args), limit) for args in cases[expression]]
+            found[expression] = {"calls": calls}
+        elif callable(value) and not isinstance(value, type):
+            found[expression] = {"function": True}
+        else:
+            try:
+                found[expression] = {"value": encode(value)}
+            except TypeError as exc:
+                found[expression] = {"error": str(exc)}
+    return "\\x1ecourse-answers" + json.dumps({"exercise": k, "found": found})
+"""
+MARK = "\x1ecourse-answers"
+MAX_ANSWER_CHARS = 5_000_000  # an answer bigger than this is not read
+
+
+@dataclass
+class Exercise:
+    """What the grader needs to capture one exercise: its number, the argument expressions of
+    the solution's check call (positional, then keyword name -> expression), and the inputs a
+    function answer is called on."""
+
+    k: int
+    args: list[str]
+    kwargs: dict[str, str] = field(default_factory=dict)
+    cases: dict[str, list] = field(default_factory=dict)  # expression -> encoded arg tuples
+
+    @property
+    def expressions(self) -> list[str]:
+        return [*self.args, *self.kwargs.values()]
+
+
+@dataclass
+class Run:
+    """What happened in the learner's kernel."""
+
+    answers: dict[int, dict] = field(default_factory=dict)  # exercise -> expression -> capture
+    problems: dict[int, list[str]] = field(default_factory=dict)  # exercise -> what went wrong
+    notes: list[str] = field(default_factory=list)  # about the whole run
+    seconds: float = 0.0
+
+
+def check_calls(source: str) -> dict[int, tuple[list[str], dict[str, str]]]:
+    """{K: (positional expressions, keyword expressions)} of the `*.exercise_K(...)` calls."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return {}
+    calls = {}
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr.startswith("exercise_")
+            and node.func.attr.removeprefix("exercise_").isdigit()
+        ):
+            k = int(node.func.attr.removeprefix("exercise_"))
+            kwargs = {kw.arg: ast.unparse(kw.value) for kw in node.keywords if kw.arg}
+            calls[k] = ([ast.unparse(a) for a in node.args], kwargs)
+    return calls
+
+
+def _exercise_of_cells(nb: nbformat.NotebookNode, lesson: int) -> list[int | None]:
+    """For each cell, the exercise whose part of the notebook it is in (by the headings)."""
+    import re
+
+    heading = re.compile(rf"^#+\s*Exercise\s+{lesson}\.(\d+)\b", re.M)
+    current: int | None = None
+    owner = []
+    for cell in nb.cells:
+        if cell.cell_type == "markdown" and (found := heading.search(cell.source)):
+            current = int(found.group(1))
+        owner.append(current)
+    return owner
+
+
+def _capture_points(nb: nbformat.NotebookNode, lesson: int, exercises: list[Exercise]) -> dict:
+    """{cell index: [exercises captured right after that cell]}: the end of each exercise's
+    part of the notebook, else after a cell calling its check, else the notebook's end."""
+    owner = _exercise_of_cells(nb, lesson)
+    points: dict[int, list[int]] = {}
+    last = len(nb.cells) - 1
+    for ex in exercises:
+        mine = [i for i, k in enumerate(owner) if k == ex.k]
+        calls = [i for i, c in enumerate(nb.cells) if f"exercise_{ex.k}(" in c.source]
+        at = mine[-1] if mine else (calls[-1] if calls else last)
+        points.setdefault(at, []).append(ex.k)
+    return points
+
+
+def _kernel_spec(folder: Path) -> Path:
+    """A kernel spec that starts `python -I -m ipykernel_launcher` (isolated mode)."""
+    spec = folder / "course-grader"
+    spec.mkdir(parents=True)
+    argv = [sys.executable, "-I", "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    env = {"MPLBACKEND": "Agg", "PYTHONNOUSERSITE": "1"}
+    (spec / "kernel.json").write_text(
+        json.dumps({"argv": argv, "display_name": "grader", "language": "python", "env": env})
+    )
+    return folder
+
+
+def _error_text(cell) -> tuple[str, str] | None:
+    for out in cell.get("outputs", []):
+        if out.get("output_type") == "error":
+            return out.get("ename", "Error"), out.get("evalue", "")
+    return None
+
+
+def _captured(cell) -> dict | None:
+    for out in cell.get("outputs", []):
+        if out.get("output_type") == "execute_result":
+            text = out.get("data", {}).get("text/plain", "")
+            if MARK not in text or len(text) > MAX_ANSWER_CHARS:
+                return None
+            try:
+                value = ast.literal_eval(text)
+                return json.loads(value.split(MARK, 1)[1])
+            except (ValueError, SyntaxError, json.JSONDecodeError):
+                return None
+    return None
+
+
+def run_submission(
+    submission: nbformat.NotebookNode,
+    folder_files: dict[str, bytes],
+    lesson: int,
+    exercises: list[Exercise],
+    cell_timeout: float = 120.0,
+    total_timeout: float = 600.0,
+    call_timeout: float = 20.0,
+) -> Run:
+    """Execute the submission's cells in an isolated kernel, capturing each exercise's answers.
+
+    `folder_files` are the other files of the submission's folder (name -> bytes), copied
+    into the scratch folder the kernel works in. Cells run in order, each under
+    `cell_timeout`; once `total_timeout` is spent the remaining learner cells are skipped
+    (the captures still run, so what was answered by then still counts).
+    """
+    from jupyter_client.kernelspec import KernelSpecManager
+    from jupyter_client.manager import KernelManager
+    from nbclient import NotebookClient
+    from nbclient.exceptions import DeadKernelError
+
+    run = Run()
+    nb = copy.deepcopy(submission)
+    nb.cells = [c for c in nb.cells if c.cell_type in ("code", "markdown")]
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    points = _capture_points(nb, lesson, exercises)
+    owner = _exercise_of_cells(nb, lesson)
+    by_k = {ex.k: ex for ex in exercises}
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="course-grade-") as tmp:
+        work = Path(tmp) / "work"
+        work.mkdir()
+        for name, data in folder_files.items():
+            target = work / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        specs = _kernel_spec(Path(tmp) / "kernels")
+        km = KernelManager(
+            kernel_name="course-grader",
+            kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(specs)]),
+        )
+        client = NotebookClient(
+            nb,
+            km=km,
+            timeout=cell_timeout,
+            allow_errors=True,
+            interrupt_on_timeout=True,
+            error_on_timeout={"ename": "CellTimeout", "evalue": f"ran past {cell_timeout:g} s"},
+            resources={"metadata": {"path": str(work)}},
+        )
+
+        def execute(source: str) -> nbformat.NotebookNode:
+            cell = nbformat.v4.new_code_cell(source)
+            client.nb.cells.append(cell)
+            client.execute_cell(cell, len(client.nb.cells) - 1)
+            return cell
+
+        try:
+            with client.setup_kernel():
+                execute(PRELUDE)
+                for index in range(len(submission_cells := list(nb.cells))):
+                    cell = submission_cells[index]
+                    where = owner[index]
+                    if cell.cell_type == "code":
+                        if time.monotonic() - started > total_timeout:
+                            note = f"the notebook ran past its {total_timeout:g} s limit"
+                            if note not in run.notes:
+                                run.notes.append(note)
+                        else:
+                            _run_learner_cell(client, cell, index, where, cell_timeout, run)
+                    for k in points.get(index, []):
+                        _capture(execute, by_k[k], call_timeout, run)
+                for ex in exercises:  # answers defined later than their exercise still count
+                    if any("missing" in found for found in run.answers.get(ex.k, {}).values()):
+                        _capture(execute, ex, call_timeout, run)
+        except DeadKernelError:
+            run.notes.append("the kernel died (the notebook crashed or exited)")
+        shutil.rmtree(work, ignore_errors=True)
+    run.seconds = time.monotonic() - started
+    return run
+
+
+def _run_learner_cell(client, cell, index: int, exercise: int | None, limit: float, run: Run):
+    start = time.monotonic()
+    client.execute_cell(cell, index)
+    error = _error_text(cell)
+    if exercise is None or error is None:
+        return
+    name, value = error
+    if name == "CellTimeout" or time.monotonic() - start >= limit:
+        run.problems.setdefault(exercise, []).append(f"a cell ran past {limit:g} s and was stopped")
+    elif name in ("SyntaxError", "IndentationError", "TabError"):
+        run.problems.setdefault(exercise, []).append(f"a cell has a {name}: {value}")
+
+
+def _capture(execute, ex: Exercise, call_timeout: float, run: Run) -> None:
+    cases = json.dumps(ex.cases)
+    cell = execute(
+        f"__course_capture__({ex.k}, {ex.expressions!r}, __import__('json').loads({cases!r}), "
+        f"{call_timeout!r})"
+    )
+    found = _captured(cell)
+    if found is None or found.get("exercise") != ex.k:
+        error = _error_text(cell)
+        why = f"{error[0]}: {error[1]}" if error else "no readable answer came back"
+        run.problems.setdefault(ex.k, []).append(f"the answers could not be read ({why})")
+        return
+    earlier = run.answers.get(ex.k, {})
+    merged = dict(found["found"])
+    for expression, capture in earlier.items():  # keep what the first capture found
+        if "missing" not in capture:
+            merged[expression] = capture
+    run.answers[ex.k] = merged
