@@ -2,6 +2,7 @@
 that prefetches what it should, and a simulator that predicts the timeline."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -370,3 +371,82 @@ def test_a_failure_inside_a_worker_names_it_and_leaves_no_thread_behind():
     finally:
         fsdp.close()
     assert all(not t.is_alive() for t in fsdp.threads._threads)
+
+
+# -- the command line ---------------------------------------------------------------------------
+
+
+def cli(argv):
+    from course_utils.cli import OneLineParser
+    from course_utils.commands import fsdp as command
+
+    parser = OneLineParser(prog="x")
+    command.add_arguments(parser)
+    return command, parser.parse_args(argv)
+
+
+def test_cli_prints_the_comparison(capsys):
+    command, args = cli(["--workers", "2", "--steps", "2"])
+    assert command.run(args) == 0
+    out = capsys.readouterr().out
+    assert "ZeRO-3 (FSDP) on 2 workers" in out
+    assert "max |parameter diff| vs one device" in out
+    assert "-> 1.50x" in out
+    assert "simulated" in out
+
+
+def test_cli_json_is_valid_and_consistent(capsys):
+    import json
+
+    command, args = cli(["--workers", "3", "--stage", "2", "--microbatches", "2", "--json"])
+    assert command.run(args) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["max_param_diff"] < 1e-5
+    formula = result["bytes_formula_per_worker"]
+    assert result["bytes_all_gather_per_worker"] == [formula["all_gather"]] * 3
+    assert result["bytes_reduce_scatter_per_worker"] == [formula["reduce_scatter"]] * 3
+    measured = sum(result["memory_measured_per_worker"][0].values())
+    assert abs(measured / sum(result["memory_formula_per_worker"].values()) - 1) < 0.10
+    assert result["step_time_measured_s"] > 0 and result["step_time_simulated_s"] > 0
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["--workers", "9"], "--workers must be an integer in 1..8"),
+        (["--prefetch", "-1"], "--prefetch"),
+        (["--steps", "0"], "--steps"),
+        (["--microbatches", "99"], "--microbatches"),
+        (["--stage", "0"], "--stage must be 1, 2 or 3"),
+    ],
+)
+def test_cli_refuses_bad_input(argv, match):
+    command, args = cli(argv)
+    with pytest.raises(CourseInputError, match=match):
+        command.run(args)
+
+
+def test_cli_type_errors_exit_2():
+    with pytest.raises(SystemExit) as exit_info:
+        cli(["--workers", "two"])
+    assert exit_info.value.code == 2
+
+
+def test_cli_validates_without_importing_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, argparse\n"
+        "from course_utils.commands import fsdp\n"
+        "p = argparse.ArgumentParser(); fsdp.add_arguments(p)\n"
+        "try:\n"
+        "    fsdp.run(p.parse_args(['--workers', '0']))\n"
+        "except Exception as e:\n"
+        "    print(type(e).__name__, 'torch' in sys.modules)\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=root
+    )
+    assert out.stdout.strip() == "CourseInputError False"
