@@ -211,7 +211,8 @@ def fsdp_program(
     the layer gathered. Gathers are issued in order of use, up to `prefetch` uses ahead of
     the one being computed, but never for a layer whose previous gathered copy is still
     held (at the turn from forward to backward the last layer is freed and gathered
-    again, as ZeRO-3 describes; FSDP2 instead keeps the root module gathered).
+    again, as ZeRO-3 describes; FSDP2 by default does not reshard its root module after
+    the forward, for this reason).
     """
     _check_int(num_layers, "num_layers", 1, 10**6)
     _check_choice(stage, "stage", STAGES)
@@ -718,7 +719,9 @@ class ShardedDataParallel:
                         out = self.loss_fn(out, y) * weights[mb]
                         loss_total += out.item()
                     inputs[(layer, mb)], outputs[(layer, mb)] = x_in, out
-                    events.append(stamp(Action(layer, "F", mb), start, time.perf_counter_ns()))
+                    events.append(
+                        stamp(Action(layer, "F", mb), start, time.perf_counter_ns(), f"L{layer}")
+                    )
                 elif instr.op == "B":
                     start = time.perf_counter_ns()
                     out, x_in = outputs.pop((layer, mb)), inputs.pop((layer, mb))
@@ -738,7 +741,9 @@ class ShardedDataParallel:
                         pending_grad[layer] = grads[0]
                         state.meter.hold(("grad", layer, mb), grads[0])
                     del grads
-                    events.append(stamp(Action(layer, "B", mb), start, time.perf_counter_ns()))
+                    events.append(
+                        stamp(Action(layer, "B", mb), start, time.perf_counter_ns(), f"L{layer}")
+                    )
                 elif instr.op == "free":
                     now = time.perf_counter_ns()
                     _free_storage(state.full[layer])
@@ -1013,7 +1018,7 @@ def simulate_fsdp(
             clock = max(clock, done_at[instr.comm])
         elif instr.op in ("F", "B"):
             cost = (costs.forward if instr.op == "F" else costs.backward)[layer]
-            events.append((Action(layer, instr.op, mb), clock, clock + cost, None))
+            events.append((Action(layer, instr.op, mb), clock, clock + cost, f"L{layer}"))
             clock += cost
         elif instr.op == "free":
             events.append((Action(layer, "RESHARD", mb), clock, clock, f"free L{layer}"))
