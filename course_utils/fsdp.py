@@ -301,7 +301,13 @@ class _CommStream:
     def serve(self) -> None:
         """The communication thread's loop, until `stop` (or abort, or a long silence)."""
         while True:
-            item = self._bounded(lambda: self._queue.get(timeout=_POLL_S), "the next collective")
+            deadline = time.monotonic() + self.timeout
+            while True:
+                try:
+                    item = self._queue.get(timeout=_POLL_S)
+                    break
+                except queue.Empty:
+                    self._give_up_if_needed(deadline, "the next collective")
             if item is None:
                 return
             index, run = item
@@ -312,30 +318,17 @@ class _CommStream:
 
     def wait(self, index: int, what: str) -> None:
         """Block the compute thread until collective `index` is done (bounded, abort-aware)."""
-        with self._cond:
-            self._bounded(lambda: self._wait_once(index), what)
-
-    def _wait_once(self, index: int) -> bool:
-        if index in self._done:
-            return True
-        self._cond.wait(_POLL_S)
-        if index in self._done:
-            return True
-        raise queue.Empty
-
-    def _bounded(self, attempt: Callable, what: str):
         deadline = time.monotonic() + self.timeout
-        while True:
-            try:
-                return attempt()
-            except queue.Empty:
-                pass
-            if self.abort.is_set():
-                raise Aborted(f"worker {self.rank}: gave up waiting for {what} (aborted)")
-            if time.monotonic() > deadline:
-                raise WorkerError(
-                    f"worker {self.rank}: waited {self.timeout:g} s for {what} in vain"
-                )
+        with self._cond:
+            while index not in self._done:
+                self._give_up_if_needed(deadline, what)
+                self._cond.wait(_POLL_S)
+
+    def _give_up_if_needed(self, deadline: float, what: str) -> None:
+        if self.abort.is_set():
+            raise Aborted(f"worker {self.rank}: gave up waiting for {what} (aborted)")
+        if time.monotonic() > deadline:
+            raise WorkerError(f"worker {self.rank}: waited {self.timeout:g} s for {what} in vain")
 
 
 # -- memory: bytes of tensors actually held ---------------------------------------------------
@@ -535,7 +528,8 @@ class ShardedDataParallel:
         self.workers, self.stage, self.prefetch = workers, stage, prefetch
         self.microbatches, self.loss_fn = microbatches, loss_fn
         self.lr, self.betas, self.eps = float(lr), tuple(betas), float(eps)
-        self.layers = [copy.deepcopy(layer) for layer in layers]  # the shapes, for `to_model`
+        # the layers' code and shapes without their weights (for `to_model`)
+        self.skeletons = [copy.deepcopy(layer).to("meta") for layer in layers]
         self.layouts = [FlatLayout.of(layer, workers) for layer in layers]
         self.states = [_Worker(w, layers, self.layouts, stage, self.dtype) for w in range(workers)]
         self.program, self.comms = fsdp_program(len(layers), stage, prefetch, microbatches)
@@ -590,7 +584,10 @@ class ShardedDataParallel:
                 + [communicate(w) for w in range(self.workers)]
             )
         except Exception:
-            self.group.reset()  # drop half-delivered messages
+            # Drop half-delivered messages and gathered copies. The shards may be half
+            # updated: after a failed step, start again from a new ShardedDataParallel.
+            self.steps_done -= 1
+            self.group.reset()
             for state in self.states:
                 if self.stage == 3:
                     for full in state.full:
@@ -789,7 +786,7 @@ class ShardedDataParallel:
 
     def to_model(self) -> nn.Sequential:
         """A one-device copy of the trained model (layers in an nn.Sequential)."""
-        model = nn.Sequential(*copy.deepcopy(self.layers))
+        model = nn.Sequential(*copy.deepcopy(self.skeletons)).to_empty(device="cpu")
         with torch.no_grad():
             for layer, layout, flat in zip(
                 model, self.layouts, self.full_parameters(), strict=True

@@ -178,17 +178,18 @@ class MLPBlock:
     def random(
         cls, hidden: int, ffn_hidden: int, dropout: float = 0.0, dtype=torch.float32, seed=0
     ) -> MLPBlock:
-        torch.manual_seed(seed)
-        ln = nn.LayerNorm(hidden, eps=LN_EPS).to(dtype)
-        with torch.no_grad():  # not the identity, so that its gradients are interesting
-            ln.weight.uniform_(0.5, 1.5)
-            ln.bias.uniform_(-0.1, 0.1)
-        return cls(
-            ln,
-            nn.Linear(hidden, ffn_hidden).to(dtype),
-            nn.Linear(ffn_hidden, hidden).to(dtype),
-            dropout,
-        )
+        for value, name in ((hidden, "hidden"), (ffn_hidden, "ffn_hidden")):
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 4096:
+                raise CourseInputError(f"{name} must be an integer in 1..4096, got {value!r}")
+        with torch.random.fork_rng(devices=[]):  # seeded, without touching the global RNG
+            torch.manual_seed(seed)
+            ln = nn.LayerNorm(hidden, eps=LN_EPS).to(dtype)
+            with torch.no_grad():  # not the identity, so that its gradients are interesting
+                ln.weight.uniform_(0.5, 1.5)
+                ln.bias.uniform_(-0.1, 0.1)
+            linear1 = nn.Linear(hidden, ffn_hidden).to(dtype)
+            linear2 = nn.Linear(ffn_hidden, hidden).to(dtype)
+        return cls(ln, linear1, linear2, dropout)
 
     @property
     def hidden(self) -> int:
