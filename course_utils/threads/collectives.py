@@ -23,6 +23,12 @@ the two algorithms' traffic:
   steps the finished chunks travel once more around the ring. Every rank sends
   2(N-1)/N x S bytes, whatever N is.
 
+The two halves of the ring are also collectives of their own, used by sharded data
+parallelism (ZeRO/FSDP) and sequence parallelism: `Communicator.all_gather` (every rank
+ends with all ranks' shards, concatenated) and `Communicator.reduce_scatter` (every rank
+ends with its own chunk of the sum). Each moves (N-1)/N x S bytes per rank, half of an
+all-reduce; `ring_all_gather_bytes` and `ring_reduce_scatter_bytes` give the exact counts.
+
 `ring_allreduce_steps` replays the ring algorithm on one thread and records who holds
 what after every step, for printing and drawing in the lesson.
 """
@@ -97,6 +103,33 @@ def ring_bytes_per_rank(numel: int, world_size: int, element_size: int = 4) -> l
     ]
 
 
+def chunk_sizes(length: int, parts: int) -> list[int]:
+    """The lengths of `chunk_bounds(length, parts)`: how a ring splits `length` elements."""
+    return [end - start for start, end in chunk_bounds(length, parts)]
+
+
+def ring_all_gather_bytes(shard_numels: Sequence[int], element_size: int = 4) -> list[int]:
+    """Exact bytes each rank sends in a ring all-gather; `shard_numels[r]` is rank r's shard.
+
+    Rank r forwards every shard but one: the shard of its right neighbour r+1, which
+    started the ring right there. With equal shards of S/N elements that is
+    (N-1)/N x S x element_size per rank (half a ring all-reduce).
+    """
+    total = sum(shard_numels)
+    n = len(shard_numels)
+    return [(total - shard_numels[(r + 1) % n]) * element_size for r in range(n)]
+
+
+def ring_reduce_scatter_bytes(chunk_numels: Sequence[int], element_size: int = 4) -> list[int]:
+    """Exact bytes each rank sends in a ring reduce-scatter; chunk r ends up on rank r.
+
+    Rank r sends a (partial) sum of every chunk except its own: (N-1)/N x S x element_size
+    per rank for equal chunks, the other half of a ring all-reduce.
+    """
+    total = sum(chunk_numels)
+    return [(total - own) * element_size for own in chunk_numels]
+
+
 def naive_bytes_per_rank(numel: int, world_size: int, element_size: int = 4) -> list[int]:
     """Bytes each rank sends in the naive all-reduce: rank 0 sends N-1 copies, others one."""
     size = numel * element_size
@@ -113,6 +146,16 @@ def check_options(op: str, algorithm: str) -> None:
         raise CourseInputError(
             f"algorithm must be one of {', '.join(ALGORITHMS)}, got {algorithm!r}"
         )
+
+
+def _check_dim(tensor: torch.Tensor, dim: int, name: str) -> int:
+    """`dim` as a non-negative axis of `tensor`, or a one-line CourseInputError."""
+    ndim = tensor.dim()
+    if ndim == 0:
+        raise CourseInputError("tensor must have at least one dimension to split or join")
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -ndim <= dim < ndim:
+        raise CourseInputError(f"{name} must be an axis in {-ndim}..{ndim - 1}, got {dim!r}")
+    return dim % ndim
 
 
 # -- the group of threads -----------------------------------------------------------------
@@ -321,6 +364,94 @@ class Communicator:
             else:
                 flat[r0:r1] = incoming  # a finished chunk: just keep it
 
+    # -- all-gather and reduce-scatter: the two halves of the ring all-reduce, on their own --
+    #
+    # Sharded data parallelism (ZeRO, FSDP) and sequence parallelism call the two halves
+    # separately: all-gather rebuilds a full tensor from the shards the ranks hold, and
+    # reduce-scatter sums full tensors but leaves each rank only its own chunk of the sum.
+    # Both take N-1 steps in which every rank passes one chunk to its right neighbour.
+
+    def all_gather(
+        self, shard: torch.Tensor, dim: int = 0, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Concatenate every rank's `shard` along `dim`, in rank order; the same on all ranks.
+
+        Ring: in step k rank r sends shard (r - k) to the right and receives shard
+        (r - k - 1) from the left, so after N-1 steps every shard has visited every rank.
+        Shards may differ in length along `dim` (every message carries its own size; the
+        other dimensions must agree), so no padding is needed here. With `out` given, the
+        result is written into it (no second full-size buffer) and `out` is returned.
+        """
+        if not isinstance(shard, torch.Tensor):
+            raise CourseInputError("shard must be a torch.Tensor")
+        dim = _check_dim(shard, dim, "dim")
+        n = self.world_size
+        pieces: list[torch.Tensor | None] = [None] * n
+        pieces[self.rank] = shard.detach()
+        right, left = (self.rank + 1) % n, (self.rank - 1) % n
+        for k in range(n - 1):
+            self.send(right, pieces[(self.rank - k) % n])
+            pieces[(self.rank - k - 1) % n] = self.recv(left)
+        if out is None:
+            return torch.cat(pieces, dim=dim) if n > 1 else shard.detach().clone()
+        total = sum(p.shape[dim] for p in pieces)
+        if out.shape[dim] != total:
+            raise CourseInputError(
+                f"out must have size {total} along dim {dim} (all shards together), "
+                f"got {out.shape[dim]}"
+            )
+        offset = 0
+        with torch.no_grad():
+            for piece in pieces:
+                target = out.narrow(dim, offset, piece.shape[dim])
+                if target.data_ptr() != piece.data_ptr():  # our own shard may already be there
+                    target.copy_(piece)
+                offset += piece.shape[dim]
+        return out
+
+    def reduce_scatter(
+        self,
+        tensor: torch.Tensor,
+        op: str = "sum",
+        dim: int = 0,
+        sizes: Sequence[int] | None = None,
+    ) -> torch.Tensor:
+        """Sum `tensor` over all ranks and return only chunk `rank` of the sum (a new tensor).
+
+        `tensor` is cut along `dim` into N chunks: `sizes[r]` long for rank r, or as even
+        as `chunk_bounds` makes them (the first length % N chunks one longer). Every rank
+        must pass the same shape. Ring: in step k rank r sends its running sum of chunk
+        (r - k - 1) to the right and adds its own copy of chunk (r - k - 2) to what arrives
+        from the left; after N-1 steps the sum that arrives last is chunk r, complete.
+        """
+        check_options(op, "ring")
+        if not isinstance(tensor, torch.Tensor):
+            raise CourseInputError("tensor must be a torch.Tensor")
+        dim = _check_dim(tensor, dim, "dim")
+        n, length = self.world_size, tensor.shape[dim]
+        if sizes is None:
+            bounds = chunk_bounds(length, n)
+        else:
+            sizes = [int(x) for x in sizes]
+            if len(sizes) != n or min(sizes) < 0 or sum(sizes) != length:
+                raise CourseInputError(
+                    f"sizes must be {n} lengths >= 0 (one per rank) adding up to {length}, "
+                    f"got {sizes}"
+                )
+            starts = [sum(sizes[:r]) for r in range(n)]
+            bounds = [(a, a + size) for a, size in zip(starts, sizes, strict=True)]
+        data = tensor.detach()
+        chunks = [data.narrow(dim, a, b - a) for a, b in bounds]
+        right, left = (self.rank + 1) % n, (self.rank - 1) % n
+        running = chunks[self.rank].clone()  # n == 1: our chunk is already the whole sum
+        for k in range(n - 1):
+            self.send(right, chunks[(self.rank - k - 1) % n] if k == 0 else running)
+            running = self.recv(left)  # a fresh copy: safe to add into
+            running += chunks[(self.rank - k - 2) % n]
+        if op == "mean":
+            running /= n
+        return running
+
 
 # -- a one-thread trace of the ring, for the lesson ----------------------------------------
 
@@ -428,3 +559,48 @@ def run_all_reduce(
     finally:
         if threads is None:
             pool.close()
+
+
+def _run_collective(inputs: Sequence[torch.Tensor], call, threads) -> tuple[list, list[int]]:
+    """Run `call(comm, input)` on every rank's input on real threads; (results, bytes sent)."""
+    from course_utils.workers import DeviceThreads
+
+    n = len(inputs)
+    if n < 1:
+        raise CourseInputError("tensors must hold one tensor per rank (at least one)")
+    if any(not isinstance(t, torch.Tensor) for t in inputs):
+        raise CourseInputError("tensors must hold one torch.Tensor per rank")
+    pool = threads if threads is not None else DeviceThreads(n, name="rank")
+    try:
+        group = ThreadGroup(n, abort=pool.abort)
+        copies = [t.detach().clone() for t in inputs]
+
+        def work(rank: int):
+            return lambda: call(group.comm(rank), copies[rank])
+
+        results = pool.run([work(r) for r in range(n)])
+        return results, list(group.bytes_sent)
+    finally:
+        if threads is None:
+            pool.close()
+
+
+def run_all_gather(
+    shards: Sequence[torch.Tensor], dim: int = 0, threads=None
+) -> tuple[list[torch.Tensor], list[int]]:
+    """All-gather `shards[r]` (rank r's shard) on N threads; (each rank's result, bytes sent)."""
+    return _run_collective(shards, lambda comm, t: comm.all_gather(t, dim=dim), threads)
+
+
+def run_reduce_scatter(
+    tensors: Sequence[torch.Tensor],
+    op: str = "sum",
+    dim: int = 0,
+    sizes: Sequence[int] | None = None,
+    threads=None,
+) -> tuple[list[torch.Tensor], list[int]]:
+    """Reduce-scatter `tensors[r]` on N threads; (rank r's chunk of the sum, bytes sent)."""
+    check_options(op, "ring")
+    return _run_collective(
+        tensors, lambda comm, t: comm.reduce_scatter(t, op=op, dim=dim, sizes=sizes), threads
+    )

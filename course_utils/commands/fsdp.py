@@ -1,0 +1,166 @@
+"""`python -m course_utils fsdp`: ZeRO stage 1, 2 or 3 on threads, checked against one device.
+
+Trains a small MLP (float64, so that rounding does not hide a real difference) for a few
+Adam steps with `course_utils.fsdp.ShardedDataParallel`, trains the same MLP on one
+device, and reports: the largest parameter difference, the bytes each worker sent per
+step (all-gather and reduce-scatter, next to plain data parallelism's all-reduce), the
+model-state memory each worker held (measured, and the ZeRO formula of
+`course_utils.plan.model_state_bytes`), and the last step's measured time next to the
+time `simulate_fsdp` predicts from the costs read off that step.
+"""
+
+from __future__ import annotations
+
+import json
+
+from course_utils.errors import CourseInputError
+
+HELP = "ZeRO 1/2/3 (FSDP) on threads vs one device: bytes, memory, timeline"
+
+LIMITS = {"workers": (1, 8), "prefetch": (0, 8), "steps": (1, 20), "microbatches": (1, 8)}
+STAGES = (1, 2, 3)
+BATCH = 64  # >= workers x microbatches at the limits
+LAYERS = {"d_in": 32, "d_hidden": 64, "d_out": 10, "depth": 4}
+LR = 0.01
+
+
+def add_arguments(parser) -> None:
+    lo, hi = LIMITS["workers"]
+    parser.add_argument("--workers", type=int, default=2, help=f"workers ({lo}..{hi})")
+    parser.add_argument(
+        "--stage",
+        type=int,
+        default=3,
+        help="ZeRO stage: 1 optimizer state, 2 + gradients, 3 + parameters (FSDP)",
+    )
+    lo, hi = LIMITS["prefetch"]
+    parser.add_argument(
+        "--prefetch", type=int, default=1, help=f"layers gathered ahead ({lo}..{hi}; stage 3)"
+    )
+    lo, hi = LIMITS["steps"]
+    parser.add_argument("--steps", type=int, default=3, help=f"Adam steps ({lo}..{hi})")
+    lo, hi = LIMITS["microbatches"]
+    parser.add_argument(
+        "--microbatches", type=int, default=1, help=f"gradient accumulation ({lo}..{hi})"
+    )
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def validate(args) -> None:
+    """One-line CourseInputError for any argument out of range (before torch is imported)."""
+    for name, (lo, hi) in LIMITS.items():
+        value = getattr(args, name)
+        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+            raise CourseInputError(f"--{name} must be an integer in {lo}..{hi}, got {value!r}")
+    if args.stage not in STAGES:
+        raise CourseInputError(f"--stage must be 1, 2 or 3, got {args.stage!r}")
+
+
+def compare(
+    workers: int, stage: int = 3, prefetch: int = 1, steps: int = 3, microbatches: int = 1
+) -> dict:
+    """Train with ZeRO on threads and on one device; the figures the command prints."""
+    import torch
+
+    from course_utils.data_parallel import max_param_diff
+    from course_utils.fsdp import (
+        ShardedDataParallel,
+        costs_from_timeline,
+        dp_traffic_bytes,
+        fsdp_traffic_bytes,
+        simulate_fsdp,
+        single_device_steps,
+        zero_memory_bytes,
+    )
+    from course_utils.models import MLP
+
+    torch.manual_seed(0)
+    model = MLP(**LAYERS).double()
+    gen = torch.Generator().manual_seed(1)
+    batches = [
+        (
+            torch.randn(BATCH, LAYERS["d_in"], generator=gen, dtype=torch.float64),
+            torch.randint(LAYERS["d_out"], (BATCH,), generator=gen),
+        )
+        for _ in range(steps)
+    ]
+    reference, _ = single_device_steps(model, batches, lr=LR)
+    with ShardedDataParallel(
+        model, workers, stage=stage, prefetch=prefetch, microbatches=microbatches, lr=LR
+    ) as zero:
+        results = [zero.step(x, y) for x, y in batches]
+        diff = max_param_diff(reference, zero.to_model())
+        numels, element_size = zero.layer_numels, zero.element_size
+    last = results[-1]
+    costs = costs_from_timeline(last.timeline, numels, workers, element_size)
+    simulated = simulate_fsdp(costs, workers, stage, prefetch, microbatches)
+    formula = zero_memory_bytes(numels, workers, stage, element_size)
+    traffic = fsdp_traffic_bytes(numels, workers, stage, microbatches, element_size)
+    dp = dp_traffic_bytes(numels, workers, element_size)
+    return {
+        "workers": workers,
+        "stage": stage,
+        "prefetch": prefetch,
+        "microbatches": microbatches,
+        "steps": steps,
+        "parameters": sum(numels),
+        "layer_parameters": numels,
+        "max_param_diff": diff,
+        "bytes_all_gather_per_worker": last.bytes_all_gather,
+        "bytes_reduce_scatter_per_worker": last.bytes_reduce_scatter,
+        "bytes_formula_per_worker": traffic,
+        "bytes_dp_all_reduce_per_worker": dp,
+        "memory_measured_per_worker": [m.persistent for m in last.memory],
+        "memory_peak_per_worker": [m.peak for m in last.memory],
+        "memory_formula_per_worker": formula,
+        "step_time_measured_s": last.timeline.makespan,
+        "step_time_simulated_s": simulated.makespan,
+        "effective_bandwidth_bytes_per_s": (
+            costs.bandwidth if costs.bandwidth != float("inf") else None
+        ),
+    }
+
+
+def run(args) -> int:
+    validate(args)
+    result = compare(args.workers, args.stage, args.prefetch, args.steps, args.microbatches)
+    if args.json:
+        print(json.dumps(result, indent=2, allow_nan=False))
+        return 0
+    n, stage = result["workers"], result["stage"]
+    name = f"ZeRO-{stage}" + (" (FSDP)" if stage == 3 else "")
+    print(
+        f"{name} on {n} workers, prefetch {result['prefetch']}, "
+        f"{result['microbatches']} micro-batch(es), {result['steps']} Adam steps; "
+        f"MLP with {result['parameters']:,} float64 parameters in "
+        f"{len(result['layer_parameters'])} layers"
+    )
+    print(f"  max |parameter diff| vs one device: {result['max_param_diff']:.1e}")
+    gather = result["bytes_all_gather_per_worker"][0]
+    scatter = result["bytes_reduce_scatter_per_worker"][0]
+    dp = max(result["bytes_dp_all_reduce_per_worker"])
+    ratio = f"{(gather + scatter) / dp:.2f}x" if dp else "n/a"
+    print(
+        f"  bytes sent per worker per step:     all-gather {gather:,} + reduce-scatter "
+        f"{scatter:,} (formula {result['bytes_formula_per_worker']['total']:,}); "
+        f"plain DP all-reduce {dp:,} -> {ratio}"
+    )
+    measured = sum(result["memory_measured_per_worker"][0].values())
+    formula = sum(result["memory_formula_per_worker"].values())
+    peak = result["memory_peak_per_worker"][0]
+    print(
+        f"  model states per worker:            {measured:,} B held after the step, "
+        f"formula {formula:,.0f} B (the rest is padding)"
+    )
+    print(
+        f"  peak during the step:               {sum(peak.values()):,} B "
+        f"(gathered layers {peak.get('gathered', 0):,} B, "
+        f"layer gradients {peak.get('layer gradients', 0):,} B)"
+    )
+    print(
+        f"  last step:                          "
+        f"measured {1e3 * result['step_time_measured_s']:.2f} ms, "
+        f"simulated {1e3 * result['step_time_simulated_s']:.2f} ms "
+        "(costs read off the measured step)"
+    )
+    return 0
