@@ -16,14 +16,16 @@ GShard's renormalised gates g_j = p_{e_j} / (p_{e_1} + p_{e_2}) (Lepikhin et al.
 arXiv 2006.16668, Algorithm 1), computed before capacity is applied, so when one of the
 two assignments is dropped the other keeps its gate (DeepSpeed renormalises after
 dropping instead; Mixtral renormalises and never drops). The second expert is simply
-the second largest p: no random or noisy routing, so every run is reproducible.
+the second largest p: GShard's random dispatch of the second expert and DeepSpeed's
+Gumbel noise are left out, so every run is reproducible.
 
 Capacity. Each expert takes at most
 
     capacity = ceil(capacity_factor x tokens x k / E)
 
-tokens per group (Switch eq. 3 without rounding; we round up like DeepSpeed's
-`_capacity`, which also multiplies the factor by k for top-2). Slots are filled
+tokens per group (Switch eq. 3 states it without rounding and some code truncates with
+int(); we round up like DeepSpeed's `_capacity`, which also multiplies the factor by k
+for top-2, so a group with any tokens never gets zero slots). Slots are filled
 first-come-first-served, all first choices before any second choice (GShard Algorithm
 1, DeepSpeed `top2gating`). An assignment past the capacity is dropped: the expert does
 not see the token and the residual carries x through unchanged. `dropped` counts
@@ -479,14 +481,14 @@ class ExpertParallel:
         self.threads = DeviceThreads(workers, name="ep worker")
         self.group = ThreadGroup(workers, abort=self.threads.abort, timeout=timeout)
 
-    def owner(self, expert: int) -> int:
-        """The worker that holds `expert`."""
-        return expert // (self.num_experts // self.workers)
-
     def step(
         self, x: torch.Tensor, grad_output: torch.Tensor | None = None, aux_weight: float = 0.0
     ) -> MoEStep:
-        """Forward and explicit backward on all workers; gradients land in the shards."""
+        """Forward and explicit backward on all workers.
+
+        The gradients land in the shards' .grad (replacing the previous step's), ready for
+        one optimizer per worker over `parameters(worker)`.
+        """
         tokens = _check_tokens(x, self.d_model, self.workers, "workers")
         _check_float("aux_weight", aux_weight, 0.0, 1e6)
         flat = x.detach().reshape(tokens, self.d_model)
@@ -683,9 +685,8 @@ class _WorkerStep:
 
         # 7. The combine in reverse: each output's gradient to the worker of its expert.
         with self.phase("ALL_TO_ALL", "combine grad"):
-            grad_back = self.all_to_all(
-                "combine grad", grad_out
-            )  # grad_back[s] lines up with received[s]
+            # grad_back[s] lines up with received[s]
+            grad_back = self.all_to_all("combine grad", grad_out)
 
         # 8. Expert backward: weight gradients stay here, input gradients go home.
         for i, e, out in zip(local, shard.expert_ids, outputs, strict=True):
@@ -698,9 +699,7 @@ class _WorkerStep:
         # 9. The dispatch in reverse: dL/dh of every token sent comes back to its owner,
         # is added to the gate path's dL/dh, and goes on through the norm to x.
         with self.phase("ALL_TO_ALL", "dispatch grad"):
-            grad_sent = self.all_to_all(
-                "dispatch grad", grad_in
-            )  # grad_sent[d] lines up with send[d]
+            grad_sent = self.all_to_all("dispatch grad", grad_in)  # lines up with send
         with self.phase("B", "router"):
             grad_h = h_in.grad if h_in.grad is not None else torch.zeros_like(h_in)
             h.backward(grad_h.index_add(0, token, torch.cat(grad_sent)))
@@ -761,6 +760,7 @@ def simulate_moe(
     element_size: int = 4,
     replicated_bytes: int = 0,
     unit: str = "units",
+    tokens_per_worker: Sequence[int] | None = None,
 ) -> Timeline:
     """Predict one expert-parallel step (the phases `ExpertParallel.step` measures).
 
@@ -773,7 +773,8 @@ def simulate_moe(
 
     so a worker whose experts got more tokens makes everybody else wait (the straggler).
     The all-reduce of `replicated_bytes` costs the ring's 2(N-1)/N x bytes x per_byte +
-    2(N-1) x latency (Patarasuk and Yuan 2009).
+    2(N-1) x latency (Patarasuk and Yuan 2009). The router runs on every token of a
+    worker, dropped or not: `tokens_per_worker` (default: assignments / top_k).
     """
     _check_int("workers", workers, 1, MAX_WORKERS)
     costs = costs or MoECosts()
@@ -785,7 +786,14 @@ def simulate_moe(
     per = experts // workers
     computed = [sum(routed[s][e] for s in range(workers)) for e in range(experts)]
     assignments = [sum(row) for row in routed]  # what each worker sends and gets back
-    routed_tokens = [a / top_k for a in assignments]
+    if tokens_per_worker is None:
+        routed_tokens = [a / top_k for a in assignments]
+    else:
+        if len(tokens_per_worker) != workers:
+            raise CourseInputError(f"tokens_per_worker needs one count per worker ({workers})")
+        for t in tokens_per_worker:
+            _check_int("tokens_per_worker", t, 0, MAX_TOKENS)
+        routed_tokens = list(tokens_per_worker)
     # Token bytes per (source, destination worker), for the all-to-alls.
     size = d_model * element_size
     matrix = [

@@ -427,6 +427,10 @@ def test_simulated_straggler_by_hand():
     even = simulate_moe([16, 16, 16, 16], workers=2, costs=costs)
     assert even.makespan == 32 * 3 < tl.makespan
     assert even.bubble_fraction == 0.0 < tl.bubble_fraction
+    # the router runs on every token a worker holds, dropped or not
+    costs = MoECosts(router=1.0, router_backward=0, expert_forward=0, expert_backward=0)
+    routers = simulate_moe([4, 4], 2, costs, tokens_per_worker=[10, 6]).busy_per_device()
+    assert routers[0] - routers[1] == pytest.approx(4.0)
 
 
 def test_simulated_communication_costs():
@@ -471,7 +475,7 @@ def test_fitted_costs_simulate_a_measured_step():
     costs = fit_costs(got)
     assert all(math.isfinite(v) and v >= 0 for v in vars(costs).values())
     assert costs.expert_forward > 0 and costs.expert_backward > 0
-    sim = simulate_moe(got.routed, 2, costs, D, unit="s")
+    sim = simulate_moe(got.routed, 2, costs, D, unit="s", tokens_per_worker=[16, 16])
     assert sim.unit == "s" and sim.makespan > 0
     measured = [(e.device, e.action, e.label) for e in got.timeline.events]
     simulated = [(e.device, e.action, e.label) for e in sim.events]

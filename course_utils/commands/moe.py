@@ -90,6 +90,7 @@ def compare(args) -> dict:
     """Run the step on threads and on one device; return the figures the command prints."""
     import torch
 
+    from course_utils.collectives import chunk_bounds
     from course_utils.moe import (
         ExpertParallel,
         MoE,
@@ -115,8 +116,16 @@ def compare(args) -> dict:
         p.numel() * p.element_size() for p in (*moe.norm.parameters(), *moe.router.parameters())
     )
     costs = fit_costs(got)
+    tokens_per_worker = [hi - lo for lo, hi in chunk_bounds(args.tokens, args.workers)]
     simulated = simulate_moe(
-        got.routed, args.workers, costs, D_MODEL, args.top_k, 4, replicated, unit="s"
+        got.routed,
+        args.workers,
+        costs,
+        D_MODEL,
+        args.top_k,
+        replicated_bytes=replicated,
+        unit="s",
+        tokens_per_worker=tokens_per_worker,
     )
     measured = got.timeline
     return {
