@@ -29,6 +29,11 @@ ends with all ranks' shards, concatenated) and `Communicator.reduce_scatter` (ev
 ends with its own chunk of the sum). Each moves (N-1)/N x S bytes per rank, half of an
 all-reduce; `ring_all_gather_bytes` and `ring_reduce_scatter_bytes` give the exact counts.
 
+Expert parallelism needs a different pattern, the all-to-all: every rank has a separate
+chunk for every other rank (the tokens routed to that rank's experts) and receives one
+chunk from each. `Communicator.all_to_all` writes it as N-1 sends and N-1 receives per
+rank; `all_to_all_bytes` says how many bytes each rank sends.
+
 `ring_allreduce_steps` replays the ring algorithm on one thread and records who holds
 what after every step, for printing and drawing in the lesson.
 """
@@ -451,6 +456,58 @@ class Communicator:
         if op == "mean":
             running /= n
         return running
+    # -- all-to-all --
+
+    def all_to_all(self, chunks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Send `chunks[d]` to rank d, for every d; return `received`, where `received[s]`
+        is the chunk rank s addressed to this rank.
+
+        The chunks may have different shapes (expert parallelism sends as many tokens as
+        were routed, which differ from rank to rank). Our own chunk is kept, not sent:
+        it costs no bytes, as on real hardware where it never leaves the device.
+        Every rank must call this at the same point, each with `world_size` chunks.
+        """
+        n = self.world_size
+        if isinstance(chunks, torch.Tensor) or len(chunks) != n:
+            got = "a tensor" if isinstance(chunks, torch.Tensor) else f"{len(chunks)} chunks"
+            raise CourseInputError(
+                f"chunks must be a list of {n} tensors (one per rank), got {got}"
+            )
+        if any(not isinstance(c, torch.Tensor) for c in chunks):
+            raise CourseInputError("chunks must be a list of torch.Tensor, one per rank")
+        # Sends never block (a mailbox is a queue), so everybody can first post all its
+        # messages and then collect; no ordering of pairs is needed to avoid deadlock.
+        # Rank r starts with its right neighbour so not all ranks hit rank 0 first.
+        for offset in range(1, n):
+            dst = (self.rank + offset) % n
+            self.send(dst, chunks[dst])
+        received: list[torch.Tensor] = [None] * n  # type: ignore[list-item]
+        received[self.rank] = chunks[self.rank].detach().clone()
+        for offset in range(1, n):
+            src = (self.rank - offset) % n
+            received[src] = self.recv(src)
+        return received
+
+
+def all_to_all_bytes(
+    numel: Sequence[Sequence[int]], element_size: int = 4, direction: str = "sent"
+) -> list[int]:
+    """Bytes each rank sends (or receives) in one `all_to_all`.
+
+    `numel[s][d]` is the number of elements rank s addresses to rank d. A rank's own
+    chunk (s == d) stays where it is and costs nothing, so rank s sends
+    sum over d != s of numel[s][d] x element_size bytes, and receives the column sum.
+    """
+    n = len(numel)
+    if any(len(row) != n for row in numel):
+        raise CourseInputError(f"numel must be a square list ({n} x {n}: source x destination)")
+    if any(not isinstance(x, int) or x < 0 for row in numel for x in row):
+        raise CourseInputError("numel must hold integers >= 0")
+    if direction not in ("sent", "received"):
+        raise CourseInputError(f"direction must be 'sent' or 'received', got {direction!r}")
+    if direction == "sent":
+        return [sum(numel[s][d] for d in range(n) if d != s) * element_size for s in range(n)]
+    return [sum(numel[s][d] for s in range(n) if s != d) * element_size for d in range(n)]
 
 
 # -- a one-thread trace of the ring, for the lesson ----------------------------------------
