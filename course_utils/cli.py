@@ -25,6 +25,8 @@ COMMANDS: dict[str, str] = {
     "grade": "grade",
     "plan": "plan",
     "distributed": "distributed",
+    "fsdp": "fsdp",
+    "moe": "moe",
 }
 
 

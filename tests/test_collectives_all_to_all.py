@@ -5,9 +5,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course_utils.collectives import ThreadGroup, all_to_all_bytes
 from course_utils.errors import CourseInputError, WorkerError
-from course_utils.workers import DeviceThreads
+from course_utils.threads.collectives import ThreadGroup, all_to_all_bytes
+from course_utils.threads.devices import DeviceThreads
 
 MAX_RANKS = 5
 

@@ -5,7 +5,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course_utils.collectives import (
+from course_utils.errors import CourseInputError, WorkerError
+from course_utils.threads.collectives import (
     ThreadGroup,
     chunk_sizes,
     ring_all_gather_bytes,
@@ -15,8 +16,7 @@ from course_utils.collectives import (
     run_all_reduce,
     run_reduce_scatter,
 )
-from course_utils.errors import CourseInputError, WorkerError
-from course_utils.workers import DeviceThreads
+from course_utils.threads.devices import DeviceThreads
 
 MAX_RANKS = 5
 

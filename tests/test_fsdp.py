@@ -10,9 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from course_utils.data_parallel import max_param_diff
 from course_utils.errors import CourseInputError, WorkerError
-from course_utils.fsdp import (
+from course_utils.models import MLP
+from course_utils.parallel.data_parallel import max_param_diff
+from course_utils.parallel.fsdp import (
     FSDPCosts,
     ShardedDataParallel,
     adam_update,
@@ -26,7 +27,6 @@ from course_utils.fsdp import (
     single_device_steps,
     zero_memory_bytes,
 )
-from course_utils.models import MLP
 
 
 def tiny_model(dtype=torch.float64, seed=0, depth=3):

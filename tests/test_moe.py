@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from course_utils.cli import OneLineParser
 from course_utils.commands import moe as moe_command
 from course_utils.errors import CourseInputError, WorkerError
-from course_utils.moe import (
+from course_utils.parallel.moe import (
     ExpertParallel,
     MoE,
     MoECosts,

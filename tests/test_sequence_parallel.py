@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from course_utils import plan
 from course_utils.errors import CourseInputError, WorkerError
-from course_utils.sequence_parallel import (
+from course_utils.parallel.sequence_parallel import (
     MLPBlock,
     SequenceParallelMLP,
     korthikanti_mlp_block_bytes,
@@ -16,7 +16,7 @@ from course_utils.sequence_parallel import (
     sp_comm_bytes,
     unsplit_block,
 )
-from course_utils.tensor_parallel import tp_mlp_comm_bytes
+from course_utils.parallel.tensor_parallel import tp_mlp_comm_bytes
 
 HIDDEN, FFN = 8, 24  # FFN divisible by 1, 2, 3, 4
 

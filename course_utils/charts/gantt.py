@@ -434,5 +434,3 @@ def save(fig: Figure, path: str | Path, dpi: float | None = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, format=fmt, dpi=dpi or fig.dpi, facecolor="white")
     return path
-
-

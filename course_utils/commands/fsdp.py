@@ -1,7 +1,7 @@
 """`python -m course_utils fsdp`: ZeRO stage 1, 2 or 3 on threads, checked against one device.
 
 Trains a small MLP (float64, so that rounding does not hide a real difference) for a few
-Adam steps with `course_utils.fsdp.ShardedDataParallel`, trains the same MLP on one
+Adam steps with `course_utils.parallel.fsdp.ShardedDataParallel`, trains the same MLP on one
 device, and reports: the largest parameter difference, the bytes each worker sent per
 step (all-gather and reduce-scatter, next to plain data parallelism's all-reduce), the
 model-state memory each worker held (measured, and the ZeRO formula of
@@ -62,8 +62,9 @@ def compare(
     """Train with ZeRO on threads and on one device; the figures the command prints."""
     import torch
 
-    from course_utils.data_parallel import max_param_diff
-    from course_utils.fsdp import (
+    from course_utils.models import MLP
+    from course_utils.parallel.data_parallel import max_param_diff
+    from course_utils.parallel.fsdp import (
         ShardedDataParallel,
         costs_from_timeline,
         dp_traffic_bytes,
@@ -72,7 +73,6 @@ def compare(
         single_device_steps,
         zero_memory_bytes,
     )
-    from course_utils.models import MLP
 
     torch.manual_seed(0)
     model = MLP(**LAYERS).double()

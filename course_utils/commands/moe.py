@@ -90,8 +90,7 @@ def compare(args) -> dict:
     """Run the step on threads and on one device; return the figures the command prints."""
     import torch
 
-    from course_utils.collectives import chunk_bounds
-    from course_utils.moe import (
+    from course_utils.parallel.moe import (
         ExpertParallel,
         MoE,
         all_to_all_bytes_per_worker,
@@ -99,6 +98,7 @@ def compare(args) -> dict:
         reference_step,
         simulate_moe,
     )
+    from course_utils.threads.collectives import chunk_bounds
 
     torch.manual_seed(args.seed)
     moe = MoE(D_MODEL, HIDDEN, args.experts, args.top_k, args.capacity_factor, args.skew)

@@ -456,6 +456,7 @@ class Communicator:
         if op == "mean":
             running /= n
         return running
+
     # -- all-to-all --
 
     def all_to_all(self, chunks: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -620,7 +621,7 @@ def run_all_reduce(
 
 def _run_collective(inputs: Sequence[torch.Tensor], call, threads) -> tuple[list, list[int]]:
     """Run `call(comm, input)` on every rank's input on real threads; (results, bytes sent)."""
-    from course_utils.workers import DeviceThreads
+    from course_utils.threads.devices import DeviceThreads
 
     n = len(inputs)
     if n < 1:

@@ -67,11 +67,12 @@ from torch.func import functional_call
 
 from course_utils import plan
 from course_utils.actions import Action
-from course_utils.collectives import ThreadGroup, ring_bytes_per_rank
-from course_utils.data_parallel import cross_entropy, shard_sizes, single_worker_steps
 from course_utils.errors import CourseInputError, WorkerError
+from course_utils.models import loss_fn
+from course_utils.parallel.data_parallel import shard_sizes, single_worker_steps
+from course_utils.threads.collectives import ThreadGroup, ring_bytes_per_rank
+from course_utils.threads.devices import Aborted, DeviceThreads
 from course_utils.timeline import Event, Timeline
-from course_utils.workers import Aborted, DeviceThreads
 
 STAGES = (1, 2, 3)
 MAX_WORKERS = 16
@@ -511,7 +512,7 @@ class ShardedDataParallel:
         lr: float = 1e-3,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
-        loss_fn: LossFn = cross_entropy,
+        loss_fn: LossFn = loss_fn,
         timeout: float = 60.0,
     ) -> None:
         _check_int(workers, "workers", 1, MAX_WORKERS)
@@ -867,7 +868,7 @@ def single_device_steps(
     lr: float = 1e-3,
     betas: tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-8,
-    loss_fn: LossFn = cross_entropy,
+    loss_fn: LossFn = loss_fn,
 ) -> tuple[nn.Module, list[float]]:
     """The same layers trained on one device with `torch.optim.Adam` on the whole batches."""
     sequential = nn.Sequential(*_as_layers(model))
@@ -912,7 +913,7 @@ def fsdp_traffic_bytes(
 
 def dp_traffic_bytes(layer_numels: Sequence[int], workers: int, element_size: int = 4) -> list[int]:
     """Bytes each worker sends per step in plain data parallelism: one ring all-reduce of
-    all gradients (`course_utils.data_parallel`), 2 (N-1)/N x Psi x element_size."""
+    all gradients (`course_utils.parallel.data_parallel`), 2 (N-1)/N x Psi x element_size."""
     return ring_bytes_per_rank(sum(layer_numels), workers, element_size)
 
 

@@ -2,7 +2,7 @@
 
 The block (pre-LayerNorm, as in GPT): Y = X + Dropout(GeLU(LN(X) A) B), with A: h -> f
 and B: f -> h. Tensor parallelism (Shoeybi et al. 2019, arXiv 1909.08053;
-`course_utils.tensor_parallel`) splits A by columns and B by rows over t devices, with
+`course_utils.parallel.tensor_parallel`) splits A by columns and B by rows over t devices, with
 an all-reduce after B (Megatron's g) and one in the backward before A (f). But LayerNorm,
 dropout and the residual add stay replicated: every device computes them on the whole
 [s, b, h] activation and keeps their inputs for the backward pass.
@@ -50,7 +50,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from course_utils.actions import Action
-from course_utils.collectives import (
+from course_utils.errors import CourseInputError
+from course_utils.parallel.tensor_parallel import shard_mlp
+from course_utils.threads.collectives import (
     Communicator,
     ThreadGroup,
     chunk_bounds,
@@ -59,10 +61,8 @@ from course_utils.collectives import (
     ring_bytes_per_rank,
     ring_reduce_scatter_bytes,
 )
-from course_utils.errors import CourseInputError
-from course_utils.tensor_parallel import shard_mlp
+from course_utils.threads.devices import DeviceThreads
 from course_utils.timeline import Event, Timeline
-from course_utils.workers import DeviceThreads
 
 MAX_WORKERS = 16
 MAX_ELEMENTS = 2**22  # per activation tensor [s, b, h] or [s, b, f]
@@ -265,7 +265,8 @@ class SequenceParallelMLP:
     """The MLP block split over `workers` threads, with or without sequence parallelism.
 
     `sequence_parallel=False` is plain Megatron tensor parallelism (the all-reduces of
-    `course_utils.tensor_parallel`), for comparison. Use as a context manager, or `close()`.
+    `course_utils.parallel.tensor_parallel`), for comparison. Use as a context manager, or
+    `close()`.
     """
 
     def __init__(
@@ -478,7 +479,7 @@ def _events(rank: int, t0: int, phases, comms: CommLog) -> list[Event]:
     def event(action, start, end, label=None):
         return Event(rank, action, (start - t0) / 1e9, (end - t0) / 1e9, label)
 
-    # entries from course_utils.tensor_parallel are (label, start, end) all-reduces
+    # entries from course_utils.parallel.tensor_parallel are (label, start, end) all-reduces
     comms = [c if len(c) == 4 else ("ALL_REDUCE", *c) for c in comms]
     for kind, start, end in phases:
         cursor = start

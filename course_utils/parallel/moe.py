@@ -76,10 +76,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from course_utils.actions import Action
-from course_utils.collectives import ThreadGroup, all_to_all_bytes, chunk_bounds
 from course_utils.errors import CourseInputError, WorkerError
+from course_utils.threads.collectives import ThreadGroup, all_to_all_bytes, chunk_bounds
+from course_utils.threads.devices import Aborted, DeviceThreads
 from course_utils.timeline import Event, Timeline
-from course_utils.workers import Aborted, DeviceThreads
 
 # Sizes are checked against these before any work starts (threads are tiny CPU devices).
 MAX_D_MODEL = 1024
