@@ -1,8 +1,9 @@
 """Run a pipeline schedule for real: one CPU thread per device, real torch work, real clocks.
 
-`PipelineExecutor(stages, num_devices)` puts stage s on device s % num_devices (looping
-placement) and `step(schedule, inputs, targets)` runs every device's action list exactly
-in the order the schedule gives it:
+`PipelineExecutor(stages, num_devices)` runs `step(schedule, inputs, targets)`: every
+device runs its action list exactly in the order the schedule gives it, and a stage lives
+on the device whose list runs it (`Schedule.device_of_stage()`: s % num_devices for the
+looping schedules, a V for ZB-V and DualPipeV, where device d holds stages d and 2p-1-d):
 
     F  forward one micro-batch through the stage; keep the input and output for backward;
        post the output in the next stage's mailbox
@@ -128,7 +129,7 @@ class Mailboxes:
 
 
 class PipelineExecutor:
-    """Runs pipeline schedules on `num_devices` persistent threads (stage s on s % devices)."""
+    """Runs pipeline schedules on `num_devices` persistent threads (placement: the schedule's)."""
 
     def __init__(
         self,
@@ -220,6 +221,10 @@ class PipelineExecutor:
             )
         n_mb = -(-schedule.microbatches // schedule.batch_scale)  # naive: one whole batch
         counts: dict[tuple[int, str, int], int] = defaultdict(int)
+        # The placement is the schedule's (looping, V, ...): a stage lives on the first device
+        # that runs it, and its weights cannot be on two devices at once.
+        owner = schedule.device_of_stage()
+        misplaced: set[int] = set()
         problems = []
         for d, actions in enumerate(schedule.devices):
             for a in actions:
@@ -227,10 +232,11 @@ class PipelineExecutor:
                     continue
                 if a.stage >= schedule.stages or a.microbatch is None or a.microbatch >= n_mb:
                     problems.append(f"{a} on device {d} is out of range")
-                elif a.stage % self.num_devices != d:
+                elif owner[a.stage] != d and a.stage not in misplaced:
+                    misplaced.add(a.stage)  # one message per stage is enough
                     problems.append(
-                        f"{a} is on device {d} but stage {a.stage} lives on device "
-                        f"{a.stage % self.num_devices}"
+                        f"stage {a.stage} lives on device {owner[a.stage]}, but {a} is on "
+                        f"device {d}: a stage appears on one device only"
                     )
                 counts[(a.stage, a.kind, a.microbatch)] += 1
         for s in range(schedule.stages):
