@@ -22,11 +22,13 @@ arXiv 2401.10241, the ZB-V schedule; their repository's README table gives "acti
 memory 1x" and "communication volume 2x" against 1F1B). And the input and the loss are on
 the same device, device 0. Where the remaining bubble comes from: the first micro-batch
 needs d forward steps to reach device d, so device d starts d steps late (the warm-up), and
-at the end the last input gradients walk back up the V while devices further down run out
-of work (the cool-down). ZB-V fills everything in between with the postponed weight
-gradients W; at equal costs F = I = W every device is busy without a gap from its first
-action to its last, and the timeline is a parallelogram whose slanted ends are the whole
-bubble: (p-1) chunk-steps per device.
+at the end the last input gradients travel back through the V to device 0 while the devices
+they have left run out of work (the cool-down). ZB-V fills everything in between with the
+postponed weight gradients W; at equal costs F = I = W every device is busy without a gap
+from its first action to its last, and the timeline is a parallelogram whose slanted ends
+are the whole bubble: (p-1) chunk-steps per device. That is what the paper calls zero
+bubble (its README: "bubble rate 0"): the slant of one step can overlap the next step when
+the optimizer step needs no synchronisation across devices; a single step still has it.
 
     zb_v(p, m)        ZB-V, order equal to PyTorch's ScheduleZBVZeroBubble (torch 2.13)
     dualpipe_v(p, m)  DualPipeV, order equal to PyTorch's ScheduleDualPipeV and to DeepSeek's
@@ -184,9 +186,10 @@ def zb_v_formula_holds(p: int, m: int, F: float, I: float, W: float) -> bool:  #
     """Whether `zb_v_idle` is exact: m >= 2p-1, F <= I <= 2W, and W <= I when p >= 3.
 
     (And p2p = 0; one device never waits, so p = 1 needs nothing.) Each inequality is
-    needed: tests/test_vshape.py shows the formula failing when any one of them is broken.
-    With I > 2W the W's are too short to fill the gaps they are placed in; with W > I too
-    long (two devices have no such gap, hence p >= 3).
+    needed: tests/test_vshape.py shows the formula failing when any one of them is broken
+    (W <= I only from p = 3 on; with two devices a longer W still fits). Roughly: with
+    F > I the forwards, with I > 2W the chain of input gradients, and with W > I the W's
+    themselves become the longest path through the step.
     """
     _check_shape(p, m), _check_costs(F=F, I=I, W=W)
     if p == 1:
@@ -267,8 +270,9 @@ def _dualpipe_v_device(p: int, d: int, m: int) -> list[tuple[Action, ...]]:
         one(backward(up, split=True)), weight(), one(forward(up))
     for k in range(m - 2 * p + d + 1):  # step 4 "nF0B1F1B0": the overlapped steady state
         if k == 0 and d == p - 1:
-            # At the bottom of the V the first pair is not overlapped: the up chunk's
-            # backward needs the forward just before it, on this same device.
+            # DeepSeek runs this first pair at the bottom of the V as two separate actions
+            # ("to further reduce bubble size", its comment); written as F then B it is the
+            # same order either way, only the slot differs.
             one(forward(down)), one(backward(up))
         else:
             slots.append((forward(down), backward(up)))
@@ -321,7 +325,8 @@ def dualpipe_v_idle(p: int, F: float, I: float, W: float) -> float:  # noqa: E74
     """Idle time of every device in one DualPipeV step with F&B as F then B:
     (p-1)(F + I - W) (when `dualpipe_v_formula_holds`).
 
-    That is ZB-H1's bubble (Qi et al. 2023) for chunks of half the size.
+    The same expression as ZB-H1's bubble (Qi et al. 2023), but in chunk costs: each chunk
+    is half of a device's layers.
     """
     _check_int("devices", p), _check_costs(F=F, I=I, W=W)
     return (p - 1) * (F + I - W)
@@ -354,7 +359,9 @@ def dualpipe_v_peak(p: int) -> int:
     """Most chunks any device holds at once in DualPipeV (m >= 2p, any costs): 2p + 1.
 
     One more than ZB-V: in an F&B slot the new micro-batch's forward is counted before the
-    old one's backward frees its chunk (on a GPU both are live during the slot).
+    old one's backward frees its chunk. On a GPU both chunks are live during the slot, so
+    2p + 1 is the honest count (DualPipe's README: PP + 1). Written B first, the count would
+    drop to 2p on every device but the last.
     """
     _check_int("devices", p)
     return 2 * p + 1
