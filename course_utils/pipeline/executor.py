@@ -1,8 +1,9 @@
 """Run a pipeline schedule for real: one CPU thread per device, real torch work, real clocks.
 
-`PipelineExecutor(stages, num_devices)` puts stage s on device s % num_devices (looping
-placement) and `step(schedule, inputs, targets)` runs every device's action list exactly
-in the order the schedule gives it:
+`PipelineExecutor(stages, num_devices)` runs `step(schedule, inputs, targets)`: every
+device runs its action list exactly in the order the schedule gives it, and a stage lives
+on the device whose list runs it (`Schedule.device_of_stage()`: s % num_devices for the
+looping schedules, a V for ZB-V and DualPipeV, where device d holds stages d and 2p-1-d):
 
     F  forward one micro-batch through the stage; keep the input and output for backward;
        post the output in the next stage's mailbox
@@ -127,7 +128,7 @@ class Mailboxes:
 
 
 class PipelineExecutor:
-    """Runs pipeline schedules on `num_devices` persistent threads (stage s on s % devices)."""
+    """Runs pipeline schedules on `num_devices` persistent threads (placement: the schedule's)."""
 
     def __init__(
         self,
@@ -221,13 +222,10 @@ class PipelineExecutor:
             )
         n_mb = -(-schedule.microbatches // schedule.batch_scale)  # naive: one whole batch
         devices = [list(actions) for actions in schedule.devices]
-        problems = structure_problems(devices, schedule.stages, n_mb)  # the simulator's checks
-        for stage, device in sorted(schedule.device_of_stage().items()):
-            if stage < schedule.stages and device != stage % self.num_devices:
-                problems.append(
-                    f"stage {stage} is on device {device}, but it lives on device "
-                    f"{stage % self.num_devices} (looping placement: stage s on s % devices)"
-                )
+        # The simulator's checks: each action once, nothing missing, and each stage on one
+        # device. The placement itself is the schedule's (looping, V, ...): the executor's
+        # threads share the stage modules, so any placement the lists define can run.
+        problems = structure_problems(devices, schedule.stages, n_mb)
         if problems:
             more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
             raise ScheduleError(f"{schedule.name}: " + "; ".join(problems[:5]) + more)

@@ -1,0 +1,403 @@
+"""V-shaped pipeline schedules: ZB-V and DualPipeV, where each device holds two chunks in a V.
+
+With p devices the model is cut into 2p stages. Device d holds stage d (its chunk on the way
+down) and stage 2p-1-d (its chunk on the way back up):
+
+    device 0:  stage 0 ........................ stage 2p-1   (first and last stage)
+    device 1:     stage 1 .................. stage 2p-2
+    ...
+    device p-1:            stage p-1, stage p                (the bottom of the V)
+
+Why a V. A micro-batch's forward crosses 2p-1 stage boundaries and its backward crosses them
+again. With looping placement (stage s on device s % p, as in interleaved 1F1B) neighbouring
+stages are always on different devices, so each micro-batch makes 2(2p-1) = 4p-2 transfers
+between devices. In a V the boundary from stage p-1 to stage p lies inside device p-1, so
+only 2p-2 boundaries cross devices: 4(p-1) transfers per micro-batch, two fewer (still twice
+plain 1F1B's 2(p-1), since every boundary is crossed once per chunk). The V also balances
+memory: a device's down chunk keeps its activations long (its backward comes last) and its
+up chunk keeps them briefly, and every device has one of each, so with enough micro-batches
+every device peaks at the same 2p chunks, one chunk being half of the device's layers, which
+is p micro-batches' worth of its layers: 1F1B's peak on its busiest device (Qi et al. 2023,
+arXiv 2401.10241, the ZB-V schedule; their repository's README table gives "activation
+memory 1x" and "communication volume 2x" against 1F1B). And the input and the loss are on
+the same device, device 0. Where the remaining bubble comes from: the first micro-batch
+needs d forward steps to reach device d, so device d starts d steps late (the warm-up), and
+at the end the last input gradients travel back through the V to device 0 while the devices
+they have left run out of work (the cool-down). ZB-V fills everything in between with the
+postponed weight gradients W; at equal costs F = I = W every device is busy without a gap
+from its first action to its last, and the timeline is a parallelogram whose slanted ends
+are the whole bubble: (p-1) chunk-steps per device. That is what the paper calls zero
+bubble (its README: "bubble rate 0"): the slant of one step can overlap the next step when
+the optimizer step needs no synchronisation across devices; a single step still has it.
+
+    zb_v(p, m)        ZB-V, order equal to PyTorch's ScheduleZBVZeroBubble (torch 2.13)
+    dualpipe_v(p, m)  DualPipeV, order equal to PyTorch's ScheduleDualPipeV and to DeepSeek's
+                      dualpipev.py (DeepSeek-AI 2024, arXiv 2412.19437; the "cut-in-half"
+                      V variant of DualPipe by Sea AI Lab)
+
+DualPipeV's "F&B" slot. In its steady state DualPipeV runs the forward of one micro-batch
+and the full backward of another as one overlapped slot. The course's simulator and thread
+executor run one action at a time per device, so an F&B slot is written as the two actions
+back to back, F first: exactly what DeepSeek's code runs when the model has no
+`overlapped_forward_backward` (`_forward_compute_chunk` then `_backward_compute_chunk`), and
+the order of PyTorch's OVERLAP_F_B sub-actions. `dualpipe_v_slots` keeps the pairs. What each
+side overlaps:
+  - the simulator: nothing inside a slot: the slot costs F + B, and F's output leaves as soon
+    as F ends (p2p time, if any, runs beside the next action);
+  - a real GPU (DeepSeek-V3 report, Section 3.2.1): the two chunks' kernels are interleaved so
+    that one chunk's communication (the MoE all-to-all dispatch/combine and the pipeline
+    send/receive) hides behind the other chunk's computation; the computation itself is not
+    faster, so with communication fully hidden the slot also costs about F + B, but both
+    results are sent when the slot ends. (DeepSeek's code sends a slot's forward output only
+    after the slot, even without overlap.) That one difference is why the simulator finds
+    less bubble than DualPipe's README table; see `dualpipe_v_readme_idle`.
+
+Closed forms (costs F, I, W are per chunk: one micro-batch through one stage; B = I + W; all
+checked against `simulate` in tests/test_vshape.py, with p2p = 0):
+
+    ZB-V        idle per device (p-1) I, on every device,
+                when m >= 2p-1, F <= I <= 2W and W <= I (W <= I only for p >= 3);
+                this includes the paper's case F = I = W;
+                peak chunks held by device d: min(2p, 2m, m+1+d), i.e. 2p when m >= 2p-1
+    DualPipeV   idle per device (p-1)(F + I - W), on every device,
+                when m >= 2p (required), W <= I, (p-1) I <= p F and F <= I + W;
+                peak chunks held: 2p+1 on every device (README: PP+1 with PP = 2p stages)
+
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from numbers import Real
+
+from course_utils.actions import Action, Schedule
+from course_utils.errors import CourseInputError
+from course_utils.simulate import CostModel
+
+SCHEDULES = ("zb-v", "dualpipe-v")
+MAX_ACTIONS = 1_000_000  # 6 p m compute actions at most: keeps a typo from filling memory
+
+
+def _check_int(name: str, value, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise CourseInputError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _check_shape(p: int, m: int) -> None:
+    _check_int("devices", p), _check_int("microbatches", m)
+    if 6 * p * m > MAX_ACTIONS:
+        raise CourseInputError(
+            f"devices x microbatches must be at most {MAX_ACTIONS // 6} "
+            f"(6 actions each), got {p} x {m}"
+        )
+
+
+def _check_costs(**costs: float) -> None:
+    for name, value in costs.items():
+        if isinstance(value, bool) or not isinstance(value, Real) or not 0 <= value < math.inf:
+            raise CourseInputError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
+def v_stages(p: int, device: int) -> tuple[int, int]:
+    """The two stages device `device` holds in a V over 2p stages: (down chunk, up chunk)."""
+    _check_int("devices", p)
+    if isinstance(device, bool) or not isinstance(device, int) or not 0 <= device < p:
+        raise CourseInputError(f"device must be an integer in 0..{p - 1}, got {device!r}")
+    return device, 2 * p - 1 - device
+
+
+def chunk_costs(forward: float, input_grad: float, weight_grad: float, p2p: float = 0.0):
+    """A `CostModel` for a V schedule from per-chunk costs F, I and W.
+
+    The course's `CostModel` takes costs per device (a chunk costs 1/2 of them with two
+    chunks per device), so this passes 2F and 2(I + W) with W's share of the backward.
+    """
+    _check_costs(forward=forward, input_grad=input_grad, weight_grad=weight_grad, p2p=p2p)
+    backward = input_grad + weight_grad
+    fraction = weight_grad / backward if backward > 0 else 0.5
+    return CostModel(2 * forward, 2 * backward, fraction, p2p)
+
+
+# --------------------------------------------------------------------------- ZB-V
+
+
+def _zb_v_order(p: int, d: int, m: int) -> list[Action]:
+    """Device d's ZB-V actions (the construction of PyTorch's ScheduleZBVZeroBubble)."""
+    # Built for at least 2p-1 micro-batches (what the warm-up needs to fill the V), then the
+    # micro-batches that do not exist are dropped; dropping the same micro-batches from
+    # every device keeps a deadlock-free order deadlock-free.
+    n = max(m, 2 * p - 1)
+    down, up = v_stages(p, d)
+    order: list[Action] = []
+    next_mb = {(s, k): 0 for s in (down, up) for k in "FIW"}
+
+    def run(stage: int, kind: str) -> None:
+        order.append(Action(stage, kind, next_mb[(stage, kind)]))
+        next_mb[(stage, kind)] += 1
+
+    # Warm-up. Micro-batch 0 reaches device d's up chunk after 2p-1-d forward steps and
+    # device d starts after d of them, so it fills the 2(p-d)-1 steps in between with
+    # down-chunk forwards, ...
+    for _ in range(2 * (p - d) - 1):
+        run(down, "F")
+    # ... then alternates the two chunks' forwards while the first input gradient is on
+    # its way, ...
+    for _ in range(d):
+        run(up, "F"), run(down, "F")
+    # ... and runs the up chunk's backward as soon as it can, W straight after I.
+    for _ in range(p - d):
+        run(up, "F"), run(up, "I"), run(up, "W")
+    # Steady state: one forward, I and W of each chunk, until every forward is done.
+    while next_mb[(up, "F")] < next_mb[(down, "F")] or next_mb[(down, "F")] < n:
+        if next_mb[(down, "F")] < n:
+            run(down, "F")
+        run(down, "I"), run(down, "W")
+        run(up, "F"), run(up, "I"), run(up, "W")
+    # Cool-down: input gradients first (another device waits for them); the W's that are
+    # left fill the time this device would otherwise wait.
+    for _ in range(d):
+        run(down, "I"), run(up, "I")
+    for _ in range(p - d):
+        run(down, "I"), run(down, "W")
+    while next_mb[(up, "W")] < next_mb[(up, "I")]:
+        run(up, "W")
+    while next_mb[(down, "W")] < next_mb[(down, "I")]:
+        run(down, "W")
+    return [a for a in order if a.microbatch < m]
+
+
+def zb_v(p: int, m: int) -> Schedule:
+    """ZB-V (Qi et al. 2023, arXiv 2401.10241): zero-bubble I/W split on a V of 2p stages.
+
+    Each device runs F, I and W of its down chunk and of its up chunk. With equal costs and
+    m >= 2p-1 no device has a gap between its first and its last action, and every device
+    holds at most 2p chunks (p micro-batches' worth of its layers, 1F1B's peak).
+    Any m >= 1 works; below 2p-1 the warm-up cannot fill the V and the bubble grows.
+    """
+    _check_shape(p, m)
+    devices = tuple(tuple(_zb_v_order(p, d, m)) for d in range(p))
+    return Schedule("zb-v", 2 * p, m, devices)
+
+
+def zb_v_formula_holds(p: int, m: int, F: float, I: float, W: float) -> bool:  # noqa: E741
+    """Whether `zb_v_idle` is exact: m >= 2p-1, F <= I <= 2W, and W <= I when p >= 3.
+
+    (And p2p = 0; one device never waits, so p = 1 needs nothing.) Each inequality is
+    needed: tests/test_vshape.py shows the formula failing when any one of them is broken
+    (W <= I only from p = 3 on; with two devices a longer W still fits). Roughly: with
+    F > I the forwards, with I > 2W the chain of input gradients, and with W > I the W's
+    themselves become the longest path through the step.
+    """
+    _check_shape(p, m), _check_costs(F=F, I=I, W=W)
+    if p == 1:
+        return True
+    return m >= 2 * p - 1 and F <= I <= 2 * W and (W <= I or p == 2)
+
+
+def zb_v_idle(p: int, F: float, I: float, W: float) -> float:  # noqa: E741
+    """Idle time of every device in one ZB-V step: (p-1) I (when `zb_v_formula_holds`).
+
+    At F = I = W this is the slant of the parallelogram: device d waits d F for the first
+    micro-batch and stops (p-1-d) I before the end. The paper calls ZB-V zero bubble
+    because there is no gap inside that parallelogram; a single step still has the slant.
+    """
+    _check_int("devices", p), _check_costs(F=F, I=I, W=W)
+    return (p - 1) * I
+
+
+def zb_v_peak(p: int, m: int, device: int) -> int:
+    """Most chunks device `device` holds at once in ZB-V: min(2p, 2m, m+1+d), any costs.
+
+    A chunk is held from its F until its W. With m >= 2p-1 it is 2p on every device.
+    """
+    _check_shape(p, m)
+    _, _ = v_stages(p, device)
+    return min(2 * p, 2 * m, m + 1 + device)
+
+
+# --------------------------------------------------------------------------- DualPipeV
+
+
+def dualpipe_v_slots(p: int, m: int) -> list[list[tuple[Action, ...]]]:
+    """DualPipeV per device as slots: one action, or an overlapped (F, B) pair ("F&B").
+
+    The phases are those of DeepSeek's dualpipev.py (names as in its comments, chunk 0 the
+    down chunk, chunk 1 the up chunk); `dualpipe_v` flattens the slots.
+    """
+    _check_shape(p, m)
+    if m < 2 * p:
+        raise CourseInputError(
+            f"microbatches must be >= 2 x devices = {2 * p} for dualpipe-v "
+            f"(its warm-up puts 2p micro-batches in flight), got {m}"
+        )
+    return [_dualpipe_v_device(p, d, m) for d in range(p)]
+
+
+def _dualpipe_v_device(p: int, d: int, m: int) -> list[tuple[Action, ...]]:
+    down, up = v_stages(p, d)
+    slots: list[tuple[Action, ...]] = []
+    forwards = {down: 0, up: 0}
+    backwards = {down: 0, up: 0}  # B or I: the input gradient
+    postponed: deque[Action] = deque()  # W's of split backwards, run oldest first
+
+    def forward(stage: int) -> Action:
+        forwards[stage] += 1
+        return Action(stage, "F", forwards[stage] - 1)
+
+    def backward(stage: int, split: bool = False) -> Action:
+        mb = backwards[stage]
+        backwards[stage] += 1
+        if split:  # zero-bubble: only the input gradient now, W later
+            postponed.append(Action(stage, "W", mb))
+            return Action(stage, "I", mb)
+        return Action(stage, "B", mb)
+
+    def one(action: Action) -> None:
+        slots.append((action,))
+
+    def weight() -> None:
+        if postponed:
+            one(postponed.popleft())
+
+    for _ in range(2 * (p - d - 1)):  # step 1 "nF0": fill the down chunk
+        one(forward(down))
+    for _ in range(d + 1):  # step 2 "nF0F1"
+        one(forward(down)), one(forward(up))
+    for _ in range(p - d - 1):  # step 3 "nB1W1F1": zero-bubble backwards of the up chunk
+        one(backward(up, split=True)), weight(), one(forward(up))
+    for k in range(m - 2 * p + d + 1):  # step 4 "nF0B1F1B0": the overlapped steady state
+        if k == 0 and d == p - 1:
+            # DeepSeek runs this first pair at the bottom of the V as two separate actions
+            # ("to further reduce bubble size", its comment); written as F then B it is the
+            # same order either way, only the slot differs.
+            one(forward(down)), one(backward(up))
+        else:
+            slots.append((forward(down), backward(up)))
+        slots.append((forward(up), backward(down)))
+    for _ in range(p - d - 1):  # step 5 "nB1F1B0"
+        one(backward(up))
+        slots.append((forward(up), backward(down)))
+    # Step 6 "nB1B0": the last backwards; the second half split into I and W, so the W's
+    # can fill the cool-down (the switch point alternates with the device's parity).
+    split = False
+    for k in range(d + 1):
+        if k == (d + 1) // 2 and d % 2 == 1:
+            split = True
+        one(backward(up, split))
+        if k == (d + 1) // 2 and d % 2 == 0:
+            split = True
+        one(backward(down, split))
+    for _ in range(p - d - 1):  # step 7 "nWB0"
+        weight(), one(backward(down, split=True))
+    for _ in range(d + 1):  # step 8 "nW"
+        weight()
+    return slots
+
+
+def dualpipe_v(p: int, m: int) -> Schedule:
+    """DualPipeV (DeepSeek-AI 2024, arXiv 2412.19437; github.com/deepseek-ai/DualPipe).
+
+    Needs m >= 2p. Each overlapped F&B slot is written as F then B (see the module
+    docstring for what the simulator and a GPU overlap); the warm-up and the cool-down
+    split some backwards into I and W like ZB-V.
+    """
+    slots = dualpipe_v_slots(p, m)
+    devices = tuple(tuple(a for slot in dev for a in slot) for dev in slots)
+    return Schedule("dualpipe-v", 2 * p, m, devices)
+
+
+def dualpipe_v_formula_holds(p: int, m: int, F: float, I: float, W: float) -> bool:  # noqa: E741
+    """Whether `dualpipe_v_idle` is exact: m >= 2p, W <= I, (p-1) I <= p F, F <= I + W.
+
+    (And p2p = 0; p = 1 needs nothing.) Each inequality is needed: tests/test_vshape.py
+    shows the formula failing when any one of them is broken.
+    """
+    _check_shape(p, m), _check_costs(F=F, I=I, W=W)
+    if p == 1:
+        return m >= 2
+    return m >= 2 * p and W <= I and (p - 1) * I <= p * F and F <= I + W
+
+
+def dualpipe_v_idle(p: int, F: float, I: float, W: float) -> float:  # noqa: E741
+    """Idle time of every device in one DualPipeV step with F&B as F then B:
+    (p-1)(F + I - W) (when `dualpipe_v_formula_holds`).
+
+    The same expression as ZB-H1's bubble (Qi et al. 2023), but in chunk costs: each chunk
+    is half of a device's layers.
+    """
+    _check_int("devices", p), _check_costs(F=F, I=I, W=W)
+    return (p - 1) * (F + I - W)
+
+
+def dualpipe_v_readme_idle(
+    p: int,
+    F: float,
+    I: float,  # noqa: E741
+    W: float,
+    fb: float | None = None,
+) -> float:
+    """DualPipe's README figure for DualPipeV: (PP/2 - 1)(F&B + B - 3W), PP = 2p stages.
+
+    B = I + W is a full backward chunk and `fb` the time of an overlapped F&B slot (default
+    F + B: nothing faster, as in the simulator). With fb = F + B this is (p-1)(F + 2I - W),
+    (p-1) I more than the simulator's `dualpipe_v_idle`: the README counts a slot as one
+    block whose forward output leaves only when the slot ends (as DeepSeek's code sends
+    it), while the course sends it as soon as F ends. Treating slots that way, the
+    simulator reproduces this figure exactly when F = I >= W (checked in the tests).
+    """
+    _check_int("devices", p), _check_costs(F=F, I=I, W=W)
+    backward = I + W
+    fb = F + backward if fb is None else fb
+    _check_costs(fb=fb)
+    return (p - 1) * (fb + backward - 3 * W)
+
+
+def dualpipe_v_peak(p: int) -> int:
+    """Most chunks any device holds at once in DualPipeV (m >= 2p, any costs): 2p + 1.
+
+    One more than ZB-V: in an F&B slot the new micro-batch's forward is counted before the
+    old one's backward frees its chunk. On a GPU both chunks are live during the slot, so
+    2p + 1 is the honest count (DualPipe's README: PP + 1). Written B first, the count would
+    drop to 2p on every device but the last.
+    """
+    _check_int("devices", p)
+    return 2 * p + 1
+
+
+# --------------------------------------------------------------------------- both
+
+
+def bubble_fraction(m: int, F: float, I: float, W: float, idle: float) -> float:  # noqa: E741
+    """Idle over devices x makespan when every device idles `idle`: idle / (2m(F+I+W) + idle).
+
+    Each device computes 2m chunks of F + I + W, so its makespan is that plus its idle time.
+    """
+    _check_int("microbatches", m), _check_costs(F=F, I=I, W=W, idle=idle)
+    total = 2 * m * (F + I + W) + idle
+    return idle / total if total > 0 else 0.0
+
+
+def transfers_per_microbatch(p: int, placement: str) -> int:
+    """Cross-device transfers of one micro-batch (forward and backward) over 2p stages.
+
+    "looping" (stage s on device s % p): all 2p-1 boundaries cross devices, 2(2p-1);
+    "v": the boundary at the bottom of the V stays on device p-1, 2(2p-2) = 4(p-1).
+    """
+    _check_int("devices", p)
+    if placement == "looping":
+        crossing = 2 * p - 1 if p > 1 else 0
+    elif placement == "v":
+        crossing = 2 * p - 2
+    else:
+        raise CourseInputError(f"placement must be 'looping' or 'v', got {placement!r}")
+    return 2 * crossing
+
+
+def make_v_schedule(name: str, devices: int, microbatches: int) -> Schedule:
+    """Build `name` (one of SCHEDULES) for `devices` devices and `microbatches`."""
+    if name not in SCHEDULES:
+        raise CourseInputError(f"schedule must be one of {', '.join(SCHEDULES)}; got {name!r}")
+    return (zb_v if name == "zb-v" else dualpipe_v)(devices, microbatches)
