@@ -142,9 +142,10 @@ def test_closed_forms_agree_with_the_simulator(schedule, pp, factor):
     # Past SIMULATE_LIMIT the planner reads the registry's closed forms instead of simulating;
     # where both apply they must give the same figures.
     v = 2 if schedule in plan.LOOPING else 1
-    m = pp * factor
+    m = 2 * pp * factor  # every schedule can run (DualPipeV needs m >= 2p)
     bubble, peak = plan.model._simulated(schedule, pp, m, v)
     case = Case(pp, m, v)
+    assert SCHEDULES[schedule].bubble(case) is not None  # the lessons' costs: F=1, B=2, W=B/2
     assert bubble == pytest.approx(SCHEDULES[schedule].bubble(case))
     assert peak == pytest.approx(SCHEDULES[schedule].peak(case))
 

@@ -11,14 +11,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course_utils import gantt
 from course_utils.actions import Action, Schedule
+from course_utils.charts import gantt
 from course_utils.errors import CourseInputError, ScheduleError
-from course_utils.executor import PipelineExecutor, simulated_from_measured
 from course_utils.models import MLP, loss_fn, partition, single_thread
-from course_utils.schedules import interleaved
-from course_utils.simulate import simulate, simulate_arrays, validate
-from course_utils.vshape import (
+from course_utils.pipeline.executor import PipelineExecutor, simulated_from_measured
+from course_utils.pipeline.schedules import interleaved, make_schedule
+from course_utils.pipeline.simulate import simulate, simulate_arrays, validate
+from course_utils.pipeline.vshape import (
     bubble_fraction,
     chunk_costs,
     dualpipe_v,
@@ -27,7 +27,6 @@ from course_utils.vshape import (
     dualpipe_v_peak,
     dualpipe_v_readme_idle,
     dualpipe_v_slots,
-    make_v_schedule,
     transfers_per_microbatch,
     v_stages,
     zb_v,
@@ -87,7 +86,8 @@ def test_dualpipe_v_slots_are_single_actions_or_forward_then_backward():
         (lambda: zb_v_idle(3, 1.0, math.inf, 1.0), "I must be a finite number"),
         (lambda: dualpipe_v_readme_idle(3, 1, 1, 1, fb=-1.0), "fb must be a finite number"),
         (lambda: transfers_per_microbatch(3, "zigzag"), "placement must be 'looping' or 'v'"),
-        (lambda: make_v_schedule("zb-h1", 2, 4), "schedule must be one of zb-v, dualpipe-v"),
+        (lambda: make_schedule("zb-v", 2, 4, chunks=2), "chunks > 1 works only with"),
+        (lambda: make_schedule("dualpipe-v", 3, 5), "microbatches must be >= 2 x devices = 6"),
     ],
 )
 def test_bad_input_is_refused_with_one_line(call, message):
@@ -385,10 +385,10 @@ def test_simulator_charges_no_p2p_at_the_bottom_of_the_v(name):
 
 
 @pytest.mark.parametrize("name", BUILDERS)
-def test_gantt_draws_v_schedules_simulated_and_measured_alike(name):
+def test_gantt_draws_v_schedules_simulated_and_measured_alike(name, tmp_path):
     sched = BUILDERS[name](2, 4)
     fig = gantt.draw(simulate(sched, chunk_costs(1.0, 1.0, 0.5)))
-    assert fig.axes and gantt.to_png(fig)[:4] == b"\x89PNG"
+    assert fig.axes and gantt.save(fig, tmp_path / "v.png").read_bytes()[:4] == b"\x89PNG"
 
 
 # --------------------------------------------------------------------------- on threads
@@ -464,7 +464,7 @@ def test_executor_refuses_a_stage_on_two_devices():
     rows[1].append(moved)
     bad = Schedule("bad", 2 * p, m, tuple(map(tuple, rows)))
     with PipelineExecutor(partition(model, 2 * p), p, loss_fn) as ex:
-        message = "stage 3 lives on device 0, but 3W1 is on device 1"
+        message = "stage 3 runs on devices 0 and 1: a stage lives on one device"
         with pytest.raises(ScheduleError, match=message):
             ex.step(bad, x, y)
         assert ex.step(zb_v(p, m), x, y).loss > 0  # still usable

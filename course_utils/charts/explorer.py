@@ -88,7 +88,8 @@ class View:
     @property
     def text(self) -> str:
         """The metrics in one or two plain lines (the widget shows the same)."""
-        v = self.settings.effective_chunks
+        s = self.settings
+        v = SCHEDULES[s.schedule].chunks(s.effective_chunks)
         first, last = (self._held(self.peak_activations[i], v) for i in (0, -1))
         lines = [
             f"{SCHEDULES[self.settings.schedule].label}: bubble {100 * self.bubble_fraction:.1f}% "

@@ -78,7 +78,8 @@ def _pipeline_worker(rank: int, world: int, payload: dict) -> dict:
 
     setup, kind, m, num_stages = payload["setup"], payload["kind"], payload["m"], payload["stages"]
     pieces = split_stages(build_model(setup), setup, num_stages)
-    mine = list(range(rank, num_stages, world))  # looping placement, as in the course
+    placement = payload["placement"]  # stage -> rank, as the course schedule places them
+    mine = [s for s in range(num_stages) if placement[s] == rank]
     records: list[tuple] = []
     stages = []
     for s in mine:
@@ -183,9 +184,8 @@ def run_pipeline(
         course = schedule
         name = f"{schedule.name} (CSV) on {workers} processes"
     elif schedule in PIPELINES:
-        stages = workers * (2 if SCHEDULES[schedule].uses_chunks else 1)
-        payload.update(kind=schedule, stages=stages)
-        course = None
+        course = course_schedule(schedule, workers, microbatches)
+        payload.update(kind=schedule, stages=course.stages)
         name = f"PyTorch {schedule} on {workers} processes"
     else:
         raise CourseInputError(
@@ -197,6 +197,7 @@ def run_pipeline(
             f"batch must be a multiple of microbatches ({microbatches}), got {batch}"
         )
     payload["m"] = microbatches
+    payload["placement"] = course.device_of_stage()
     try:
         start = time.perf_counter()
         outs = _run_job(cluster, _pipeline_worker, workers, payload, port, timeout)
@@ -211,8 +212,6 @@ def run_pipeline(
     max_grad_diff = max(_max_diff(grads[s], ref_grads[s]) for s in ref_grads)
     extra: dict = {"schedule": schedule if isinstance(schedule, str) else schedule.name}
     if compare_executor:
-        if course is None:
-            course = course_schedule(schedule, workers, microbatches)
         ex_loss, ex_grads, ex_timeline = executor_pipeline(setup, course)
         extra["executor_loss"] = ex_loss
         extra["executor_max_grad_diff"] = max(_max_diff(grads[s], ex_grads[s]) for s in ex_grads)

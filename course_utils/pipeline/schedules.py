@@ -15,6 +15,9 @@ timeline; the thread executor runs the same lists on a real model.
                    (Lamy-Poirier 2022, arXiv 2211.05953)
     zb-h1          zero bubble ZB-H1: backward split into I and W, W delayed to fill bubbles
                    (Qi et al. 2024, ICLR, arXiv 2401.10241)
+    zb-v           zero bubble ZB-V: two chunks per device placed in a V (same paper)
+    dualpipe-v     DualPipeV: a V with one micro-batch's forward beside another's backward
+                   (DeepSeek-AI 2024, arXiv 2412.19437); both V builders are in vshape.py
 
 `SCHEDULES` is the registry: per schedule its builder, the label learners read, whether it
 takes chunks, its closed-form bubble and peak activation memory (each with the condition under
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 
 from course_utils.actions import Action, Schedule
 from course_utils.errors import CourseInputError
+from course_utils.pipeline import vshape
 
 
 def _act(stage: int, kind: str, microbatch: int) -> Action:
@@ -224,11 +228,17 @@ class ScheduleInfo:
     name: str  # what commands and code use: "1f1b"
     label: str  # what a learner reads: "1F1B"
     build: Callable[[int, int, int], Schedule]  # (devices, microbatches, chunks)
-    uses_chunks: bool  # v > 1 allowed (looping placement)
+    uses_chunks: bool  # the learner chooses v (looping placement)
     bubble: ClosedForm  # idle share of devices x makespan
     peak: ClosedForm  # most micro-batches of activations one device holds (whole-stage units)
     microbatched: bool = True  # False: the batch goes through unsplit (naive)
     shape_rule: Callable[[int, int, int], str | None] = lambda p, m, v: None  # why not, or None
+    chunks_per_device: int = 1  # for schedules that do not take v: 2 for the V schedules
+
+    def chunks(self, v: int = 1) -> int:
+        """Stages per device when the learner asks for `v` (V schedules always have 2)."""
+        return v if self.uses_chunks else self.chunks_per_device
+
     pytorch: str | None = None  # the same schedule in torch.distributed.pipelining
     source: str = ""
 
@@ -262,6 +272,29 @@ _ONE_F_ONE_B_PEAK = ClosedForm(
     "min(p, m)", "always", lambda c: float(min(c.p, c.m)), lambda c: True
 )
 _ALL_M = ClosedForm("m", "always", lambda c: float(c.m), lambda c: True)
+
+
+def _v_case(c: Case) -> tuple[float, float, float]:
+    """Per-chunk F, I, W of a V schedule: each of the 2 chunks holds half a device's share."""
+    return c.forward / 2, c.input_grad / 2, c.weight / 2
+
+
+def _v_bubble(idle: Callable[..., float], holds: Callable[..., bool], text: str) -> ClosedForm:
+    return ClosedForm(
+        text,
+        _EQUAL,
+        lambda c: _idle_fraction(c, idle(c.p, *_v_case(c))),
+        lambda c: _free_and_equal(c) and holds(c.p, c.m, *_v_case(c)),
+    )
+
+
+def _dualpipe_v_rule(p: int, m: int, v: int) -> str | None:
+    if m < 2 * p:
+        return (
+            f"microbatches must be >= 2 x devices = {2 * p} for dualpipe-v "
+            f"(its warm-up puts 2p micro-batches in flight), got {m}"
+        )
+    return None
 
 
 def _build_one_chunk(builder: Callable[[int, int], Schedule]):
@@ -354,6 +387,49 @@ SCHEDULES: dict[str, ScheduleInfo] = {
             peak=_ONE_F_ONE_B_PEAK,
             pytorch=None,  # PyTorch's zero-bubble schedules need 2+ stages per rank
             source="Qi et al. 2024, arXiv 2401.10241",
+        ),
+        ScheduleInfo(
+            "zb-v",
+            "ZB-V",
+            _build_one_chunk(vshape.zb_v),
+            uses_chunks=False,
+            chunks_per_device=2,
+            bubble=_v_bubble(
+                vshape.zb_v_idle,
+                vshape.zb_v_formula_holds,
+                "(p-1)I / (m(F+B) + (p-1)I), I and F per chunk; "
+                "when m >= 2p-1, F <= I <= 2W and W <= I",
+            ),
+            peak=ClosedForm(
+                "min(2p, 2m, m+p) chunks = min(p, m, (m+p)/2) micro-batches",
+                "always",
+                lambda c: min(2 * c.p, 2 * c.m, c.m + c.p) / 2,
+                lambda c: True,
+            ),
+            pytorch="ScheduleZBVZeroBubble",
+            source="Qi et al. 2024, arXiv 2401.10241",
+        ),
+        ScheduleInfo(
+            "dualpipe-v",
+            "DualPipeV",
+            _build_one_chunk(vshape.dualpipe_v),
+            uses_chunks=False,
+            chunks_per_device=2,
+            shape_rule=_dualpipe_v_rule,
+            bubble=_v_bubble(
+                vshape.dualpipe_v_idle,
+                vshape.dualpipe_v_formula_holds,
+                "(p-1)(F+I-W) / (m(F+B) + (p-1)(F+I-W)), F, I, W per chunk; "
+                "when W <= I, (p-1)I <= pF and F <= I+W",
+            ),
+            peak=ClosedForm(
+                "2p+1 chunks = p + 1/2 micro-batches",
+                "m >= 2p",
+                lambda c: c.p + 0.5,
+                lambda c: True,
+            ),
+            pytorch="ScheduleDualPipeV",
+            source="DeepSeek-AI 2024, arXiv 2412.19437",
         ),
     )
 }

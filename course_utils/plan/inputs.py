@@ -193,8 +193,8 @@ def check_config(model: ModelShape | None, config: Config) -> None:
         return
     if model.heads % config.tp:
         raise CourseInputError(f"tp={config.tp} must divide the number of heads ({model.heads})")
-    if model.layers % (config.pp * config.chunks):
+    chunks = REGISTRY[config.schedule].chunks(config.chunks)
+    if model.layers % (config.pp * chunks):
         raise CourseInputError(
-            f"pp x chunks = {config.pp * config.chunks} must divide the number of layers "
-            f"({model.layers})"
+            f"pp x chunks = {config.pp * chunks} must divide the number of layers ({model.layers})"
         )

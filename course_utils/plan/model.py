@@ -120,7 +120,8 @@ def activation_bytes_per_layer(
 def _simulated(schedule: str, pp: int, m: int, v: int) -> tuple[float, float]:
     """(bubble fraction, peak in-flight micro-batches on the busiest device), simulated."""
     timeline = simulate(make_schedule(schedule, pp, m, v), CostModel())
-    peak = max(timeline.peak_activations or [0]) / v  # chunks -> whole-stage micro-batches
+    chunks = REGISTRY[schedule].chunks(v)
+    peak = max(timeline.peak_activations or [0]) / chunks  # chunks -> whole-stage micro-batches
     return timeline.bubble_fraction, peak
 
 
@@ -255,7 +256,8 @@ def communication(
     activations = config.microbatch_size * model.seq * model.hidden * prec.activation_bytes
     all_reduces = (6 if config.recompute == "full" else 4) * model.layers / p * config.microbatches
     tensor = Traffic(all_reduces * 2 * (t - 1) / t * activations, all_reduces * 2 * (t - 1), t)
-    sends = 2 * config.microbatches * config.chunks if p > 1 else 0
+    chunks = REGISTRY[config.schedule].chunks(config.chunks)
+    sends = 2 * config.microbatches * chunks if p > 1 else 0
     pipeline = Traffic(sends * activations / t, sends, t * p)
     grads = model.params / (t * p) * prec.grad_bytes
     again = 1.5 if config.zero == 3 else 1.0

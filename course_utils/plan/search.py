@@ -8,6 +8,7 @@ from dataclasses import asdict
 
 from course_utils.errors import CourseInputError
 from course_utils.pipeline.schedules import RECOMMENDED
+from course_utils.pipeline.schedules import SCHEDULES as REGISTRY
 from course_utils.plan.inputs import (
     GIB,
     LOOPING,
@@ -90,11 +91,13 @@ def search(
                     config = Config(
                         tp, pp, dp, b, m, schedule, v, zero, recompute, sequence_parallel=tp > 1
                     )
-                    if model.layers % (pp * v):
+                    chunks = REGISTRY[schedule].chunks(v)
+                    if model.layers % (pp * chunks):
                         rejected.append(
                             (
                                 config,
-                                f"{schedule} with {v} chunks needs layers divisible by {pp * v}",
+                                f"{schedule} with {chunks} chunks per device needs layers "
+                                f"divisible by {pp * chunks}",
                             )
                         )
                         continue

@@ -74,9 +74,8 @@ from numbers import Real
 
 from course_utils.actions import Action, Schedule
 from course_utils.errors import CourseInputError
-from course_utils.simulate import CostModel
+from course_utils.pipeline.simulate import CostModel
 
-SCHEDULES = ("zb-v", "dualpipe-v")
 MAX_ACTIONS = 1_000_000  # 6 p m compute actions at most: keeps a typo from filling memory
 
 
@@ -394,10 +393,3 @@ def transfers_per_microbatch(p: int, placement: str) -> int:
     else:
         raise CourseInputError(f"placement must be 'looping' or 'v', got {placement!r}")
     return 2 * crossing
-
-
-def make_v_schedule(name: str, devices: int, microbatches: int) -> Schedule:
-    """Build `name` (one of SCHEDULES) for `devices` devices and `microbatches`."""
-    if name not in SCHEDULES:
-        raise CourseInputError(f"schedule must be one of {', '.join(SCHEDULES)}; got {name!r}")
-    return (zb_v if name == "zb-v" else dualpipe_v)(devices, microbatches)
