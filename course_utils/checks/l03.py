@@ -1,67 +1,110 @@
 """Checks for the exercises of lesson 03 (the pipeline bubble and the micro-batch trade-off).
 
 Each `exercise_K` is called by the check cell of Exercise 3.K in
-`exercises/03_bubble_tradeoff.ipynb`. The bubble formula is GPipe's with equal stages
-(Huang et al. 2019, arXiv 1811.06965): (p - 1) / (m + p - 1).
+`exercises/03_bubble_tradeoff.ipynb`, with the learner's variant `v`: `given_K(v)` draws the
+exercise's numbers (the default student gets the course's own), and every expected answer
+is computed from them, here or by the simulator. `cases_2(v)` are the inputs a Build
+exercise's function is tried on. The bubble formula is GPipe's with equal stages
+(Huang et al. 2019, arXiv 1811.06965): (p - 1) / (m + p - 1), the idle share of the step.
 """
 
 from __future__ import annotations
 
-import random
+import math
 
 from course_utils.checks import (
+    DEFAULT,
+    Variant,
     as_choice,
     as_int,
     as_number,
     check_function,
-    close,
     expect_choice,
+    expect_number,
     fail,
+    for_student as _for_student,
+    is_right,
     passed,
 )
+
+
+def for_student(student: str = "default"):
+    """This lesson's checks with `student`'s numbers (the notebook's first code cell)."""
+    import sys
+
+    return _for_student(sys.modules[__name__], student)
 
 
 def _bubble(p: int, m: int) -> float:
     return (p - 1) / (m + p - 1)
 
 
-def _number_between_0_and_1(value, what: str) -> float:
-    number = as_number(value, what)
+def _fraction(value, what: str, expected: float) -> float:
+    number = expect_number(value, expected, what, unit="fraction")
     if not 0 <= number <= 1:
         fail(f"`{what}` is a fraction of the step: a number between 0 and 1, not {number:g}.")
     return number
 
 
-def exercise_1(bubble_fraction) -> None:
-    """GPipe, p=4, m=12, equal stages: the bubble fraction."""
-    value = _number_between_0_and_1(bubble_fraction, "bubble_fraction")
-    if close(value, _bubble(4, 12)):
-        passed("Right: 3 idle slots out of 15 per device, a bubble of 20%.")
+# --------------------------------------------------------------------------- 3.1
+
+
+def given_1(v: Variant = DEFAULT) -> dict:
+    return {"p": v.pick("1p", 4, [3, 4, 5, 6, 8]), "m": v.pick("1m", 12, [6, 8, 10, 16, 20])}
+
+
+def exercise_1(bubble_fraction, v: Variant = DEFAULT) -> None:
+    """GPipe with the given p and m, equal stages: the bubble fraction."""
+    p, m = given_1(v).values()
+    want = _bubble(p, m)
+    value = _fraction(bubble_fraction, "bubble_fraction", want)
+    if is_right(value, want):
+        passed(f"Right: {p - 1} idle slots out of {m + p - 1} per device, a bubble of {want:.1%}.")
         return
-    if close(value, 3 / 12):
+    if is_right(value, (p - 1) / m):
         fail(
-            "3/12 is the bubble relative to the ideal (busy) time. The question asks for the "
-            "idle share of the whole step: divide by the step's length in slots instead."
+            f"{p - 1}/{m} is the bubble relative to the ideal (busy) time. The question asks for "
+            "the idle share of the whole step: divide by the step's length in slots instead."
         )
-    if close(value, 4 / 16):
-        fail("Count the fill slots again: with 4 stages, how many slots until the last starts?")
+    if is_right(value, p / (m + p)):
+        fail("Count the fill slots again: with p stages, how many slots until the last starts?")
     fail(
         "Not yet. Per device, count busy slots (one per micro-batch) and idle slots (the "
         "fill and drain); the bubble is idle over all slots."
     )
 
 
-def exercise_2(gpipe_bubble) -> None:
-    """Build gpipe_bubble(p, m)."""
+# --------------------------------------------------------------------------- 3.2
+
+# Inputs no simulation can reach in time: the function must compute the formula.
+HUGE = [(10**6, 10**9), (123_457, 10**8)]
+
+
+def cases_2(v: Variant = DEFAULT) -> dict[str, list[tuple]]:
+    rng = v.cases("2")
+    small = [(1, rng.randint(1, 8))] + [(rng.randint(2, 16), rng.randint(1, 64)) for _ in range(6)]
+    return {"gpipe_bubble": [*small, *HUGE]}
+
+
+def exercise_2(gpipe_bubble, v: Variant = DEFAULT) -> None:
+    """Build gpipe_bubble(p, m): any p >= 1, m >= 1, up to millions of stages."""
     call = check_function(gpipe_bubble, "gpipe_bubble")
-    rng = random.Random()
-    cases = [(1, rng.randint(1, 8))] + [(rng.randint(2, 16), rng.randint(1, 64)) for _ in range(8)]
+    cases = cases_2(v)["gpipe_bubble"]
     for p, m in cases:
         shown = f"gpipe_bubble({p}, {m})"
-        value = as_number(call(p, m), shown)
+        try:
+            result = call(p, m)
+        except Exception as exc:
+            if (p, m) in HUGE:
+                fail(
+                    f"{shown} did not answer ({exc}). The check also tries a million stages: "
+                    "compute the bubble from p and m with the formula, do not simulate."
+                )
+            raise
+        value = as_number(result, shown)
         want = _bubble(p, m)
-        if not close(value, want, rel=1e-9, abs=1e-12):
-            if p > 1 and close(value, (p - 1) / m, rel=1e-9):
+        if not math.isclose(value, want, rel_tol=1e-9, abs_tol=1e-12):
+            if p > 1 and math.isclose(value, (p - 1) / m, rel_tol=1e-9):
                 fail(f"{shown} gives (p-1)/m: that is relative to the busy time, not the step.")
             if p == 1:
                 fail(f"{shown} should be 0: a single device never waits for another one.")
@@ -69,38 +112,67 @@ def exercise_2(gpipe_bubble) -> None:
                 f"{shown} returned {value:.4g}, which is not the idle share of the step. "
                 "Check it on p=2, m=1 by drawing the timeline."
             )
-    passed(f"Right on fresh random (p, m) = {cases}.")
+    small = ", ".join(f"({p}, {m})" for p, m in cases[: -len(HUGE)])
+    passed(f"Right on fresh random (p, m) = {small}, and on a million stages.")
 
 
-def exercise_3(microbatches) -> None:
-    """p=8: the fewest micro-batches with a bubble of at most 10%."""
+# --------------------------------------------------------------------------- 3.3
+
+
+def given_3(v: Variant = DEFAULT) -> dict:
+    return {
+        "p": v.pick("3p", 8, [4, 6, 10, 12, 16]),
+        "target": v.pick("3t", 0.1, [0.05, 0.1, 0.2, 0.25]),
+    }
+
+
+def exercise_3(microbatches, v: Variant = DEFAULT) -> None:
+    """The fewest micro-batches whose bubble is at most the target, for the given p."""
+    p, target = given_3(v).values()
     m = as_int(microbatches, "microbatches")
     if m < 1:
         fail("`microbatches` counts micro-batches: at least 1.")
-    if _bubble(8, m) > 0.1 + 1e-12:
+    fewest = math.ceil((p - 1) * (1 - target) / target - 1e-9)
+    if m == math.ceil((p - 1) / target - 1e-9) and m != fewest:
         fail(
-            f"With m = {m} the bubble is still above 10%. Solve (p-1)/(m+p-1) <= 0.1 for m, "
-            "or try larger values with your gpipe_bubble function."
+            f"m = {m} makes (p-1)/m = {target:.0%}: that is the bubble relative to the busy time. "
+            "This course's bubble is the idle share of the whole step, (p-1)/(m+p-1)."
         )
-    if _bubble(8, m - 1) <= 0.1 + 1e-12:
+    if _bubble(p, m) > target + 1e-12:
+        fail(
+            f"With m = {m} the bubble is still above {target:.0%}. Solve (p-1)/(m+p-1) <= "
+            f"{target:g} for m, or try larger values with your gpipe_bubble function."
+        )
+    if m > fewest:
         fail(f"m = {m} works, but fewer micro-batches would too: the question asks for the fewest.")
-    passed(
-        f"Right: m = {m} gives a bubble of exactly 10%; that is about 8 micro-batches per stage."
-    )
+    passed(f"Right: m = {m} is the fewest; its bubble is {_bubble(p, m):.1%}.")
 
 
-def exercise_4(max_microbatches, bubble_at_max) -> None:
-    """Largest m under a 30 GB activation budget (1.5 GB per micro-batch) and its bubble."""
+# --------------------------------------------------------------------------- 3.4
+
+
+def given_4(v: Variant = DEFAULT) -> dict:
+    return {
+        "p": v.pick("4p", 4, [4, 6, 8]),
+        "gpu_gb": v.pick("4g", 80, [40, 48, 80, 96]),
+        "state_gb": v.pick("4s", 50, [18, 22, 26, 30]),
+        "per_microbatch_gb": v.pick("4a", 1.5, [0.5, 0.75, 1.25, 2.0]),
+    }
+
+
+def exercise_4(max_microbatches, bubble_at_max, v: Variant = DEFAULT) -> None:
+    """Largest m whose GPipe activations fit beside the model state, and its bubble."""
+    p, gpu, state, per = given_4(v).values()
+    fits = math.floor((gpu - state) / per + 1e-9)
     m = as_int(max_microbatches, "max_microbatches")
-    b = _number_between_0_and_1(bubble_at_max, "bubble_at_max")
-    if m != 20:
-        if m == 53:
-            fail("80 / 1.5 forgets the 50 GB of model state already on the GPU.")
-        if m == 33:
-            fail("50 / 1.5 uses the model state as the budget: what is left for activations?")
-        if m == 5:
+    if m != fits:
+        if m == math.floor(gpu / per + 1e-9):
+            fail(f"{gpu} / {per} forgets the {state} GB of model state already on the GPU.")
+        if m == math.floor(state / per + 1e-9):
+            fail(f"{state} / {per} uses the model state as the budget: what is left for activations?")
+        if m == p:
             fail(
-                "That would be the budget if only p micro-batches were in flight (1F1B, next "
+                "That would be the count if only p micro-batches were in flight (1F1B, next "
                 "lesson). In GPipe, how many micro-batches' activations does stage 0 hold "
                 "when its last forward ends?"
             )
@@ -108,23 +180,27 @@ def exercise_4(max_microbatches, bubble_at_max) -> None:
             "`max_microbatches` is not right. Stage 0 holds the activations of every micro-batch "
             "it has forwarded and not yet backwarded: how many at the peak, in GPipe?"
         )
-    if not close(b, _bubble(4, m)):
-        fail("`max_microbatches` is right; now put it into the bubble formula with p = 4.")
-    passed(f"Right: 20 micro-batches fit (30 GB / 1.5 GB), leaving a bubble of {b:.1%}.")
+    want = _bubble(p, m)
+    b = _fraction(bubble_at_max, "bubble_at_max", want)
+    if not is_right(b, want):
+        fail(f"`max_microbatches` is right; now put it into the bubble formula with p = {p}.")
+    passed(f"Right: {m} micro-batches fit ({gpu - state:g} GB / {per:g} GB), a bubble of {b:.1%}.")
 
+
+# --------------------------------------------------------------------------- 3.5
 
 LEFT_CAUSES = ("a", "b", "c", "d")
 RIGHT_CAUSES = ("a", "b", "c", "d")
 
 
-def exercise_5(left_cause, right_cause) -> None:
-    """Explain both ends of the measured throughput-vs-micro-batches curve."""
+def exercise_5(left_cause, right_cause, v: Variant = DEFAULT) -> None:
+    """Explain both ends of the reference throughput-vs-micro-batches curve."""
     left = as_choice(left_cause, LEFT_CAUSES, "left_cause")
     right = as_choice(right_cause, RIGHT_CAUSES, "right_cause")
     if left != "a":
         fail(
             f"`left_cause` = {left!r} is not it. With one or two micro-batches, look at the "
-            "measured Gantt chart: how many devices compute at the same time?"
+            "reference Gantt chart: how many devices compute at the same time?"
         )
     expect_choice(
         right,
@@ -142,26 +218,37 @@ def exercise_5(left_cause, right_cause) -> None:
     )
 
 
-def exercise_6(efficiency, busiest_device) -> None:
-    """Read a simulated timeline with an unbalanced last stage: efficiency and busiest device."""
-    from course_utils.pipeline.schedules import make_schedule
-    from course_utils.pipeline.simulate import CostModel, simulate
+# --------------------------------------------------------------------------- 3.6
 
-    eff = _number_between_0_and_1(efficiency, "efficiency")
-    dev = as_int(busiest_device, "busiest_device")
-    timeline = simulate(
-        make_schedule("gpipe", 3, 4), CostModel(stage_forward=[1, 1, 2], stage_backward=[2, 2, 4])
-    )
+
+def given_6(v: Variant = DEFAULT) -> dict:
+    return {"m": v.pick("6m", 4, [3, 5, 6]), "heavy": v.pick("6h", 2, [2, 3])}
+
+
+def _unbalanced(v: Variant):
+    from course_utils.pipeline import CostModel, make_schedule, simulate
+
+    m, heavy = given_6(v).values()
+    costs = CostModel(stage_forward=[1, 1, heavy], stage_backward=[2, 2, 2 * heavy])
+    return simulate(make_schedule("gpipe", 3, m), costs)
+
+
+def exercise_6(efficiency, busiest_device, v: Variant = DEFAULT) -> None:
+    """A simulated GPipe timeline with a heavy last stage: efficiency and busiest device."""
+    timeline = _unbalanced(v)
     busy = [timeline.busy(d) for d in range(3)]
     want = sum(busy) / (3 * timeline.makespan)
+    dev = as_int(busiest_device, "busiest_device")
     if dev not in range(3):
         fail("`busiest_device` is a device number: 0, 1 or 2.")
     if dev != busy.index(max(busy)):
         fail("`busiest_device` is not right: which row of the chart has the least grey?")
-    if not close(eff, want, rel=2e-3):
-        if close(eff, 1 - want, rel=2e-3):
+    eff = _fraction(efficiency, "efficiency", want)
+    if not is_right(eff, want):
+        if is_right(eff, 1 - want):
             fail("That is the bubble (idle share). Efficiency is the busy share.")
-        if close(eff, 4 / 6, rel=2e-3):
+        m = given_6(v)["m"]
+        if is_right(eff, m / (m + 2)):
             fail(
                 "That is the equal-stage formula m/(m+p-1). These stages are not equal: add "
                 "up the busy time of every device and compare with devices x makespan."
@@ -171,7 +258,7 @@ def exercise_6(efficiency, busiest_device) -> None:
             "all devices / (number of devices x makespan); read both off the chart."
         )
     passed(
-        f"Right: {eff:.1%} efficiency. The slow last stage sets the pace; the other two devices "
+        f"Right: {want:.1%} efficiency. The slow last stage sets the pace; the other two devices "
         "wait for it even in the middle of the step."
     )
 
