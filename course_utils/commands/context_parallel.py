@@ -1,0 +1,200 @@
+"""`python -m course_utils context-parallel --workers N --seq L`: ring attention on N threads.
+
+Splits a random (heads, seq, dim) attention problem over N threads (plain or zig-zag
+split, causal or not), runs the ring forward and backward, and reports: the largest
+difference from single-device attention in the output and in dq, dk, dv; the bytes each
+worker sent (and the formula's prediction); the work each worker did (block products and
+attention scores, and the closed forms); measured compute time per worker; the measured
+step time and the one `simulate_ring` predicts from costs calibrated on this run.
+
+Every argument is checked before torch is imported, so bad input fails at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from course_utils.errors import CourseInputError
+
+HELP = "ring attention (context parallelism) on threads vs one device"
+MAX_WORKERS = 8
+MAX_SEQ = 2048
+MAX_HEADS = 16
+MAX_DIM = 128
+# The single-device reference builds heads x seq x seq score matrices (a few of them, for
+# autograd): 2**21 elements x 8 bytes x ~6 copies stays near 100 MB.
+MAX_SCORES = 2**21
+REPEATS = 3  # timed runs after one warm-up; the fastest is reported
+DTYPES = ("float64", "float32")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--workers", type=int, default=4, help=f"context-parallel threads, 1 to {MAX_WORKERS}"
+    )
+    parser.add_argument(
+        "--seq",
+        type=int,
+        default=256,
+        help=f"sequence length, up to {MAX_SEQ}; a multiple of workers (2 x workers with "
+        f"--zigzag); heads x seq^2 <= {MAX_SCORES:,} (keeps memory under ~200 MB)",
+    )
+    parser.add_argument("--heads", type=int, default=4, help=f"attention heads, 1 to {MAX_HEADS}")
+    parser.add_argument("--dim", type=int, default=32, help=f"head dimension, 1 to {MAX_DIM}")
+    parser.add_argument(
+        "--zigzag", action="store_true", help="load-balanced split: worker i holds chunks i, 2N-1-i"
+    )
+    parser.add_argument("--causal", action="store_true", help="causal mask (decoder attention)")
+    parser.add_argument("--dtype", default="float64", help=f"one of {', '.join(DTYPES)}")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def _int_arg(args: argparse.Namespace, flag: str, low: int, high: int) -> int:
+    value = getattr(args, flag.lstrip("-"))
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise CourseInputError(f"{flag} must be an integer from {low} to {high}, got {value!r}")
+    return value
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """One-line CourseInputError naming the flag, before any torch work."""
+    workers = _int_arg(args, "--workers", 1, MAX_WORKERS)
+    seq = _int_arg(args, "--seq", 1, MAX_SEQ)
+    heads = _int_arg(args, "--heads", 1, MAX_HEADS)
+    _int_arg(args, "--dim", 1, MAX_DIM)
+    chunks = 2 * workers if args.zigzag else workers
+    if seq % chunks:
+        what = f"2 x --workers = {chunks} with --zigzag" if args.zigzag else f"--workers = {chunks}"
+        raise CourseInputError(f"--seq must be a multiple of {what}, got {seq}")
+    if heads * seq * seq > MAX_SCORES:
+        raise CourseInputError(
+            f"--heads x --seq^2 must be <= {MAX_SCORES:,} to keep memory under ~200 MB, "
+            f"got {heads} x {seq}^2 = {heads * seq * seq:,}"
+        )
+    if args.dtype not in DTYPES:
+        raise CourseInputError(f"--dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
+
+
+def compare(
+    workers: int,
+    seq: int,
+    heads: int = 4,
+    dim: int = 32,
+    zigzag: bool = False,
+    causal: bool = False,
+    dtype: str = "float64",
+    seed: int = 0,
+) -> dict:
+    """Run ring attention on threads and attention on one device; return the report as a dict."""
+    import torch
+
+    from course_utils import context_parallel as cp
+
+    torch_dtype = getattr(torch, dtype)
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v, dout = (
+        torch.randn(heads, seq, dim, generator=gen, dtype=torch_dtype) for _ in range(4)
+    )
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    reference = cp.attention(*leaves, causal=causal)
+    reference.backward(dout)
+
+    with cp.RingAttention(workers, causal=causal, zigzag=zigzag) as ring:
+        ring.forward_backward(q, k, v, dout)  # warm-up: first-call allocations, thread start
+        runs = [ring.forward_backward(q, k, v, dout) for _ in range(REPEATS)]
+    result = min(runs, key=lambda r: r.timeline.makespan)
+
+    def diff(a, b) -> float:
+        return (a - b).abs().max().item()
+
+    grad_diff = max(
+        diff(g, leaf.grad)
+        for g, leaf in zip((result.dq, result.dk, result.dv), leaves, strict=True)
+    )
+    element_size = q.element_size()
+    costs = cp.measured_costs(result, seq)
+    simulated = {
+        overlap: cp.simulate_ring(
+            workers, zigzag, causal, backward=True, overlap=overlap, unit="s", **costs
+        ).makespan
+        for overlap in (True, False)
+    }
+    expected_bytes = cp.ring_bytes_per_worker(seq, workers, heads, dim, element_size)
+    return {
+        "workers": workers,
+        "seq": seq,
+        "heads": heads,
+        "dim": dim,
+        "dtype": dtype,
+        "split": "zig-zag" if zigzag else "plain",
+        "causal": causal,
+        "max_output_diff": diff(result.out, reference.detach()),
+        "max_grad_diff": grad_diff,
+        "bytes_forward_per_worker": result.bytes_forward,
+        "bytes_backward_per_worker": result.bytes_backward,
+        "bytes_formula": expected_bytes,
+        "kv_bytes_per_step": cp.kv_bytes_per_step(seq, workers, heads, dim, element_size),
+        "block_products_per_worker": result.products_forward,
+        "block_products_formula": (
+            cp.causal_work(workers, zigzag) if causal else [workers] * workers
+        ),
+        "scores_per_worker": result.elements_forward,
+        "scores_formula": cp.score_elements(seq, workers, zigzag, causal),
+        "compute_s_per_worker": result.compute_seconds,
+        "measured_step_s": result.timeline.makespan,
+        "simulated_step_s_overlap": simulated[True],
+        "simulated_step_s_no_overlap": simulated[False],
+        "calibrated_costs_s": costs,
+        "activation_bytes_per_worker": cp.attention_activation_bytes(
+            seq, workers, heads, dim, element_size
+        ),
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    check_arguments(args)
+    result = compare(
+        args.workers, args.seq, args.heads, args.dim, args.zigzag, args.causal, args.dtype
+    )
+    if args.json:
+        print(json.dumps(result, indent=2, allow_nan=False))
+        return 0
+    n = result["workers"]
+    mask = "causal" if result["causal"] else "full"
+    print(
+        f"ring attention on {n} threads: {result['split']} split, {mask} mask, "
+        f"{result['heads']} heads x {result['seq']} tokens x {result['dim']} dims ({args.dtype})"
+    )
+    print(f"  max |output diff| vs one device:   {result['max_output_diff']:.2e}")
+    print(f"  max |dq, dk, dv diff| vs one device: {result['max_grad_diff']:.2e}")
+
+    def row(values, fmt="{}") -> str:
+        return "[" + ", ".join(fmt.format(x) for x in values) + "]"
+
+    formula = result["bytes_formula"]
+    print(
+        f"  bytes sent per worker: forward {row(result['bytes_forward_per_worker'])} "
+        f"(formula {formula['forward']}), backward {row(result['bytes_backward_per_worker'])} "
+        f"(formula {formula['backward']})"
+    )
+    print(
+        f"  block products per worker: {row(result['block_products_per_worker'])} "
+        f"(formula {row(result['block_products_formula'])})"
+    )
+    print(
+        f"  attention scores per worker: {row(result['scores_per_worker'])} "
+        f"(formula {row(result['scores_formula'])})"
+    )
+    ms = [1e3 * s for s in result["compute_s_per_worker"]]
+    print(f"  measured compute per worker (ms): {row(ms, '{:.2f}')}")
+    print(
+        f"  step time (forward + backward): measured {1e3 * result['measured_step_s']:.2f} ms; "
+        f"simulated {1e3 * result['simulated_step_s_overlap']:.2f} ms with overlap, "
+        f"{1e3 * result['simulated_step_s_no_overlap']:.2f} ms without"
+    )
+    print(
+        f"  attention activations per worker: "
+        f"{result['activation_bytes_per_worker'] / 1e6:.3f} MB (see attention_activation_bytes)"
+    )
+    return 0
