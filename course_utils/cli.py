@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "plan": "plan",
     "distributed": "distributed",
     "fsdp": "fsdp",
+    "context-parallel": "context_parallel",
     "moe": "moe",
 }
 

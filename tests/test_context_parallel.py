@@ -303,7 +303,7 @@ def test_measured_timeline_has_the_events_the_simulator_predicts():
 
 
 def test_the_timeline_draws():
-    from course_utils import gantt
+    from course_utils.charts import gantt
 
     q, k, v, dout = qkv(1, 8, 2)
     with cp.RingAttention(2, causal=True, zigzag=True, timeout=10) as ring:

@@ -22,9 +22,11 @@ from course_utils.checks import (
     expect_choice,
     expect_number,
     fail,
-    for_student as _for_student,
     is_right,
     passed,
+)
+from course_utils.checks import (
+    for_student as _for_student,
 )
 
 
@@ -169,7 +171,9 @@ def exercise_4(max_microbatches, bubble_at_max, v: Variant = DEFAULT) -> None:
         if m == math.floor(gpu / per + 1e-9):
             fail(f"{gpu} / {per} forgets the {state} GB of model state already on the GPU.")
         if m == math.floor(state / per + 1e-9):
-            fail(f"{state} / {per} uses the model state as the budget: what is left for activations?")
+            fail(
+                f"{state} / {per} uses the model state as the budget: what is left for activations?"
+            )
         if m == p:
             fail(
                 "That would be the count if only p micro-batches were in flight (1F1B, next "

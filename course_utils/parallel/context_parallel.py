@@ -41,8 +41,8 @@ sequence into 2N chunks and gives worker i chunks i and 2N-1-i: an early, cheap 
 a late, expensive one, so every worker does 2N+1 chunk products. (Llama 3 itself
 all-gathers K/V instead of passing them around a ring; the split is the same idea.)
 
-Each thread is one device (`course_utils.workers.DeviceThreads`); the K/V blocks are real
-messages through `course_utils.collectives.ThreadGroup`, whose byte counters give the
+Each thread is one device (`course_utils.threads.devices.DeviceThreads`); the K/V blocks are real
+messages through `course_utils.threads.collectives.ThreadGroup`, whose byte counters give the
 traffic. Every run records a measured `Timeline`: compute events `F`/`B` labelled like
 "q0·kv3" (worker 0's queries against worker 3's K/V block; colour = whose block) and
 transfers on the communication lane: K/V blocks as `SEND_F` (activations) and the
@@ -61,10 +61,10 @@ from typing import NamedTuple
 import torch
 
 from course_utils.actions import Action
-from course_utils.collectives import Communicator, ThreadGroup
 from course_utils.errors import CourseInputError, WorkerError
+from course_utils.threads.collectives import Communicator, ThreadGroup
+from course_utils.threads.devices import Aborted, DeviceThreads
 from course_utils.timeline import Event, Timeline
-from course_utils.workers import Aborted, DeviceThreads
 
 MAX_WORKERS = 16
 FLASH_BACKWARD_FACTOR = 2.5  # backward / forward matmuls: 5 (S, dV, dP, dQ, dK) over 2 (S, PV)
