@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course_utils import context_parallel as cp
+from course_utils.parallel import context_parallel as cp
 from course_utils.cli import OneLineParser
 from course_utils.commands import context_parallel as command
 from course_utils.errors import CourseInputError, WorkerError

@@ -89,7 +89,7 @@ def compare(
     """Run ring attention on threads and attention on one device; return the report as a dict."""
     import torch
 
-    from course_utils import context_parallel as cp
+    from course_utils.parallel import context_parallel as cp
 
     torch_dtype = getattr(torch, dtype)
     gen = torch.Generator().manual_seed(seed)
