@@ -13,10 +13,10 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from course_utils.parallel import context_parallel as cp
 from course_utils.cli import OneLineParser
 from course_utils.commands import context_parallel as command
 from course_utils.errors import CourseInputError, WorkerError
+from course_utils.parallel import context_parallel as cp
 
 TOL = 1e-5
 ROOT = Path(__file__).resolve().parents[1]
