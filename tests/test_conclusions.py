@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from course_utils.measure.capacity import Capacity
-from course_utils.measure.conclusions import ratio, speedup, trend
+from course_utils.measure.conclusions import follows, ratio, speedup, trend
 
 IDLE = Capacity(1.93, 2, 0.2, 0.104)
 ONE_CORE = Capacity(0.98, 1, 0.2, 0.204)
@@ -98,3 +98,21 @@ def test_trend_names_the_shape_measured(ys, words):
     if "highest" in text:
         best = [1, 2, 4, 8, 16][ys.index(max(ys))]
         assert f"m = {best}" in text
+
+
+def test_trend_says_where_it_was_measured():
+    text = trend([1, 2, 4], [100, 150, 120], "m", "throughput", where="the reference machine")
+    assert text.startswith("On the reference machine throughput rose, then fell")
+
+
+def test_follows_names_where_a_curve_leaves_its_formula():
+    xs = [1, 2, 4, 8, 16]
+    formula = [0.5, 0.33, 0.2, 0.11, 0.06]
+    assert "within 0.05 of the formula at every m" in follows(
+        xs, formula, formula, "m", "bubble", 0.05
+    )
+    measured = [0.51, 0.35, 0.22, 0.25, 0.3]
+    text = follows(xs, measured, formula, "m", "bubble", 0.05)
+    assert "up to m = 4" in text and "0.24 above it at m = 16" in text
+    early = follows(xs, [0.1, 0.33, 0.2, 0.11, 0.06], formula, "m", "bubble", 0.05)
+    assert "from the first point" in early and "0.40 below it at m = 1" in early

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import re
 import sys
 from pathlib import Path
 
@@ -48,6 +49,36 @@ def exercise_notebook(solution: nbformat.NotebookNode, name: str = "notebook") -
             cell.execution_count = None
             cell.metadata.pop("execution", None)  # nbclient's timings
     return ruff_format_notebook(notebook_text(nb), f"exercises/{name}")
+
+
+STUDENT_LINE = re.compile(r'for_student\("default"\)')
+STUDENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")
+
+
+def for_student(text: str, student: str) -> str:
+    """An exercise notebook's text with `student`'s numbers (their name is the seed)."""
+    if not STUDENT_NAME.fullmatch(student) or student == "default":
+        raise CourseInputError(
+            f"student must be a name of letters, digits and _.@- (up to 64), got {student!r}"
+        )
+    return STUDENT_LINE.sub(f'for_student("{student}")', text)
+
+
+def write_for_students(students: list[str], out: Path, solutions: Path = SOLUTIONS) -> list[Path]:
+    """out/<student>/<lesson>.ipynb for every student and lesson: their own numbers."""
+    notebooks = {
+        p.name: exercise_notebook(read_notebook(p), p.name)
+        for p in sorted(solutions.glob("*.ipynb"))
+    }
+    written = []
+    for student in students:
+        texts = {name: for_student(text, student) for name, text in notebooks.items()}
+        folder = out / student
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, text in texts.items():
+            (folder / name).write_text(text, encoding="utf-8")
+            written.append(folder / name)
+    return written
 
 
 def plan(
@@ -105,10 +136,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--exercises", type=Path, default=EXERCISES, help="exercise notebooks (output)"
     )
+    parser.add_argument(
+        "--students",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="write OUT/NAME/*.ipynb for each student, with their own numbers",
+    )
+    parser.add_argument("--out", type=Path, default=None, help="folder for --students")
     args = parser.parse_args(argv)
     try:
         if not args.solutions.is_dir():
             raise CourseInputError(f"--solutions {str(args.solutions)!r} is not a folder")
+        if args.students is not None:
+            if args.out is None:
+                raise CourseInputError("--students needs --out FOLDER for the notebooks")
+            written = write_for_students(args.students, args.out, args.solutions)
+            print(f"wrote {len(written)} notebooks for {len(args.students)} students in {args.out}")
+            return 0
         if args.check:
             problems = stale_files(args.solutions, args.exercises)
             for line in problems:

@@ -19,6 +19,7 @@ import ast
 import copy
 import json
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -155,11 +156,13 @@ def _captured(cell) -> dict | None:
     for out in cell.get("outputs", []):
         if out.get("output_type") == "execute_result":
             text = out.get("data", {}).get("text/plain", "")
-            if MARK not in text or len(text) > MAX_ANSWER_CHARS:
+            if len(text) > MAX_ANSWER_CHARS:
                 return None
             try:
-                value = ast.literal_eval(text)
-                return json.loads(value.split(MARK, 1)[1])
+                value = ast.literal_eval(text)  # the repr of the string the capture returned
+                if not isinstance(value, str) or not value.startswith(MARK):
+                    return None
+                return json.loads(value.removeprefix(MARK))
             except (ValueError, SyntaxError, json.JSONDecodeError):
                 return None
     return None
@@ -224,11 +227,12 @@ def run_submission(
             client.execute_cell(cell, len(client.nb.cells) - 1)
             return cell
 
+        cells = list(nb.cells)  # the learner's; captures are appended after them
         try:
-            with client.setup_kernel():
+            # The kernel's own output goes nowhere: it must not reach the grader's streams.
+            with client.setup_kernel(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL):
                 execute(PRELUDE)
-                for index in range(len(submission_cells := list(nb.cells))):
-                    cell = submission_cells[index]
+                for index, cell in enumerate(cells):
                     where = owner[index]
                     if cell.cell_type == "code":
                         if time.monotonic() - started > total_timeout:

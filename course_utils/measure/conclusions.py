@@ -63,7 +63,9 @@ def ratio(a_name: str, a: float, b_name: str, b: float, unit: str = "s") -> str:
     return f"{faster} was {factor:.2f}x as fast as {slower} ({a:.3g} vs {b:.3g} {unit})."
 
 
-def trend(xs: Sequence[float], ys: Sequence[float], x_name: str, y_name: str) -> str:
+def trend(
+    xs: Sequence[float], ys: Sequence[float], x_name: str, y_name: str, where: str = "this machine"
+) -> str:
     """The shape of a measured curve in words: rises, falls, rises then falls, or flat.
 
     Steps smaller than NOISE (relative to the largest value) do not count as a change of
@@ -71,15 +73,43 @@ def trend(xs: Sequence[float], ys: Sequence[float], x_name: str, y_name: str) ->
     """
     if len(xs) != len(ys) or len(ys) < 2:
         return f"Too few points to say how {y_name} changes with {x_name}."
+    on = f"On {where}"
     top = max(abs(y) for y in ys) or 1.0
     best = max(range(len(ys)), key=lambda i: ys[i])
     rise = ys[best] - ys[0] > NOISE * top
     fall = ys[best] - ys[-1] > NOISE * top
     peak = f"{y_name} was highest at {x_name} = {xs[best]:g}"
     if rise and fall:
-        return f"On this machine {y_name} rose, then fell: {peak}."
+        return f"{on} {y_name} rose, then fell: {peak}."
     if rise:
-        return f"On this machine {y_name} only rose over the range measured: {peak}."
+        return f"{on} {y_name} only rose over the range measured: {peak}."
     if ys[0] - ys[-1] > NOISE * top:
-        return f"On this machine {y_name} only fell as {x_name} grew: {peak}, the first point."
-    return f"On this machine {y_name} stayed flat within noise over the range measured."
+        return f"{on} {y_name} only fell as {x_name} grew: {peak}, the first point."
+    return f"{on} {y_name} stayed flat within noise over the range measured."
+
+
+def follows(
+    xs: Sequence[float],
+    measured: Sequence[float],
+    model: Sequence[float],
+    x_name: str,
+    what: str,
+    tolerance: float,
+) -> str:
+    """Where a measured curve stays within `tolerance` of a model's, and where it leaves it."""
+    gaps = [m - f for m, f in zip(measured, model, strict=True)]
+    close = [abs(g) <= tolerance for g in gaps]
+    if all(close):
+        return f"The measured {what} stayed within {tolerance:g} of the formula at every {x_name}."
+    first = close.index(False)
+    worst = max(range(len(gaps)), key=lambda i: abs(gaps[i]))
+    side = "above" if gaps[worst] > 0 else "below"
+    within = (
+        f"stayed within {tolerance:g} of the formula up to {x_name} = {xs[first - 1]:g}, then"
+        if first
+        else "left the formula from the first point and"
+    )
+    return (
+        f"The measured {what} {within} was {abs(gaps[worst]):.2f} {side} it at "
+        f"{x_name} = {xs[worst]:g}."
+    )
