@@ -17,38 +17,38 @@ import pytest
 
 from course_utils.checks import CheckFailed, NotAnswered
 
-LESSONS = range(1, 9)
+LESSONS = [1, 2, 3, 4, 5, 6, 7, 12]  # the lessons with exercises
 
 
 def lesson(n: int):
     """(check module, RIGHT) of lesson n, from its test file."""
-    tests = importlib.import_module(f"test_checks_l0{n}")
+    tests = importlib.import_module(f"test_checks_l{n:02d}")
     return tests.check, tests.RIGHT
 
 
 def wrong_answers(n: int) -> list:
-    return importlib.import_module(f"test_checks_l0{n}").WRONG
+    return importlib.import_module(f"test_checks_l{n:02d}").WRONG
 
 
 CASES = [(n, k) for n in LESSONS for k in sorted(lesson(n)[1])]
 WRONG = [(n, i) for n in LESSONS for i in range(len(wrong_answers(n)))]
 
 
-@pytest.mark.parametrize("n, k", CASES, ids=[f"l0{n}-{k}" for n, k in CASES])
+@pytest.mark.parametrize("n, k", CASES, ids=[f"l{n:02d}-{k}" for n, k in CASES])
 def test_right_answers_pass(n, k, capsys):
     check, right = lesson(n)
     getattr(check, f"exercise_{k}")(*right[k])
     assert capsys.readouterr().out.startswith("✅")
 
 
-@pytest.mark.parametrize("n, k", CASES, ids=[f"l0{n}-{k}" for n, k in CASES])
+@pytest.mark.parametrize("n, k", CASES, ids=[f"l{n:02d}-{k}" for n, k in CASES])
 def test_none_is_not_answered(n, k):
     check, right = lesson(n)
     with pytest.raises(NotAnswered, match=rf"Exercise {n}\.{k} is not answered yet"):
         getattr(check, f"exercise_{k}")(*[None] * len(right[k]))
 
 
-@pytest.mark.parametrize("n, i", WRONG, ids=[f"l0{n}-{i}" for n, i in WRONG])
+@pytest.mark.parametrize("n, i", WRONG, ids=[f"l{n:02d}-{i}" for n, i in WRONG])
 def test_wrong_answers_get_hints(n, i):
     k, args, needle = wrong_answers(n)[i]
     check, _ = lesson(n)

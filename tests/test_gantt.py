@@ -727,3 +727,26 @@ def test_the_gantt_command_never_imports_torch(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["0", "False", "False"]  # no torch, no pyplot state
     assert (tmp_path / "c.svg").stat().st_size > 1_000
+
+
+def test_waiting_for_an_all_reduce_is_not_drawn_as_pipeline_bubble():
+    from course_utils.parallel.timelines import data_parallel_timeline
+
+    step = data_parallel_timeline(2, 1.0, 2.0, grad_bytes=4e6, bandwidth=1e6, buckets=1)
+    fig = gantt.draw(step, pyplot=False, colour="step")
+    ax = fig.axes[0]
+    wait = [b for b in bars(ax, "all") if b["fill"] == rgb(to_rgb(style.WAIT_COLOR))]
+    comm_end = max(e.end for e in step.events if not e.action.is_compute)
+    # each worker idles exactly while its all-reduce runs: a wait bar, no bubble there
+    assert sorted(b["device"] for b in wait) == [0, 1]
+    for b in wait:
+        # seconds are drawn in ms
+        assert b["x0"] == pytest.approx(3000.0) and b["x1"] == pytest.approx(1000 * comm_end)
+    assert not [b for b in bars(ax, "bubble")]
+    labels = legend_labels(fig)
+    assert style.WAIT_LABEL in labels and style.BUBBLE_LABEL not in labels
+    assert fig.legends[0].get_title().get_text() == "colour = step"
+    # a pipeline's idle time stays the bubble, and the legend says micro-batch
+    fig = gantt.draw(sim("gpipe", 2, 2), pyplot=False)
+    assert fig.legends[0].get_title().get_text() == "colour = micro-batch"
+    assert style.BUBBLE_LABEL in legend_labels(fig)

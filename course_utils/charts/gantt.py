@@ -119,6 +119,24 @@ def _idle_segments(intervals: list[tuple[float, float]], end: float) -> list[tup
     return gaps
 
 
+def _split_by(
+    a: float, b: float, covers: list[tuple[float, float]]
+) -> list[tuple[str, float, float]]:
+    """Cut the idle stretch [a, b] into ("wait", ...) where `covers` overlap it, else "bubble"."""
+    pieces, cursor = [], a
+    for c0, c1 in sorted(covers):
+        lo, hi = max(c0, cursor), min(c1, b)
+        if hi <= lo:
+            continue
+        if lo > cursor:
+            pieces.append(("bubble", cursor, lo))
+        pieces.append(("wait", lo, hi))
+        cursor = hi
+    if b > cursor:
+        pieces.append(("bubble", cursor, b))
+    return pieces
+
+
 def _rect(x0: float, x1: float, y0: float, y1: float) -> list[tuple[float, float]]:
     return [(x0, y0), (x0, y1), (x1, y1), (x1, y0)]
 
@@ -176,19 +194,30 @@ def _draw_one(
 
     present: set[str] = set()
     if show_bubble:
-        bubbles = []
+        # Idle time is the pipeline's bubble, except while the device's own communication
+        # runs: then it waits for a collective (e.g. a gradient all-reduce), drawn apart.
+        comm_by_device: list[list[tuple[float, float]]] = [[] for _ in range(p)]
+        for e in timeline.events:
+            if not e.action.is_compute and 0 <= e.device < p:
+                comm_by_device[e.device].append(
+                    ((e.start - start) * scale, (e.end - start) * scale)
+                )
+        idle: dict[str, list] = {"bubble": [], "wait": []}
         for d in range(p):
             for a, b in _idle_segments(compute_by_device[d], makespan * scale):
-                bubbles.append(_rect(a, b, d + bar0, d + bar1))
-        if bubbles:
-            present.add("bubble")
+                for kind, x0, x1 in _split_by(a, b, comm_by_device[d]):
+                    idle[kind].append(_rect(x0, x1, d + bar0, d + bar1))
+        for kind, rects in idle.items():
+            if not rects:
+                continue
+            present.add(kind)
             ax.add_collection(
                 PolyCollection(
-                    bubbles,
-                    facecolors=style.BUBBLE_COLOR,
+                    rects,
+                    facecolors=style.BUBBLE_COLOR if kind == "bubble" else style.WAIT_COLOR,
                     edgecolors="none",
-                    hatch=style.BUBBLE_HATCH,
-                    hatchcolor=style.BUBBLE_HATCH_COLOR,
+                    hatch=style.BUBBLE_HATCH if kind == "bubble" else style.WAIT_HATCH,
+                    hatchcolor=style.BUBBLE_HATCH_COLOR if kind == "bubble" else style.COMM_COLOR,
                     linewidths=0,
                     zorder=1,
                 )
@@ -279,6 +308,10 @@ def _legend_handles(present: set[str]) -> list[Patch]:
         )
         bubble.set_hatchcolor(style.BUBBLE_HATCH_COLOR)
         handles.append(bubble)
+    if "wait" in present:
+        wait = Patch(facecolor=style.WAIT_COLOR, hatch=style.WAIT_HATCH, label=style.WAIT_LABEL)
+        wait.set_hatchcolor(style.COMM_COLOR)
+        handles.append(wait)
     return handles
 
 
@@ -300,8 +333,12 @@ def draw(
     width: float = style.FIGURE_WIDTH,
     share_x: bool | None = None,
     pyplot: bool = True,
+    colour: str = "micro-batch",
 ) -> Figure:
     """Draw a timeline (or a list of them, stacked) as a Gantt chart; returns the Figure.
+
+    `colour` says what a bar's colour stands for in the legend: "micro-batch" for pipelines,
+    "step" for data-parallel timelines whose micro-batch number counts training steps.
 
     `title` replaces the schedule-name part of the title (makespan and bubble are always
     shown); for a list it may be a list of titles. `share_x=None` shares the time axis
@@ -383,7 +420,7 @@ def draw(
             ncol=len(handles) + 1,
             handlelength=1.6,
             columnspacing=1.2,
-            title="colour = micro-batch",
+            title=f"colour = {colour}",
             alignment="left",
         )
     return fig

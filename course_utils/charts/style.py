@@ -55,6 +55,8 @@ COMM_COLOR = "#3a3a3a"  # communication: thin dark bars on their own lane
 BUBBLE_COLOR = "#efefef"  # idle time: light grey background ...
 BUBBLE_HATCH_COLOR = "#b8b8b8"  # ... with a grey cross-hatch
 BUBBLE_HATCH = "xx"
+WAIT_COLOR = "#e4e8ef"  # idle while the device's own communication runs ...
+WAIT_HATCH = "--"  # ... drawn apart from the pipeline bubble
 EDGE_COLOR = "white"  # thin white edges keep neighbouring bars apart
 LEGEND_SWATCH = "#8a8fa0"  # neutral colour for legend entries (fill colour = micro-batch)
 
@@ -120,6 +122,7 @@ CATEGORIES = (
     ("comm", "communication", ""),
 )
 BUBBLE_LABEL = "idle (bubble)"
+WAIT_LABEL = "waiting for communication"
 
 
 def category(kind: str) -> str:

@@ -1,6 +1,6 @@
 """A group of real processes on this machine, joined in one gloo process group.
 
-Up to lesson 08 every "device" is a thread. Here each device is an operating-system
+Up to lesson 12 every "device" is a thread. Here each device is an operating-system
 process, as on a real cluster: processes find each other through a rendezvous address
 (127.0.0.1 and a free TCP port) and talk through the gloo backend (CPU collectives; a GPU
 cluster would use NCCL). Processes are started with `torch.multiprocessing` ("spawn"), so

@@ -176,16 +176,19 @@ def run_submission(
     cell_timeout: float = 120.0,
     total_timeout: float = 600.0,
     call_timeout: float = 20.0,
+    skip: frozenset[str] = frozenset(),
 ) -> Run:
     """Execute the submission's cells in an isolated kernel, capturing each exercise's answers.
 
     `folder_files` are the other files of the submission's folder (name -> bytes), copied
     into the scratch folder the kernel works in. Cells run in order, each under
     `cell_timeout`; once `total_timeout` is spent the remaining learner cells are skipped
-    (the captures still run, so what was answered by then still counts).
+    (the captures still run, so what was answered by then still counts). Cells whose text is
+    in `skip` are not run: the solution's own check cells only give the learner feedback, and
+    the verdict is the grader's (a learner's function that hangs would hang them too).
     """
     from jupyter_client.kernelspec import KernelSpecManager
-    from jupyter_client.manager import KernelManager
+    from jupyter_client.manager import AsyncKernelManager
     from nbclient import NotebookClient
     from nbclient.exceptions import DeadKernelError
 
@@ -207,7 +210,9 @@ def run_submission(
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
         specs = _kernel_spec(Path(tmp) / "kernels")
-        km = KernelManager(
+        # nbclient drives the kernel from its event loop: a synchronous manager cannot
+        # interrupt a cell that runs too long there (the interrupt silently never comes).
+        km = AsyncKernelManager(
             kernel_name="course-grader",
             kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(specs)]),
         )
@@ -234,7 +239,7 @@ def run_submission(
                 execute(PRELUDE)
                 for index, cell in enumerate(cells):
                     where = owner[index]
-                    if cell.cell_type == "code":
+                    if cell.cell_type == "code" and cell.source.strip() not in skip:
                         if time.monotonic() - started > total_timeout:
                             note = f"the notebook ran past its {total_timeout:g} s limit"
                             if note not in run.notes:

@@ -7,7 +7,7 @@
 - `inputs`  precisions, model shapes and presets, a layout (`Config`), hardware
 - `model`   memory per GPU and time per step of one layout, formula by formula
 - `search`  every layout that fits, fastest first, and why the rest does not
-- `widget`  the charts and widgets: lesson 07's layout explorer, lesson 08's planner
+- `widget`  the charts and widgets: lesson 07's layout explorer, lesson 12's planner
 
 Nothing here imports torch: it is arithmetic (and the pipeline simulator, for bubbles).
 """

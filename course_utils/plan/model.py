@@ -40,7 +40,7 @@ from course_utils.plan.inputs import (
     get_precision,
 )
 
-__all__ = ["ring_allreduce_time"]  # re-exported: lesson 08 computes with plan.ring_allreduce_time
+__all__ = ["ring_allreduce_time"]  # re-exported: lesson 12 computes with plan.ring_allreduce_time
 
 # --------------------------------------------------------------------------- model states
 

@@ -1,5 +1,5 @@
 """The planner on screen: a memory and step-time chart of one layout, and the widget with
-sliders that lesson 08 uses (its text fallback prints the same numbers)."""
+sliders that lesson 12 uses (its text fallback prints the same numbers)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The lesson 08 checks: right answers pass, wrong ones fail kindly, placeholders say so."""
+"""The lesson 12 checks: right answers pass, wrong ones fail kindly, placeholders say so."""
 
 import math
 
@@ -6,7 +6,7 @@ import pytest
 
 from course_utils import plan
 from course_utils.checks import CheckFailed, NotAnswered
-from course_utils.checks import l08 as check
+from course_utils.checks import l12 as check
 
 
 def min_gpus_to_fit(params, gpu_memory_gib, reserve_gib):

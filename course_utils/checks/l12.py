@@ -1,7 +1,7 @@
-"""Checks for the exercises of lesson 08 (capstone: planning a training run).
+"""Checks for the exercises of lesson 12 (capstone: planning a training run).
 
-Each `exercise_K` is called by the check cell of Exercise 8.K in
-`exercises/08_capstone_planning.ipynb`. The expected values come from `course_utils.plan`
+Each `exercise_K` is called by the check cell of Exercise 12.K in
+`exercises/12_capstone_planning.ipynb`. The expected values come from `course_utils.plan`
 (the same formulas the lesson cites), recomputed here, never stored as bare numbers.
 Wrong answers get a hint, never the answer.
 """
@@ -32,7 +32,7 @@ GIB = plan.GIB
 # (the notebook states the same numbers in its questions)
 
 NODE = plan.Hardware(gpu_memory_gib=80, gpus_per_node=8)
-ACTIVATION_RESERVE_GIB = 20  # Exercise 8.1: what the team keeps free for activations
+ACTIVATION_RESERVE_GIB = 20  # Exercise 12.1: what the team keeps free for activations
 
 
 def exercise_1(zero_stage) -> None:
@@ -218,7 +218,7 @@ def exercise_4(grew_most, fix) -> None:
     )
 
 
-# Exercise 8.5: two clusters joined by a slow link.
+# Exercise 12.5: two clusters joined by a slow link.
 CROSS_GBS = 2.0
 CROSS_MODEL = plan.MODEL_PRESETS["13B"]
 CROSS_TP, CROSS_PP, CROSS_M, CROSS_B = 8, 4, 32, 1
