@@ -63,6 +63,8 @@ record-reference: setup
 	$(PY) -m course_utils.measure.record
 
 test-browser: setup
+	@command -v chromium >/dev/null 2>&1 || { echo "make test-browser needs Debian's chromium: \
+	sudo apt-get install chromium fonts-noto-color-emoji (.ci/run installs them)" >&2; exit 2; }
 	$(PY) -m pytest -m browser -p no:cacheprovider
 
 clean:

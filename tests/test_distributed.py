@@ -266,3 +266,37 @@ def test_bad_input_is_one_line_exit_2(args, word, capsys):
     assert code == 2, err
     assert len(err.strip().splitlines()) == 1
     assert word in err and "Traceback" not in err
+
+
+PARENT = """
+import sys, time
+from course_utils.distributed import Cluster
+cluster = Cluster(2, timeout=60).start()
+print(" ".join(map(str, cluster.pids)), flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGTERM"])
+def test_killing_the_parent_leaves_no_process_behind(signal_name):
+    import signal as signals
+
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    try:
+        pids = [int(p) for p in parent.stdout.readline().split()]
+        assert len(pids) == 2
+        family = psutil.Process(parent.pid).children(recursive=True)  # ranks + resource tracker
+        assert {p.pid for p in family} >= set(pids)
+        parent.send_signal(getattr(signals, signal_name))
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        alive = family
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.2)
+            alive = [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert not alive, f"still running 10 s after the parent died: {[p.pid for p in alive]}"
+    finally:
+        if parent.poll() is None:
+            parent.kill()

@@ -27,6 +27,7 @@ from course_utils.models import (
 )
 from course_utils.pipeline.executor import PipelineExecutor, simulated_from_measured
 from course_utils.pipeline.schedules import make_schedule
+from course_utils.threads.devices import ABORT_GRACE_S
 
 # (name, chunks) for every schedule the course teaches
 ALL = [
@@ -195,7 +196,7 @@ def test_deadlock_is_reported_quickly_with_what_each_device_waits_for():
     # device 1 wants micro-batch 1 first, but device 0 sends it only after 0B0,
     # which needs device 1's 1B0: nobody can move.
     bad = hand_schedule(["0F0 0B0 0F1 0B1", "1F1 1F0 1B0 1B1"])
-    with PipelineExecutor(partition(model, 2), P, loss_fn, deadlock_timeout=1.0) as ex:
+    with PipelineExecutor(partition(model, 2), P, loss_fn) as ex:
         t0 = time.monotonic()
         with pytest.raises(ScheduleError, match="deadlock") as info:
             ex.step(bad, x, y)
@@ -316,3 +317,40 @@ def test_zero_bubble_split_with_parameters_outside_recorded_modules():
     with PipelineExecutor(stages, P, loss_fn) as ex:
         result = ex.step(make_schedule("zb-h1", P, M), x, y)
     assert abs(result.loss - ref_loss) <= 1e-5 and max_grad_diff(model, ref) <= 1e-5
+
+
+class Sleepy(nn.Module):
+    """A stage that computes nothing for `seconds` in its forward: a slow device."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds, self.scale = seconds, nn.Parameter(torch.ones(1))
+
+    def forward(self, x):
+        time.sleep(self.seconds)
+        return x * self.scale
+
+
+def test_a_slow_stage_is_not_a_deadlock():
+    # Device 1 waits 6 s for device 0's first message: slow, not stuck (no message is
+    # missing for good), so the step completes.
+    stages = [Sleepy(6.0), nn.Linear(4, 2)]
+    x, y = torch.randn(2, 4), torch.tensor([0, 1])
+    with PipelineExecutor(stages, 2, loss_fn) as ex:
+        result = ex.step(make_schedule("gpipe", 2, 1), x, y)
+    assert result.loss > 0 and result.timeline.device_events(1)[0].start >= 6.0
+
+
+def test_the_step_time_limit_bounds_the_step():
+    stages = [Sleepy(3.0), nn.Linear(4, 2)]
+    x, y = torch.randn(4, 4), torch.tensor([0, 1, 0, 1])
+    with PipelineExecutor(stages, 2, loss_fn, step_timeout=1.0) as ex:
+        t0 = time.monotonic()
+        with pytest.raises(
+            WorkerError, match=r"ran past its limit of 1 s \(step_timeout\)"
+        ) as info:
+            ex.step(make_schedule("gpipe", 2, 2), x, y)
+        assert "device 0 was at 0F0" in str(info.value)
+        assert time.monotonic() - t0 < 1.0 + ABORT_GRACE_S  # the limit plus the abort grace
+    with pytest.raises(CourseInputError, match="step_timeout"):
+        PipelineExecutor(stages, 2, loss_fn, step_timeout=float("nan"))

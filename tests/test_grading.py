@@ -108,7 +108,13 @@ def test_honest_notebooks_score_exactly_what_they_answered(tmp_path):
 
 def test_a_hanging_answer_and_a_syntax_error_are_named_per_exercise(tmp_path):
     hanging = solved()
-    cell(hanging, "answer-03-2").source = "def gpipe_bubble(p, m):\n    while True:\n        pass"
+    # hangs only on the check's million-stage inputs, so 3.3 (which uses it) still works
+    cell(hanging, "answer-03-2").source = (
+        "def gpipe_bubble(p, m):\n"
+        "    while p > 100_000:\n"
+        "        pass\n"
+        "    return (p - 1) / (m + p - 1)"
+    )
     broken = solved()
     cell(broken, "answer-03-3").source = "microbatches = = 63"
     results = grade_folder(tmp_path, {"hang": hanging, "syntax": broken}, call_timeout=1)

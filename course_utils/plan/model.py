@@ -179,6 +179,8 @@ def memory(
     """
     shape = model if isinstance(model, ModelShape) else None
     params = shape.params if shape else model
+    if isinstance(params, bool) or not isinstance(params, int | float) or not params >= 1:
+        raise CourseInputError(f"model must be a ModelShape or a parameter count, got {model!r}")
     check_config(shape, config)
     prec = get_precision(precision)
     out = model_state_bytes(params, prec, config.zero, config.dp, config.tp, config.pp)
