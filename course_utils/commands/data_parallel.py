@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         raise CourseInputError(f"--batch must be at least --workers ({workers}), got {args.batch}")
     result = compare(workers, args.allreduce, args.batch, args.steps)
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(json.dumps(result, indent=2, allow_nan=False))
         return 0
     n = result["workers"]
     print(f"data parallel: {n} workers, {result['allreduce']} all-reduce, batch {args.batch}")

@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         if "executor_max_grad_diff" in result.extra:
             out["executor_max_grad_diff"] = result.extra["executor_max_grad_diff"]
     if args.json:
-        print(json.dumps(out))
+        print(json.dumps(out, allow_nan=False))
     else:
         print(f"{what} on {result.workers} processes (gloo, {HOST}): {result.seconds:.2f} s")
         print(f"  loss {result.losses[-1]:.6f}  vs one process {result.reference_losses[-1]:.6f}")

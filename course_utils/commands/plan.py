@@ -136,7 +136,7 @@ def run(args) -> int:
         )
         mem = memory(model, config, args.precision)
         if args.json:
-            print(json.dumps({"bytes": mem, "config": asdict(config)}, indent=2))
+            print(json.dumps({"bytes": mem, "config": asdict(config)}, indent=2, allow_nan=False))
         else:
             print(config.short() + f" precision={args.precision}")
             if not isinstance(model, ModelShape):
@@ -160,7 +160,7 @@ def run(args) -> int:
     batch = _positive_int(args.global_batch, "--global-batch")
     result = search(model, gpus, batch, hardware, args.precision)
     if args.json:
-        print(json.dumps(search_to_dict(result)))
+        print(json.dumps(search_to_dict(result), allow_nan=False))
         return 0
     feasible, rejected = result["feasible"], result["rejected"]
     tokens = batch * model.seq

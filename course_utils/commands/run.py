@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise CourseInputError(f"cannot write {args.gantt!r}: {exc.strerror or exc}") from None
     if args.json:
-        print(json.dumps(figures, indent=1))
+        print(json.dumps(figures, indent=1, allow_nan=False))
     else:
         print(str(schedule))
         print(

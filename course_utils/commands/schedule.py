@@ -66,9 +66,9 @@ def _print(sched: Schedule, result: dict, as_json: bool) -> None:
             ]
         head = {"schedule": sched.name, "devices": names}
         tail = {k: result[k] for k in ("makespan", "bubble_fraction", "peak_activations")}
-        text = json.dumps(head, separators=(",", ":"))[:-1]
+        text = json.dumps(head, separators=(",", ":"), allow_nan=False)[:-1]
         text += ',"events":[' + ",".join(events) + "],"
-        text += json.dumps(tail, separators=(",", ":"))[1:]
+        text += json.dumps(tail, separators=(",", ":"), allow_nan=False)[1:]
         out.write(text + "\n")
         return
     p, v = sched.num_devices, sched.chunks

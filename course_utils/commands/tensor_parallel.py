@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         )
     result = compare(workers, args.allreduce)
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(json.dumps(result, indent=2, allow_nan=False))
         return 0
     b, s, d = result["shape"]
     print(
