@@ -19,8 +19,6 @@ from __future__ import annotations
 import copy
 import json
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -143,7 +141,7 @@ def test_every_check_passes_with_the_solution(name):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not SOLVED, reason="no solutions/NN_*.ipynb notebooks yet")
-def test_grader_on_a_real_exercise_notebook(tmp_path):
+def test_grader_on_a_real_exercise_notebook(tmp_path, run_cli):
     # The notebook that ran fastest in this session, else the first one.
     timed = {p.name: t for p, (_, t) in _runs.items() if p.parent.name == "solutions"}
     name = min(timed, key=timed.get) if timed else SOLVED[0].name
@@ -167,12 +165,7 @@ def test_grader_on_a_real_exercise_notebook(tmp_path):
     for student, nb in {"unanswered": exercise, "solved": solution, "cheat": cheat}.items():
         (tmp_path / student).mkdir()
         nbformat.write(nb, tmp_path / student / name)
-    result = subprocess.run(
-        [sys.executable, "-m", "course_utils", "grade", str(tmp_path), "--json"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    result = run_cli("grade", tmp_path, "--json")  # nbval runs each notebook in a child process
     assert result.returncode == 0, result.stderr
     scores = {
         Path(r["notebook"]).parent.name: (r["score"], r["total"]) for r in json.loads(result.stdout)

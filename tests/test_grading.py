@@ -6,12 +6,11 @@ from __future__ import annotations
 import copy
 import csv
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import nbformat
 import pytest
+from conftest import run_module
 
 from course_utils.errors import CourseInputError
 from course_utils.grading import grader as grading
@@ -34,14 +33,11 @@ def cell(nb, cell_id):
     return next(c for c in nb.cells if c.id == cell_id)
 
 
-def cli(*args, cwd=None):
-    return subprocess.run(
-        [sys.executable, "-m", "course_utils", "grade", *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=600,
-    )
+@pytest.fixture
+def cli(run_cli):
+    """`python -m course_utils grade ARGS...` in this process: (returncode, stdout, stderr).
+    The grader still runs each notebook with nbval in a child process of its own."""
+    return lambda *args: run_cli("grade", *args)
 
 
 # -- prepare: no kernel needed ------------------------------------------------------------------
@@ -140,14 +136,15 @@ def test_student_names(tmp_path):
         (["stranger.ipynb", "--csv", "no/such/dir/g.csv"], "--csv 'no/such/dir/g.csv'"),
     ],
 )
-def test_bad_input_is_one_line_and_exit_2(tmp_path, args, message):
+def test_bad_input_is_one_line_and_exit_2(cli, tmp_path, monkeypatch, args, message):
+    monkeypatch.chdir(tmp_path)  # the relative paths below are in tmp_path
     (tmp_path / "notes.txt").write_text("hi")
     (tmp_path / "broken.ipynb").write_text("{not json")
     (tmp_path / "empty").mkdir()
     nbformat.write(nbformat.v4.new_notebook(), tmp_path / "stranger.ipynb")
     if "--solutions" not in args:
         args = [*args, "--solutions", FIXTURES]
-    result = cli(*args, cwd=tmp_path)
+    result = cli(*args)
     assert result.returncode == 2
     assert message in result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
@@ -165,7 +162,7 @@ def answered(exercise, **answers) -> nbformat.NotebookNode:
 
 
 @pytest.mark.slow
-def test_grading_a_folder_of_students(exercise, tmp_path):
+def test_grading_a_folder_of_students(cli, exercise, tmp_path):
     solved = copy.deepcopy(SOLUTION)
     partial = answered(
         exercise,
@@ -223,9 +220,10 @@ def test_grading_a_folder_of_students(exercise, tmp_path):
 
 @pytest.mark.slow
 def test_table_output_for_one_file(exercise, tmp_path):
+    # The grade command's smoke test: `python -m course_utils grade` in a real process.
     path = tmp_path / "frank.ipynb"
     nbformat.write(answered(exercise, answer_99_3='idle = "device 3"'), path)
-    result = cli(path, "--solutions", FIXTURES)
+    result = run_module("grade", path, "--solutions", FIXTURES, timeout=600)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith(f"{path} (student frank, solution ")
@@ -236,7 +234,7 @@ def test_table_output_for_one_file(exercise, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_hanging_answer_times_out_and_fails_its_check(exercise, tmp_path):
+def test_a_hanging_answer_times_out_and_fails_its_check(cli, exercise, tmp_path):
     nb = answered(exercise, answer_99_2="def bubble(p, m):\n    while True:\n        pass")
     path = tmp_path / "99_sample.ipynb"
     nbformat.write(nb, path)
