@@ -9,7 +9,7 @@ LAB_FLAGS ?=
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 PIP := $(PY) -m pip --disable-pip-version-check --quiet
 
-.PHONY: setup lab test lint format unit notebooks exercises bench test-browser clean
+.PHONY: setup lab test test-fast lint format unit notebooks exercises bench test-browser clean
 
 # Set-up: a venv with the pinned dependencies and course_utils (editable). Re-runs only
 # when requirements.txt or pyproject.toml change, so a second `make` takes seconds.
@@ -33,6 +33,11 @@ test: setup lint unit notebooks
 
 unit: setup
 	$(PY) -m pytest -m "not browser"
+
+# The quick loop while editing: the unit tests without the slow ones (real processes: notebook
+# kernels, nbval and grader runs, torch.distributed ranks, make) and without the browser.
+test-fast: setup
+	$(PY) -m pytest -m "not slow and not browser"
 
 # Every lesson and every solution, run top to bottom with nbval (outputs are not compared).
 notebooks: setup

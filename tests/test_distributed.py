@@ -1,7 +1,8 @@
 """torch.distributed on real processes: same numbers as one process, bounded, nothing left behind.
 
 Each test that spawns pays a few seconds of interpreter + torch start-up per process, so
-the file spawns as few times as it can and keeps the model tiny.
+the file spawns as few times as it can and keeps the model tiny. Those tests are `slow`
+(`make test` runs them, `make test-fast` does not); the bad-input ones spawn nothing.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ def count_compute(timeline, device: int, kind: str) -> int:
     return sum(1 for e in timeline.device_events(device) if e.action.kind == kind)
 
 
+@pytest.mark.slow
 def test_cli_ddp_two_processes_json_bounded_and_clean():
     tag = uuid.uuid4().hex
     start = time.monotonic()
@@ -94,6 +96,7 @@ def test_cli_ddp_two_processes_json_bounded_and_clean():
     assert tagged_processes(tag) == []
 
 
+@pytest.mark.slow
 def test_ddp_matches_one_process_over_steps_and_records_all_reduce(cluster):
     result = run_ddp(steps=3, batch=8, model="gpt", cluster=cluster)
     assert result.max_grad_diff <= TOL
@@ -112,6 +115,7 @@ def test_ddp_matches_one_process_over_steps_and_records_all_reduce(cluster):
     assert len(spawned_children()) == 2  # the shared cluster's two ranks, still serving
 
 
+@pytest.mark.slow
 def test_measured_timelines_draw_with_the_course_gantt(cluster):
     import matplotlib
 
@@ -125,6 +129,7 @@ def test_measured_timelines_draw_with_the_course_gantt(cluster):
     matplotlib.pyplot.close(fig)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", PIPELINES)
 def test_pytorch_pipeline_schedules_match_one_process(schedule, cluster):
     result = run_pipeline(schedule, microbatches=4, batch=8, model="gpt", cluster=cluster)
@@ -145,6 +150,7 @@ def test_pytorch_pipeline_schedules_match_one_process(schedule, cluster):
     assert first[Action(last_stage, "F", 0)].start >= first[Action(0, "F", 0)].end
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(SCHEDULES))
 def test_every_registered_schedule_crosses_the_bridge(name, cluster):
     # Any course schedule runs on PyTorch's runtime through the CSV export, with the
@@ -155,6 +161,7 @@ def test_every_registered_schedule_crosses_the_bridge(name, cluster):
     assert result.extra["executor_max_grad_diff"] <= TOL
 
 
+@pytest.mark.slow
 def test_course_schedule_runs_on_pytorch_runtime_via_csv(cluster):
     # Zero-bubble style order with split backward (I then W), written by hand.
     rows = [
@@ -168,6 +175,7 @@ def test_course_schedule_runs_on_pytorch_runtime_via_csv(cluster):
     assert ran == rows  # PyTorch ran exactly the order we exported
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [["--pipeline", "1f1b"], ["--pipeline", "zb-h1", "--csv"]])
 def test_cli_pipeline_json(args, cluster, monkeypatch, run_cli):
     # The real CLI code path, but on the shared cluster instead of freshly spawned processes.
@@ -184,6 +192,7 @@ def test_cli_pipeline_json(args, cluster, monkeypatch, run_cli):
     assert data["executor_max_grad_diff"] <= TOL
 
 
+@pytest.mark.slow
 def test_worker_failure_is_reported_and_children_are_gone(tmp_path):
     payload = {"setup": Setup("mlp"), "kind": "csv", "csv": str(tmp_path / "no.csv")}
     payload.update(stages=2, m=2)
@@ -193,6 +202,7 @@ def test_worker_failure_is_reported_and_children_are_gone(tmp_path):
     assert pids(spawned_children()) <= before
 
 
+@pytest.mark.slow
 def test_timeout_kills_children():
     before = pids(spawned_children())
     start = time.monotonic()
@@ -221,6 +231,7 @@ def test_busy_port_is_one_clear_line(run_cli):
             del os.environ["MASTER_PORT"]
 
 
+@pytest.mark.slow
 def test_cluster_rejects_a_mismatched_job(cluster):
     with pytest.raises(CourseInputError, match="workers must match"):
         run_ddp(workers=4, cluster=cluster)

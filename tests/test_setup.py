@@ -198,7 +198,7 @@ def test_setup_check_busy_machine_is_a_warning_not_an_error(monkeypatch, capsys)
 
 def test_makefile_targets_and_ci_script():
     makefile = (ROOT / "Makefile").read_text()
-    for target in ("lab:", "test:", "lint:", "exercises:", "bench:", "test-browser:"):
+    for target in ("lab:", "test:", "test-fast:", "lint:", "exercises:", "bench:", "test-browser:"):
         assert re.search(rf"^{target}", makefile, re.M), target
     ci = (ROOT / ".ci" / "run").read_text()
     assert "make test" in ci
