@@ -39,9 +39,10 @@ unit: setup
 test-fast: setup
 	$(PY) -m pytest -m "not slow and not browser"
 
-# Every lesson and every solution, run top to bottom with nbval (outputs are not compared).
+# Every lesson, run top to bottom with nbval (outputs are not compared). The solutions run
+# once, in tests/test_exercises.py (part of unit): every cell without error, every check passed.
 notebooks: setup
-	$(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider notebooks/ solutions/
+	$(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider notebooks/
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -7,7 +7,8 @@ For each `solutions/NN_*.ipynb` (whatever exists when the tests run):
   an answer cell (tag "answer") with a solution block, a check cell (tag "check", id
   `check-NN-K`) making one call `check.exercise_K(...)`;
 - run unanswered (exercises/), EVERY check cell fails with "not answered yet" and no stack
-  trace; run solved (solutions/), every check cell passes and says so;
+  trace; run solved (solutions/), every cell runs without error (what nbval checked when
+  `make notebooks` ran solutions/ too) and every check cell passes and says so;
 - the grader gives the unanswered notebook 0, the solution full marks, and a submission
   that deletes or nbval-skips its checks no marks.
 
@@ -26,6 +27,7 @@ import nbformat
 import pytest
 
 from course_utils.grading import make_exercises
+from course_utils.grading.grader import NBVAL_MARKER, SKIP_TAGS
 from course_utils.grading.notebook_tools import BEGIN, check_cells, is_check_cell
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -137,6 +139,29 @@ def test_every_check_passes_with_the_solution(name):
         assert not found, f"{name} {check.id}: {found[0].ename}: {found[0].evalue}"
         text = "".join(o.get("text", "") for o in check.outputs if o.output_type == "stream")
         assert "✅" in text, f"{name} {check.id}: a passing check should say so (passed(...))"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_every_solution_cell_runs_without_error(name):
+    # The solutions' run top to bottom: `make notebooks` (nbval) runs the lessons only, so
+    # this is where a solution cell that raises is caught, check cell or not.
+    path = ROOT / "solutions" / name
+    raw = nbformat.read(path, as_version=4)
+    for index, cell in enumerate(raw.cells):  # nothing may excuse a cell from running clean
+        marked = [ln for ln in cell.source.splitlines() if NBVAL_MARKER.match(ln)]
+        marked += [t for t in cell.metadata.get("tags", []) if t.startswith("nbval-")]
+        marked += sorted(SKIP_TAGS & set(cell.metadata.get("tags", [])))
+        assert not marked, f"{name} cell {index}: solutions carry no nbval/skip markers: {marked}"
+    nb = executed(path)
+    code = [(i, c) for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.strip()]
+    not_run = [i for i, c in code if c.execution_count is None]
+    assert code and not not_run, f"{name}: cells {not_run} did not run"
+    for index, cell in code:
+        found = errors(cell)
+        assert not found, (
+            f"{name} cell {index} ({cell.get('id')}): {found[0].ename}: {found[0].evalue}"
+        )
 
 
 @pytest.mark.slow
