@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from typing import Any
 
 import torch
 
@@ -92,12 +93,15 @@ def _pipeline_worker(rank: int, world: int, payload: dict) -> dict:
         )
         sched._load_csv(payload["csv"], format="compute_only")
     else:  # PyTorch's own class for this schedule, named in the registry
-        cls = getattr(torch_schedules, SCHEDULES[kind].pytorch)
+        pytorch_name = SCHEDULES[kind].pytorch
+        assert pytorch_name is not None  # kind is one of PIPELINES (checked by run_pipeline)
+        cls = getattr(torch_schedules, pytorch_name)
         single = issubclass(cls, torch_schedules.PipelineScheduleSingle)
         sched = cls(stages[0] if single else stages, n_microbatches=m, loss_fn=criterion)
     x, y = make_batch(setup)
     losses: list = []
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
+    args: tuple[torch.Tensor, ...]
     if 0 in mine:
         args = (x,)
     else:
@@ -211,7 +215,8 @@ def run_pipeline(
     max_grad_diff = max(_max_diff(grads[s], ref_grads[s]) for s in ref_grads)
     extra: dict = {"schedule": schedule if isinstance(schedule, str) else schedule.name}
     if compare_executor:
-        if course is None:
+        if course is None:  # a PyTorch pipeline's name: the course's schedule of that name
+            assert isinstance(schedule, str)
             course = course_schedule(schedule, workers, microbatches)
         ex_loss, ex_grads, ex_timeline = executor_pipeline(setup, course)
         extra["executor_loss"] = ex_loss
