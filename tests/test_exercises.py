@@ -7,9 +7,11 @@ For each `solutions/NN_*.ipynb` (whatever exists when the tests run):
   an answer cell (tag "answer") with a solution block, a check cell (tag "check", id
   `check-NN-K`) making one call `check.exercise_K(...)`;
 - run unanswered (exercises/), EVERY check cell fails with "not answered yet" and no stack
-  trace; run solved (solutions/), every check cell passes and says so;
+  trace; run solved (solutions/), every cell runs without error (what nbval checked when
+  `make notebooks` ran solutions/ too) and every check cell passes and says so;
 - the grader gives the unanswered notebook 0 and the solution full marks, also when it is
-  written out for another student's numbers (tests/test_grading.py attacks the grader).
+  written out for another student's numbers, and a submission that patches or skips its
+  checks no marks (tests/test_grading.py attacks the grader further).
 
 Each notebook is executed once per session (cached below), as in Restart & Run All.
 """
@@ -24,6 +26,7 @@ import nbformat
 import pytest
 
 from course_utils.grading import make_exercises
+from course_utils.grading.grader import NBVAL_MARKER, SKIP_TAGS
 from course_utils.grading.notebook_tools import BEGIN, check_cells, is_check_cell
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,6 +145,29 @@ def test_every_check_passes_with_the_solution(name):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_every_solution_cell_runs_without_error(name):
+    # The solutions' run top to bottom: `make notebooks` (nbval) runs the lessons only, so
+    # this is where a solution cell that raises is caught, check cell or not.
+    path = ROOT / "solutions" / name
+    raw = nbformat.read(path, as_version=4)
+    for index, cell in enumerate(raw.cells):  # nothing may excuse a cell from running clean
+        marked = [ln for ln in cell.source.splitlines() if NBVAL_MARKER.match(ln)]
+        marked += [t for t in cell.metadata.get("tags", []) if t.startswith("nbval-")]
+        marked += sorted(SKIP_TAGS & set(cell.metadata.get("tags", [])))
+        assert not marked, f"{name} cell {index}: solutions carry no nbval/skip markers: {marked}"
+    nb = executed(path)
+    code = [(i, c) for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.strip()]
+    not_run = [i for i, c in code if c.execution_count is None]
+    assert code and not not_run, f"{name}: cells {not_run} did not run"
+    for index, cell in code:
+        found = errors(cell)
+        assert not found, (
+            f"{name} cell {index} ({cell.get('id')}): {found[0].ename}: {found[0].evalue}"
+        )
+
+
+@pytest.mark.slow
 @pytest.mark.skipif(not SOLVED, reason="no solutions/NN_*.ipynb notebooks yet")
 def test_the_grader_scores_every_lesson_blank_solved_and_for_another_student(tmp_path):
     """Graded outside the learner's kernel: a blank notebook scores 0, the solution full
@@ -169,3 +195,38 @@ def test_the_grader_scores_every_lesson_blank_solved_and_for_another_student(tmp
         assert r.total == totals[name], (who, name, r.total)
         wrong = [(e.id, e.message) for e in r.exercises if e.passed != (who != "blank")]
         assert not wrong, (who, name, wrong)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SOLVED, reason="no solutions/NN_*.ipynb notebooks yet")
+def test_grader_on_a_real_exercise_notebook(tmp_path, run_cli):
+    # The notebook that ran fastest in this session, else the first one.
+    timed = {p.name: t for p, (_, t) in _runs.items() if p.parent.name == "solutions"}
+    name = min(timed, key=timed.get) if timed else SOLVED[0].name
+    exercise = nbformat.read(ROOT / "exercises" / name, as_version=4)
+    solution = nbformat.read(ROOT / "solutions" / name, as_version=4)
+
+    cheat = copy.deepcopy(exercise)
+    # An answer cell that replaces every check with one that always passes...
+    answer = next(c for c in cheat.cells if "answer" in c.metadata.get("tags", []))
+    answer.source = (
+        "for _k in range(1, 9):\n    setattr(check, f'exercise_{_k}', lambda *a, **k: None)\n"
+        + answer.source
+    )
+    # ...and check cells deleted or skipped in every way nbval allows.
+    first, second, *rest = check_cells(cheat)
+    cheat.cells.remove(first)
+    second.source = "# NBVAL_SKIP\n" + second.source
+    for cell in rest:
+        cell.metadata["tags"] = ["check", "nbval-skip"]
+
+    for student, nb in {"unanswered": exercise, "solved": solution, "cheat": cheat}.items():
+        (tmp_path / student).mkdir()
+        nbformat.write(nb, tmp_path / student / name)
+    result = run_cli("grade", tmp_path, "--json")  # nbval runs each notebook in a child process
+    assert result.returncode == 0, result.stderr
+    scores = {
+        Path(r["notebook"]).parent.name: (r["score"], r["total"]) for r in json.loads(result.stdout)
+    }
+    total = len(check_cells(solution))
+    assert scores == {"unanswered": (0, total), "solved": (total, total), "cheat": (0, total)}

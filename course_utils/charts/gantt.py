@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from matplotlib.axes import Axes
 from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
@@ -387,9 +388,9 @@ def draw(
     fig = _new_figure(width, height, pyplot)
     dpi = fig.dpi
     axes_w = width - LEFT - RIGHT
-    present: set[str] = set()
+    present = set()
     top = height - TOP_PAD
-    axes = []
+    axes: list[Axes] = []
     for i, (t, h) in enumerate(zip(timelines, plot_hs, strict=True)):
         top -= TITLE_H
         rect = (LEFT / width, (top - h) / height, axes_w / width, h / height)

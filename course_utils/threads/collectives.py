@@ -188,7 +188,7 @@ class ThreadGroup:
         self.world_size = world_size
         self.abort = abort if abort is not None else threading.Event()
         self.timeout = timeout
-        self._mailboxes = {
+        self._mailboxes: dict[tuple[int, int], queue.SimpleQueue[torch.Tensor]] = {
             (src, dst): queue.SimpleQueue()
             for src in range(world_size)
             for dst in range(world_size)
@@ -319,8 +319,7 @@ class Communicator:
         Every rank must call this with the same shapes, op and algorithm.
         """
         check_options(op, algorithm)
-        is_list = not isinstance(tensor, torch.Tensor)
-        tensors = list(tensor) if is_list else [tensor]
+        tensors = [tensor] if isinstance(tensor, torch.Tensor) else list(tensor)
         if any(not isinstance(t, torch.Tensor) for t in tensors):
             raise CourseInputError("tensor must be a torch.Tensor or a list of tensors")
         if not tensors:
