@@ -10,8 +10,11 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
 import time
 import uuid
+from pathlib import Path
 
 import psutil
 import pytest
@@ -31,6 +34,8 @@ from course_utils.distributed import (
 from course_utils.distributed.pipelining import PIPELINES, _pipeline_worker, course_schedule
 from course_utils.errors import CourseInputError, WorkerError
 from course_utils.pipeline.schedules import SCHEDULES
+
+ROOT = Path(__file__).resolve().parents[1]
 
 TOL = 1e-5
 

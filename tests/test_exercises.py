@@ -18,6 +18,8 @@ Each notebook is executed once per session (cached below), as in Restart & Run A
 
 from __future__ import annotations
 
+import copy
+import json
 import re
 import time
 from pathlib import Path
@@ -26,7 +28,6 @@ import nbformat
 import pytest
 
 from course_utils.grading import make_exercises
-from course_utils.grading.grader import NBVAL_MARKER, SKIP_TAGS
 from course_utils.grading.notebook_tools import BEGIN, check_cells, is_check_cell
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,7 +74,10 @@ def test_notebook_follows_the_exercise_conventions(name):
     nb = nbformat.read(ROOT / "solutions" / name, as_version=4)
     lesson = int(name[:2])
     imports = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
-    assert f"from course_utils.checks import l{lesson:02d} as check" in imports
+    # The checks are reached through one object, made for the student in the setup cell
+    # (the grader and `make_exercises --students` rewrite the name; see for_student).
+    assert f"from course_utils.checks import l{lesson:02d}\n" in imports + "\n", name
+    assert f'check = l{lesson:02d}.for_student("default")' in imports, name
 
     checks = check_cells(nb)
     assert 4 <= len(checks) <= 8, f"{name}: {len(checks)} exercises (the course uses 4-8)"
@@ -116,6 +120,19 @@ def test_every_lesson_has_exercises():
     assert {p.name for p in SOLVED} == wanted
 
 
+def test_for_student_puts_the_name_in_the_setup_line_of_the_file_and_of_a_cell():
+    from course_utils.errors import CourseInputError
+    from course_utils.grading.make_exercises import for_student
+
+    cell = 'check = l03.for_student("default")  # your instructor may give you your own name'
+    assert for_student(cell, "ana") == cell.replace('"default"', '"ana"')
+    file_text = nbformat.writes(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell)]))
+    mine = nbformat.reads(for_student(file_text, "ana"), as_version=4)
+    assert mine.cells[0].source == cell.replace('"default"', '"ana"')
+    with pytest.raises(CourseInputError, match="student"):
+        for_student(cell, "../etc")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_every_check_fails_when_unanswered(name):
@@ -142,6 +159,11 @@ def test_every_check_passes_with_the_solution(name):
         assert not found, f"{name} {check.id}: {found[0].ename}: {found[0].evalue}"
         text = "".join(o.get("text", "") for o in check.outputs if o.output_type == "stream")
         assert "✅" in text, f"{name} {check.id}: a passing check should say so (passed(...))"
+
+
+# Ways a cell can be excused from running clean: nbval's comment markers and skip tags.
+NBVAL_MARKER = re.compile(r"\s*#\s*NBVAL_\w+")
+SKIP_TAGS = {"skip-execution", "raises-exception", "skip"}
 
 
 @pytest.mark.slow
@@ -184,7 +206,9 @@ def test_the_grader_scores_every_lesson_blank_solved_and_for_another_student(tmp
         name = path.name
         (plain / "blank" / name).write_bytes((ROOT / "exercises" / name).read_bytes())
         (plain / "solved" / name).write_bytes(path.read_bytes())
-        (personal / "s7" / name).write_text(for_student(path.read_text(), "s7"))
+        text = for_student(path.read_text(), "s7")
+        assert 'for_student(\\"s7\\")' in text, name  # the student's own numbers, really
+        (personal / "s7" / name).write_text(text)
     results = grade_all([plain], jobs=2) + grade_all([personal], jobs=2, variants=True)
     variant = {"blank": "default", "solved": "default", "s7": "s7"}
     totals = {p.name: len(check_cells(nbformat.read(p, as_version=4))) for p in SOLVED}

@@ -390,8 +390,8 @@ class Communicator:
             raise CourseInputError("shard must be a torch.Tensor")
         dim = _check_dim(shard, dim, "dim")
         n = self.world_size
-        pieces: list[torch.Tensor | None] = [None] * n
-        pieces[self.rank] = shard.detach()
+        # Filled in ring order: in step k the shard sent is one this rank already has.
+        pieces: list[torch.Tensor] = [shard.detach()] * n
         right, left = (self.rank + 1) % n, (self.rank - 1) % n
         for k in range(n - 1):
             self.send(right, pieces[(self.rank - k) % n])
