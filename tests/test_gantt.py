@@ -750,3 +750,14 @@ def test_waiting_for_an_all_reduce_is_not_drawn_as_pipeline_bubble():
     fig = gantt.draw(sim("gpipe", 2, 2), pyplot=False)
     assert fig.legends[0].get_title().get_text() == "colour = micro-batch"
     assert style.BUBBLE_LABEL in legend_labels(fig)
+
+
+def test_a_title_counts_micro_batches_only_when_colour_means_micro_batch():
+    from course_utils.parallel.timelines import data_parallel_timeline
+
+    step = data_parallel_timeline(2, 1.0, 2.0, grad_bytes=4e6, bandwidth=1e6)
+    title = gantt.draw(step, pyplot=False, colour="step").axes[0].get_title(loc="left")
+    assert ", p=2 —" in title and "m=" not in title
+    assert title == gantt.title_for(step, colour="step")
+    # a pipeline keeps its m
+    assert ", m=2 " in gantt.draw(sim("gpipe", 2, 2), pyplot=False).axes[0].get_title(loc="left")

@@ -88,14 +88,20 @@ def _number(x: float) -> str:
     return f"{x:.1f}" if abs(x) >= 10 else f"{x:.3g}"
 
 
-def title_for(timeline: Timeline, prefix: str | None = None) -> str:
-    """E.g. '1F1B, p=4, m=8 — makespan 33.0 units, bubble 27.3%'."""
+def title_for(timeline: Timeline, prefix: str | None = None, colour: str = "micro-batch") -> str:
+    """E.g. '1F1B, p=4, m=8 — makespan 33.0 units, bubble 27.3%'.
+
+    m counts micro-batches only when colour means micro-batch: a timeline whose colour
+    is a step or an expert gets p alone (its name says the rest).
+    """
     if prefix is None:
         name = timeline.name or "timeline"
         prefix = schedule_label(name)
         if "p=" not in prefix:
             p, m, v = _shape(timeline)
-            prefix += f", p={p}, m={m}" + (f", v={v}" if v > 1 else "")
+            prefix += f", p={p}"
+            if colour == "micro-batch":
+                prefix += f", m={m}" + (f", v={v}" if v > 1 else "")
         if timeline.source == "measured" and "measured" not in prefix.lower():
             prefix += " (measured)"
     scale, unit = _time_unit(timeline)
@@ -162,6 +168,7 @@ def _draw_one(
     xmax: float,
     px_per_unit: float,
     row_px: float,
+    colour: str = "micro-batch",
 ) -> set[str]:
     """Draw one timeline into `ax`; returns the categories it contains (for the legend)."""
     p = timeline.num_devices
@@ -256,7 +263,7 @@ def _draw_one(
     ax.set_xlabel(f"time ({unit})")
     ax.grid(True, axis="x")
     ax.grid(False, axis="y")
-    ax.set_title(title_for(timeline, title), loc="left")
+    ax.set_title(title_for(timeline, title, colour), loc="left")
     return present
 
 
@@ -338,7 +345,9 @@ def draw(
     """Draw a timeline (or a list of them, stacked) as a Gantt chart; returns the Figure.
 
     `colour` says what a bar's colour stands for in the legend: "micro-batch" for pipelines,
-    "step" for data-parallel timelines whose micro-batch number counts training steps.
+    "step" for data-parallel timelines whose micro-batch number counts training steps,
+    "expert" for expert-parallel ones (`course_utils.parallel.moe`), whose bars carry the
+    expert id there. Only "micro-batch" puts m= in a default title.
 
     `title` replaces the schedule-name part of the title (makespan and bubble are always
     shown); for a list it may be a list of titles. `share_x=None` shares the time axis
@@ -375,6 +384,7 @@ def draw(
             xmax=xmaxes[0],
             px_per_unit=bbox.width / xmaxes[0],
             row_px=bbox.height / p,
+            colour=colour,
         )
         if legend:
             ax.legend(handles=_legend_handles(present), loc="upper left", bbox_to_anchor=(1, 1))
@@ -404,6 +414,7 @@ def draw(
             xmax=xmaxes[i],
             px_per_unit=axes_w * dpi / xmaxes[i],
             row_px=h * dpi / max(1, t.num_devices),
+            colour=colour,
         )
         last = i == len(timelines) - 1
         if share_x and not last:
