@@ -758,6 +758,7 @@ def test_a_title_counts_micro_batches_only_when_colour_means_micro_batch():
     step = data_parallel_timeline(2, 1.0, 2.0, grad_bytes=4e6, bandwidth=1e6)
     title = gantt.draw(step, pyplot=False, colour="step").axes[0].get_title(loc="left")
     assert ", p=2 —" in title and "m=" not in title
+    assert "idle " in title and "bubble" not in title  # waiting for the all-reduce
     assert title == gantt.title_for(step, colour="step")
     # a pipeline keeps its m
     assert ", m=2 " in gantt.draw(sim("gpipe", 2, 2), pyplot=False).axes[0].get_title(loc="left")

@@ -345,7 +345,7 @@ def test_moe_timelines_are_drawn_coloured_by_expert_and_never_claim_micro_batche
     fig = gantt.draw(simulated, pyplot=False, colour="expert")
     title = fig.axes[0].get_title(loc="left")
     assert title.startswith("expert parallel: E=4 experts on p=2 workers —")
-    assert "m=" not in title and "micro-batch" not in title
+    assert "m=" not in title and "micro-batch" not in title and "bubble" not in title
     assert fig.legends[0].get_title().get_text() == "colour = expert"
 
 

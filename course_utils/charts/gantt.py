@@ -91,8 +91,9 @@ def _number(x: float) -> str:
 def title_for(timeline: Timeline, prefix: str | None = None, colour: str = "micro-batch") -> str:
     """E.g. '1F1B, p=4, m=8 — makespan 33.0 units, bubble 27.3%'.
 
-    m counts micro-batches only when colour means micro-batch: a timeline whose colour
-    is a step or an expert gets p alone (its name says the rest).
+    m counts micro-batches, and idle time is called the bubble, only when colour means
+    micro-batch: a timeline whose colour is a step or an expert gets p alone (its name
+    says the rest) and its idle share is called "idle".
     """
     if prefix is None:
         name = timeline.name or "timeline"
@@ -106,9 +107,12 @@ def title_for(timeline: Timeline, prefix: str | None = None, colour: str = "micr
             prefix += " (measured)"
     scale, unit = _time_unit(timeline)
     _, makespan, _ = _stats(timeline)
+    # A pipeline's idle time is its bubble; elsewhere (data or expert parallelism) the
+    # devices idle mostly while they wait for a collective, so the title says "idle".
+    idle = "bubble" if colour == "micro-batch" else "idle"
     return (
         f"{prefix} — makespan {_number(makespan * scale)} {unit}, "
-        f"bubble {100 * bubble_fraction(timeline):.1f}%"
+        f"{idle} {100 * bubble_fraction(timeline):.1f}%"
     )
 
 
