@@ -347,6 +347,8 @@ def test_moe_timelines_are_drawn_coloured_by_expert_and_never_claim_micro_batche
     assert title.startswith("expert parallel: E=4 experts on p=2 workers —")
     assert "m=" not in title and "micro-batch" not in title and "bubble" not in title
     assert fig.legends[0].get_title().get_text() == "colour = expert"
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "waiting for communication" in labels and not any("bubble" in t for t in labels)
 
 
 def test_a_failing_expert_names_the_worker_and_the_phase_and_nothing_hangs(monkeypatch):

@@ -300,7 +300,7 @@ def _add_labels(ax, timeline, start, scale, chunks, px_per_unit, y_mid) -> None:
         )
 
 
-def _legend_handles(present: set[str]) -> list[Patch]:
+def _legend_handles(present: set[str], colour: str = "micro-batch") -> list[Patch]:
     handles = []
     for key, label, hatch in CATEGORIES:
         if key not in present:
@@ -315,7 +315,10 @@ def _legend_handles(present: set[str]) -> list[Patch]:
         handles[-1].set_hatchcolor(hatchcolor)
     if "bubble" in present:
         bubble = Patch(
-            facecolor=style.BUBBLE_COLOR, hatch=style.BUBBLE_HATCH, label=style.BUBBLE_LABEL
+            facecolor=style.BUBBLE_COLOR,
+            hatch=style.BUBBLE_HATCH,
+            # only a pipeline's idle time is a bubble (see title_for)
+            label=style.BUBBLE_LABEL if colour == "micro-batch" else "idle",
         )
         bubble.set_hatchcolor(style.BUBBLE_HATCH_COLOR)
         handles.append(bubble)
@@ -391,7 +394,9 @@ def draw(
             colour=colour,
         )
         if legend:
-            ax.legend(handles=_legend_handles(present), loc="upper left", bbox_to_anchor=(1, 1))
+            ax.legend(
+                handles=_legend_handles(present, colour), loc="upper left", bbox_to_anchor=(1, 1)
+            )
         return fig
 
     plot_hs = [min(MAX_PLOT_H, max(MIN_PLOT_H, ROW_H * max(1, t.num_devices))) for t in timelines]
@@ -427,7 +432,7 @@ def draw(
         top -= h + (0 if share_x or last else XAXIS_H)
         axes.append(a)
     if legend:
-        handles = _legend_handles(present)
+        handles = _legend_handles(present, colour)
         fig.legend(
             handles=handles,
             loc="lower left",
