@@ -70,7 +70,10 @@ def test_notebook_follows_the_exercise_conventions(name):
     nb = nbformat.read(ROOT / "solutions" / name, as_version=4)
     lesson = int(name[:2])
     imports = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
-    assert f"from course_utils.checks import l{lesson:02d} as check" in imports
+    assert (
+        f"from course_utils.checks import l{lesson:02d} as check" in imports
+        or f"check = l{lesson:02d}.for_student(" in imports  # per-student numbers (rule B)
+    )
 
     checks = check_cells(nb)
     assert 4 <= len(checks) <= 8, f"{name}: {len(checks)} exercises (the course uses 4-8)"
