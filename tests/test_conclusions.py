@@ -80,6 +80,7 @@ def test_ratio_within_noise_and_beyond():
     assert "same time within noise" in ratio("naive", 0.100, "GPipe", 0.095)
     text = ratio("naive", 0.100, "GPipe", 0.060)
     assert text.startswith("GPipe was 1.67x as fast as naive")
+    assert "(0.06 vs 0.1 s)" in text  # the times in the order the sentence names them
 
 
 @pytest.mark.parametrize(

@@ -60,7 +60,8 @@ def ratio(a_name: str, a: float, b_name: str, b: float, unit: str = "s") -> str:
             f"{a_name} ({a:.3g} {unit}) and {b_name} ({b:.3g} {unit}) took the same time "
             f"within noise ({factor - 1:.0%} apart)."
         )
-    return f"{faster} was {factor:.2f}x as fast as {slower} ({a:.3g} vs {b:.3g} {unit})."
+    quick, slow = min(a, b), max(a, b)  # the times in the order the sentence names them
+    return f"{faster} was {factor:.2f}x as fast as {slower} ({quick:.3g} vs {slow:.3g} {unit})."
 
 
 def trend(
