@@ -467,7 +467,7 @@ def exercise_5(straggler, hot_expert, waiting_share, fix, v: Variant = DEFAULT) 
     passed(
         f"Right: expert {hot} got {max(per_expert)} of {sum(per_expert)} tokens, so worker "
         f"{slow} computes longest and worker {fast} waits {waiting:.1%} of the step. The "
-        "balancing loss spreads the tokens and removes the wait."
+        "balancing loss spreads the tokens, and the wait shrinks."
     )
 
 
