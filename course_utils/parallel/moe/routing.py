@@ -55,6 +55,8 @@ from course_utils.parallel.moe.limits import (
 )
 from course_utils.threads.collectives import all_to_all_bytes
 
+# -- counts a lesson grades against -------------------------------------------------------
+
 
 def capacity(tokens: int, experts: int, capacity_factor: float | None, top_k: int = 1) -> int:
     """Slots per expert: ceil(capacity_factor x tokens x top_k / experts).
