@@ -423,7 +423,7 @@ def exercise_5(straggler, hot_expert, waiting_share, fix, v: Variant = DEFAULT) 
     if w != slow:
         fail(
             "`straggler` is not the worker everybody waits for. In the chart, whose expert "
-            "bars are longest, and whose row shows the waiting hatch at the all-to-alls?"
+            "bars are longest? The other worker's row shows the waiting hatch meanwhile."
         )
     e = as_int(hot_expert, "hot_expert")
     if e not in range(4):
