@@ -531,7 +531,9 @@ def _plan(g: dict) -> tuple[int, float, int] | None:
 def exercise_6(ep, gb_per_gpu, expert_dp, v: Variant = DEFAULT) -> None:
     """Smallest ep whose model state fits, its GB per GPU, and each expert's dp degree."""
     g = given_6(v)
-    want_ep, want_gb, want_edp = _plan(g)
+    plan = _plan(g)
+    assert plan is not None, "given_6 only draws budgets some ep fits"
+    want_ep, want_gb, want_edp = plan
     dp = g["gpus"] // g["tp"]
     e = as_int(ep, "ep")
     if e not in _valid_ep(g):

@@ -148,12 +148,12 @@ class ExpertParallel:
         Norm and router gradients were all-reduced, so worker 0's copy is the total.
         """
         first = self.shards[0]
-        grads = {f"norm.{n}": p.grad for n, p in first.norm.named_parameters()}
-        grads.update({f"router.{n}": p.grad for n, p in first.router.named_parameters()})
+        grads = {f"norm.{n}": _grad(p) for n, p in first.norm.named_parameters()}
+        grads.update({f"router.{n}": _grad(p) for n, p in first.router.named_parameters()})
         for shard in self.shards:
             for e, expert in zip(shard.expert_ids, shard.experts, strict=True):
                 for n, p in expert.named_parameters():
-                    grads[f"experts.{e}.{n}"] = torch.zeros_like(p) if p.grad is None else p.grad
+                    grads[f"experts.{e}.{n}"] = _grad(p)
         return grads
 
     def parameters(self, worker: int) -> list[nn.Parameter]:
@@ -180,7 +180,7 @@ class ExpertParallel:
         worst = 0.0
         for shard in self.shards[1:]:
             for a, b in zip(_replicated(self.shards[0]), _replicated(shard), strict=True):
-                worst = max(worst, (a.grad - b.grad).abs().max().item())
+                worst = max(worst, (_grad(a) - _grad(b)).abs().max().item())
         return worst
 
     def close(self) -> None:
@@ -287,7 +287,7 @@ class _WorkerStep:
         with self.phase("B", "weighted sum"):
             weight = torch.tensor(self.aux_weight, dtype=aux.dtype)
             torch.autograd.backward([y, aux], [self.dy, weight])
-            grad_out = list(expert_out.grad.split([len(t) for t in token_to]))
+            grad_out = list(_grad(expert_out).split([len(t) for t in token_to]))
 
         # 7. The combine in reverse: each output's gradient to the worker of its expert.
         with self.phase("ALL_TO_ALL", "combine grad"):
@@ -299,7 +299,7 @@ class _WorkerStep:
             with self.phase("B", f"expert {e}", expert=e):
                 out.backward(torch.cat([_rows(grad_back[s], in_message[s][i]) for s in range(n)]))
         grad_in = [
-            torch.cat([_rows(inputs[i].grad, in_batch[i][s]) for i in local]) for s in range(n)
+            torch.cat([_rows(_grad(inputs[i]), in_batch[i][s]) for i in local]) for s in range(n)
         ]
 
         # 9. The dispatch in reverse: dL/dh of every token sent comes back to its owner,
@@ -350,8 +350,9 @@ def _shard_params(shard: _Shard) -> list[nn.Parameter]:
     return [*_replicated(shard), *shard.experts.parameters()]
 
 
-def _grad(p: nn.Parameter) -> torch.Tensor:
-    # Every worker must all-reduce the same buffers, even one whose router saw no token.
+def _grad(p: torch.Tensor) -> torch.Tensor:
+    # Every worker must all-reduce the same buffers, even one whose router saw no token
+    # (and an expert no token chose has no gradient until we give it zeros).
     if p.grad is None:
         p.grad = torch.zeros_like(p)
     return p.grad
