@@ -333,11 +333,25 @@ def test_simulator_predicts_a_measured_step_from_its_own_costs():
         ({"workers": 2, "microbatches": 0}, "microbatches"),
         ({"workers": 2, "lr": float("nan")}, "lr"),
         ({"workers": 2, "betas": (0.9, 1.0)}, "betas"),
+        ({"workers": 2, "betas": (0.9,)}, "a pair"),
     ],
 )
 def test_bad_settings_are_refused_before_any_thread_starts(kwargs, match):
     with pytest.raises(CourseInputError, match=match):
         ShardedDataParallel(tiny_model(), **kwargs)
+
+
+def test_a_module_whose_layers_are_a_module_list_is_taken_as_its_layers():
+    class Stack(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = torch.nn.ModuleList(tiny_model().layers())
+
+    wrapped = ShardedDataParallel(Stack(), workers=2)
+    try:
+        assert len(wrapped.layouts) == len(tiny_model().layers())
+    finally:
+        wrapped.close()
 
 
 def test_bad_models_and_batches_are_refused():

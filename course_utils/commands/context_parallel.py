@@ -101,7 +101,7 @@ def compare(
         torch.randn(heads, seq, dim, generator=gen, dtype=torch_dtype) for _ in range(4)
     )
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-    reference = cp.attention(*leaves, causal=causal)
+    reference = cp.attention(leaves[0], leaves[1], leaves[2], causal=causal)
     reference.backward(dout)
 
     with cp.RingAttention(workers, causal=causal, zigzag=zigzag) as ring:

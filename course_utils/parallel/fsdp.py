@@ -60,6 +60,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -519,6 +520,8 @@ class ShardedDataParallel:
         _check_choice(stage, "stage", STAGES)
         _check_int(prefetch, "prefetch", 0, MAX_PREFETCH)
         _check_int(microbatches, "microbatches", 1, MAX_MICROBATCHES)
+        if not (isinstance(betas, tuple | list) and len(betas) == 2):
+            raise CourseInputError(f"betas must be a pair (beta1, beta2), got {betas!r}")
         for value, name in ((lr, "lr"), (eps, "eps"), *((b, "betas") for b in betas)):
             if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
                 raise CourseInputError(f"{name} must be a finite number >= 0, got {value!r}")
@@ -528,7 +531,8 @@ class ShardedDataParallel:
         self.dtype = _common_dtype(layers)
         self.workers, self.stage, self.prefetch = workers, stage, prefetch
         self.microbatches, self.loss_fn = microbatches, loss_fn
-        self.lr, self.betas, self.eps = float(lr), tuple(betas), float(eps)
+        self.lr, self.eps = float(lr), float(eps)
+        self.betas = (float(betas[0]), float(betas[1]))
         # the layers' code and shapes without their weights (for `to_model`)
         self.skeletons = [copy.deepcopy(layer).to("meta") for layer in layers]
         self.layouts = [FlatLayout.of(layer, workers) for layer in layers]
@@ -816,7 +820,8 @@ def _persistent(held: dict[str, int]) -> dict[str, int]:
 
 def _as_layers(model) -> list[nn.Module]:
     if isinstance(model, nn.Module) and hasattr(model, "layers"):
-        layers = list(model.layers())
+        found: Any = model.layers  # the course's models: a method; others: a ModuleList
+        layers = list(found if isinstance(found, nn.ModuleList | nn.Sequential) else found())
     elif isinstance(model, nn.Sequential):
         layers = list(model)
     elif isinstance(model, Sequence) and not isinstance(model, str):
@@ -1006,14 +1011,15 @@ def simulate_fsdp(
     done_at: dict[int, float] = {}
     events: list[tuple[Action, float, float, str | None]] = []
     for instr in program:
-        layer, mb = instr.layer, instr.microbatch
+        # issue/wait name a collective, F/B/free a layer (fsdp_program builds them so)
+        layer, mb, c = instr.layer or 0, instr.microbatch, instr.comm or 0
         if instr.op == "issue":
-            op = comms[instr.comm]
+            op = comms[c]
             start = max(clock, comm_free)
-            comm_free = done_at[instr.comm] = start + costs.collective_time(op.layer, workers)
+            comm_free = done_at[c] = start + costs.collective_time(op.layer, workers)
             events.append((Action(op.layer, op.kind, op.microbatch), start, comm_free, op.label))
         elif instr.op == "wait":
-            clock = max(clock, done_at[instr.comm])
+            clock = max(clock, done_at[c])
         elif instr.op in ("F", "B"):
             cost = (costs.forward if instr.op == "F" else costs.backward)[layer]
             events.append((Action(layer, instr.op, mb), clock, clock + cost, f"L{layer}"))

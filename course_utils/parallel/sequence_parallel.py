@@ -44,6 +44,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -71,7 +72,11 @@ LN_EPS = 1e-5
 CommLog = list  # of (kind, label, start_ns, end_ns), or (label, start_ns, end_ns) all-reduces
 
 
-def _logged(log: CommLog | None, kind: str, label: str, run: Callable[[], torch.Tensor]):
+R = TypeVar("R")
+
+
+def _logged(log: CommLog | None, kind: str, label: str, run: Callable[[], R]) -> R:
+    """run(), its start and end logged as one communication of `kind`."""
     start = time.perf_counter_ns()
     result = run()
     if log is not None:
@@ -199,7 +204,7 @@ class MLPBlock:
     def ffn_hidden(self) -> int:
         return self.linear1.out_features
 
-    def named_parameters(self) -> dict[str, nn.Parameter]:
+    def named_parameters(self) -> dict[str, torch.Tensor]:
         return {
             "ln.weight": self.ln.weight,
             "ln.bias": self.ln.bias,
@@ -405,7 +410,7 @@ class SequenceParallelMLP:
 
     def _all_reduce_sequence_grads(self, rank: int, log: CommLog) -> int:
         norm, (_, row) = self.norms[rank], self.shards[rank]
-        grads = [norm.weight.grad, norm.bias.grad, row.bias.grad]
+        grads = [_grad(norm.weight), _grad(norm.bias), _grad(row.bias)]
         before = self.group.bytes_sent[rank]
         _logged(
             log,
@@ -448,12 +453,12 @@ class SequenceParallelMLP:
         cols = [c for c, _ in self.shards]
         rows = [r for _, r in self.shards]
         return {
-            "ln.weight": self.norms[0].weight.grad,  # the same on every device (all-reduced)
-            "ln.bias": self.norms[0].bias.grad,
-            "linear1.weight": torch.cat([c.weight.grad for c in cols], dim=0),
-            "linear1.bias": torch.cat([c.bias.grad for c in cols], dim=0),
-            "linear2.weight": torch.cat([r.weight.grad for r in rows], dim=1),
-            "linear2.bias": rows[0].bias.grad,
+            "ln.weight": _grad(self.norms[0].weight),  # the same on every device (all-reduced)
+            "ln.bias": _grad(self.norms[0].bias),
+            "linear1.weight": torch.cat([_grad(c.weight) for c in cols], dim=0),
+            "linear1.bias": torch.cat([_grad(c.bias) for c in cols], dim=0),
+            "linear2.weight": torch.cat([_grad(r.weight) for r in rows], dim=1),
+            "linear2.bias": _grad(rows[0].bias),
         }
 
     def close(self) -> None:
@@ -564,3 +569,10 @@ def sp_comm_bytes(
         "backward": list(backward),
         "param_grads": ring_bytes_per_rank(3 * hidden, workers, element_size),
     }
+
+
+def _grad(t: torch.Tensor | None) -> torch.Tensor:
+    """t's gradient, which a backward has filled (a missing one is a bug, said so)."""
+    if t is None or t.grad is None:
+        raise RuntimeError("a parameter has no gradient: run backward first")
+    return t.grad
