@@ -173,7 +173,7 @@ def exercise_2(stage0_action, stage1_action, v: Variant = DEFAULT) -> None:
             )
     busy = g["stage"] + 2  # stages 0..stage+1 all start or run a forward at that moment
     passed(
-        f"Right: when {event} hands micro-batch {g['microbatch']} on, stage 1 starts {a1} and "
+        f"Right: when {event} ends, stage 1 starts {a1} and "
         f"stage 0 starts {a0}: {min(busy, g['p'])} stages busy on different micro-batches at once."
     )
 
