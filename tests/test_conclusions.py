@@ -172,3 +172,10 @@ def test_two_free_cores_compare_the_straggler_with_the_prediction():
 def test_a_shared_core_may_hide_part_of_the_wait():
     text = slowdown("The skewed step", "the balanced one", 1.2, 1.6, SHARED)
     assert "below the prediction" in text and "core shared" in text
+
+
+def test_speedup_names_the_machine_it_ran_on():
+    text = speedup("GPipe on the reference machine", 1.42, 1.6, IDLE, where="the reference machine")
+    assert "2 threads ran 1.93x as fast as 1 on the reference machine" in text
+    assert "this machine" not in text
+    assert "on this machine" in speedup("GPipe", 1.42, 1.6, IDLE)
