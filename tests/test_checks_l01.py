@@ -4,12 +4,15 @@ import math
 
 import pytest
 
-from course_utils.checks import CheckFailed, NotAnswered
+from course_utils.checks import CheckFailed, NotAnswered, Variant
 from course_utils.checks import l01 as check
 
 
-def solution_state(num_params, precision):
-    per = {"fp32": (4, 4, 8), "mixed": (2, 2, 12)}[precision]
+def solution_state(num_params, precision, optimizer):
+    weights = {"fp32": 4, "mixed": 2}[precision]
+    master = {"fp32": 0, "mixed": 4}[precision]
+    moments = {"adam": 8, "momentum": 4, "sgd": 0}[optimizer]
+    per = (weights, weights, master + moments)
     return dict(
         zip(("parameters", "gradients", "optimizer"), (num_params * b for b in per), strict=True)
     )
@@ -29,20 +32,32 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (1, (28,), "only the parameters"),
     (1, (56,), "Adam"),
     (1, (84,), "two running averages"),
-    (1, (112e9,), "unit"),
+    (1, (14,), "plain fp32"),
+    (1, (112e9,), "bytes; give GB"),
+    (1, (112e3,), "MB; give GB"),
+    (1, (112e9 / 2**30,), "GiB; give GB"),
+    (1, (110,), "3 significant figures"),
     (1, (3,), "bytes per parameter"),
     (1, ("112",), "without quotes"),
     (1, (math.nan,), "NaN"),
-    (3, (6,), "activations"),
-    (3, (2,), "16-bit weights"),
+    (3, (6,), "leaves less than the 20 GB"),
+    (3, (7,), "Too few"),  # 68.6 GB per GPU: too few, never "more than needed"
+    (3, (1,), "16-bit weights"),
+    (3, (4,), "more than 80 GB"),
     (3, (16,), "fewest"),
+    (3, (9,), "fewer would too"),
+    (3, (0,), "at least 1"),
     (3, (7.5,), "whole number"),
     (4, (0.75, 1.0), "idle fraction"),
     (4, (0.5, 1.0), "staircase"),
-    (4, (0.25, 4.0), "speedup"),
+    (4, (25, 1.0), "percentage"),
+    (4, (0.25, 4.0), "take turns"),
+    (4, (0.25, 2.0), "`speedup` is not"),
     (4, (1.5, 1.0), "between 0 and 1"),
-    (5, ("a", "a"), "imbalance"),
+    (5, ("a", "a"), "still take turns"),
+    (5, ("c", "a"), "microseconds"),
     (5, ("b", "b"), "fix"),
+    (5, ("b", "d"), "Balanced stages"),
     (5, ("e", "a"), "should be one of"),
     (6, ("pipeline", "pipeline"), "single layer"),
     (6, ("tensor", "tensor"), "scenario_b"),
@@ -50,21 +65,42 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
 ]
 
 
-def test_build_exercise_catches_wrong_functions():
-    def mixed_as_fp32(n, precision):
-        return solution_state(n, "fp32")
+def test_too_few_devices_is_never_called_more_than_needed():
+    g = check.given_3()
+    fewest = check.fewest_stages(g["billions"], g["gpu_gb"], g["reserve_gb"])
+    for devices in range(1, fewest):
+        with pytest.raises(CheckFailed) as info:
+            check.exercise_3(devices)
+        assert "Too few" in str(info.value) and "more than needed" not in str(info.value)
 
-    def broken(n, precision):
+
+def test_build_exercise_catches_wrong_functions():
+    def mixed_as_fp32(n, precision, optimizer):
+        return solution_state(n, "fp32", optimizer)
+
+    def always_adam(n, precision, optimizer):
+        return solution_state(n, precision, "adam")
+
+    def no_master_copy(n, precision, optimizer):
+        state = solution_state(n, precision, optimizer)
+        state["optimizer"] -= 4 * n if precision == "mixed" else 0
+        return state
+
+    def broken(n, precision, optimizer):
         return {"parameters": 1 / 0}
 
-    def no_dict(n, precision):
+    def no_dict(n, precision, optimizer):
         return 16 * n
 
-    def stub(n, precision):
+    def stub(n, precision, optimizer):
         raise NotImplementedError()
 
     with pytest.raises(CheckFailed, match="optimizer|parameters"):
         check.exercise_2(mixed_as_fp32)
+    with pytest.raises(CheckFailed, match="momentum|plain SGD"):
+        check.exercise_2(always_adam)
+    with pytest.raises(CheckFailed, match="master copy"):
+        check.exercise_2(no_master_copy)
     with pytest.raises(CheckFailed, match="ZeroDivisionError"):
         check.exercise_2(broken)
     with pytest.raises(CheckFailed, match="should return a dict"):
@@ -75,11 +111,54 @@ def test_build_exercise_catches_wrong_functions():
         check.exercise_2(42)
 
 
+def test_build_exercise_names_unit_slips():
+    def in_gb(n, precision, optimizer):
+        return {k: v / 1e9 for k, v in solution_state(n, precision, optimizer).items()}
+
+    def per_parameter(n, precision, optimizer):
+        return solution_state(1, precision, optimizer)
+
+    with pytest.raises(CheckFailed, match="GB; give bytes"):
+        check.exercise_2(in_gb)
+    with pytest.raises(CheckFailed, match="bytes per parameter; give the bytes of all"):
+        check.exercise_2(per_parameter)
+
+
+def test_build_exercise_is_tried_on_every_format_and_optimizer():
+    cases = check.cases_2(Variant("default", cases_seed=3))["model_state_bytes"]
+    combos = {(precision, optimizer) for _, precision, optimizer in cases}
+    assert combos == {(p, o) for p in ("fp32", "mixed") for o in ("adam", "momentum", "sgd")}
+    assert cases == check.cases_2(Variant("default", cases_seed=3))["model_state_bytes"]
+
+
 def test_build_exercise_names_missing_key():
-    def missing(n, precision):
-        state = solution_state(n, precision)
+    def missing(n, precision, optimizer):
+        state = solution_state(n, precision, optimizer)
         del state["optimizer"]
         return state
 
     with pytest.raises(CheckFailed, match="no key 'optimizer'"):
         check.exercise_2(missing)
+
+
+def other_student():
+    """A student whose numbers differ from the default's in every numeric exercise."""
+    for name in (f"s{i}" for i in range(100)):
+        v = Variant(name)
+        given = [getattr(check, f"given_{k}") for k in (1, 3, 4)]
+        if all(numbers(v) != numbers() for numbers in given):
+            return v
+    raise AssertionError("no student with all-different numbers")
+
+
+def test_another_students_answers_come_from_their_numbers(capsys):
+    v = other_student()
+    g1, g3, g4 = check.given_1(v), check.given_3(v), check.given_4(v)
+    check.exercise_1(g1["billions"] * 16, v=v)
+    check.exercise_3(check.fewest_stages(g3["billions"], g3["gpu_gb"], g3["reserve_gb"]), v=v)
+    check.exercise_4(1 / g4["p"], 1.0, v=v)
+    assert capsys.readouterr().out.count("✅") == 3
+    # the default student's answers fail for them: copying a neighbour's answer does not pass
+    for k, args in ((1, RIGHT[1]), (3, RIGHT[3]), (4, RIGHT[4])):
+        with pytest.raises(CheckFailed):
+            getattr(check, f"exercise_{k}")(*args, v=v)

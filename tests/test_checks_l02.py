@@ -1,21 +1,24 @@
 """The lesson 02 checks: right answers pass, wrong ones fail kindly, placeholders say so."""
 
 import math
+import time
 
 import pytest
 
-from course_utils.checks import CheckFailed, NotAnswered
+from course_utils.checks import CheckFailed, NotAnswered, Variant
 from course_utils.checks import l02 as check
+from course_utils.pipeline import make_schedule, simulate
+from course_utils.pipeline.simulate import validate
 
 
-def gpipe_schedule(p, m):
-    return [[f"{d}F{k}" for k in range(m)] + [f"{d}B{k}" for k in range(m)] for d in range(p)]
+def gpipe_device(p, m, d):
+    return [f"{d}F{k}" for k in range(m)] + [f"{d}B{k}" for k in range(m)]
 
 
 RIGHT = {
     1: (["0F0", "0F1", "1F0", "1F1", "1B0", "0B0", "1B1", "0B1"],),
     2: ("0F4", "1F3"),
-    3: (gpipe_schedule,),
+    3: (gpipe_device,),
     4: (33, 96 / 33),
     5: ("a", "b"),
     6: (0.25,),
@@ -27,11 +30,14 @@ def test_ties_may_be_listed_either_way(capsys):
     assert "✅" in capsys.readouterr().out
 
 
+LIFO = ["0F0", "0F1", "1F0", "1F1", "1B1", "1B0", "0B1", "0B0"]
+
 WRONG = [  # (exercise, arguments, words the hint must contain)
     (1, (["0F0", "1F0", "0F1", "1F1", "0B0", "1B0", "1B1", "0B1"],), "1B0 starts first"),
     (1, (["0F0", "0F1", "1F0", "1F1", "1B0", "0B0", "1B1"],), "missing"),
     (1, (["0F0", "0F0", "1F0", "1F1", "1B0", "0B0", "1B1", "0B1"],), "twice"),
     (1, (["0F0", "0F1", "1F0", "1F1", "1B0", "0B0", "1B1", "2B1"],), "does not happen"),
+    (1, (LIFO,), "first in, first out"),
     (1, (["0X0"],), "action written like"),
     (1, ("0F0 0F1",), "should be a list"),
     (2, ("0F3", "1F3"), "behind"),
@@ -41,44 +47,134 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (2, ("1F4", "1F3"), "action of stage 0"),
     (4, (24, 4.0), "busy time"),
     (4, (96, 1.0), "naive"),
-    (4, (30, 3.0), "Draw the forward half"),
+    (4, (30, 3.0), "Off by one slot"),
+    (4, (36, 3.0), "Off by one slot"),
+    (4, (40, 3.0), "Draw the forward half"),
+    (4, (33.4, 3.0), "Draw the forward half"),
     (4, (33, 3.0), "speedup"),
+    (4, (33, 4.0), "ideal"),
+    (4, (33, 33 / 96), "upside down"),
+    (4, (33, 2.9), "3 significant figures"),
     (4, (math.nan, 3.0), "NaN"),
     (5, ("b", "b"), "most grey"),
+    (5, ("c", "b"), "fill-and-drain"),
     (5, ("a", "a"), "slow stage"),
+    (5, ("a", "d"), "already the slow one"),
     (5, ("a", "z"), "should be one of"),
     (6, (1 / 32,), "mean"),
+    (6, (1 / 8,), "micro-batch size"),
     (6, (1.0,), "4 times"),
     (6, (4,), "below 1"),
+    (6, (25,), "below 1"),
     (6, ("0.25",), "without quotes"),
 ]
 
 
-def test_build_exercise_catches_wrong_schedules():
-    def one_f_one_b_like(p, m):
-        return [
-            [a for k in range(m) for a in (f"{d}F{k}", f"{d}B{k}")] for d in range(p)
-        ]  # F then B per micro-batch: valid for p=1 only, deadlocks or is not GPipe
+def test_lifo_backwards_get_the_same_convention_in_2_1_and_2_3():
+    with pytest.raises(CheckFailed, match="first in, first out") as order:
+        check.exercise_1(LIFO)
 
-    def missing_backward(p, m):
-        return [[f"{d}F{k}" for k in range(m)] for d in range(p)]
+    def lifo_device(p, m, d):
+        return [f"{d}F{k}" for k in range(m)] + [f"{d}B{k}" for k in reversed(range(m))]
 
-    def wrong_count(p, m):
-        return gpipe_schedule(p, m)[:-1]
+    with pytest.raises(CheckFailed, match="first in, first out") as build:
+        check.exercise_3(lifo_device)
+    for info in (order, build):
+        assert "valid schedule" in str(info.value) and "ScheduleGPipe" in str(info.value)
+    # both are valid schedules: the simulator accepts the order the checks refuse
+    assert validate([lifo_device(3, 4, d) for d in range(3)], 3, 4) == []
 
-    def crashes(p, m):
-        return [[f"{d}F{k}" for k in range(m)] for d in range(p + "x")]
 
-    def stub(p, m):
+def test_build_exercise_catches_wrong_functions():
+    def one_f_one_b_like(p, m, d):
+        return [a for k in range(m) for a in (f"{d}F{k}", f"{d}B{k}")]
+
+    def missing_backward(p, m, d):
+        return [f"{d}F{k}" for k in range(m)]
+
+    def wrong_stage(p, m, d):
+        return gpipe_device(p, m, 0)
+
+    def crashes(p, m, d):
+        return [f"{d}F{k}" for k in range(m + "x")]
+
+    def stub(p, m, d):
         raise NotImplementedError()
 
-    with pytest.raises(CheckFailed, match="backward before its last forward|deadlock"):
+    with pytest.raises(CheckFailed, match="backward before its last forward"):
         check.exercise_3(one_f_one_b_like)
-    with pytest.raises(CheckFailed, match="missing"):
+    with pytest.raises(CheckFailed, match="missing|never"):
         check.exercise_3(missing_backward)
-    with pytest.raises(CheckFailed, match="one per device"):
-        check.exercise_3(wrong_count)
+    with pytest.raises(CheckFailed, match="runs stage 1 only"):
+        check.exercise_3(wrong_stage)
     with pytest.raises(CheckFailed, match="TypeError"):
         check.exercise_3(crashes)
     with pytest.raises(NotAnswered):
         check.exercise_3(stub)
+
+
+def test_build_exercise_cannot_be_passed_by_building_the_whole_schedule():
+    """One call of the library (make_schedule) cannot answer for a billion-stage pipeline:
+    the check asks for devices of pipelines far too long to build, and says why it fails."""
+
+    def from_library(p, m, d):
+        if p > 10**4:  # what make_schedule("gpipe", p, m) would do: run out of time
+            raise TimeoutError("ran past 20 s")
+        return [str(a) for a in make_schedule("gpipe", p, m).devices[d]]
+
+    with pytest.raises(CheckFailed, match="far too long to build whole"):
+        check.exercise_3(from_library)
+    start = time.perf_counter()
+    check.exercise_3(gpipe_device)  # the learner's own construction answers at once
+    assert time.perf_counter() - start < 5
+
+
+def test_build_cases_are_fixed_by_the_grader_seed_and_cover_every_device():
+    v = Variant("default", cases_seed=11)
+    cases = check.cases_3(v)["gpipe_device"]
+    assert cases == check.cases_3(v)["gpipe_device"]
+    small = [c for c in cases if c not in check.HUGE]
+    for p, m in {(p, m) for p, m, _ in small}:
+        assert sorted(d for q, n, d in small if (q, n) == (p, m)) == list(range(p)) or (
+            sum(1 for q, n, _ in small if (q, n) == (p, m)) % p == 0
+        )
+
+
+def test_exercise_2_5_flips_with_the_heavy_stage():
+    heavy_first = next(
+        Variant(f"s{i}")
+        for i in range(200)
+        if check.given_5(Variant(f"s{i}"))["blocks_on_stage0"] == 4
+    )
+    check.exercise_5("b", "d", v=heavy_first)
+    with pytest.raises(CheckFailed, match="device 0 is almost never idle"):
+        check.exercise_5("a", "b", v=heavy_first)
+    with pytest.raises(CheckFailed, match="already the slow one"):
+        check.exercise_5("b", "b", v=heavy_first)
+
+
+def other_student():
+    """A student whose numbers differ from the default's in the numeric exercises."""
+    for name in (f"s{i}" for i in range(200)):
+        v = Variant(name)
+        given = [getattr(check, f"given_{k}") for k in (1, 2, 4, 6)]
+        if all(numbers(v) != numbers() for numbers in given):
+            return v
+    raise AssertionError("no student with all-different numbers")
+
+
+def test_another_students_answers_come_from_their_numbers(capsys):
+    v = other_student()
+    g1, g2, g4, g6 = (getattr(check, f"given_{k}")(v) for k in (1, 2, 4, 6))
+    timeline = simulate(make_schedule("gpipe", g1["p"], g1["m"]))
+    order = [str(e.action) for e in sorted(timeline.events, key=lambda e: (e.start, e.device))]
+    check.exercise_1(order, v=v)
+    moment = g2["stage"] + g2["microbatch"] + 1  # F = 1: forward sFk ends at s + k + 1
+    check.exercise_2(f"0F{moment}", f"1F{moment - 1}", v=v)
+    makespan = (g4["m"] + g4["p"] - 1) * (g4["F"] + g4["B"])
+    check.exercise_4(makespan, g4["p"] * g4["m"] * (g4["F"] + g4["B"]) / makespan, v=v)
+    check.exercise_6(1 / g6["m"], v=v)
+    assert capsys.readouterr().out.count("✅") == 4
+    for k in (1, 2, 4, 6):  # the default student's answers fail for them
+        with pytest.raises(CheckFailed):
+            getattr(check, f"exercise_{k}")(*RIGHT[k], v=v)

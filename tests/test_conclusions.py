@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from course_utils.measure.capacity import Capacity
-from course_utils.measure.conclusions import follows, ratio, slowdown, speedup, trend
+from course_utils.measure.conclusions import follows, overlap, ratio, slowdown, speedup, trend
 
 IDLE = Capacity(1.93, 2, 0.2, 0.104)
 ONE_CORE = Capacity(0.98, 1, 0.2, 0.204)
@@ -119,6 +119,37 @@ def test_follows_names_where_a_curve_leaves_its_formula():
     assert "from the first point" in early and "0.40 below it at m = 1" in early
 
 
+def test_overlap_none_says_one_device_at_a_time():
+    text = overlap("This machine", 0.0, 0.06, IDLE)
+    assert "no two bars overlapped" in text
+
+
+@pytest.mark.parametrize("capacity", [IDLE, ONE_CORE])
+def test_overlap_small_is_the_hand_overs_on_any_machine(capacity):
+    text = overlap("This machine", 0.0004, 0.0635, capacity)
+    assert "0.40 ms" in text and "0.6% of the 63.5 ms step" in text
+    assert "the hand-overs" in text and "more than a hand-over" not in text
+
+
+def test_overlap_large_on_one_core_is_waiting_for_the_core():
+    text = overlap("This machine", 0.0173, 0.0511, ONE_CORE)
+    assert "17.30 ms" in text and "33.9%" in text
+    assert "more than a hand-over takes" in text
+    assert "0.98x" in text and "took turns on one core" in text and "wait for the core" in text
+    assert "one device at a time" in text
+
+
+@pytest.mark.parametrize("capacity", [IDLE, SHARED, HOGGED])
+def test_overlap_large_with_two_cores_names_what_else_holds_a_thread(capacity):
+    text = overlap("The reference", 0.0075, 0.0567, capacity)
+    assert "13.2%" in text and "more than a hand-over takes" in text
+    assert f"{capacity.speedup:.2f}x" in text
+    if capacity.regime == "one core":  # HOGGED: a busy second core counts as one core
+        assert "took turns on one core" in text
+    else:
+        assert "another program" in text and "took turns" not in text
+
+
 @pytest.mark.parametrize("capacity", [ONE_CORE, HOGGED])
 def test_a_straggler_is_not_claimed_where_the_threads_took_turns(capacity):
     same = slowdown("The skewed step", "the balanced one", 1.03, 1.6, capacity)
@@ -141,3 +172,10 @@ def test_two_free_cores_compare_the_straggler_with_the_prediction():
 def test_a_shared_core_may_hide_part_of_the_wait():
     text = slowdown("The skewed step", "the balanced one", 1.2, 1.6, SHARED)
     assert "below the prediction" in text and "core shared" in text
+
+
+def test_speedup_names_the_machine_it_ran_on():
+    text = speedup("GPipe on the reference machine", 1.42, 1.6, IDLE, where="the reference machine")
+    assert "2 threads ran 1.93x as fast as 1 on the reference machine" in text
+    assert "this machine" not in text
+    assert "on this machine" in speedup("GPipe", 1.42, 1.6, IDLE)

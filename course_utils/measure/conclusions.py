@@ -17,16 +17,19 @@ from course_utils.measure.capacity import Capacity
 NOISE = 0.1  # differences below 10% are within what a shared machine varies by
 
 
-def speedup(what: str, measured: float, ideal: float, capacity: Capacity) -> str:
+def speedup(
+    what: str, measured: float, ideal: float, capacity: Capacity, where: str = "this machine"
+) -> str:
     """How a measured parallel speed-up compares with the ideal and with the machine.
 
     `measured` = time of the one-device (or unsplit) run / time of the parallel run;
-    `ideal` = what the schedule or method allows with free communication and equal work.
+    `ideal` = what the schedule or method allows with free communication and equal work;
+    `where` names the machine, e.g. "the reference machine" for a recording.
     """
     cap = capacity.speedup
     bound = min(ideal, max(cap, 1.0))
     text = f"{what} ran {measured:.2f}x as fast as the baseline (ideal {ideal:.2f}x). "
-    text += f"Just before, 2 threads ran {cap:.2f}x as fast as 1 on this machine"
+    text += f"Just before, 2 threads ran {cap:.2f}x as fast as 1 on {where}"
     if capacity.regime == "one core":
         text += ", so the threads took turns and no speed-up could show: "
         if measured < 1 - NOISE:
@@ -113,6 +116,48 @@ def follows(
     return (
         f"The measured {what} {within} was {abs(gaps[worst]):.2f} {side} it at "
         f"{x_name} = {xs[worst]:g}."
+    )
+
+
+def overlap(what: str, overlap_s: float, makespan_s: float, capacity: Capacity) -> str:
+    """How long measured bars overlapped in a schedule where, in theory, none can.
+
+    In the naive schedule a device starts only once the one before has handed it its
+    tensor, so one device computes at a time. A measured chart can still show two bars at
+    the same moment: the thread that handed over records the end of its bar after the
+    hand-over, and on a busy or single core it may wait for the core before it can.
+    `overlap_s` = time during which two or more devices had a bar; `makespan_s` = the step.
+    """
+    if overlap_s <= 0:
+        return f"{what}: no two bars overlapped; one device computed at a time, as in theory."
+    share = overlap_s / makespan_s if makespan_s > 0 else 1.0
+    text = (
+        f"{what}: two or more devices had a bar at the same moment for {1e3 * overlap_s:.2f} ms "
+        f"in total, {share:.1%} of the {1e3 * makespan_s:.1f} ms step"
+    )
+    after = (
+        "A device starts only once the one before has handed it its tensor, and the thread "
+        "that handed over records the end of its bar just after"
+    )
+    if share < NOISE:
+        return f"{text}: the hand-overs. {after}; the work still went one device at a time."
+    cap = capacity.speedup
+    text += f", more than a hand-over takes. Just before, 2 threads ran {cap:.2f}x as fast as 1"
+    if capacity.regime == "one core":
+        why = (
+            ": the threads took turns on one core, so a thread that had handed its tensor on "
+            "could wait for the core, while the next device computed, before it recorded the "
+            "end of its bar."
+        )
+    else:
+        why = (
+            ", yet a thread can still be held up between the hand-over and recording the end "
+            "of its bar: by another program on a core, or by Python's lock that lets one "
+            "thread at a time run Python code."
+        )
+    return (
+        f"{text}{why} Those overlaps are waiting drawn as work: {after[0].lower()}{after[1:]}, "
+        "so the work itself still went one device at a time."
     )
 
 
