@@ -67,7 +67,11 @@ def _starts(p: int, m: int) -> dict[Action, float]:
 def _lifo_stage(actions: list[Action]) -> int | None:
     """A stage whose backwards are listed last in, first out (the convention's slip)."""
     for stage in sorted({a.stage for a in actions}):
-        order = [a.microbatch for a in actions if a.stage == stage and a.kind == "B"]
+        order = [
+            a.microbatch
+            for a in actions
+            if a.stage == stage and a.kind == "B" and a.microbatch is not None
+        ]
         if len(order) > 1 and order == sorted(order, reverse=True):
             return stage
     return None
