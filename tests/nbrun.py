@@ -16,8 +16,9 @@ import time
 from pathlib import Path
 
 import nbformat
-from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
+
+from course_utils.grading.notebook_tools import notebook_client
 
 
 def main() -> int:
@@ -26,7 +27,7 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=600)
     args = parser.parse_args()
     nb = nbformat.read(args.notebook, as_version=4)
-    client = NotebookClient(
+    client = notebook_client(
         nb,
         timeout=args.timeout,
         kernel_name="python3",

@@ -221,13 +221,13 @@ def _tiny_notebook(answer: str) -> nbformat.NotebookNode:
 
 @pytest.mark.slow
 def test_failed_check_in_a_kernel_shows_only_the_message():
-    from nbclient import NotebookClient
+    from course_utils.grading.notebook_tools import notebook_client
 
     nb = _tiny_notebook("float('nan')")
     nb.cells.append(nbformat.v4.new_code_cell("exercise_1(0.3)"))
     nb.cells.append(nbformat.v4.new_code_cell("exercise_1(None)"))
     nb.cells.append(nbformat.v4.new_code_cell("exercise_1(0.25)"))
-    NotebookClient(nb, timeout=60, kernel_name="python3", allow_errors=True).execute()
+    notebook_client(nb, timeout=60, kernel_name="python3", allow_errors=True).execute()
     nan, wrong, unanswered, right = (cell.outputs for cell in nb.cells[2:])
     for outputs, ename, text in [
         (nan, "CheckFailed", "❌ `bubble_fraction` is NaN"),

@@ -42,14 +42,14 @@ _runs: dict[Path, tuple[nbformat.NotebookNode, float]] = {}
 
 def executed(path: Path) -> nbformat.NotebookNode:
     """`path` run top to bottom in a fresh kernel (errors allowed), once per session."""
-    from nbclient import NotebookClient
+    from course_utils.grading.notebook_tools import notebook_client
 
     if path not in _runs:
         if not path.exists():
             pytest.fail(f"{path.relative_to(ROOT)} is missing: run `make exercises`")
         nb = nbformat.read(path, as_version=4)
         start = time.perf_counter()
-        NotebookClient(
+        notebook_client(
             nb,
             timeout=300,
             kernel_name="python3",

@@ -225,3 +225,22 @@ def test_for_student_rewrites_the_name_in_a_notebook_file(tmp_path):
     written = make_exercises.write_for_students(["ann"], tmp_path)
     lesson_03 = [p for p in written if p.name == solved.name]
     assert lesson_03 and 'for_student(\\"ann\\")' in lesson_03[0].read_text()
+
+
+@pytest.mark.slow
+def test_notebook_client_leaves_output_widgets_to_the_kernel():
+    # nbclient's imitation of an Output widget can miss a cell's reply (nbclient #312): our
+    # runners do not imitate it, so what the widget captures stays in the cell's outputs.
+    from course_utils.grading.notebook_tools import notebook_client
+
+    source = (
+        "import ipywidgets as widgets\n"
+        "box = widgets.Output()\n"
+        "display(box)\n"
+        "with box:\n"
+        "    print('inside the widget')"
+    )
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source)])
+    notebook_client(nb, timeout=60, kernel_name="python3").execute()
+    text = "".join(o.get("text", "") for o in nb.cells[0].outputs if o.output_type == "stream")
+    assert "inside the widget" in text

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import nbformat
 
+from course_utils.grading.notebook_tools import notebook_client
+
 PRELUDE = """\
 def __course_capture__(k, expressions, cases, limit):
     import json
@@ -189,7 +191,6 @@ def run_submission(
     """
     from jupyter_client.kernelspec import KernelSpecManager
     from jupyter_client.manager import AsyncKernelManager
-    from nbclient import NotebookClient
     from nbclient.exceptions import DeadKernelError
 
     run = Run()
@@ -216,7 +217,7 @@ def run_submission(
             kernel_name="course-grader",
             kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(specs)]),
         )
-        client = NotebookClient(
+        client = notebook_client(
             nb,
             km=km,
             timeout=cell_timeout,

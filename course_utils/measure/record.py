@@ -26,11 +26,12 @@ ROOT = Path(__file__).resolve().parents[2]
 def run_lesson(path: Path, timeout: float = 600) -> float:
     """Execute one notebook in a fresh kernel (recording mode); its wall time in seconds."""
     import nbformat
-    from nbclient import NotebookClient
+
+    from course_utils.grading.notebook_tools import notebook_client
 
     nb = nbformat.read(path, as_version=4)
     start = time.perf_counter()
-    NotebookClient(
+    notebook_client(
         nb,
         timeout=timeout,
         kernel_name="python3",
