@@ -360,3 +360,25 @@ def test_the_step_time_limit_bounds_the_step():
         assert time.monotonic() - t0 < 1.0 + ABORT_GRACE_S  # the limit plus the abort grace
     with pytest.raises(CourseInputError, match="step_timeout"):
         PipelineExecutor(stages, 2, loss_fn, step_timeout=float("nan"))
+
+
+def test_a_bar_ends_when_the_work_does_not_after_the_hand_over(monkeypatch):
+    # Posting a message can hand the core to the receiver before the sender reads the
+    # clock again (one core, the GIL). Here every hand-over takes 0.3 s: the bars of the
+    # tiny stages must not include it, or measured charts would show overlap that is not.
+    from course_utils.pipeline import executor as executor_module
+
+    real_put = executor_module.Mailboxes.put
+
+    def slow_put(self, key, value):
+        time.sleep(0.3)
+        real_put(self, key, value)
+
+    monkeypatch.setattr(executor_module.Mailboxes, "put", slow_put)
+    model = make_model("mlp", 2)
+    x, y = model.example_batch(8, torch.Generator().manual_seed(1))
+    with PipelineExecutor(partition(model, 2), 2, loss_fn) as ex:
+        ex.step(make_schedule("gpipe", 2, 2), x, y)  # a thread's first backward starts slowly
+        result = ex.step(make_schedule("gpipe", 2, 2), x, y)
+    senders = [e for e in result.timeline.events if e.action.kind in "FB"]
+    assert len(senders) == 8 and max(e.end - e.start for e in senders) < 0.2, senders

@@ -41,6 +41,9 @@ from course_utils.timeline import Event, Timeline
 
 _POLL_S = 0.02  # how often a waiting device re-checks abort and deadlock
 
+# What an action hands to another stage: (mailbox key, tensor), e.g. (("act", 2, 0), out).
+Message = tuple[tuple, torch.Tensor]
+
 
 @dataclass
 class StageCosts:
@@ -303,14 +306,20 @@ class _Run:
             if a == self.fail:
                 raise RuntimeError(f"deliberate failure injected at {a} (fail_at)")
             if a.kind == "F":
-                self._forward(s, mb, inputs, saved)
+                message = self._forward(s, mb, inputs, saved)
             elif a.kind == "B":
-                self._backward(s, mb, inputs, saved)
+                message = self._backward(s, mb, inputs, saved)
             elif a.kind == "I":
-                self._backward_input(s, mb, inputs, saved)
+                message = self._backward_input(s, mb, inputs, saved)
             else:
-                self._backward_weight(s, mb, saved)
+                self._backward_weight(s, mb, saved)  # W sends nothing
+                message = None
+            # The bar ends when the work does, before the hand-over: once the message is
+            # posted the receiver may take the core (and the GIL) before this thread could
+            # read the clock, and the bar would run on into the receiver's work.
             end = time.perf_counter_ns()
+            if message is not None:
+                self.mail.put(*message)
         except (Aborted, ScheduleError):
             raise
         except Exception as exc:
@@ -339,7 +348,7 @@ class _Run:
             )
         return None
 
-    def _forward(self, s: int, mb: int, received, saved: dict) -> None:
+    def _forward(self, s: int, mb: int, received, saved: dict) -> Message | None:
         x = self.xs[mb] if s == 0 else received
         if s > 0 and x.is_floating_point():
             # a leaf of this stage's own graph, so backward stops here and yields x.grad
@@ -355,17 +364,17 @@ class _Run:
                 self.losses[mb] = loss.item()
                 out = loss * self.scale
         saved[(s, mb)] = {"x": x, "out": out, "records": records}
-        if s < self.last:
-            self.mail.put(("act", s + 1, mb), out.detach())
+        return (("act", s + 1, mb), out.detach()) if s < self.last else None
 
-    def _backward(self, s: int, mb: int, grad_out, saved: dict) -> None:
+    def _backward(self, s: int, mb: int, grad_out, saved: dict) -> Message | None:
         st = saved.pop((s, mb))
         torch.autograd.backward(st["out"], grad_out)  # accumulates into .grad
         x = st["x"]
-        if s > 0:
-            self.mail.put(("grad", s - 1, mb), x.grad if x.grad is not None else x * 0)
+        if s == 0:
+            return None
+        return ("grad", s - 1, mb), x.grad if x.grad is not None else x * 0
 
-    def _backward_input(self, s: int, mb: int, grad_out, saved: dict) -> None:
+    def _backward_input(self, s: int, mb: int, grad_out, saved: dict) -> Message | None:
         """I: one backward pass that stops short of the weights.
 
         It yields the gradient of the stage input (sent to the previous stage at once) and
@@ -377,10 +386,12 @@ class _Run:
         grads = torch.autograd.grad(
             st["out"], wanted, grad_out, retain_graph=True, allow_unused=True
         )
+        message = None
         if x.requires_grad:
             gx, grads = grads[0], grads[1:]
-            self.mail.put(("grad", s - 1, mb), gx if gx is not None else x * 0)
+            message = ("grad", s - 1, mb), gx if gx is not None else x * 0
         st["grad_out"], st["record_grads"] = grad_out, list(grads)
+        return message
 
     def _backward_weight(self, s: int, mb: int, saved: dict) -> None:
         """W: each module's weight gradients from the output gradient I left for it.
