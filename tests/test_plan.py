@@ -279,7 +279,7 @@ def test_context_parallel_traffic_and_buffers_equal_the_ring_attention_module():
     t = SMALL.seq // 4
     kept = 2 * SMALL.heads * 4 * t * SMALL.head_dim
     whole = ring.attention_activation_bytes(SMALL.seq, 4, SMALL.heads, SMALL.head_dim, 2)
-    assert plan.buffers(SMALL, cfg)["ring attention"] + kept == whole
+    assert plan.buffers(SMALL, cfg)["attention in flight"] + kept == whole
     assert plan.ring_attention_bytes(SMALL.seq, 4, SMALL.heads, SMALL.head_dim) == whole
 
 

@@ -300,24 +300,39 @@ def buffers(
       gradient before its reduce-scatter;
     - "logits": the last stage's b x s x V output in the activation precision, plus the fp32
       copy the loss is computed in (Megatron-LM's vocab-parallel cross entropy), / tp;
-    - "ring attention" (cp > 1): the K/V block in flight, one block of scores and the
-      log-sum-exp (`ring_attention_bytes` less what `activation_terms` already counts).
+    - "attention in flight": the scores one layer builds while it computes attention. Without
+      context parallelism, selective recomputation rebuilds the layer's whole s x s scores
+      in the backward (Korthikanti's (2e + 1) a s^2 b / t term, for one layer at a time).
+      With cp > 1 the ring holds one K/V block arriving, one block of scores (t x t for
+      t = s / cp tokens: cp^2 times smaller) and the log-sum-exp: `ring_attention_bytes`
+      less the q, k, v and output `activation_terms` already counts (the course's ring
+      attention builds each block's scores; a tiled flash-style kernel would keep one tile);
+    - "recomputed layer" (full recomputation): one layer's activations, rebuilt from its
+      input for its backward.
     The logits live on the last pipeline stage and the activations peak on the first; the
     planner adds them anyway (a safe side for a plan).
     """
     prec = get_precision(precision)
     t, e, b = config.tp, prec.activation_bytes, config.microbatch_size
     s = model.seq / config.cp
-    out = {"gathered layers": 0.0, "logits": 0.0, "ring attention": 0.0}
+    out = {"gathered layers": 0.0, "logits": 0.0, "attention in flight": 0.0,
+           "recomputed layer": 0.0}  # fmt: skip
     if config.zero == 3:
         layer = sum(psi for psi, _ in _shard_groups(model, config)) / (model.layers / config.pp)
         out["gathered layers"] = (2 * prec.weight_bytes + prec.grad_bytes) * layer
     out["logits"] = b * s * model.vocab * (e + 4) / t
+    heads = model.heads // t
     if config.cp > 1:
-        heads = model.heads // t
         whole = ring_attention_bytes(model.seq, config.cp, heads, model.head_dim, e, b)
         kept = e * b * heads * 4 * s * model.head_dim  # q, k, v, output: in the activations
-        out["ring attention"] = whole - kept
+        out["attention in flight"] = whole - kept
+    elif config.recompute == "selective":
+        out["attention in flight"] = (2 * e + 1) * heads * s * s * b
+    if config.recompute == "full":
+        out["recomputed layer"] = activation_bytes_per_layer(
+            model.seq, b, model.hidden, model.heads, t, config.sequence_parallel, "none", e,
+            cp=config.cp, ffn_hidden=model.ffn, moe_factor=_moe_factor(model),
+        )  # fmt: skip
     return out
 
 
@@ -362,8 +377,14 @@ def memory(
 # --------------------------------------------------------------------------- FLOPs
 
 
-def _flops_per_token(model: ModelShape | int, recompute: str) -> tuple[float, float]:
-    """(forward FLOPs per token, extra FLOPs per token that recomputation adds)."""
+def _flops_per_token(
+    model: ModelShape | int, recompute: str, cp: int = 1
+) -> tuple[float, float]:
+    """(forward FLOPs per token, extra FLOPs per token that recomputation adds).
+
+    With context parallelism the ring rebuilds each block's attention probabilities in the
+    backward (it keeps no scores), so the attention core is recomputed even with "none".
+    """
     if recompute not in RECOMPUTE:
         raise CourseInputError(
             f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}"
@@ -372,10 +393,13 @@ def _flops_per_token(model: ModelShape | int, recompute: str) -> tuple[float, fl
     params = shape.active_params if shape else model
     attention = 4 * shape.layers * shape.hidden * shape.seq if shape else 0.0  # forward only
     forward = 2 * params + attention
-    return forward, {"none": 0.0, "selective": attention, "full": forward}[recompute]
+    extra = {"none": attention if cp > 1 else 0.0, "selective": attention, "full": forward}
+    return forward, extra[recompute]
 
 
-def training_flops(model: ModelShape | int, tokens: float, recompute: str = "none") -> float:
+def training_flops(
+    model: ModelShape | int, tokens: float, recompute: str = "none", cp: int = 1
+) -> float:
     """FLOPs executed in one training step over `tokens` tokens.
 
     6 N per token (2 forward + 4 backward per parameter; Kaplan et al. 2020, arXiv 2001.08361)
@@ -383,9 +407,11 @@ def training_flops(model: ModelShape | int, tokens: float, recompute: str = "non
     arXiv 2104.04473, eq. 3). N is the parameters a token uses: all of a dense model, the
     dense part and top-k experts of a mixture of experts. Full recomputation repeats the
     forward (2 N + 4 L h s per token); selective recomputation only the attention core
-    (4 L h s per token). With recompute="none" this is the model's own FLOPs, what MFU counts.
+    (4 L h s per token), as does context parallelism (cp > 1: ring attention rebuilds the
+    probabilities in the backward). With recompute="none" and cp = 1 this is the model's own
+    FLOPs, what MFU counts.
     """
-    forward, extra = _flops_per_token(model, recompute)
+    forward, extra = _flops_per_token(model, recompute, cp)
     return tokens * (3 * forward + extra)
 
 
@@ -612,7 +638,7 @@ def _step_time(
         return bytes_ / hardware.bandwidth(span) + messages * lat if bytes_ else 0.0
 
     tokens = config.global_batch * model.seq
-    forward, extra = _flops_per_token(model, config.recompute)
+    forward, extra = _flops_per_token(model, config.recompute, config.cp)
     compute = tokens * (3 * forward + extra) / config.gpus
     compute /= hardware.peak_flops(prec) * hardware.efficiency
     parts = {"compute": compute}
@@ -659,7 +685,7 @@ def utilisation(
     capacity = config.gpus * hardware.peak_flops(prec) * seconds
     return {
         "mfu": training_flops(model, tokens, "none") / capacity,
-        "hfu": training_flops(model, tokens, config.recompute) / capacity,
+        "hfu": training_flops(model, tokens, config.recompute, config.cp) / capacity,
     }
 
 
