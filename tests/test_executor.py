@@ -4,13 +4,12 @@ failures (errors, deadlocks, Ctrl-C) and a usable executor afterwards."""
 import _thread
 import copy
 import json
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
 import torch
+from conftest import run_module
 from torch import nn
 
 from course_utils.actions import Action, Schedule
@@ -244,18 +243,15 @@ def test_keyboard_interrupt_stops_the_workers():
         assert ex.step(make_schedule("gpipe", P, 2), x, y).loss > 0
 
 
-def run_cli(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "course_utils", "run", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+@pytest.fixture
+def cli(run_cli):
+    """`python -m course_utils run ARGS...` in this process: (returncode, stdout, stderr)."""
+    return lambda *args: run_cli("run", *args)
 
 
-def test_cli_json_figures(tmp_path):
+def test_cli_json_figures(cli, tmp_path):
     png = tmp_path / "gantt.png"
-    out = run_cli("1f1b", "--stages", "2", "--microbatches", "4", "--json", "--gantt", str(png))
+    out = cli("1f1b", "--stages", "2", "--microbatches", "4", "--json", "--gantt", str(png))
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     for key in ("measured_makespan_s", "naive_makespan_s", "speedup", "simulated_makespan_s"):
@@ -268,14 +264,24 @@ def test_cli_json_figures(tmp_path):
     assert png.stat().st_size > 10_000  # measured vs simulated chart
 
 
-def test_cli_fail_at_and_bad_input_are_one_line():
-    out = run_cli("gpipe", "--stages", "2", "--microbatches", "4", "--fail-at", "1F2")
+def test_cli_fail_at_and_bad_input_are_one_line(cli):
+    out = cli("gpipe", "--stages", "2", "--microbatches", "4", "--fail-at", "1F2")
     assert out.returncode == 1
     assert out.stderr.count("\n") == 1 and "1F2" in out.stderr and "Traceback" not in out.stderr
-    out = run_cli("gpipe", "--stages", "2", "--microbatches", "0")
+    out = cli("gpipe", "--stages", "2", "--microbatches", "0")
     assert out.returncode == 2 and out.stderr.count("\n") == 1
-    out = run_cli("nope", "--stages", "2")
+    out = cli("nope", "--stages", "2")
     assert out.returncode == 2 and out.stderr.count("\n") == 1
+
+
+def test_cli_smoke_in_a_subprocess():
+    ok = run_module("run", "gpipe", "--stages", "2", "--microbatches", "2", "--model", "mlp")
+    assert ok.returncode == 0, ok.stderr
+    assert "max gradient difference" in ok.stdout and "speed-up" in ok.stdout
+    assert "peak activations per device (micro-batches): [2, 2]" in ok.stdout
+    bad = run_module("run", "gpipe", "--stages", "2", "--microbatches", "0")
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.count("\n") == 1 and "--microbatches" in bad.stderr
 
 
 def test_a_forgotten_executor_stops_its_threads():

@@ -257,8 +257,9 @@ def test_tampering_is_reported_cell_by_cell():
     result = grade(nb)
     report = {t["cell"]: t["status"] for t in result.tampering}
     assert report == {"check-03-2": "changed", "check-03-5": "removed", "given-03-1": "changed"}
-    # the honest answers still count: tampering is reported, not punished by the grader
-    assert passed(result) == ALL
+    # The answers still count: tampering is reported, not punished by the grader. But the
+    # judge uses the real given numbers, so 3.1, worked out from a forged p, is wrong.
+    assert passed(result) == [e for e in ALL if e != "3.1"]
 
 
 # --------------------------------------------------------------------------- variants

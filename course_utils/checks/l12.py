@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import asdict, replace
 
 from course_utils import plan
@@ -80,7 +81,11 @@ def _needed(params, gpu_memory_gib, reserve_gib, zero, units=GIB, rounding=math.
 
 def _acceptable(case: tuple) -> set:
     """The right answer, also as a learner's float arithmetic may round an exact ratio."""
-    return {_needed(*case), _needed(*case, slack=0.0)}
+    params, gpu_memory_gib, reserve_gib, zero = case
+    return {
+        _needed(params, gpu_memory_gib, reserve_gib, zero),
+        _needed(params, gpu_memory_gib, reserve_gib, zero, slack=0.0),
+    }
 
 
 def min_gpus_needed(params: float, gpu_memory_gib: float, reserve_gib: float, zero: int):
@@ -119,7 +124,7 @@ MUST_CHANGE = {
 }
 
 
-def _wrong_formulas() -> dict[str, object]:
+def _wrong_formulas() -> dict[str, Callable[[float, float, float, int], int | None]]:
     """Mistakes a whole set of answers can reveal, each with the hint that names it."""
     return {
         "counts memory in GB (10^9 bytes), but GPU memory is in GiB: 1 GiB = 2^30 bytes "
@@ -317,7 +322,7 @@ def exercise_3(grew_most, fix, v: Variant = DEFAULT) -> None:
     before, after = regression(v)
     t0, t1 = plan.step_time(model, before), plan.step_time(model, after)
     growth = {k: t1[k] - t0[k] for k in plan.TIME_PARTS}
-    right = max(growth, key=growth.get)
+    right = max(growth, key=lambda k: growth[k])
     if part != right:
         fail(
             f"`grew_most`: {part} changed by {growth[part]:+.2f} s. Compare the two "

@@ -47,6 +47,10 @@ def output_path(path: str, flag: str, suffixes: tuple[str, ...]) -> Path:
     if out.suffix.lower() not in suffixes:
         allowed = ", ".join(suffixes[:-1]) + " or " + suffixes[-1] if suffixes[1:] else suffixes[0]
         raise CourseInputError(f"{flag} must end in {allowed}, got {path!r}")
+    if out.parent.exists() and not out.parent.is_dir():
+        raise CourseInputError(
+            f"{flag} {path!r} cannot be written: {str(out.parent)!r} is a file, not a folder"
+        )
     if not out.parent.is_dir():
         raise CourseInputError(f"{flag} {path!r}: folder {str(out.parent)!r} does not exist")
     if out.is_dir():

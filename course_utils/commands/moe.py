@@ -133,6 +133,7 @@ def compare(args) -> dict:
         tokens_per_worker=tokens_per_worker,
     )
     measured = got.timeline
+    assert measured is not None  # the run above was recorded
     return {
         "workers": args.workers,
         "experts": args.experts,

@@ -10,6 +10,7 @@ import argparse
 import json
 import math
 from dataclasses import asdict, replace
+from typing import Any
 
 from course_utils.errors import CourseInputError
 from course_utils.pipeline.schedules import RECOMMENDED
@@ -198,7 +199,7 @@ def _shape_from_args(args) -> ModelShape | int:
 
 def _hardware_from_args(args) -> Hardware:
     preset = HARDWARE_PRESETS[args.gpu]
-    changes: dict[str, object] = {}
+    changes: dict[str, Any] = {}
     for flag, key in (("--gpu-memory-gib", "gpu_memory_gib"), ("--peak-tflops", "peak_tflops_bf16"),
                       ("--intra-node-gbs", "intra_node_gbs"),
                       ("--inter-node-gbs", "inter_node_gbs")):  # fmt: skip
@@ -296,7 +297,7 @@ def run(args) -> int:
     if not feasible:
         fewest = min_gpus(model, batch, hardware, args.precision)
     if args.json:
-        data = search_to_dict(result)
+        data: dict[str, Any] = dict(search_to_dict(result))
         data["assumptions"] = _assumptions(model, hardware, args.precision, args.overlap_dp)
         data["min_gpus"] = fewest if not feasible else None
         print(json.dumps(data, allow_nan=False))

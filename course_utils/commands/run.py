@@ -111,8 +111,13 @@ def run(args: argparse.Namespace) -> int:
         except (WorkerError, ScheduleError) as err:
             print(f"python -m course_utils run: {err}", file=sys.stderr)
             return 1
+
+    def grad(param: torch.Tensor) -> torch.Tensor:
+        assert param.grad is not None  # both models ran their backward pass above
+        return param.grad
+
     grad_diff = max(
-        (a.grad - b.grad).abs().max().item()
+        (grad(a) - grad(b)).abs().max().item()
         for a, b in zip(model.parameters(), reference.parameters(), strict=True)
     )
     simulated = simulated_from_measured(result, schedule)

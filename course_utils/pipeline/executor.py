@@ -27,6 +27,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -126,7 +127,7 @@ class PipelineExecutor:
 
     def __init__(
         self,
-        stages: list[nn.Module],
+        stages: Sequence[nn.Module],
         num_devices: int,
         loss_fn=None,
         step_timeout: float | None = 300.0,
@@ -295,6 +296,7 @@ class _Run:
 
     def _do(self, d: int, a: Action, saved: dict) -> tuple[float, float]:
         s, mb = a.stage, a.microbatch
+        assert mb is not None  # only compute actions (F, B, I, W) are done here
         try:
             inputs = self._receive(d, a, saved)  # waiting is idle time, not part of the action
             start = time.perf_counter_ns()

@@ -61,7 +61,7 @@ class CostModel:
 
     def __post_init__(self) -> None:
         for name in ("forward", "backward", "p2p"):
-            value = getattr(self, name)
+            value: float = getattr(self, name)
             if not isinstance(value, Real) or not 0 <= value < math.inf:
                 raise CourseInputError(f"{name} cost must be a finite number >= 0, got {value!r}")
         if not _finite(self.weight_fraction) or not 0 <= self.weight_fraction <= 1:
@@ -277,8 +277,9 @@ def _run(
         push_start, push_end = starts[d].append, ends[d].append
         while i < len(plan):
             a = plan[i]
-            kind, s = a.kind, a.stage
-            base = s * row + a.microbatch * 3
+            kind, s, mb = a.kind, a.stage, a.microbatch
+            assert mb is not None  # compute actions all have one (structure_problems checked)
+            base = s * row + mb * 3
             # At most two dependencies (-1: none); written out rather than looped, for speed.
             if kind == "F":
                 key, dep1, dep2 = base, (base - row if s > 0 else -1), -1
@@ -326,6 +327,7 @@ def _run(
 def _dependencies(a: Action, last: int) -> list[tuple[int, str, int]]:
     """What `a` waits for, as (stage, kinds that deliver it, micro-batch)."""
     s, m = a.stage, a.microbatch
+    assert m is not None  # a compute action
     if a.kind == "F":
         return [(s - 1, "F", m)] if s > 0 else []
     if a.kind == "W":

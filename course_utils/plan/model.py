@@ -66,7 +66,7 @@ __all__ = ["ring_allreduce_time"]  # re-exported: lesson 12 computes with plan.r
 
 
 def model_state_bytes(
-    params: int,
+    params: float,
     precision: str | Precision = "bf16-mixed",
     zero: int = 0,
     dp: int = 1,
@@ -377,9 +377,7 @@ def memory(
 # --------------------------------------------------------------------------- FLOPs
 
 
-def _flops_per_token(
-    model: ModelShape | int, recompute: str, cp: int = 1
-) -> tuple[float, float]:
+def _flops_per_token(model: ModelShape | int, recompute: str, cp: int = 1) -> tuple[float, float]:
     """(forward FLOPs per token, extra FLOPs per token that recomputation adds).
 
     With context parallelism the ring rebuilds each block's attention probabilities in the
@@ -389,9 +387,11 @@ def _flops_per_token(
         raise CourseInputError(
             f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}"
         )
-    shape = model if isinstance(model, ModelShape) else None
-    params = shape.active_params if shape else model
-    attention = 4 * shape.layers * shape.hidden * shape.seq if shape else 0.0  # forward only
+    if isinstance(model, ModelShape):
+        params: float = model.active_params
+        attention = 4.0 * model.layers * model.hidden * model.seq  # forward only
+    else:
+        params, attention = model, 0.0
     forward = 2 * params + attention
     extra = {"none": attention if cp > 1 else 0.0, "selective": attention, "full": forward}
     return forward, extra[recompute]
@@ -649,7 +649,8 @@ def _step_time(
         backward = compute * (2 * forward + extra) / (3 * forward + extra)
         window = {"last backward": backward / config.microbatches, "backward": backward,
                   "compute": compute}  # fmt: skip
-        exposed, by_window = 0.0, {}
+        exposed = 0.0
+        by_window: dict[str, tuple[float, float]] = {}
         for col in data_parallel_collectives(model, config, prec):
             tau = seconds(col.bytes, col.messages, col.span)
             if col.overlaps == "none":

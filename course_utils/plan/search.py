@@ -69,7 +69,7 @@ def search(
     _positive_int(global_batch, "global_batch")
     prec = get_precision(precision)
     feasible: list[Estimate] = []
-    rejected: list[tuple[object, str]] = []
+    rejected: list[tuple[Config | dict[str, int], str]] = []
     for tp in _divisors(gpus):
         if model.heads % tp:
             rejected.append(({"tp": tp}, f"tp={tp} does not divide heads={model.heads}"))
@@ -131,7 +131,7 @@ def search(
                         except CourseInputError as exc:  # e.g. the schedule's own rules on m
                             rejected.append((config, str(exc)))
                             continue
-                        if estimate.fits:
+                        if estimate.reason is None:  # it fits
                             feasible.append(estimate)
                             if first_fit:
                                 return {"feasible": feasible, "rejected": rejected}
@@ -174,7 +174,7 @@ def min_gpus(
     return None
 
 
-def search_to_dict(result: dict[str, list], limit: int | None = None) -> dict[str, list]:
+def search_to_dict(result: dict[str, list], limit: int | None = None) -> dict[str, object]:
     """The JSON shape of `python -m course_utils plan search --json`."""
 
     def config_dict(config) -> dict:
