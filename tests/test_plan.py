@@ -35,7 +35,7 @@ def cli(run_cli):
     [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.9)],
 )
 def test_zero_paper_figure_1(zero, published_gb):
-    # Rajbhandari et al. 2020, Figure 1: 7.5B parameters, Nd = 64, K = 12.
+    # Rajbhandari et al. 2019 (arXiv 1910.02054; SC 2020), Figure 1: 7.5B parameters, Nd = 64.
     states = plan.model_state_bytes(7.5e9, "bf16-mixed", zero=zero, dp=64)
     assert round(sum(states.values()) / GB, 1) == published_gb
 

@@ -326,7 +326,8 @@ def run(args) -> int:
         states = states_lower_bound(model, hardware, args.precision)
         if fewest is None:
             print(
-                f"Nothing fits on up to 4096 GPUs of this kind (model states alone need {states})."
+                "No layout found on up to 4,096 GPUs of this kind within 20 s of searching "
+                f"(model states alone, fully sharded, need at least {states})."
             )
         else:
             print(

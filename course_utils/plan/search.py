@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from dataclasses import asdict
 
 from course_utils.errors import CourseInputError
@@ -150,27 +151,38 @@ def states_lower_bound(
     return max(1, math.ceil(states / (hardware.usable_gib * GIB)))
 
 
+def gpu_counts(start: int, gpus_per_node: int, limit: int) -> list[int]:
+    """The GPU counts a cluster is rented in, from `start` up to `limit`: 1, 2, 4 ... below
+    a node, then whole nodes."""
+    small = [2**k for k in range(gpus_per_node.bit_length()) if 2**k < gpus_per_node]
+    counts = [n for n in small if n >= start]
+    first = max(1, math.ceil(start / gpus_per_node))
+    return counts + [k * gpus_per_node for k in range(first, limit // gpus_per_node + 1)]
+
+
 def min_gpus(
     model: ModelShape,
     global_batch: int,
     hardware: Hardware = Hardware(),
     precision: str | Precision = "bf16-mixed",
     limit: int = 4096,
+    budget_s: float = 20.0,
 ) -> int | None:
-    """The fewest GPUs on which some layout fits (None if none up to `limit`).
+    """The fewest GPUs on which some layout fits: None if none up to `limit` GPUs, or if
+    `budget_s` seconds of searching found none.
 
-    Starts at `states_lower_bound` and tries the counts a cluster is rented in: 1, 2, 4 ...
-    up to a node, then whole nodes; each count is searched until a layout fits.
+    Tries `gpu_counts` from `states_lower_bound` upwards, each with a search that stops at
+    the first layout that fits (a count whose layouts cannot divide the layers or the batch
+    is rejected at once).
     """
     _positive_int(global_batch, "global_batch")
+    began = time.perf_counter()
     start = states_lower_bound(model, hardware, precision)
-    node = hardware.gpus_per_node
-    small = [n for n in (1, 2, 4, 8, 16, 32) if n < node]
-    counts = [n for n in small if n >= start]
-    counts += [k * node for k in range(max(1, math.ceil(start / node)), limit // node + 1)]
-    for n in counts:
+    for n in gpu_counts(start, hardware.gpus_per_node, limit):
         if search(model, n, global_batch, hardware, precision, first_fit=True)["feasible"]:
             return n
+        if time.perf_counter() - began > budget_s:
+            return None
     return None
 
 
