@@ -150,8 +150,8 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (8, (3, A2A_GB), "1, 2, 4 or 8"),
     (8, (8, 2 * A2A_GB), "both directions"),
     (8, (8, A2A_GB / 2), "forward only"),
+    (8, (8, A2A_GB / 2), "one copy per token"),  # top-2: the same factor, one message
     (8, (8, A2A_GB * 8 / 7), "stay home"),
-    (8, (8, A2A_GB / 2 / 1.0001), "forward only"),
     (8, (8, A2A_GB * 3), "4 all-to-alls"),
 ]
 

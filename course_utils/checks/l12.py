@@ -651,6 +651,27 @@ def moe_layout(ep: int, v: Variant = DEFAULT) -> tuple[plan.ModelShape, plan.Con
     return plan.MODEL_PRESETS[g["model"]], config
 
 
+def _moe_slips(ep: int, top_k: int) -> list[tuple[float, str]]:
+    """The all-to-all's slips; two that give the same factor share one message."""
+    forward = "the forward only (the backward runs the dispatch and combine again, for the "
+    forward += "gradients)"
+    copies = f"one copy per token (each token goes to its top-{top_k} experts)"
+    slips = [(2.0, "both directions: count what one GPU sends")]
+    if top_k == 2:
+        slips.append((0.5, f"half the bytes: {forward}, or {copies}"))
+    else:
+        slips += [(0.5, forward), (1 / top_k, copies)]
+    if ep > 1:
+        slips.append(
+            (
+                ep / (ep - 1),
+                "every routed token: the tokens for this GPU's own experts stay "
+                "home, (ep - 1) / ep of them leave",
+            )  # fmt: skip
+        )
+    return slips
+
+
 def exercise_8(smallest_ep, all_to_all_gb, v: Variant = DEFAULT) -> None:
     """Mixture of experts: the smallest ep that fits, and the all-to-all GB per GPU there."""
     g = given_8(v)
@@ -671,15 +692,12 @@ def exercise_8(smallest_ep, all_to_all_gb, v: Variant = DEFAULT) -> None:
     model, config = moe_layout(right, v)
     want = plan.traffic(model, config)["expert"] / GB
     value = expect_number(
-        all_to_all_gb, want, "all_to_all_gb", unit="GB",
-        slips=[(2, "both directions: count what one GPU sends"),
-               (0.5, "the forward only: the backward runs the dispatch and combine again, "
-                "for the gradients"),
-               (right / (right - 1) if right > 1 else 1.0,
-                "every routed token: the tokens for this GPU's own experts stay home, "
-                "(ep - 1) / ep of them leave"),
-               (1 / model.top_k, "one copy per token: each token goes to its top-k experts")],
-    )  # fmt: skip
+        all_to_all_gb,
+        want,
+        "all_to_all_gb",
+        unit="GB",
+        slips=_moe_slips(right, model.top_k),
+    )
     if not is_right(value, want):
         fail(
             "`smallest_ep` is right; `all_to_all_gb` is not yet. Per MoE layer and "
