@@ -1,30 +1,52 @@
-"""The lesson 12 checks: right answers pass, wrong ones fail kindly, placeholders say so."""
+"""The lesson 12 checks: right answers pass, wrong ones fail kindly, placeholders say so,
+every student's variant has an answer, and a copied answer fails for another student."""
 
 import math
+from dataclasses import asdict
 
 import pytest
 
 from course_utils import plan
-from course_utils.checks import CheckFailed, NotAnswered
+from course_utils.checks import CheckFailed, NotAnswered, Variant
 from course_utils.checks import l12 as check
 
+GIB = plan.GIB
+UNSHARDED = {0: 16, 1: 4, 2: 2, 3: 0}
 
-def min_gpus_to_fit(params, gpu_memory_gib, reserve_gib):
-    return math.ceil(16 * params / ((gpu_memory_gib - reserve_gib) * plan.GIB))
+
+def min_gpus_to_fit(params, gpu_memory_gib, reserve_gib, zero):
+    free = (gpu_memory_gib - reserve_gib) * GIB
+    whole = UNSHARDED[zero] * params
+    if whole >= free:
+        return None
+    if zero == 0:
+        return 1
+    return math.ceil((16 - UNSHARDED[zero]) * params / (free - whole))
 
 
-def best(hardware):
-    return plan.search(plan.MODEL_PRESETS["30B"], 32, 256, hardware)["feasible"][0].config
+def best(which, v=check.DEFAULT):
+    g = check.given_5(v)
+    hardware = plan.HARDWARE_PRESETS[g[which]]
+    return plan.search(plan.MODEL_PRESETS[g["model"]], g["gpus"], g["global_batch"], hardware)[
+        "feasible"
+    ][0]
 
+
+OLD, NEW = best("old"), best("new")
+SPEEDUP = OLD.time["total"] / NEW.time["total"]
+DP, PP = check.cross_cluster_times()
+CONTEXT_GB = plan.traffic(*check.long_context_layout(2))["context"] / 1e9
+A2A_GB = plan.traffic(*check.moe_layout(8))["expert"] / 1e9
 
 RIGHT = {
-    1: (3,),
-    2: (min_gpus_to_fit, "c"),
-    3: ("b", "b"),
-    4: ("tp_comm", "b"),
-    5: (*check.cross_cluster_times(), "pp"),
-    6: (best(check.OLD_HARDWARE), best(check.NEW_HARDWARE)),
-    7: ("activations", 2**16, "b"),
+    1: (min_gpus_to_fit, 3, "c"),
+    2: ("b", "b", 1),
+    3: ("tp_comm", "b"),
+    4: (DP, PP, "pp"),
+    5: (asdict(OLD.config), asdict(NEW.config), SPEEDUP),
+    6: ("activations", 2**16, "b"),
+    7: (2, CONTEXT_GB),
+    8: (8, A2A_GB),
 }
 
 
@@ -32,75 +54,193 @@ def stub(*args):
     raise NotImplementedError()
 
 
-def one_byte(params, gpu_memory_gib, reserve_gib):
-    return math.ceil(params / ((gpu_memory_gib - reserve_gib) * plan.GIB))
+def in_gb(params, gpu_memory_gib, reserve_gib, zero):
+    free = (gpu_memory_gib - reserve_gib) * 1e9
+    whole = UNSHARDED[zero] * params
+    if whole >= free:
+        return None
+    return 1 if zero == 0 else math.ceil((16 - UNSHARDED[zero]) * params / (free - whole))
 
 
-def no_reserve(params, gpu_memory_gib, reserve_gib):
-    return math.ceil(16 * params / (gpu_memory_gib * plan.GIB))
+def no_reserve(params, gpu_memory_gib, reserve_gib, zero):
+    return min_gpus_to_fit(params, gpu_memory_gib, 0, zero)
 
 
-def floor_division(params, gpu_memory_gib, reserve_gib):
-    return math.floor(16 * params / ((gpu_memory_gib - reserve_gib) * plan.GIB))
+def floor_division(params, gpu_memory_gib, reserve_gib, zero):
+    free = (gpu_memory_gib - reserve_gib) * GIB
+    whole = UNSHARDED[zero] * params
+    if whole >= free:
+        return None
+    return 1 if zero == 0 else max(1, math.floor((16 - UNSHARDED[zero]) * params / (free - whole)))
 
 
-def broken(params, gpu_memory_gib, reserve_gib):
+def always_zero3(params, gpu_memory_gib, reserve_gib, zero):
+    return min_gpus_to_fit(params, gpu_memory_gib, reserve_gib, 3)
+
+
+def never_none(params, gpu_memory_gib, reserve_gib, zero):
+    return min_gpus_to_fit(params, gpu_memory_gib, reserve_gib, zero) or 1000
+
+
+def broken(params, gpu_memory_gib, reserve_gib, zero):
     return params / 0
 
 
-DP, PP = check.cross_cluster_times()
-OLD, NEW = RIGHT[6]
-
+CONFIG_OLD, CONFIG_NEW = asdict(OLD.config), asdict(NEW.config)
 
 WRONG = [  # (exercise, arguments, words the hint must contain)
-    (1, (2,), "60 GiB budget"),
-    (1, (0,), "unsharded"),
-    (1, (5,), "0, 1, 2 or 3"),
-    (1, (2.5,), "whole number"),
-    (1, ("three",), "without quotes"),
-    (1, (math.nan,), "NaN"),
-    (2, (one_byte, "c"), "bytes per parameter"),
-    (2, (no_reserve, "c"), "reserve"),
-    (2, (floor_division, "c"), "round up"),
-    (2, (broken, "c"), "ZeroDivisionError"),
-    (2, (min_gpus_to_fit, "a"), "ZeRO-3 already"),
-    (2, (min_gpus_to_fit, "z"), "should be one of"),
-    (2, (15, "c"), "should be a function"),
-    (3, ("a", "a"), "middle of the step"),
-    (3, ("b", "a"), "fix does not remove"),
-    (3, ("d", "b"), "no data parallelism"),
-    (4, ("compute", "b"), "grew the most"),
-    (4, ("tp_comm", "a"), "extra GPUs"),
-    (4, ("network", "b"), "should be one of"),
-    (5, (2 * DP, PP, "pp"), "twice too big"),
-    (5, (DP, PP / 2, "pp"), "backward pass"),
-    (5, (DP, PP * 8, "pp"), "1/tp slice"),
-    (5, (DP, PP, "dp"), "fewer bytes"),
-    (5, (math.inf, PP, "pp"), "infinite"),
-    (6, (NEW, NEW), "does not fit"),
-    (6, ({"tp": 8}, NEW), "32 GPUs"),
-    (6, (OLD, plan.replace_config(NEW, recompute="full")), "not the fastest"),
-    (6, ("tp=2", NEW), "plan.Config"),
-    (6, (OLD, plan.replace_config(NEW, tp=3, dp=1)), "not a valid layout"),
-    (7, ("model states", 2**16, "b"), "Which total got smaller"),
-    (7, ("both", 2**16, "b"), "Which total got smaller"),
-    (7, ("activations", 2**10, "b"), "too small"),
-    (7, ("activations", 2**20, "b"), "bigger than needed"),
-    (7, ("activations", 16, "b"), "exponent"),
-    (7, ("activations", 1000, "b"), "power of two"),
-    (7, ("activations", 2**16, "d"), "65504"),
+    (1, (in_gb, 3, "c"), "GiB"),
+    (1, (no_reserve, 3, "c"), "reserve"),
+    (1, (floor_division, 3, "c"), "round up"),
+    (1, (always_zero3, 3, "c"), "every stage like ZeRO-3"),
+    (1, (never_none, 3, "c"), "Return None"),
+    (1, (broken, 3, "c"), "ZeroDivisionError"),
+    (1, (15, 3, "c"), "should be a function"),
+    (1, (min_gpus_to_fit, 2, "c"), "unsharded"),
+    (1, (min_gpus_to_fit, 5, "c"), "0, 1, 2 or 3"),
+    (1, (min_gpus_to_fit, 2.5, "c"), "whole number"),
+    (1, (min_gpus_to_fit, "three", "c"), "without quotes"),
+    (1, (min_gpus_to_fit, 3, "a"), "ZeRO-3 already"),
+    (1, (min_gpus_to_fit, 3, "z"), "should be one of"),
+    (2, ("a", "a", 1), "middle of the step"),
+    (2, ("b", "a", 1), "fix does not remove"),
+    (2, ("d", "b", 1), "no data parallelism"),
+    (2, ("c", "b", 1), "compute bars"),
+    (2, ("b", "b", 0), "no grey in the middle"),
+    (2, ("b", "b", 2), "0 or 1"),
+    (3, ("compute", "b"), "grew the most"),
+    (3, ("tp_comm", "a"), "extra GPUs"),
+    (3, ("network", "b"), "should be one of"),
+    (4, (2 * DP, PP, "pp"), "both directions"),
+    (4, (DP * 32, PP, "pp"), "own shard"),
+    (4, (DP * 1.5, PP, "pp"), "plan.ring_allreduce_time"),
+    (4, (DP, 2 * PP, "pp"), "both directions"),
+    (4, (DP, 8 * PP, "pp"), "1/tp slice"),
+    (4, (DP, 16 * PP, "pp"), "one way"),
+    (4, (DP, PP * 3, "pp"), "micro-batches"),
+    (4, (DP, PP, "dp"), "fewer bytes"),
+    (4, (round(DP, 1), PP, "pp"), "3 significant figures"),
+    (4, (DP * 1000, PP, "pp"), "milliseconds"),
+    (4, (math.inf, PP, "pp"), "infinite"),
+    (5, (CONFIG_NEW, CONFIG_NEW, SPEEDUP), "does not fit"),
+    (5, ({"tp": 8}, CONFIG_NEW, SPEEDUP), "32 GPUs"),
+    (5, (CONFIG_OLD, {**CONFIG_NEW, "recompute": "full"}, SPEEDUP), "not the fastest"),
+    (5, ("tp=2", CONFIG_NEW, SPEEDUP), "as a dict"),
+    (5, (CONFIG_OLD, {**CONFIG_NEW, "tp": 3, "dp": 1}, SPEEDUP), "not a valid layout"),
+    (5, (CONFIG_OLD, CONFIG_NEW, 1.0), "same hardware twice"),
+    (5, (CONFIG_OLD, CONFIG_NEW, 1 / SPEEDUP), "upside down"),
+    (5, (CONFIG_OLD, CONFIG_NEW, 989 / 312), "peak FLOP rates"),
+    (5, (CONFIG_OLD, CONFIG_NEW, 2.0), "old best's step time"),
+    (6, ("model states", 2**16, "b"), "Which total got smaller"),
+    (6, ("both", 2**16, "b"), "Which total got smaller"),
+    (6, ("activations", 2**10, "b"), "too small"),
+    (6, ("activations", 2**20, "b"), "bigger than needed"),
+    (6, ("activations", 16, "b"), "exponent"),
+    (6, ("activations", 1000, "b"), "power of two"),
+    (6, ("activations", 2**16, "d"), "65504"),
+    (7, (1, CONTEXT_GB), "usable"),
+    (7, (4, CONTEXT_GB), "smaller cp fits too"),
+    (7, (3, CONTEXT_GB), "should be one of"),
+    (7, (2, 2 * CONTEXT_GB), "both directions"),
+    (7, (2, CONTEXT_GB / 4), "forward ring only"),
+    (7, (2, CONTEXT_GB * 8), "own heads"),
+    (7, (2, CONTEXT_GB * 1e9), "bytes; give GB"),
+    (7, (2, CONTEXT_GB * 0.7), "plan.traffic"),
+    (8, (4, A2A_GB), "usable"),
+    (8, (3, A2A_GB), "1, 2, 4 or 8"),
+    (8, (8, 2 * A2A_GB), "both directions"),
+    (8, (8, A2A_GB / 2), "forward only"),
+    (8, (8, A2A_GB / 2), "one copy per token"),  # top-2: the same factor, one message
+    (8, (8, A2A_GB * 8 / 7), "stay home"),
+    (8, (8, A2A_GB * 3), "4 all-to-alls"),
 ]
 
 
 def test_a_function_still_raising_its_stub_is_not_answered():
     with pytest.raises(NotAnswered, match="NotImplementedError"):
-        check.exercise_2(stub, "c")
+        check.exercise_1(stub, 3, "c")
 
 
 def test_hints_do_not_give_the_answers_away():
-    for k, args in [(1, (2,)), (5, (2 * DP, PP, "pp")), (7, ("activations", 2**10, "b"))]:
+    for k, args in [(1, (min_gpus_to_fit, 2, "c")), (4, (2 * DP, PP, "pp")),
+                    (6, ("activations", 2**10, "b")), (7, (2, 2 * CONTEXT_GB)),
+                    (8, (8, 2 * A2A_GB))]:  # fmt: skip
         with pytest.raises(CheckFailed) as info:
             getattr(check, f"exercise_{k}")(*args)
         message = str(info.value)
         assert "65536" not in message and "ZeRO-3 leaves" not in message
-        assert f"{DP:.3f}" not in message
+        for secret in (DP, PP, CONTEXT_GB, A2A_GB):
+            assert f"{secret:.3g}" not in message, (k, message)
+
+
+STUDENTS = ["s1", "s2", "s3", "s4", "s5", "s6", "s7", "alice", "bob", "carol"]
+
+
+def right_answers(v: Variant) -> dict:
+    """What a learner with variant `v` answers when every answer is right."""
+    g1 = check.given_1(v)
+    stage = min(
+        z
+        for z in range(4)
+        if (n := min_gpus_to_fit(g1["params"], g1["gpu_gib"], g1["activation_gib"], z))
+        and n <= g1["dp"]
+    )
+    split = check.given_2(v)["split"]
+    before, after = check.regression(v)
+    model3 = plan.MODEL_PRESETS[check.given_3(v)["model"]]
+    t0, t1 = plan.step_time(model3, before), plan.step_time(model3, after)
+    grew = max(plan.TIME_PARTS, key=lambda k: t1[k] - t0[k])
+    old, new = best("old", v), best("new", v)
+    grad = check.given_6(v)["smallest_grad"]
+    cp = next(c for c in (1, 2, 4, 8) if plan.evaluate(*check.long_context_layout(c, v)).fits)
+    ep = next(e for e in (1, 2, 4, 8) if plan.evaluate(*check.moe_layout(e, v)).fits)
+    return {
+        1: (min_gpus_to_fit, stage, "c"),
+        2: ("b", "b", 0 if split[0] > split[1] else 1),
+        3: (grew, "b"),
+        4: (*check.cross_cluster_times(v), "pp"),
+        5: (asdict(old.config), asdict(new.config), old.time["total"] / new.time["total"]),
+        6: ("activations", 2 ** math.ceil(math.log2(2**-14 / grad)), "b"),
+        7: (cp, plan.traffic(*check.long_context_layout(cp, v))["context"] / 1e9),
+        8: (ep, plan.traffic(*check.moe_layout(ep, v))["expert"] / 1e9),
+    }
+
+
+@pytest.mark.parametrize("student", STUDENTS)
+def test_every_variant_has_right_answers_that_pass(student, capsys):
+    v = Variant(student, cases_seed=7)
+    for k, args in right_answers(v).items():
+        getattr(check, f"exercise_{k}")(*args, v=v)
+        assert capsys.readouterr().out.startswith("✅"), (student, k)
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    def norm(x):
+        return f"{x:.3g}" if isinstance(x, float) else repr(x)
+
+    return [norm(x) for x in a] == [norm(x) for x in b]
+
+
+def test_a_copied_answer_fails_for_a_student_whose_numbers_differ():
+    mine = right_answers(check.DEFAULT)
+    failed = set()
+    for student in STUDENTS:
+        v = Variant(student, cases_seed=7)
+        theirs = right_answers(v)
+        for k in range(2, 9):
+            if _same(theirs[k], mine[k]):
+                continue  # the same right answer for both: a copy is right
+            with pytest.raises(CheckFailed):
+                getattr(check, f"exercise_{k}")(*mine[k], v=v)
+            failed.add(k)
+    assert failed >= {2, 4, 5, 6, 7, 8}, failed  # every exercise whose answer varies
+
+
+def test_the_build_cases_include_the_given_numbers_and_fresh_ones():
+    v = Variant("s3", cases_seed=1)
+    cases = check.cases_1(v)["min_gpus_to_fit"]
+    g = check.given_1(v)
+    assert cases[:4] == [(g["params"], g["gpu_gib"], g["activation_gib"], z) for z in range(4)]
+    assert cases == check.cases_1(Variant("s3", cases_seed=1))["min_gpus_to_fit"]
+    assert cases != check.cases_1(Variant("s3", cases_seed=2))["min_gpus_to_fit"]
+    assert any(check.min_gpus_needed(*c) is None for c in cases)  # "nothing helps" is tested

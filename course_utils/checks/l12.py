@@ -1,68 +1,119 @@
 """Checks for the exercises of lesson 12 (capstone: planning a training run).
 
 Each `exercise_K` is called by the check cell of Exercise 12.K in
-`exercises/12_capstone_planning.ipynb`. The expected values come from `course_utils.plan`
-(the same formulas the lesson cites), recomputed here, never stored as bare numbers.
-Wrong answers get a hint, never the answer.
+`exercises/12_capstone_planning.ipynb`, with the learner's variant `v`: `given_K(v)` draws
+the exercise's numbers (the default student gets the course's own), and every expected
+answer is computed from them with `course_utils.plan` (the formulas the lesson cites) or
+the pipeline simulator, never stored as a bare number. `cases_1(v)` are the inputs the
+Build exercise's function is tried on. Wrong answers get a hint, never the answer.
+
+Conventions the questions state and the checks share: memory in GiB (2^30 bytes) where a
+GPU's memory is concerned, GB (10^9 bytes) for traffic; traffic is the bytes one GPU
+sends (one direction: a full-duplex link carries as much the other way meanwhile), as in
+`plan.traffic` and lessons 06 and 07; answers to 3 significant figures.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-import random
 from collections.abc import Callable
-from dataclasses import asdict
-from typing import TypedDict
+from dataclasses import asdict, replace
 
 from course_utils import plan
 from course_utils.checks import (
+    DEFAULT,
+    Variant,
     as_choice,
     as_int,
     as_number,
     check_function,
-    close,
+    expect_number,
     fail,
+    is_right,
     passed,
     require,
 )
+from course_utils.checks import (
+    for_student as _for_student,
+)
 from course_utils.errors import CourseInputError
 
-GIB = plan.GIB
-
-# ---------------------------------------------------------------- the scenarios' numbers
-# (the notebook states the same numbers in its questions)
-
-NODE = plan.Hardware(gpu_memory_gib=80, gpus_per_node=8)
-ACTIVATION_RESERVE_GIB = 20  # Exercise 12.1: what the team keeps free for activations
+GIB, GB = plan.GIB, plan.GB
 
 
-def exercise_1(zero_stage) -> None:
-    """30B, bf16-mixed Adam, dp=8 on one node: smallest ZeRO stage whose states fit 60 GiB."""
-    stage = as_int(zero_stage, "zero_stage")
-    if stage not in plan.ZERO_STAGES:
-        fail(f"`zero_stage` should be 0, 1, 2 or 3, but it is {stage}.")
-    budget = (NODE.gpu_memory_gib - ACTIVATION_RESERVE_GIB) * GIB
+def for_student(student: str = "default"):
+    """This lesson's checks with `student`'s numbers (the notebook's first code cell)."""
+    import sys
 
-    def states(z: int) -> float:
-        return sum(plan.model_state_bytes(30e9, "bf16-mixed", z, dp=8).values())
+    return _for_student(sys.modules[__name__], student)
 
-    right = min(z for z in plan.ZERO_STAGES if states(z) <= budget)
-    if stage == right:
-        passed(
-            f"Right: ZeRO-{right} leaves {states(right) / GIB:.1f} GiB of model states per GPU; "
-            "every smaller stage keeps a full copy of something that does not fit."
+
+# --------------------------------------------------------------------------- 12.1
+
+# Bytes per parameter of mixed-precision Adam (ZeRO paper, Section 3.1): weights 2,
+# gradients 2, optimizer states K = 12; what stays whole on every GPU at each ZeRO stage.
+UNSHARDED = {0: 16, 1: 4, 2: 2, 3: 0}
+
+
+def given_1(v: Variant = DEFAULT) -> dict:
+    return {
+        "params": v.pick("1p", 30_000_000_000, [13_000_000_000, 20_000_000_000, 30_000_000_000]),
+        "dp": v.pick("1d", 8, [8, 16]),
+        "gpu_gib": 80,
+        "activation_gib": v.pick("1a", 20, [16, 20, 24]),
+        "big_params": v.pick(
+            "1b", 70_000_000_000, [65_000_000_000, 70_000_000_000, 90_000_000_000]
+        ),  # fmt: skip
+        "gpus": 8,
+    }
+
+
+def _needed(params, gpu_memory_gib, reserve_gib, zero, units=GIB, rounding=math.ceil, slack=1e-9):
+    free = (gpu_memory_gib - reserve_gib) * units
+    whole = UNSHARDED[zero] * params
+    if free <= 0 or whole >= free:
+        return None  # even one GPU's worth of unsharded bytes does not fit
+    if zero == 0:
+        return 1
+    return max(1, rounding((16 - UNSHARDED[zero]) * params / (free - whole) - slack))
+
+
+def _acceptable(case: tuple) -> set:
+    """The right answer, also as a learner's float arithmetic may round an exact ratio."""
+    params, gpu_memory_gib, reserve_gib, zero = case
+    return {
+        _needed(params, gpu_memory_gib, reserve_gib, zero),
+        _needed(params, gpu_memory_gib, reserve_gib, zero, slack=0.0),
+    }
+
+
+def min_gpus_needed(params: float, gpu_memory_gib: float, reserve_gib: float, zero: int):
+    """Fewest GPUs whose free memory holds the model states at this ZeRO stage, or None.
+
+    Per GPU: u Psi + (16 - u) Psi / N bytes, u = the bytes per parameter the stage leaves
+    whole (16, 4, 2, 0). It fits when that is at most the free memory F: N >= (16 - u) Psi /
+    (F - u Psi), possible only while u Psi < F (ZeRO-0: one GPU or none).
+    """
+    return _needed(params, gpu_memory_gib, reserve_gib, zero)
+
+
+def cases_1(v: Variant = DEFAULT) -> dict[str, list[tuple]]:
+    g = given_1(v)
+    rng = v.cases("1")
+    cases = [(g["params"], g["gpu_gib"], g["activation_gib"], z) for z in range(4)]
+    cases.append((g["big_params"], g["gpu_gib"], 10, 3))
+    for _ in range(8):
+        mem = rng.choice([24, 40, 80, 141])
+        cases.append(
+            (
+                rng.choice([7, 13, 30, 70, 175, 405]) * 1_000_000_000,
+                mem,
+                rng.randint(0, min(20, mem // 2)),
+                rng.randint(0, 3),
+            )
         )
-        return
-    if stage < right:
-        fail(
-            f"With ZeRO-{stage} each GPU still holds {states(stage) / GIB:.0f} GiB of model "
-            "states, more than the 60 GiB budget. Which parts does that stage leave unsharded?"
-        )
-    fail(
-        f"ZeRO-{stage} fits, but a smaller stage may fit too (and communicates less). "
-        "Try each stage with plan.model_state_bytes and pick the smallest that fits."
-    )
+    return {"min_gpus_to_fit": cases}
 
 
 MUST_CHANGE = {
@@ -73,79 +124,105 @@ MUST_CHANGE = {
 }
 
 
-def _min_gpus(params: float, gpu_memory_gib: float, reserve_gib: float) -> int:
-    # Fully sharded (ZeRO-3) model states, 16 bytes per parameter (Rajbhandari et al. 2020).
-    return math.ceil(16 * params / ((gpu_memory_gib - reserve_gib) * GIB))
+def _wrong_formulas() -> dict[str, Callable[[float, float, float, int], int | None]]:
+    """Mistakes a whole set of answers can reveal, each with the hint that names it."""
+    return {
+        "counts memory in GB (10^9 bytes), but GPU memory is in GiB: 1 GiB = 2^30 bytes "
+        "(plan.GIB).": lambda p, m, r, z: _needed(p, m, r, z, units=GB),
+        "ignores the reserve: only gpu_memory_gib - reserve_gib is free for model states.": (
+            lambda p, m, r, z: _needed(p, m, 0, z)
+        ),
+        "rounds down: a fraction of a GPU still needs a whole GPU, so round up.": (
+            lambda p, m, r, z: _needed(p, m, r, z, rounding=math.floor)
+        ),
+        "treats every stage like ZeRO-3: at stages 0-2 some bytes per parameter stay whole on "
+        "every GPU, however many GPUs there are.": lambda p, m, r, z: _needed(p, m, r, 3),
+    }
 
 
-def exercise_2(min_gpus_to_fit, what_must_change) -> None:
-    """Build min_gpus_to_fit(params, gpu_memory_gib, reserve_gib) and say what must change."""
+def exercise_1(min_gpus_to_fit, zero_stage, what_must_change, v: Variant = DEFAULT) -> None:
+    """Build min_gpus_to_fit(params, gpu_memory_gib, reserve_gib, zero); then the smallest
+    ZeRO stage for the given model on dp GPUs; then what must change for the big model."""
+    g = given_1(v)
     call = check_function(min_gpus_to_fit, "min_gpus_to_fit")
-    rng = random.Random()
-    cases = [(70e9, 80, 10)]
-    cases += [
-        (
-            rng.choice([7, 13, 30, 70, 175, 405]) * 1e9,
-            rng.choice([24, 40, 80, 141]),
-            rng.randint(0, 20),
-        )
-        for _ in range(6)
-    ]
+    cases = cases_1(v)["min_gpus_to_fit"]
     answers = []
-    for params, mem, reserve in cases:
-        shown = f"min_gpus_to_fit({params:.3g}, {mem}, {reserve})"
-        answers.append((shown, as_number(call(params, mem, reserve), shown)))
+    for case in cases:
+        shown = "min_gpus_to_fit({:.3g}, {}, {}, {})".format(*case)
+        got = call(*case)
+        if got is not None:
+            got = as_number(got, shown)
+        answers.append((shown, got))
     wrong = [
         (shown, got, case)
         for (shown, got), case in zip(answers, cases, strict=True)
-        if got != _min_gpus(*case)
+        if got not in _acceptable(case)
     ]
     if wrong:
-        shown, got, _ = wrong[0]
-        # Name the likely mistake when one wrong formula explains every answer.
-        mistakes: dict[str, Callable[[float, float, float], int]] = {
-            "ignores the reserve: only gpu_memory_gib - reserve_gib is free for model states.": (
-                lambda p, m, r: math.ceil(16 * p / (m * GIB))
-            ),
-            "rounds down: a fraction of a GPU still needs a whole GPU, so round up.": (
-                lambda p, m, r: math.floor(16 * p / ((m - r) * GIB))
-            ),
-        }
-
-        def counting(n: int) -> Callable[[float, float, float], int]:
-            return lambda p, m, r: math.ceil(n * p / ((m - r) * GIB))
-
-        for n in (1, 2, 4, 8, 12):
-            mistakes[
-                f"counts {n} bytes per parameter: Adam training keeps 16 (bf16 weights and "
-                "gradients, fp32 master weights and two moments)."
-            ] = counting(n)
-        for message, formula in mistakes.items():
-            if all(
-                got_i == formula(*case) for (_, got_i), case in zip(answers, cases, strict=True)
-            ):
-                fail(f"{shown} returned {got:g}. Your function {message}")
+        shown, got, case = wrong[0]
+        for message, formula in _wrong_formulas().items():
+            if all(a == formula(*c) for (_, a), c in zip(answers, cases, strict=True)):
+                fail(f"{shown} returned {got}. Your function {message}")
+        if min_gpus_needed(*case) is None:
+            fail(
+                f"{shown} returned {got}, but at ZeRO-{case[3]} "
+                f"{UNSHARDED[case[3]]} bytes per parameter stay whole on every GPU and already "
+                "fill its free memory: no number of GPUs helps. Return None then."
+            )
+        if got is None:
+            fail(f"{shown} returned None, but enough GPUs do hold these states: how many?")
         if not float(got).is_integer():
             fail(f"{shown} returned {got:g}: a number of GPUs is a whole number (round up).")
         fail(
-            f"{shown} returned {got:g}, which is not right. Fully sharded states take "
-            "bytes-per-parameter x params / GPUs on each GPU; compare that with the free GiB."
+            f"{shown} returned {got:g}, which is not right. Per GPU, a stage keeps u bytes per "
+            "parameter whole and shards the other 16 - u over the N GPUs: solve "
+            "u x params + (16 - u) x params / N <= free bytes for N."
+        )
+    stage = as_int(zero_stage, "zero_stage")
+    if stage not in plan.ZERO_STAGES:
+        fail(f"`zero_stage` should be 0, 1, 2 or 3, but it is {stage}.")
+    p, dp, mem, act = g["params"], g["dp"], g["gpu_gib"], g["activation_gib"]
+
+    def fits(z: int) -> bool:
+        n = min_gpus_needed(p, mem, act, z)
+        return n is not None and n <= dp
+
+    right = min(z for z in plan.ZERO_STAGES if fits(z))
+    states = {z: sum(plan.model_state_bytes(p, "bf16-mixed", z, dp=dp).values()) for z in range(4)}
+    if stage < right:
+        fail(
+            f"Your function is right. `zero_stage`: with ZeRO-{stage} each of the {dp} GPUs "
+            f"still holds {states[stage] / GIB:.0f} GiB of model states, more than the "
+            f"{mem - act} GiB left beside the activations. Which parts does that stage leave "
+            "unsharded?"
+        )
+    if stage > right:
+        fail(
+            f"Your function is right. `zero_stage`: ZeRO-{stage} fits, but a smaller stage fits "
+            "too (and communicates less). Try your function on each stage with the given "
+            "numbers."
         )
     choice = as_choice(what_must_change, MUST_CHANGE, "what_must_change")
+    big, gpus = g["big_params"], g["gpus"]
     if choice != "c":
         hint = {
-            "a": "ZeRO-3 already spreads the 16 bytes per parameter over all 8 GPUs. Is that "
-            "enough for 70B? Look at what your function returns for 8 GPUs.",
-            "b": "Recomputation shrinks activations, but model states alone are over budget.",
-            "d": "Tensor parallelism divides states over the same 8 GPUs ZeRO-3 already uses.",
+            "a": f"ZeRO-3 already spreads the 16 bytes per parameter over all {gpus} GPUs. Is "
+            f"that enough for {big / 1e9:g}B? Ask your function how many GPUs ZeRO-3 needs.",
+            "b": "Recomputation shrinks activations, but the model states alone are over budget.",
+            "d": f"Tensor parallelism divides the states over the same {gpus} GPUs ZeRO-3 "
+            "already uses.",
         }[choice]
-        fail(f"Your function is right; `what_must_change` is not. {hint}")
+        fail(f"`min_gpus_to_fit` and `zero_stage` are right; `what_must_change` is not. {hint}")
+    need = min_gpus_needed(big, mem, 10, 3)
     passed(
-        f"Right: 70B needs at least {_min_gpus(70e9, 80, 10)} GPUs of 80 GiB just for its fully "
-        "sharded model states. On 8 GPUs, only fewer bytes per parameter (offload, 8-bit "
+        f"Right: ZeRO-{right} leaves {states[right] / GIB:.1f} GiB of model states per GPU; "
+        f"{big / 1e9:g}B needs at least {need} GPUs of {mem} GiB just for its fully sharded "
+        f"model states, so on {gpus} GPUs only fewer bytes per parameter (offload, 8-bit "
         "optimizer states) or more GPUs make it possible."
     )
 
+
+# --------------------------------------------------------------------------- 12.2
 
 PROBLEMS = {
     "a": "too few micro-batches: the fill-and-drain bubble dominates",
@@ -159,37 +236,60 @@ FIXES = {
     "c": "more tensor parallelism",
     "d": "ZeRO-3",
 }
-DIAGNOSIS = ("b", "b")  # the notebook's measured run: stage 1 holds 7 of the MLP's 9 layers
+LAYERS_2 = 9  # the teammate's MLP: 9 layers of equal cost (lesson 12's measured one)
 
 
-def exercise_3(problem, fix) -> None:
-    """Diagnose a pipeline timeline with low utilization: problem and fix."""
+def given_2(v: Variant = DEFAULT) -> dict:
+    first = v.pick("2s", 2, [1, 2, 3, 6, 7])
+    return {"split": (first, LAYERS_2 - first), "microbatches": 8}
+
+
+def teammate_timeline(v: Variant = DEFAULT):
+    """The simulated 1F1B step of the given split: a stage costs its layers (F = 1, B = 2)."""
+    from course_utils.pipeline import CostModel, make_schedule, simulate
+
+    split, m = given_2(v).values()
+    costs = CostModel(stage_forward=list(split), stage_backward=[2 * n for n in split])
+    return simulate(make_schedule("1f1b", 2, m), costs)
+
+
+def exercise_2(problem, fix, slow_device, v: Variant = DEFAULT) -> None:
+    """Diagnose a pipeline timeline with low utilization: problem, fix, the slow device."""
     p = as_choice(problem, PROBLEMS, "problem")
     f = as_choice(fix, FIXES, "fix")
-    want_p, want_f = DIAGNOSIS
-    if p != want_p:
+    split = given_2(v)["split"]
+    if p != "b":
         hint = {
-            "a": "Look at the middle of the step, not the ends: do devices still idle once "
+            "a": "Look at the middle of the step, not the ends: does a device still idle once "
             "the pipeline is full?",
-            "c": "Communication shows as its own bars (or as gaps right after a send). Which "
-            "device's compute bars are longer than the others'?",
+            "c": "Sends take no time in this simulation. Which device's compute bars are "
+            "longer than the other's?",
             "d": "There is no data parallelism in this run.",
-            "b": "",
         }[p]
         fail(f"`problem` is not right yet. {hint}")
-    if f != want_f:
+    if f != "b":
         fail(
             "`problem` is right, but that fix does not remove it. What makes one stage slower "
-            "than the others, and how would you even them out?"
+            "than the other, and how would you even them out?"
+        )
+    device = as_int(slow_device, "slow_device")
+    if device not in (0, 1):
+        fail("`slow_device` is a device number: 0 or 1 (the course numbers devices from 0).")
+    slow = 0 if split[0] > split[1] else 1
+    if device != slow:
+        fail(
+            "`problem` and `fix` are right; `slow_device` is not: which device has no grey "
+            "in the middle of the step (the others wait for it)?"
         )
     passed(
-        "Right: the second stage holds most of the layers and is the bottleneck; the other "
-        "device waits for it all through the step, not just at the ends. More micro-batches "
-        "would not help: give every stage the same cost."
+        f"Right: device {slow} holds {max(split)} of the {sum(split)} layers and sets the pace; "
+        "the other device waits for it all through the step, not just at the ends. More "
+        "micro-batches would not help: give every stage the same cost."
     )
 
 
-PARTS = ("compute", "bubble", "dp_comm", "tp_comm", "pp_comm")
+# --------------------------------------------------------------------------- 12.3
+
 REGRESSION_FIXES = {
     "a": "use more micro-batches",
     "b": "keep tp within a node (tp=8) and use the extra GPUs for data parallelism",
@@ -198,15 +298,30 @@ REGRESSION_FIXES = {
 }
 
 
-def exercise_4(grew_most, fix) -> None:
+def given_3(v: Variant = DEFAULT) -> dict:
+    return {
+        "model": v.pick("3m", "175B", ["175B", "70B"]),
+        "pp": 8,
+        "microbatches": v.pick("3b", 64, [32, 64, 128]),
+    }
+
+
+def regression(v: Variant = DEFAULT) -> tuple[plan.Config, plan.Config]:
+    """The run before (tp=8 on 64 GPUs) and after (tp=16 on 128 GPUs)."""
+    g = given_3(v)
+    before = plan.Config(tp=8, pp=g["pp"], dp=1, microbatches=g["microbatches"],
+                         recompute="selective", sequence_parallel=True)  # fmt: skip
+    return before, replace(before, tp=16)
+
+
+def exercise_3(grew_most, fix, v: Variant = DEFAULT) -> None:
     """Scaling regression: tp 8 -> 16 across nodes. Which part grew most, and the fix."""
-    part = as_choice(grew_most, PARTS, "grew_most")
+    part = as_choice(grew_most, plan.TIME_PARTS, "grew_most")
     f = as_choice(fix, REGRESSION_FIXES, "fix")
-    model = plan.MODEL_PRESETS["175B"]
-    before = plan.Config(8, 8, 1, 1, 64, "1f1b", 1, 0, "selective", True)
-    after = plan.replace_config(before, tp=16)
+    model = plan.MODEL_PRESETS[given_3(v)["model"]]
+    before, after = regression(v)
     t0, t1 = plan.step_time(model, before), plan.step_time(model, after)
-    growth = {k: t1[k] - t0[k] for k in PARTS}
+    growth = {k: t1[k] - t0[k] for k in plan.TIME_PARTS}
     right = max(growth, key=lambda k: growth[k])
     if part != right:
         fail(
@@ -216,85 +331,101 @@ def exercise_4(grew_most, fix) -> None:
     if f != "b":
         fail(
             "`grew_most` is right. Now the fix: where do the tp=16 all-reduces run, over "
-            "which links, and what could use the 8 extra GPUs instead?"
+            "which links, and what could use the extra GPUs instead?"
         )
     passed(
-        f"Right: tensor-parallel all-reduces went from {t0['tp_comm']:.1f} s to "
+        f"Right: tensor-parallel communication went from {t0['tp_comm']:.1f} s to "
         f"{t1['tp_comm']:.1f} s once a TP group spans two nodes. Keep TP inside a node."
     )
 
 
-# Exercise 12.5: two clusters joined by a slow link.
-CROSS_GBS = 2.0
-CROSS_MODEL = plan.MODEL_PRESETS["13B"]
-CROSS_TP, CROSS_PP, CROSS_M, CROSS_B = 8, 4, 32, 1
+# --------------------------------------------------------------------------- 12.4
 
 
-def cross_cluster_times() -> tuple[float, float]:
-    """(DP all-reduce over the slow link, pipeline sends over the slow link), seconds/step."""
-    bw = CROSS_GBS * 1e9
-    grads = CROSS_MODEL.params / (CROSS_TP * CROSS_PP) * 2  # bf16 gradients per GPU
+def given_4(v: Variant = DEFAULT) -> dict:
+    return {
+        "model": "13B",
+        "slow_gbs": v.pick("4b", 2.0, [1.0, 2.0, 4.0]),
+        "tp": 8,
+        "pp": 4,
+        "dp": 2,
+        "microbatch_size": 1,
+        "microbatches": v.pick("4m", 32, [16, 32, 64]),
+    }
+
+
+def cross_cluster_times(v: Variant = DEFAULT) -> tuple[float, float]:
+    """(DP across, PP across): seconds per step each GPU sends over the slow link.
+
+    One convention: the bytes one GPU sends, over the link's bandwidth in one direction.
+    DP across: a ring all-reduce of this GPU's bf16 gradients between 2 workers sends
+    2 (N-1)/N = 1 copy of them. PP across: the boundary GPU of stage 1 sends its 1/tp slice
+    of each micro-batch's activations forward; the gradients coming back are the other
+    direction, sent by its partner at the same time (as `plan.traffic` counts pipelines).
+    """
+    g = given_4(v)
+    model = plan.MODEL_PRESETS[g["model"]]
+    bw = g["slow_gbs"] * 1e9
+    grads = model.params / (g["tp"] * g["pp"]) * 2  # bf16 gradients per GPU
     dp = plan.ring_allreduce_time(grads, 2, bw)
-    message = CROSS_B * CROSS_MODEL.seq * CROSS_MODEL.hidden * 2 / CROSS_TP
-    pp = 2 * CROSS_M * message / bw  # activations forward + gradients back, per micro-batch
-    return dp, pp
+    message = g["microbatch_size"] * model.seq * model.hidden * 2 / g["tp"]
+    return dp, g["microbatches"] * message / bw
 
 
-def exercise_5(dp_across_s, pp_across_s, across) -> None:
+def exercise_4(dp_across_s, pp_across_s, across, v: Variant = DEFAULT) -> None:
     """One job over two clusters: seconds per step over the slow link for DP or PP across."""
-    dp = as_number(dp_across_s, "dp_across_s")
-    pp = as_number(pp_across_s, "pp_across_s")
-    choice = as_choice(across, ("dp", "pp"), "across")
-    want_dp, want_pp = cross_cluster_times()
-    if not close(dp, want_dp, rel=0.02):
-        if close(dp, 2 * want_dp, rel=0.02):
-            fail(
-                "`dp_across_s` is twice too big: a ring over N = 2 workers moves "
-                "2 (N - 1) / N = 1 copy of the gradients."
-            )
-        if close(dp, want_dp * CROSS_TP * CROSS_PP, rel=0.05):
-            fail(
-                "`dp_across_s`: each GPU all-reduces only its own shard's gradients "
-                "(params / (tp x pp), 2 bytes each)."
-            )
+    g = given_4(v)
+    want_dp, want_pp = cross_cluster_times(v)
+    dp = expect_number(
+        dp_across_s, want_dp, "dp_across_s", unit="s",
+        slips=[(2, "both directions: a ring of 2 workers sends 2 (N - 1) / N = 1 copy of the "
+                   "gradients each way; count what one GPU sends"),
+               (g["tp"] * g["pp"], "bytes of all the gradients: each GPU all-reduces only its "
+                                   "own shard, params / (tp x pp) values")],
+    )  # fmt: skip
+    if not is_right(dp, want_dp):
         fail(
             "`dp_across_s` is not right yet. Use plan.ring_allreduce_time with this GPU's "
-            "gradient bytes, 2 workers and the slow link's bytes per second."
+            "gradient bytes (2 per value), 2 workers and the slow link's bytes per second."
         )
-    if not close(pp, want_pp, rel=0.02):
-        if close(pp, want_pp / 2, rel=0.02):
-            fail(
-                "`pp_across_s` is half the traffic: gradients travel back across the same "
-                "boundary in the backward pass."
-            )
-        if close(pp, want_pp * CROSS_TP, rel=0.02):
-            fail("`pp_across_s`: each of the tp GPUs at the boundary sends only its 1/tp slice.")
+    pp = expect_number(
+        pp_across_s, want_pp, "pp_across_s", unit="s",
+        slips=[(2, "both directions: the gradients coming back travel the other way of the "
+                   "same full-duplex link at the same time; count what one GPU sends (one "
+                   "direction), as for DP"),
+               (g["tp"], "bytes of the whole activation: each of the tp GPUs at the boundary "
+                         "sends only its 1/tp slice"),
+               (2 * g["tp"], "both directions and the whole activation (each GPU sends its "
+                             "1/tp slice, one way)")],
+    )  # fmt: skip
+    if not is_right(pp, want_pp):
         fail(
             "`pp_across_s` is not right yet. Count the bytes of one micro-batch's boundary "
-            "activations (b x s x h x 2 / tp), times 2 directions, times the micro-batches."
+            "activations on one GPU (b x s x h x 2 / tp), times the micro-batches, over the "
+            "slow link's bytes per second."
         )
+    choice = as_choice(across, ("dp", "pp"), "across")
     right = "pp" if want_pp < want_dp else "dp"
     if choice != right:
         fail("Both times are right. Which dimension sends fewer bytes over the slow link?")
     passed(
-        f"Right: {want_pp:.3f} s of pipeline sends against {want_dp:.3f} s of gradient "
-        "all-reduce. Put the pipeline boundary over the slow link; keep DP and TP on fast links."
+        f"Right: {want_pp:.3g} s of pipeline sends against {want_dp:.3g} s of gradient "
+        "all-reduce, counted the same way (what one GPU sends). Put the pipeline boundary over "
+        "the slow link; keep DP and TP on fast links."
     )
 
 
-OLD_HARDWARE = plan.Hardware(gpu_memory_gib=40, peak_tflops_bf16=312, inter_node_gbs=25)
-NEW_HARDWARE = plan.Hardware(
-    gpu_memory_gib=80, peak_tflops_bf16=989, intra_node_gbs=450, inter_node_gbs=50
-)
+# --------------------------------------------------------------------------- 12.5
 
 
-class _Refresh(TypedDict):
-    model: plan.ModelShape
-    gpus: int
-    global_batch: int
-
-
-REFRESH: _Refresh = {"model": plan.MODEL_PRESETS["30B"], "gpus": 32, "global_batch": 256}
+def given_5(v: Variant = DEFAULT) -> dict:
+    return {
+        "model": v.pick("5m", "30B", ["13B", "30B"]),
+        "gpus": 32,
+        "global_batch": 256,
+        "old": "A100-40GB",
+        "new": "H100-80GB",
+    }
 
 
 def _as_config(value, what: str) -> plan.Config:
@@ -306,62 +437,80 @@ def _as_config(value, what: str) -> plan.Config:
     if isinstance(value, dict):
         fields = set(asdict(plan.Config()))
         try:
-            return plan.Config(**{k: v for k, v in value.items() if k in fields})
+            return plan.Config(**{k: value[k] for k in value if k in fields})
         except TypeError as exc:
             fail(f"`{what}` could not be read as a configuration: {exc}")
     fail(
-        f"`{what}` should be a plan.Config (e.g. result['feasible'][0].config), "
-        f"not a {type(value).__name__}."
+        f"`{what}` should be a layout as a dict, e.g. dataclasses.asdict(result['feasible'][0]"
+        f".config), not a {type(value).__name__}."
     )
 
 
-@functools.lru_cache(maxsize=2)
-def _best(which: str) -> tuple[plan.Config, float]:
-    hardware = OLD_HARDWARE if which == "old" else NEW_HARDWARE
-    result = plan.search(REFRESH["model"], REFRESH["gpus"], REFRESH["global_batch"], hardware)
-    best = result["feasible"][0]
+@functools.lru_cache(maxsize=8)
+def _best(model: str, gpus: int, batch: int, gpu: str) -> tuple[plan.Config, float]:
+    hardware = plan.HARDWARE_PRESETS[gpu]
+    best = plan.search(plan.MODEL_PRESETS[model], gpus, batch, hardware)["feasible"][0]
     return best.config, best.time["total"]
 
 
-def _check_best(value, what: str, which: str) -> plan.Config:
+def _check_best(value, what: str, which: str, v: Variant) -> float:
+    """The step time of the learner's layout on that hardware, once it is the fastest."""
+    g = given_5(v)
     config = _as_config(value, what)
-    hardware = OLD_HARDWARE if which == "old" else NEW_HARDWARE
-    label = "old (40 GiB)" if which == "old" else "new (80 GiB)"
+    hardware = plan.HARDWARE_PRESETS[g[which]]
     try:
-        estimate = plan.evaluate(REFRESH["model"], config, "bf16-mixed", hardware)
+        estimate = plan.evaluate(plan.MODEL_PRESETS[g["model"]], config, "bf16-mixed", hardware)
     except CourseInputError as exc:
-        fail(f"`{what}` is not a valid layout for the 30B model: {exc}")
-    if config.gpus != REFRESH["gpus"] or config.global_batch != REFRESH["global_batch"]:
+        fail(f"`{what}` is not a valid layout for the {g['model']} model: {exc}")
+    if config.gpus != g["gpus"] or config.global_batch != g["global_batch"]:
         fail(
             f"`{what}` uses {config.gpus} GPUs and a global batch of {config.global_batch}; "
-            "the scenario has 32 GPUs and 256 sequences per step."
+            f"the scenario has {g['gpus']} GPUs and {g['global_batch']} sequences per step."
         )
     if not estimate.fits:
-        fail(f"`{what}` does not fit on the {label} GPUs: {estimate.reason}.")
-    _, best_time = _best(which)
-    if estimate.time["total"] > best_time * 1.01:
+        fail(f"`{what}` does not fit on the {g[which]} GPUs: {estimate.reason}.")
+    _, best_time = _best(g["model"], g["gpus"], g["global_batch"], g[which])
+    if estimate.time["total"] > best_time * 1.001:
         fail(
-            f"`{what}` fits on the {label} GPUs but is not the fastest layout the planner "
-            "finds. Run plan.search with that hardware and take the top row."
+            f"`{what}` fits on the {g[which]} GPUs but is not the fastest layout the planner "
+            f"finds there. Run plan.search with plan.HARDWARE_PRESETS[{g[which]!r}] and take "
+            "the top row."
         )
-    return config
+    return estimate.time["total"]
 
 
-def exercise_6(best_before, best_after) -> None:
-    """Hardware refresh: the planner's best layout before and after."""
-    before = _check_best(best_before, "best_before", "old")
-    after = _check_best(best_after, "best_after", "new")
-    changed = before.recompute != after.recompute
+def exercise_5(best_before, best_after, speedup, v: Variant = DEFAULT) -> None:
+    """Hardware refresh: the planner's best layout on the old and on the new GPUs, and the
+    speed-up of the step (old best's step time / new best's)."""
+    g = given_5(v)
+    before = _check_best(best_before, "best_before", "old", v)
+    after = _check_best(best_after, "best_after", "new", v)
+    want = before / after
+    old, new = plan.HARDWARE_PRESETS[g["old"]], plan.HARDWARE_PRESETS[g["new"]]
+    peak = new.peak_tflops_bf16 / old.peak_tflops_bf16
+    value = expect_number(
+        speedup, want, "speedup",
+        slips=[(1 / want, "a speed-up of 1: the same hardware twice? Search the new GPUs "
+                          f"with plan.HARDWARE_PRESETS[{g['new']!r}]"),
+               (1 / want**2, "the old step time over the new one upside down: speed-up = "
+                             "old time / new time")],
+    )  # fmt: skip
+    if not is_right(value, want):
+        if is_right(value, peak):
+            fail(
+                f"{peak:.3g} is the ratio of the peak FLOP rates. The step is more than "
+                "compute: divide the old best layout's step time by the new best's."
+            )
+        fail("`speedup` is not right yet: the old best's step time / the new best's.")
+    ob, nb = _as_config(best_before, "best_before"), _as_config(best_after, "best_after")
     passed(
-        "Right: both are the planner's fastest layouts. "
-        + (
-            f"With twice the memory, recomputation goes from {before.recompute!r} to "
-            f"{after.recompute!r}: the extra memory buys back the recomputed FLOPs."
-            if changed
-            else "Compare their memory and time breakdowns to see what the refresh changed."
-        )
+        f"Right: {ob.short()} on the old GPUs, {nb.short()} on the new; the step got "
+        f"{want:.3g}x faster, against {peak:.3g}x more peak FLOP/s: what did not scale with "
+        "the FLOPs (communication, bubble) decides the rest."
     )
 
+
+# --------------------------------------------------------------------------- 12.6
 
 SHRINKS = ("model states", "activations", "both", "neither")
 SYMPTOMS = {
@@ -373,8 +522,13 @@ SYMPTOMS = {
 }
 
 
-def exercise_7(what_shrinks, loss_scale, divergence_sign) -> None:
+def given_6(v: Variant = DEFAULT) -> dict:
+    return {"smallest_grad": v.pick("6g", 1e-9, [1e-9, 3e-9, 2e-10, 5e-8])}
+
+
+def exercise_6(what_shrinks, loss_scale, divergence_sign, v: Variant = DEFAULT) -> None:
     """Mixed precision for a memory-bound run: what shrinks, fp16 loss scale, divergence."""
+    grad = given_6(v)["smallest_grad"]
     part = as_choice(what_shrinks, SHRINKS, "what_shrinks")
     scale = as_number(loss_scale, "loss_scale")
     sign = as_choice(divergence_sign, SYMPTOMS, "divergence_sign")
@@ -384,16 +538,16 @@ def exercise_7(what_shrinks, loss_scale, divergence_sign) -> None:
             "gradients + optimizer into model states. Which total got smaller?"
         )
     # fp16's smallest normal number is 2**-14 (IEEE 754 half precision); the smallest
-    # power-of-two scale that lifts a 1e-9 gradient to it (Micikevicius et al. 2018).
-    want = 2 ** math.ceil(math.log2(2**-14 / 1e-9))
+    # power-of-two scale that lifts the smallest gradient to it (Micikevicius et al. 2017).
+    want = 2 ** math.ceil(math.log2(2**-14 / grad) - 1e-12)
     if scale != want:
-        if scale <= 0 or not math.isfinite(math.log2(scale)) or not math.log2(scale).is_integer():
+        if scale <= 0 or not math.log2(scale).is_integer():
             fail("`loss_scale` should be a power of two (scaling by 2^k is exact in floats).")
-        if close(scale, math.log2(want)):
+        if scale == math.log2(want):
             fail("That looks like the exponent k; give the scale itself, 2 ** k.")
         if scale < want:
             fail(
-                "`loss_scale` is too small: 1e-9 times it is still below fp16's smallest "
+                f"`loss_scale` is too small: {grad:g} times it is still below fp16's smallest "
                 "normal number, 2 ** -14 (about 6.1e-5)."
             )
         fail(
@@ -407,6 +561,155 @@ def exercise_7(what_shrinks, loss_scale, divergence_sign) -> None:
         )
     passed(
         f"Right: bf16-mixed halves the activations (model states stay 16 bytes per parameter), "
-        f"loss scale {want} = 2^{int(math.log2(want))} "
-        "keeps small fp16 gradients alive, and overflow shows as inf/NaN and skipped steps."
+        f"loss scale {want} = 2^{int(math.log2(want))} keeps a {grad:g} gradient a normal fp16 "
+        "number, and overflow shows as inf/NaN and skipped steps."
     )
+
+
+# --------------------------------------------------------------------------- 12.7
+
+LONG_CONTEXT = [("13B", 65536), ("13B", 131072), ("6.7B", 65536), ("6.7B", 131072),
+                ("30B", 65536)]  # fmt: skip
+
+
+def given_7(v: Variant = DEFAULT) -> dict:
+    model, seq = v.pick("7c", LONG_CONTEXT[0], LONG_CONTEXT)
+    return {"model": model, "seq": seq, "gpus": 64, "tp": 8, "global_batch": 64, "zero": 1,
+            "gpu": "A100-80GB"}  # fmt: skip
+
+
+def long_context_layout(cp: int, v: Variant = DEFAULT) -> tuple[plan.ModelShape, plan.Config]:
+    """The 64 GPUs as tp=8 (+sp) x cp x dp, selective recomputation, b = 1, 1F1B, pp = 1."""
+    g = given_7(v)
+    model = replace(plan.MODEL_PRESETS[g["model"]], seq=g["seq"])
+    dp = g["gpus"] // (g["tp"] * cp)
+    config = plan.Config(tp=g["tp"], dp=dp, cp=cp, microbatches=g["global_batch"] // dp,
+                         zero=g["zero"], recompute="selective", sequence_parallel=True)  # fmt: skip
+    return model, config
+
+
+def exercise_7(smallest_cp, context_gb, v: Variant = DEFAULT) -> None:
+    """Long context: the smallest cp that fits, and the ring's GB per GPU per step there."""
+    g = given_7(v)
+    hardware = plan.HARDWARE_PRESETS[g["gpu"]]
+    options = [c for c in (1, 2, 4, 8) if g["gpus"] % (g["tp"] * c) == 0]
+    fit = {c: plan.evaluate(*long_context_layout(c, v), hardware=hardware) for c in options}
+    right = min(c for c in options if fit[c].fits)
+    cp = as_int(smallest_cp, "smallest_cp")
+    if cp not in options:
+        fail(f"`smallest_cp` should be one of {options} (cp x dp = {g['gpus'] // g['tp']}).")
+    if cp < right:
+        fail(
+            f"With cp={cp} each GPU needs {fit[cp].memory['total'] / GIB:.0f} GiB, more than "
+            f"the {hardware.usable_gib:.0f} GiB usable. Which part grows with the sequence, and "
+            "how does cp divide it?"
+        )
+    if cp > right:
+        fail(
+            f"cp={cp} fits, but a smaller cp fits too, and every extra ring step costs "
+            "traffic. Find the smallest."
+        )
+    model, config = long_context_layout(right, v)
+    want = plan.traffic(model, config)["context"] / GB
+    value = expect_number(
+        context_gb, want, "context_gb", unit="GB",
+        slips=[(2, "both directions: count what one GPU sends, as everywhere in the planner"),
+               ((right - 1) / (3 * right - 2), "the forward ring only: the backward sends the "
+                "K/V blocks around again and the dK/dV home"),
+               (config.tp, "all heads: each tensor-parallel GPU sends the K/V of its own "
+                "heads, h / tp values per token")],
+    )  # fmt: skip
+    if not is_right(value, want):
+        fail(
+            "`smallest_cp` is right; `context_gb` is not yet. Per layer and micro-batch a GPU "
+            "sends its K/V block (2 x s/cp x h/tp values, 2 bytes each) cp - 1 times forward, "
+            "and backward cp - 1 times plus cp hops of dK/dV; or ask "
+            "plan.traffic(model, config)['context']."
+        )
+    passed(
+        f"Right: at {g['seq']:,} tokens cp={right} is the smallest ring that fits "
+        f"({fit[right].memory['total'] / GIB:.1f} GiB per GPU), and each GPU sends "
+        f"{want:.3g} GB per step around it, over NVLink inside the node."
+    )
+
+
+# --------------------------------------------------------------------------- 12.8
+
+
+def given_8(v: Variant = DEFAULT) -> dict:
+    gpus, zero = v.pick("8g", (16, 1), [(16, 1), (16, 2), (32, 1), (32, 2)])
+    return {"model": "8x6.7B-MoE", "gpus": gpus, "zero": zero, "global_batch": 128,
+            "gpu": "A100-80GB"}  # fmt: skip
+
+
+def moe_layout(ep: int, v: Variant = DEFAULT) -> tuple[plan.ModelShape, plan.Config]:
+    """Pure data parallelism over all GPUs (tp = pp = cp = 1), experts split over ep."""
+    g = given_8(v)
+    dp = g["gpus"]
+    config = plan.Config(dp=dp, ep=ep, microbatches=g["global_batch"] // dp, zero=g["zero"],
+                         recompute="selective")  # fmt: skip
+    return plan.MODEL_PRESETS[g["model"]], config
+
+
+def _moe_slips(ep: int, top_k: int) -> list[tuple[float, str]]:
+    """The all-to-all's slips; two that give the same factor share one message."""
+    forward = "the forward only (the backward runs the dispatch and combine again, for the "
+    forward += "gradients)"
+    copies = f"one copy per token (each token goes to its top-{top_k} experts)"
+    slips = [(2.0, "both directions: count what one GPU sends")]
+    if top_k == 2:
+        slips.append((0.5, f"half the bytes: {forward}, or {copies}"))
+    else:
+        slips += [(0.5, forward), (1 / top_k, copies)]
+    if ep > 1:
+        slips.append(
+            (
+                ep / (ep - 1),
+                "every routed token: the tokens for this GPU's own experts stay "
+                "home, (ep - 1) / ep of them leave",
+            )  # fmt: skip
+        )
+    return slips
+
+
+def exercise_8(smallest_ep, all_to_all_gb, v: Variant = DEFAULT) -> None:
+    """Mixture of experts: the smallest ep that fits, and the all-to-all GB per GPU there."""
+    g = given_8(v)
+    hardware = plan.HARDWARE_PRESETS[g["gpu"]]
+    options = (1, 2, 4, 8)
+    fit = {e: plan.evaluate(*moe_layout(e, v), hardware=hardware) for e in options}
+    right = min(e for e in options if fit[e].fits)
+    ep = as_int(smallest_ep, "smallest_ep")
+    if ep not in options:
+        fail("`smallest_ep` should be 1, 2, 4 or 8 (it divides the 8 experts).")
+    if ep < right:
+        fail(
+            f"With ep={ep} each GPU needs {fit[ep].memory['total'] / GIB:.0f} GiB, more than "
+            f"the {hardware.usable_gib:.0f} GiB usable. Which parameters does ep split?"
+        )
+    if ep > right:
+        fail(f"ep={ep} fits, but a smaller ep fits too. Find the smallest.")
+    model, config = moe_layout(right, v)
+    want = plan.traffic(model, config)["expert"] / GB
+    value = expect_number(
+        all_to_all_gb,
+        want,
+        "all_to_all_gb",
+        unit="GB",
+        slips=_moe_slips(right, model.top_k),
+    )
+    if not is_right(value, want):
+        fail(
+            "`smallest_ep` is right; `all_to_all_gb` is not yet. Per MoE layer and "
+            "micro-batch: 4 all-to-alls (dispatch and combine, forward and backward), each "
+            "sending this GPU's tokens x top-k x h values of 2 bytes, (ep - 1) / ep of them; "
+            "or ask plan.traffic(model, config)['expert']."
+        )
+    passed(
+        f"Right: ep={right} splits the {model.expert_params / 1e9:.3g}B expert parameters "
+        f"{right} ways ({fit[right].memory['total'] / GIB:.1f} GiB per GPU), and each GPU sends "
+        f"{want:.3g} GB per step in all-to-alls: inside a node while ep <= 8."
+    )
+
+
+__all__ = [f"exercise_{k}" for k in range(1, 9)]

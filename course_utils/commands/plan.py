@@ -1,17 +1,23 @@
 """`python -m course_utils plan memory|search ...`: memory per GPU of one layout, or every
-layout of a model on some GPUs ranked by estimated step time. Never imports torch."""
+layout of a model on some GPUs ranked by estimated step time. Never imports torch.
+
+Every input is checked (and the model's shape against its parameter count) before any
+work; the output echoes every assumption the numbers rest on."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import math
-from dataclasses import asdict
+from dataclasses import asdict, replace
+from typing import Any
 
 from course_utils.errors import CourseInputError
 from course_utils.pipeline.schedules import RECOMMENDED
 from course_utils.plan import (
+    DEFAULT_GPU,
     GIB,
+    HARDWARE_PRESETS,
     PRECISIONS,
     RECOMPUTE,
     SCHEDULES,
@@ -19,86 +25,117 @@ from course_utils.plan import (
     Config,
     Hardware,
     ModelShape,
+    check_config,
     format_memory,
     memory,
+    min_gpus,
     parse_count,
     search,
     search_to_dict,
+    states_lower_bound,
 )
-from course_utils.plan.inputs import _positive_int
+from course_utils.plan.inputs import RESERVE_FIXED_GIB, RESERVE_FRACTION, _positive_int
 
 HELP = "memory and throughput planner for a training run"
 
+# Limits that keep a plan to a second on a laptop: GPUs searched, pipeline stages simulated.
+MAX_GPUS, MAX_PP, MAX_SIMULATED = 65_536, 1024, 200_000
+MAX_DEGREE = 4096  # tp, cp, dp, ep of one layout
+MAX_SHAPE = 10**7  # layers, hidden, heads, seq, vocab, experts
+
 
 def _add_model_args(parser: argparse.ArgumentParser, required: bool) -> None:
-    parser.add_argument("--params", required=True, help="parameter count: 7.5e9, 30B, 70B ...")
-    parser.add_argument("--layers", type=int, required=required, help="transformer layers L")
-    parser.add_argument("--hidden", type=int, required=required, help="hidden size h")
-    parser.add_argument("--heads", type=int, required=required, help="attention heads a")
-    parser.add_argument("--seq", type=int, required=required, help="sequence length s")
-    parser.add_argument("--precision", choices=list(PRECISIONS), default="bf16-mixed")
+    model = parser.add_argument_group(
+        "the model", "a dense transformer by default; --experts E > 1 makes every MLP a "
+        "mixture of E experts"
+    )  # fmt: skip
+    model.add_argument(
+        "--params", required=True,
+        help="parameter count: 7.5e9, 30B, 70B ... With a shape it must agree with the layers' "
+        "weights (12 L h^2 for a dense model) within 2x",
+    )  # fmt: skip
+    model.add_argument("--layers", type=int, required=required, help="transformer layers L")
+    model.add_argument("--hidden", type=int, required=required, help="hidden size h")
+    model.add_argument("--heads", type=int, required=required, help="attention heads a")
+    model.add_argument("--seq", type=int, required=required, help="sequence length s (tokens)")
+    model.add_argument(
+        "--vocab", type=int, default=ModelShape.vocab,
+        help=f"vocabulary size V, for the logits (default {ModelShape.vocab})",
+    )  # fmt: skip
+    model.add_argument("--ffn-hidden", type=int, default=0,
+                       help="MLP (each expert's) hidden size f (default 4 h)")  # fmt: skip
+    model.add_argument("--experts", type=int, default=1, help="experts per MoE layer (1: dense)")
+    model.add_argument("--top-k", type=int, default=1, help="experts each token is routed to")
+    model.add_argument("--capacity-factor", type=float, default=1.0,
+                       help="expert buffer padding: the busiest expert holds up to this many "
+                       "times the average tokens (memory only; default 1)")  # fmt: skip
+    model.add_argument("--precision", choices=list(PRECISIONS), default="bf16-mixed")
     parser.add_argument("--json", action="store_true", help="print JSON (bytes, seconds)")
+
+
+def _add_hardware_args(parser: argparse.ArgumentParser) -> None:
+    hw = parser.add_argument_group(
+        "the hardware", f"a named GPU (default {DEFAULT_GPU}); any flag below overrides one "
+        "of its numbers"
+    )  # fmt: skip
+    hw.add_argument("--gpu", choices=list(HARDWARE_PRESETS), default=DEFAULT_GPU,
+                    help="GPU preset: memory, peak FLOP/s, NVLink and network per GPU")  # fmt: skip
+    hw.add_argument("--gpu-memory-gib", type=float, default=None, help="GiB per GPU")
+    hw.add_argument(
+        "--reserve-gib", type=float, default=None,
+        help=f"GiB per GPU kept for what the formulas do not count: CUDA context, NCCL buffers, "
+        f"allocator fragmentation (default {RESERVE_FIXED_GIB:g} GiB + "
+        f"{100 * RESERVE_FRACTION:g}%% of the GPU's memory)",
+    )  # fmt: skip
+    hw.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (NVSwitch)")
+    hw.add_argument("--peak-tflops", type=float, default=None,
+                    help="dense bf16 peak TFLOP/s per GPU")  # fmt: skip
+    hw.add_argument(
+        "--efficiency", type=float, default=None,
+        help="share of peak reached on all FLOPs executed (HFU), in (0, 1]",
+    )  # fmt: skip
+    hw.add_argument("--intra-node-gbs", type=float, default=None,
+                    help="GB/s per GPU per direction inside a node")  # fmt: skip
+    hw.add_argument("--inter-node-gbs", type=float, default=None,
+                    help="GB/s per GPU per direction between nodes")  # fmt: skip
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
-        f"{HELP}. Limits: at most {MAX_GPUS:,} GPUs to search, {MAX_PP} pipeline stages and "
-        f"{MAX_SIMULATED:,} simulated actions."
+        f"{HELP}. Traffic is counted as bytes each GPU sends (one direction). Limits: at most "
+        f"{MAX_GPUS:,} GPUs to search, {MAX_PP} pipeline stages and {MAX_SIMULATED:,} "
+        "simulated actions."
     )
     sub = parser.add_subparsers(dest="what", required=True, metavar="{memory,search}")
-    mem = sub.add_parser("memory", help="memory per GPU of one configuration")
+    mem = sub.add_parser("memory", help="memory per GPU of one configuration, and whether it fits")
     _add_model_args(mem, required=False)
-    mem.add_argument("--microbatch-size", type=int, default=1, help="sequences per micro-batch b")
-    mem.add_argument("--microbatches", type=int, default=None, help="per replica (default: pp)")
-    mem.add_argument("--tp", type=int, default=1)
-    mem.add_argument("--pp", type=int, default=1)
-    mem.add_argument("--dp", type=int, default=1)
-    mem.add_argument("--zero", type=int, choices=ZERO_STAGES, default=0)
-    mem.add_argument("--recompute", choices=RECOMPUTE, default="none")
-    mem.add_argument("--schedule", choices=SCHEDULES, default=RECOMMENDED)
-    mem.add_argument("--chunks", type=int, default=1, help="virtual stages per device")
-    mem.add_argument("--sequence-parallel", action="store_true", help="shard LayerNorm/dropout")
-    mem.add_argument("--gpu-memory-gib", type=float, default=None, help="say whether it fits")
+    layout = mem.add_argument_group("the layout")
+    layout.add_argument("--microbatch-size", type=int, default=1, help="sequences per micro-batch")
+    layout.add_argument("--microbatches", type=int, default=None, help="per replica (default: pp)")
+    layout.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
+    layout.add_argument("--cp", type=int, default=1,
+                        help="context-parallel degree: sequences split over cp GPUs")  # fmt: skip
+    layout.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree")
+    layout.add_argument("--dp", type=int, default=1, help="data-parallel degree")
+    layout.add_argument("--ep", type=int, default=1,
+                        help="expert-parallel degree (MoE): divides dp and --experts")  # fmt: skip
+    layout.add_argument("--zero", type=int, choices=ZERO_STAGES, default=0)
+    layout.add_argument("--recompute", choices=RECOMPUTE, default="none")
+    layout.add_argument("--schedule", choices=SCHEDULES, default=RECOMMENDED)
+    layout.add_argument("--chunks", type=int, default=1, help="virtual stages per device")
+    layout.add_argument("--sequence-parallel", action="store_true",
+                        help="shard LayerNorm/dropout activations over tp")  # fmt: skip
+    _add_hardware_args(mem)
 
     srch = sub.add_parser("search", help="rank every layout that fits, explain the rest")
     _add_model_args(srch, required=True)
     srch.add_argument("--global-batch", type=int, required=True, help="sequences per step")
-    srch.add_argument("--gpus", type=int, required=True)
-    srch.add_argument("--gpu-memory-gib", type=float, required=True)
-    srch.add_argument("--gpus-per-node", type=int, default=Hardware.gpus_per_node)
-    srch.add_argument("--peak-tflops", type=float, default=Hardware.peak_tflops_bf16)
-    srch.add_argument("--efficiency", type=float, default=Hardware.efficiency)
-    srch.add_argument("--intra-node-gbs", type=float, default=Hardware.intra_node_gbs)
-    srch.add_argument("--inter-node-gbs", type=float, default=Hardware.inter_node_gbs)
+    srch.add_argument("--gpus", type=int, required=True, help=f"GPUs (at most {MAX_GPUS:,})")
+    srch.add_argument("--overlap-dp", action="store_true",
+                      help="overlap data-parallel collectives with compute (DDP buckets, FSDP "
+                      "prefetch); default: nothing overlaps")  # fmt: skip
     srch.add_argument("--top", type=int, default=10, help="feasible rows to print (text mode)")
-
-
-def _shape_from_args(args) -> ModelShape | int:
-    params = parse_count(args.params, "--params")
-    given = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "seq")}
-    if all(v is None for v in given.values()):
-        return params
-    missing = [f"--{k}" for k, v in given.items() if v is None]
-    if missing:
-        raise CourseInputError(
-            f"activations need --layers, --hidden, --heads and --seq together; missing "
-            f"{', '.join(missing)}"
-        )
-    for key, value in given.items():
-        _positive_int(value, f"--{key}")
-    if args.hidden % args.heads:
-        raise CourseInputError(f"--heads ({args.heads}) must divide --hidden ({args.hidden})")
-    return ModelShape(params, args.layers, args.hidden, args.heads, args.seq)
-
-
-def _positive(value: float, what: str) -> float:
-    if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-        raise CourseInputError(f"{what} must be a finite positive number, got {value!r}")
-    return value
-
-
-# Limits that keep a plan to a second on a laptop: GPUs searched, pipeline stages simulated.
-MAX_GPUS, MAX_PP, MAX_SIMULATED = 65_536, 1024, 200_000
+    _add_hardware_args(srch)
 
 
 def _limited(value: int, flag: str, top: int) -> int:
@@ -110,65 +147,168 @@ def _limited(value: int, flag: str, top: int) -> int:
     return value
 
 
+def _positive(value: float, what: str, top: float = math.inf) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not 0 < value <= top
+    ):
+        within = f" up to {top:g}" if math.isfinite(top) else ""
+        raise CourseInputError(f"{what} must be a finite positive number{within}, got {value!r}")
+    return value
+
+
+def _shape_from_args(args) -> ModelShape | int:
+    params = parse_count(args.params, "--params")
+    given = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "seq")}
+    extra = {"--experts": args.experts != 1, "--top-k": args.top_k != 1,
+             "--ffn-hidden": args.ffn_hidden != 0}  # fmt: skip
+    if all(v is None for v in given.values()):
+        if any(extra.values()):
+            flag = next(f for f, used in extra.items() if used)
+            raise CourseInputError(f"{flag} needs the shape: --layers, --hidden, --heads, --seq")
+        return params
+    missing = [f"--{k}" for k, v in given.items() if v is None]
+    if missing:
+        raise CourseInputError(
+            f"activations need --layers, --hidden, --heads and --seq together; missing "
+            f"{', '.join(missing)}"
+        )
+    for key in ("layers", "hidden", "heads", "seq", "vocab", "experts", "top_k"):
+        _limited(getattr(args, key), f"--{key.replace('_', '-')}", MAX_SHAPE)
+    if not isinstance(args.ffn_hidden, int) or not 0 <= args.ffn_hidden <= MAX_SHAPE:
+        raise CourseInputError(f"--ffn-hidden must be an integer from 0 to {MAX_SHAPE}")
+    if args.hidden % args.heads:
+        raise CourseInputError(f"--heads ({args.heads}) must divide --hidden ({args.hidden})")
+    if args.top_k > args.experts:
+        raise CourseInputError(f"--top-k ({args.top_k}) cannot exceed --experts ({args.experts})")
+    _positive(args.capacity_factor, "--capacity-factor", 64)
+    if args.capacity_factor < 1:
+        raise CourseInputError(
+            f"--capacity-factor must be from 1 to 64, got {args.capacity_factor}"
+        )
+    try:
+        return ModelShape(
+            params, args.layers, args.hidden, args.heads, args.seq, args.vocab, args.experts,
+            args.top_k, args.ffn_hidden, args.capacity_factor,
+        )  # fmt: skip
+    except CourseInputError as exc:
+        raise CourseInputError(f"--params: {exc}") from None
+
+
+def _hardware_from_args(args) -> Hardware:
+    preset = HARDWARE_PRESETS[args.gpu]
+    changes: dict[str, Any] = {}
+    for flag, key in (("--gpu-memory-gib", "gpu_memory_gib"), ("--peak-tflops", "peak_tflops_bf16"),
+                      ("--intra-node-gbs", "intra_node_gbs"),
+                      ("--inter-node-gbs", "inter_node_gbs")):  # fmt: skip
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if value is not None:
+            changes[key] = _positive(value, flag, 1e9)
+    if args.efficiency is not None:
+        changes["efficiency"] = _positive(args.efficiency, "--efficiency", 1.0)
+    if args.gpus_per_node is not None:
+        changes["gpus_per_node"] = _limited(args.gpus_per_node, "--gpus-per-node", 1024)
+    memory_gib = changes.get("gpu_memory_gib", preset.gpu_memory_gib)
+    if args.reserve_gib is not None:
+        r = args.reserve_gib
+        if not (isinstance(r, int | float) and math.isfinite(r) and 0 <= r < memory_gib):
+            raise CourseInputError(
+                f"--reserve-gib must be a number from 0 to below the GPU's {memory_gib:g} GiB, "
+                f"got {r!r}"
+            )
+        changes["reserve_gib"] = r
+    if changes:
+        changes["name"] = f"{preset.name} (changed)"
+    return replace(preset, **changes)
+
+
+def _assumptions(model, hardware: Hardware, precision: str, overlap: bool | None) -> list[str]:
+    lines = ["assumed: " + hardware.describe()]
+    if isinstance(model, ModelShape):
+        moe = (
+            f", {model.experts} experts of f={model.ffn}, top-{model.top_k}, capacity factor "
+            f"{model.capacity_factor:g} ({model.active_params / 1e9:.3g}B parameters per token)"
+            if model.is_moe
+            else f", f={model.ffn}"
+        )
+        lines.append(
+            f"model: {model.params / 1e9:.4g}B parameters, L={model.layers}, h={model.hidden}, "
+            f"a={model.heads}, s={model.seq}, V={model.vocab}{moe}; {precision}"
+        )
+    else:
+        lines.append(f"model: {model / 1e9:.4g}B parameters (no shape: model states only); "
+                     f"{precision}")  # fmt: skip
+    if overlap is not None:
+        lines.append(
+            "data-parallel collectives "
+            + ("overlap compute (buckets, prefetch)" if overlap else "do not overlap compute")
+            + "; all other communication is exposed; traffic = bytes each GPU sends"
+        )
+    return lines
+
+
 def run(args) -> int:
     model = _shape_from_args(args)
+    hardware = _hardware_from_args(args)
     if args.what == "memory":
         pp = _limited(args.pp, "--pp", MAX_PP)
-        if args.gpu_memory_gib is not None:
-            _positive(args.gpu_memory_gib, "--gpu-memory-gib")
-        m = args.microbatches or pp
-        if 3 * pp * m * args.chunks > MAX_SIMULATED:
+        degrees = {flag: _limited(getattr(args, flag[2:]), flag, MAX_DEGREE)
+                   for flag in ("--tp", "--cp", "--dp", "--ep")}  # fmt: skip
+        m = _limited(args.microbatches or pp, "--microbatches", 10**6)
+        b = _limited(args.microbatch_size, "--microbatch-size", 10**4)
+        chunks = _limited(args.chunks, "--chunks", 64)
+        if 3 * pp * m * chunks > MAX_SIMULATED:
             raise CourseInputError(
                 f"--pp {pp} x --microbatches {m} is too big a pipeline to simulate (limit "
                 f"{MAX_SIMULATED:,} actions): use fewer stages or micro-batches"
             )
         config = Config(
-            tp=_positive_int(args.tp, "--tp"),
-            pp=pp,
-            dp=_positive_int(args.dp, "--dp"),
-            microbatch_size=_positive_int(args.microbatch_size, "--microbatch-size"),
-            microbatches=_positive_int(args.microbatches or pp, "--microbatches"),
-            schedule=args.schedule,
-            chunks=_positive_int(args.chunks, "--chunks"),
-            zero=args.zero,
-            recompute=args.recompute,
-            sequence_parallel=args.sequence_parallel,
-        )
+            tp=degrees["--tp"], pp=pp, dp=degrees["--dp"], microbatch_size=b, microbatches=m,
+            schedule=args.schedule, chunks=chunks, zero=args.zero, recompute=args.recompute,
+            sequence_parallel=args.sequence_parallel, cp=degrees["--cp"], ep=degrees["--ep"],
+        )  # fmt: skip
+        check_config(model if isinstance(model, ModelShape) else None, config)
         mem = memory(model, config, args.precision)
+        fits = mem["total"] <= hardware.usable_gib * GIB
         if args.json:
-            print(json.dumps({"bytes": mem, "config": asdict(config)}, indent=2, allow_nan=False))
-        else:
-            print(config.short() + f" precision={args.precision}")
-            if not isinstance(model, ModelShape):
-                print("(activations not estimated: give --layers --hidden --heads --seq)")
-            print(format_memory(mem, args.gpu_memory_gib))
+            out = {"bytes": mem, "config": asdict(config), "fits": fits,
+                   "hardware": {**asdict(hardware), "reserve_gib": hardware.reserve,
+                                "usable_gib": hardware.usable_gib}}  # fmt: skip
+            print(json.dumps(out, indent=2, allow_nan=False))
+            return 0
+        print(config.short() + f" precision={args.precision}")
+        if not isinstance(model, ModelShape):
+            print("(activations and buffers not estimated: give --layers --hidden --heads --seq)")
+        print(format_memory(mem, hardware=hardware))
+        for line in _assumptions(model, hardware, args.precision, None):
+            print(line)
         return 0
 
     if not isinstance(model, ModelShape):  # argparse makes the shape required for search
         raise CourseInputError("search needs --layers, --hidden, --heads and --seq")
-    hardware = Hardware(
-        gpu_memory_gib=_positive(args.gpu_memory_gib, "--gpu-memory-gib"),
-        gpus_per_node=_positive_int(args.gpus_per_node, "--gpus-per-node"),
-        peak_tflops_bf16=_positive(args.peak_tflops, "--peak-tflops"),
-        efficiency=_positive(args.efficiency, "--efficiency"),
-        intra_node_gbs=_positive(args.intra_node_gbs, "--intra-node-gbs"),
-        inter_node_gbs=_positive(args.inter_node_gbs, "--inter-node-gbs"),
-    )
-    if hardware.efficiency > 1:
-        raise CourseInputError(f"--efficiency must be in (0, 1], got {args.efficiency}")
     gpus = _limited(args.gpus, "--gpus", MAX_GPUS)
-    batch = _positive_int(args.global_batch, "--global-batch")
-    result = search(model, gpus, batch, hardware, args.precision)
-    if args.json:
-        print(json.dumps(search_to_dict(result), allow_nan=False))
-        return 0
+    batch = _limited(args.global_batch, "--global-batch", 10**8)
+    top = _limited(args.top, "--top", 10**6)
+    result = search(model, gpus, batch, hardware, args.precision, dp_overlap=args.overlap_dp)
     feasible, rejected = result["feasible"], result["rejected"]
+    fewest = None
+    if not feasible:
+        fewest = min_gpus(model, batch, hardware, args.precision)
+    if args.json:
+        data: dict[str, Any] = dict(search_to_dict(result))
+        data["assumptions"] = _assumptions(model, hardware, args.precision, args.overlap_dp)
+        data["min_gpus"] = fewest if not feasible else None
+        print(json.dumps(data, allow_nan=False))
+        return 0
     tokens = batch * model.seq
     print(f"{len(feasible)} layouts fit, {len(rejected)} do not ({gpus} GPUs).")
-    for rank, est in enumerate(feasible[: args.top], 1):
+    for rank, est in enumerate(feasible[:top], 1):
         print(
-            f"{rank:3d}. {est.config.short():<72} {est.memory['total'] / GIB:6.1f} GiB "
-            f"{est.time['total']:8.3f} s/step {tokens / est.time['total']:10.0f} tokens/s"
+            f"{rank:3d}. {est.config.short():<78} {est.memory['total'] / GIB:6.1f} GiB "
+            f"{est.time['total']:8.3f} s/step {tokens / est.time['total']:10.0f} tokens/s "
+            f"MFU {est.utilisation['mfu']:5.1%}"
         )
     if rejected:
         print("examples of rejected layouts:")
@@ -182,4 +322,18 @@ def run(args) -> int:
             print(f"  {label}: {reason}")
             if len(seen) >= 6:
                 break
+    if not feasible:
+        states = states_lower_bound(model, hardware, args.precision)
+        if fewest is None:
+            print(
+                "No layout found on up to 4,096 GPUs of this kind within 20 s of searching "
+                f"(model states alone, fully sharded, need at least {states})."
+            )
+        else:
+            print(
+                f"Nothing fits on {gpus} GPUs. The fewest GPUs on which a layout fits: {fewest} "
+                f"(model states alone, fully sharded, need at least {states})."
+            )
+    for line in _assumptions(model, hardware, args.precision, args.overlap_dp):
+        print(line)
     return 0

@@ -4,21 +4,29 @@
     plan.memory(plan.MODEL_PRESETS["30B"], plan.Config(tp=8, zero=1))
     plan.search(plan.MODEL_PRESETS["70B"], gpus=64, global_batch=512)
 
-- `inputs`  precisions, model shapes and presets, a layout (`Config`), hardware
+- `inputs`  precisions, model shapes and presets (dense and MoE), a layout (`Config`: tp, cp,
+            pp, dp, ep, ...), hardware and its named presets (A100-80GB, H100-80GB, ...)
 - `model`   memory per GPU and time per step of one layout, formula by formula
-- `search`  every layout that fits, fastest first, and why the rest does not
-- `widget`  the charts and widgets: lesson 07's layout explorer, lesson 12's planner
+- `search`  every layout that fits, fastest first, why the rest does not, the fewest GPUs
+- `widget`  the charts and widgets: lesson 07's layout explorer, lesson 12's planner, the
+            cluster drawing
 
 Nothing here imports torch: it is arithmetic (and the pipeline simulator, for bubbles).
 """
 
 from course_utils.plan.inputs import (
+    DEFAULT_GPU,
+    GB,
     GIB,
+    HARDWARE_PRESETS,
     LOOPING,
     MICROBATCH_SIZES,
+    MIN_CP_TOKENS,
     MODEL_PRESETS,
     PRECISIONS,
     RECOMPUTE,
+    RESERVE_FIXED_GIB,
+    RESERVE_FRACTION,
     SCHEDULES,
     SEARCH_CHUNKS,
     ZERO_STAGES,
@@ -28,31 +36,51 @@ from course_utils.plan.inputs import (
     Precision,
     check_config,
     get_precision,
+    hardware,
+    params_disagree,
     parse_count,
     replace_config,
 )
 from course_utils.plan.model import (
     SIMULATE_LIMIT,
+    Collective,
     Estimate,
     Traffic,
     activation_bytes_per_layer,
+    activation_terms,
+    buffers,
     communication,
+    data_parallel_collectives,
     evaluate,
     inflight_microbatches,
     memory,
     model_state_bytes,
+    model_states,
     pipeline_bubble,
     ring_allreduce_time,
+    ring_attention_bytes,
     step_time,
     traffic,
     training_flops,
+    utilisation,
 )
-from course_utils.plan.search import format_memory, format_time, search, search_to_dict
+from course_utils.plan.search import (
+    context_degrees,
+    format_bytes,
+    format_memory,
+    format_time,
+    gpu_counts,
+    min_gpus,
+    search,
+    search_to_dict,
+    states_lower_bound,
+)
 from course_utils.plan.widget import (
     MEMORY_PARTS,
     TIME_PARTS,
     describe,
     describe_layout,
+    draw_cluster,
     draw_layout,
     draw_plan,
     estimate_from_sliders,
@@ -62,13 +90,17 @@ from course_utils.plan.widget import (
 )
 
 __all__ = [
-    "GIB", "LOOPING", "MEMORY_PARTS", "MICROBATCH_SIZES", "MODEL_PRESETS", "PRECISIONS",
-    "RECOMPUTE", "SCHEDULES", "SEARCH_CHUNKS", "SIMULATE_LIMIT", "TIME_PARTS", "ZERO_STAGES",
-    "Config", "Estimate", "Hardware", "ModelShape", "Precision", "activation_bytes_per_layer",
-    "check_config", "describe", "draw_plan", "estimate_from_sliders", "evaluate",
-    "format_memory", "format_time", "get_precision", "inflight_microbatches", "memory",
-    "model_state_bytes", "parse_count", "pipeline_bubble", "planner_widget", "replace_config",
-    "ring_allreduce_time", "search", "search_to_dict", "step_time", "training_flops",
-    "Traffic", "communication", "traffic", "describe_layout", "draw_layout", "layout",
-    "layout_explorer",
+    "DEFAULT_GPU", "GB", "GIB", "HARDWARE_PRESETS", "LOOPING", "MEMORY_PARTS",
+    "MICROBATCH_SIZES", "MIN_CP_TOKENS", "MODEL_PRESETS", "PRECISIONS", "RECOMPUTE",
+    "RESERVE_FIXED_GIB", "RESERVE_FRACTION", "SCHEDULES", "SEARCH_CHUNKS", "SIMULATE_LIMIT",
+    "TIME_PARTS", "ZERO_STAGES", "Collective", "Config", "Estimate", "Hardware", "ModelShape",
+    "Precision", "Traffic", "activation_bytes_per_layer", "activation_terms", "buffers",
+    "check_config", "communication", "context_degrees", "data_parallel_collectives",
+    "describe", "describe_layout", "draw_cluster", "draw_layout", "draw_plan",
+    "estimate_from_sliders", "evaluate", "format_bytes", "format_memory", "format_time",
+    "get_precision", "gpu_counts", "hardware", "inflight_microbatches", "layout", "layout_explorer",
+    "memory", "min_gpus", "model_state_bytes", "model_states", "params_disagree",
+    "parse_count", "pipeline_bubble", "planner_widget", "replace_config",
+    "ring_allreduce_time", "ring_attention_bytes", "search", "search_to_dict",
+    "states_lower_bound", "step_time", "traffic", "training_flops", "utilisation",
 ]  # fmt: skip

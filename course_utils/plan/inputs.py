@@ -1,6 +1,7 @@
 """The planner's inputs: precisions, model shapes, a parallel layout (`Config`), hardware.
 
-Also `check_config`, which says in one line why a layout cannot be built for a model.
+Also `check_config`, which says in one line why a layout cannot be built for a model, and
+the named GPU presets (`HARDWARE_PRESETS`) lessons 07, 12 and 13 share.
 Nothing here imports torch.
 """
 
@@ -8,13 +9,14 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from course_utils.errors import CourseInputError
 from course_utils.pipeline.schedules import RECOMMENDED
 from course_utils.pipeline.schedules import SCHEDULES as REGISTRY
 
-GIB = 2**30
+GIB = 2**30  # the planner's memory unit (GPU memory is sold and reported in GiB)
+GB = 1e9  # the papers' unit (the ZeRO paper's 120 / 31.4 / 16.6 / 1.9 GB are 10^9 bytes)
 # The planner's schedules: every registered schedule that splits the batch into micro-batches.
 SCHEDULES = tuple(name for name, info in REGISTRY.items() if info.microbatched)
 LOOPING = tuple(name for name in SCHEDULES if REGISTRY[name].uses_chunks)  # v > 1 allowed
@@ -22,6 +24,10 @@ RECOMPUTE = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
 MICROBATCH_SIZES = (1, 2, 4, 8)
 SEARCH_CHUNKS = 2  # virtual stages per device tried for the looping schedules
+# Context parallelism is searched only while every GPU keeps at least this many tokens of a
+# sequence: with shorter blocks a ring step's compute (quadratic in the block) no longer
+# hides the K/V transfer (linear in it), the condition of Liu et al. 2023 (arXiv 2310.01889).
+MIN_CP_TOKENS = 1024
 
 
 @dataclass(frozen=True)
@@ -75,19 +81,137 @@ def parse_count(text: str | int | float, what: str = "params") -> int:
     return int(round(value))
 
 
+# A shape's parameter count may differ from its layers' count (embeddings, biases, rounding)
+# by at most this factor; beyond it, one of the two numbers is a typo.
+PARAMS_TOLERANCE = 2.0
+
+
 @dataclass(frozen=True)
 class ModelShape:
-    """A decoder-only transformer: parameter count and the shape the activations depend on."""
+    """A decoder-only transformer: parameter count and the shape the activations depend on.
+
+    Dense by default: every layer has attention (4 h^2 weights) and an MLP of hidden size
+    `ffn_hidden` (0 means 4 h; 2 h f weights), 12 h^2 per layer in all. With `experts` E > 1
+    every layer's MLP is a mixture of E experts of that size, each token routed to `top_k` of
+    them (Shazeer et al. 2017, arXiv 1701.06538; counted like `parallel.moe.expert_params`),
+    and `capacity_factor` pads each expert's token buffer (Switch, arXiv 2101.03961).
+    `params` counts everything (all experts); it must agree with the shape within 2x.
+    """
 
     params: int
     layers: int
     hidden: int
     heads: int
     seq: int = 2048
+    vocab: int = 51200  # GPT-2's 50257 padded to a multiple of 1024, as Megatron-LM does
+    experts: int = 1
+    top_k: int = 1
+    ffn_hidden: int = 0
+    capacity_factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("layers", "hidden", "heads", "seq", "vocab", "experts", "top_k"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise CourseInputError(f"{name} must be an integer >= 1, got {value!r}")
+        if isinstance(self.ffn_hidden, bool) or not isinstance(self.ffn_hidden, int):
+            raise CourseInputError(
+                f"ffn_hidden must be an integer (0: 4 x hidden), got {self.ffn_hidden!r}"
+            )
+        if self.ffn_hidden < 0:
+            raise CourseInputError(
+                f"ffn_hidden must be >= 0 (0: 4 x hidden), got {self.ffn_hidden}"
+            )
+        if self.hidden % self.heads:
+            raise CourseInputError(f"heads ({self.heads}) must divide hidden ({self.hidden})")
+        if self.top_k > self.experts:
+            raise CourseInputError(
+                f"top_k ({self.top_k}) cannot exceed the number of experts ({self.experts})"
+            )
+        cf = self.capacity_factor
+        if isinstance(cf, bool) or not isinstance(cf, int | float) or not 1 <= cf <= 64:
+            raise CourseInputError(f"capacity_factor must be a number from 1 to 64, got {cf!r}")
+        p = self.params
+        if isinstance(p, bool) or not isinstance(p, int | float) or not math.isfinite(p) or p < 1:
+            raise CourseInputError(f"params must be a positive count, got {p!r}")
+        if problem := params_disagree(p, self):
+            raise CourseInputError(problem)
+
+    @property
+    def ffn(self) -> int:
+        """The MLP's (each expert's) hidden size f."""
+        return self.ffn_hidden or 4 * self.hidden
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 1
+
+    @property
+    def expert_params_per_layer(self) -> int:
+        """One layer's experts: E x (2 h f + f + h), `parallel.moe.expert_params`'s
+        `experts_total` with d_model = h. Zero for a dense model (its MLP is dense)."""
+        if not self.is_moe:
+            return 0
+        h, f = self.hidden, self.ffn
+        return self.experts * (2 * h * f + f + h)
+
+    @property
+    def expert_params(self) -> int:
+        """All experts of all layers: the parameters expert parallelism shards."""
+        return self.layers * self.expert_params_per_layer
+
+    @property
+    def dense_params(self) -> float:
+        """Everything else (attention, norms, router, embeddings): replicated over `ep`."""
+        return self.params - self.expert_params
+
+    @property
+    def active_params(self) -> float:
+        """Parameters one token uses: the dense part and `top_k` of the E experts."""
+        if not self.is_moe:
+            return self.params
+        return self.dense_params + self.top_k * self.expert_params / self.experts
+
+    def layer_params(self) -> float:
+        """What the layer weights alone add up to: L (4 h^2 + 2 h f) for a dense model, i.e.
+        12 L h^2 with f = 4 h (Narayanan et al. 2021, arXiv 2104.04473, Section 5.1, without
+        the embedding and the small terms); MoE: L (4 h^2 + E (2 h f + f + h) + h E + E)."""
+        h = self.hidden
+        per_layer = 4 * h * h
+        if self.is_moe:
+            per_layer += self.expert_params_per_layer + h * self.experts + self.experts
+        else:
+            per_layer += 2 * h * self.ffn
+        return self.layers * per_layer
+
+
+def params_disagree(params: float, shape: ModelShape) -> str | None:
+    """Why `params` cannot be this shape's parameter count (off by more than 2x), or None."""
+    expected = shape.layer_params()
+    if params / expected <= PARAMS_TOLERANCE and expected / params <= PARAMS_TOLERANCE:
+        return None
+    L, h = shape.layers, shape.hidden
+    formula = (
+        f"12 x L x h^2 = 12 x {L} x {h}^2 = {expected / 1e9:.3g}B"
+        if not shape.is_moe and shape.ffn == 4 * h
+        else f"the layers' weights add up to {expected / 1e9:.3g}B"
+    )
+    return (
+        f"params {params / 1e9:.4g}B disagrees with the shape: {formula}, "
+        f"{max(params / expected, expected / params):.1f}x apart (more than "
+        f"{PARAMS_TOLERANCE:g}x); check params, layers and hidden"
+    )
 
 
 # Shapes in the style of GPT-3 (Brown et al. 2020, arXiv 2005.14165, Table 2.1); the 30B and
-# 70B rows are the course's own round shapes (about 12 * layers * hidden^2 parameters).
+# 70B rows are the course's own round shapes (about 12 * layers * hidden^2 parameters). The
+# MoE row is the course's own too: the 6.7B model's shape with 8 experts in place of each MLP,
+# 2 per token (Mixtral's pattern, Jiang et al. 2024, arXiv 2401.04088): 36.7B parameters
+# (34.4B of them experts), of which 10.9B are used per token.
 MODEL_PRESETS = {
     "1.3B": ModelShape(1_300_000_000, 24, 2048, 16),
     "6.7B": ModelShape(6_700_000_000, 32, 4096, 32),
@@ -95,12 +219,21 @@ MODEL_PRESETS = {
     "30B": ModelShape(30_000_000_000, 48, 7168, 56),
     "70B": ModelShape(70_000_000_000, 80, 8192, 64),
     "175B": ModelShape(175_000_000_000, 96, 12288, 96),
+    "8x6.7B-MoE": ModelShape(
+        36_700_000_000, 32, 4096, 32, experts=8, top_k=2, capacity_factor=1.25
+    ),
 }
 
 
 @dataclass(frozen=True)
 class Config:
-    """One way to lay a run out on GPUs. `microbatches` is per data-parallel replica."""
+    """One way to lay a run out on GPUs. `microbatches` is per data-parallel replica.
+
+    GPUs are numbered tensor-parallel innermost, then context-parallel, then pipeline, then
+    data-parallel outermost (Megatron-LM's placement, Narayanan et al. 2021): tp x cp
+    neighbours share a node first. Expert parallelism (`ep`) splits each MoE layer's experts
+    over `ep` of the data-parallel replicas, so ep must divide dp.
+    """
 
     tp: int = 1
     pp: int = 1
@@ -112,10 +245,13 @@ class Config:
     zero: int = 0
     recompute: str = "none"
     sequence_parallel: bool = False
+    cp: int = 1  # context parallelism: each sequence split over cp GPUs (ring attention)
+    ep: int = 1  # expert parallelism: each MoE layer's experts split over ep GPUs
+    dp_overlap: bool = False  # data-parallel collectives overlapped with compute (buckets)
 
     @property
     def gpus(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
 
     @property
     def global_batch(self) -> int:
@@ -124,24 +260,98 @@ class Config:
     def short(self) -> str:
         sched = self.schedule + (f"(v={self.chunks})" if self.chunks > 1 else "")
         sp = "+sp" if self.sequence_parallel and self.tp > 1 else ""
+        cp = f" cp={self.cp}" if self.cp > 1 else ""
+        ep = f" ep={self.ep}" if self.ep > 1 else ""
+        overlap = " overlap" if self.dp_overlap and self.dp * self.cp > 1 else ""
         return (
-            f"tp={self.tp}{sp} pp={self.pp} dp={self.dp} b={self.microbatch_size} "
-            f"m={self.microbatches} {sched} zero={self.zero} recompute={self.recompute}"
+            f"tp={self.tp}{sp}{cp} pp={self.pp} dp={self.dp}{ep} b={self.microbatch_size} "
+            f"m={self.microbatches} {sched} zero={self.zero} recompute={self.recompute}{overlap}"
         )
+
+
+# The reserve: memory a real training process uses beyond what the formulas count. A CUDA
+# context with cuBLAS/cuDNN workspaces and NCCL's communication buffers take a fixed amount;
+# PyTorch's caching allocator loses a share of the memory to fragmentation. The course's
+# stated default: 2 GiB + 5% of the GPU's memory (6 GiB on an 80 GiB GPU, 4 GiB on 40 GiB);
+# set `reserve_gib` (CLI: --reserve-gib) from a real run's nvidia-smi / memory_stats.
+RESERVE_FIXED_GIB = 2.0
+RESERVE_FRACTION = 0.05
 
 
 @dataclass(frozen=True)
 class Hardware:
-    """A GPU cluster. Defaults are in the range of an 8 x 80 GiB NVLink node with InfiniBand."""
+    """A GPU cluster. The defaults are an A100-80GB node (8 GPUs, NVSwitch, one 200 Gb/s
+    InfiniBand NIC per GPU); `HARDWARE_PRESETS` names it and others.
+
+    Bandwidths are per GPU and per direction (links are full duplex: a GPU receives as much
+    at the same time), the convention of all the planner's traffic: bytes a GPU *sends*.
+    `efficiency` is the share of the peak FLOP rate the GPU reaches on the FLOPs it really
+    executes, recomputation included: the hardware FLOP utilisation (HFU). The model FLOP
+    utilisation (MFU) the planner reports counts only the model's own FLOPs (Chowdhery et al.
+    2022, PaLM, arXiv 2204.02311, Appendix B), so with recomputation MFU < HFU.
+    """
 
     gpu_memory_gib: float = 80.0
     gpus_per_node: int = 8
     peak_tflops_bf16: float = 312.0  # dense bf16 tensor-core peak of an A100
     peak_tflops_fp32: float = 19.5  # plain fp32 (no TF32) on the same GPU
-    efficiency: float = 0.5  # fraction of peak the matmuls really reach (MFU)
-    intra_node_gbs: float = 300.0  # GB/s per GPU inside a node (NVLink)
-    inter_node_gbs: float = 25.0  # GB/s per GPU between nodes (one 200 Gb/s NIC per GPU)
+    efficiency: float = 0.5  # HFU: share of peak the executed FLOPs reach
+    intra_node_gbs: float = 300.0  # GB/s per GPU per direction inside a node (NVLink 3)
+    inter_node_gbs: float = 25.0  # GB/s per GPU per direction between nodes (200 Gb/s NIC)
     latency_us: float = 5.0  # per message
+    reserve_gib: float | None = None  # None: RESERVE_FIXED_GIB + RESERVE_FRACTION x memory
+    name: str = field(default="", compare=False)  # the preset's name, if any
+
+    def __post_init__(self) -> None:
+        for key in ("gpu_memory_gib", "peak_tflops_bf16", "peak_tflops_fp32", "efficiency",
+                    "intra_node_gbs", "inter_node_gbs"):  # fmt: skip
+            value = getattr(self, key)
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not (math.isfinite(value) and value > 0)
+            ):
+                raise CourseInputError(f"{key} must be a finite number > 0, got {value!r}")
+        if self.efficiency > 1:
+            raise CourseInputError(f"efficiency must be in (0, 1], got {self.efficiency!r}")
+        if (
+            isinstance(self.gpus_per_node, bool)
+            or not isinstance(self.gpus_per_node, int)
+            or (self.gpus_per_node < 1)
+        ):
+            raise CourseInputError(
+                f"gpus_per_node must be an integer >= 1, got {self.gpus_per_node!r}"
+            )
+        lat = self.latency_us
+        if (
+            isinstance(lat, bool)
+            or not isinstance(lat, int | float)
+            or not (math.isfinite(lat) and lat >= 0)
+        ):
+            raise CourseInputError(f"latency_us must be a finite number >= 0, got {lat!r}")
+        if self.reserve_gib is not None:
+            r = self.reserve_gib
+            if (
+                isinstance(r, bool)
+                or not isinstance(r, int | float)
+                or not (math.isfinite(r) and 0 <= r < self.gpu_memory_gib)
+            ):
+                raise CourseInputError(
+                    f"reserve_gib must be a number from 0 to below the GPU's "
+                    f"{self.gpu_memory_gib:g} GiB, got {r!r}"
+                )
+
+    @property
+    def reserve(self) -> float:
+        """GiB per GPU kept free for what the formulas do not count (see RESERVE_*)."""
+        if self.reserve_gib is not None:
+            return float(self.reserve_gib)
+        return RESERVE_FIXED_GIB + RESERVE_FRACTION * self.gpu_memory_gib
+
+    @property
+    def usable_gib(self) -> float:
+        """GiB per GPU a plan may fill: the GPU's memory minus the reserve."""
+        return self.gpu_memory_gib - self.reserve
 
     def peak_flops(self, precision: Precision) -> float:
         tflops = self.peak_tflops_bf16 if precision.peak_key == "bf16" else self.peak_tflops_fp32
@@ -151,6 +361,39 @@ class Hardware:
         """Bytes/s of the slowest link of a group spanning `group_span` consecutive GPUs."""
         gbs = self.intra_node_gbs if group_span <= self.gpus_per_node else self.inter_node_gbs
         return gbs * 1e9
+
+    def describe(self) -> str:
+        """Every assumption about the hardware, in one paragraph (the planner echoes it)."""
+        default = "" if self.reserve_gib is not None else " (default: 2 GiB + 5% of memory)"
+        return (
+            f"GPU {self.name or 'custom'}: {self.gpu_memory_gib:g} GiB, {self.gpus_per_node} per "
+            f"node; peak {self.peak_tflops_bf16:g} TFLOP/s bf16, {self.peak_tflops_fp32:g} fp32; "
+            f"efficiency (HFU) {self.efficiency:g}; links per GPU per direction "
+            f"{self.intra_node_gbs:g} GB/s inside a node, {self.inter_node_gbs:g} GB/s between "
+            f"nodes, {self.latency_us:g} us per message; reserve {self.reserve:.1f} GiB{default}, "
+            f"so {self.usable_gib:.1f} GiB usable"
+        )
+
+
+# Named GPUs, from the vendors' data sheets: dense (not sparse) tensor-core peaks, NVLink
+# per direction (A100: NVLink 3, 600 GB/s both ways; H100 SXM: NVLink 4, 900 GB/s both ways,
+# through NVSwitch: every GPU reaches every other at full speed), one InfiniBand NIC per GPU
+# (HDR 200 Gb/s = 25 GB/s in DGX A100; NDR 400 Gb/s = 50 GB/s in DGX H100). The efficiency
+# (HFU) 0.5 is the planner's assumption, in the 40-55% that well-tuned runs report
+# (Narayanan et al. 2021; Chowdhery et al. 2022).
+HARDWARE_PRESETS = {
+    "A100-80GB": Hardware(80.0, 8, 312.0, 19.5, 0.5, 300.0, 25.0, name="A100-80GB"),
+    "A100-40GB": Hardware(40.0, 8, 312.0, 19.5, 0.5, 300.0, 25.0, name="A100-40GB"),
+    "H100-80GB": Hardware(80.0, 8, 989.0, 67.0, 0.5, 450.0, 50.0, name="H100-80GB"),
+}
+DEFAULT_GPU = "A100-80GB"
+
+
+def hardware(name: str = DEFAULT_GPU, **changes) -> Hardware:
+    """A named preset, optionally changed: `plan.hardware("H100-80GB", gpus_per_node=4)`."""
+    if name not in HARDWARE_PRESETS:
+        raise CourseInputError(f"GPU must be one of {', '.join(HARDWARE_PRESETS)}, got {name!r}")
+    return replace(HARDWARE_PRESETS[name], **changes)
 
 
 def replace_config(config: Config, **changes) -> Config:
@@ -166,7 +409,7 @@ def _positive_int(value, what: str) -> int:
 
 def check_config(model: ModelShape | None, config: Config) -> None:
     """Raise CourseInputError (one line) if `config` cannot be built for `model`."""
-    for name in ("tp", "pp", "dp", "microbatch_size", "microbatches", "chunks"):
+    for name in ("tp", "pp", "dp", "microbatch_size", "microbatches", "chunks", "cp", "ep"):
         _positive_int(getattr(config, name), name)
     if config.schedule not in SCHEDULES:
         raise CourseInputError(
@@ -183,6 +426,11 @@ def check_config(model: ModelShape | None, config: Config) -> None:
             f"chunks > 1 needs a looping schedule ({', '.join(LOOPING)}), "
             f"got schedule {config.schedule!r}"
         )
+    if config.dp % config.ep:
+        raise CourseInputError(
+            f"ep={config.ep} must divide dp={config.dp}: expert parallelism splits the experts "
+            "over data-parallel replicas"
+        )
     if config.pp > 1 and (
         problem := REGISTRY[config.schedule].shape_rule(
             config.pp, config.microbatches, config.chunks
@@ -190,6 +438,8 @@ def check_config(model: ModelShape | None, config: Config) -> None:
     ):
         raise CourseInputError(problem.replace("devices", "pp"))
     if model is None:
+        if config.cp > 1 or config.ep > 1:
+            raise CourseInputError("cp and ep need the model's shape (layers, hidden, heads, seq)")
         return
     if model.heads % config.tp:
         raise CourseInputError(f"tp={config.tp} must divide the number of heads ({model.heads})")
@@ -197,4 +447,20 @@ def check_config(model: ModelShape | None, config: Config) -> None:
     if model.layers % (config.pp * chunks):
         raise CourseInputError(
             f"pp x chunks = {config.pp * chunks} must divide the number of layers ({model.layers})"
+        )
+    if model.seq % (2 * config.cp) and config.cp > 1:
+        raise CourseInputError(
+            f"2 x cp = {2 * config.cp} must divide the sequence length ({model.seq}): the "
+            "load-balanced (zig-zag) split cuts each sequence into 2 cp chunks"
+        )
+    if config.ep > 1 and not model.is_moe:
+        raise CourseInputError(f"ep={config.ep} needs a mixture-of-experts model (experts > 1)")
+    if model.experts % config.ep:
+        raise CourseInputError(
+            f"ep={config.ep} must divide the number of experts ({model.experts})"
+        )
+    if model.is_moe and config.tp > 1 and not config.sequence_parallel:
+        raise CourseInputError(
+            "a mixture-of-experts model with tp > 1 needs sequence_parallel=True (as in "
+            "Megatron-Core: each tensor-parallel GPU routes its own share of the tokens)"
         )

@@ -1,18 +1,23 @@
 """Search every layout of a model on a number of GPUs: what fits, fastest first, and why the
-rest does not. Also the planner's text output. Nothing here imports torch."""
+rest does not; the fewest GPUs on which anything fits. Also the planner's text output.
+Nothing here imports torch."""
 
 from __future__ import annotations
 
 import itertools
+import math
+import time
 from dataclasses import asdict
 
 from course_utils.errors import CourseInputError
 from course_utils.pipeline.schedules import RECOMMENDED
 from course_utils.pipeline.schedules import SCHEDULES as REGISTRY
 from course_utils.plan.inputs import (
+    GB,
     GIB,
     LOOPING,
     MICROBATCH_SIZES,
+    MIN_CP_TOKENS,
     RECOMPUTE,
     SCHEDULES,
     SEARCH_CHUNKS,
@@ -24,11 +29,21 @@ from course_utils.plan.inputs import (
     _positive_int,
     get_precision,
 )
-from course_utils.plan.model import Estimate, evaluate
+from course_utils.plan.model import Estimate, evaluate, model_states
 
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def context_degrees(model: ModelShape, gpus: int) -> list[int]:
+    """The cp values the search tries: dividing the GPUs, 2 cp dividing the sequence (the
+    zig-zag split), and at least MIN_CP_TOKENS tokens of a sequence per GPU."""
+    return [
+        c
+        for c in _divisors(gpus)
+        if c == 1 or (model.seq % (2 * c) == 0 and model.seq // c >= MIN_CP_TOKENS)
+    ]
 
 
 def search(
@@ -37,13 +52,19 @@ def search(
     global_batch: int,
     hardware: Hardware = Hardware(),
     precision: str | Precision = "bf16-mixed",
+    dp_overlap: bool = False,
+    first_fit: bool = False,
 ) -> dict[str, list]:
     """Enumerate layouts of `model` on `gpus` GPUs for `global_batch` sequences per step.
 
     Returns {"feasible": [Estimate, ...] fastest first, "rejected": [(Config | dict, reason)]}.
-    Every layout tried lands in exactly one list. With pp = 1 the schedule does not matter
-    (plain gradient accumulation), so only the recommended one is tried; with dp = 1 only
-    ZeRO-0.
+    Every layout tried lands in exactly one list. Tried: tp (dividing the heads, inside a
+    node), cp (`context_degrees`), pp (dividing the layers), dp (the rest), ep (MoE models:
+    dividing the experts and dp), micro-batch size, schedule, ZeRO stage, recomputation and
+    sequence parallelism on and off (always on for MoE with tp > 1). With pp = 1 the schedule
+    does not matter (plain gradient accumulation), so only the recommended one is tried;
+    with dp x cp = 1 only ZeRO-0. `dp_overlap` applies to every layout. `first_fit` stops at
+    the first layout that fits (what `min_gpus` needs).
     """
     _positive_int(gpus, "gpus")
     _positive_int(global_batch, "global_batch")
@@ -51,70 +72,121 @@ def search(
     feasible: list[Estimate] = []
     rejected: list[tuple[Config | dict[str, int], str]] = []
     for tp in _divisors(gpus):
-        for pp in _divisors(gpus // tp):
-            dp = gpus // (tp * pp)
-            where = {"tp": tp, "pp": pp, "dp": dp}
-            if model.heads % tp:
-                rejected.append((where, f"tp={tp} does not divide heads={model.heads}"))
-                continue
-            if tp > hardware.gpus_per_node:
-                rejected.append(
-                    (
-                        where,
-                        f"tp={tp} > {hardware.gpus_per_node} GPUs per node: tensor parallelism "
-                        "needs the fast links inside a node",
-                    )
+        if model.heads % tp:
+            rejected.append(({"tp": tp}, f"tp={tp} does not divide heads={model.heads}"))
+            continue
+        if tp > hardware.gpus_per_node:
+            rejected.append(
+                (
+                    {"tp": tp},
+                    f"tp={tp} > {hardware.gpus_per_node} GPUs per node: tensor parallelism "
+                    "needs the fast links inside a node",
                 )
-                continue
-            if model.layers % pp:
-                rejected.append((where, f"pp={pp} does not divide layers={model.layers}"))
-                continue
-            if global_batch % dp:
-                rejected.append((where, f"dp={dp} does not divide global batch={global_batch}"))
-                continue
-            for b in MICROBATCH_SIZES:
-                if (global_batch // dp) % b:
-                    rejected.append(
-                        (
-                            {**where, "microbatch_size": b},
-                            f"micro-batch size {b} does not divide the {global_batch // dp} "
-                            "sequences per replica",
-                        )
-                    )
+            )
+            continue
+        for cp in context_degrees(model, gpus // tp):
+            for pp in _divisors(gpus // (tp * cp)):
+                dp = gpus // (tp * cp * pp)
+                where = {"tp": tp, "cp": cp, "pp": pp, "dp": dp}
+                if model.layers % pp:
+                    rejected.append((where, f"pp={pp} does not divide layers={model.layers}"))
                     continue
-                m = global_batch // (dp * b)
-                schedules = SCHEDULES if pp > 1 else (RECOMMENDED,)
-                for schedule, zero, recompute in itertools.product(
-                    schedules, ZERO_STAGES if dp > 1 else (0,), RECOMPUTE
-                ):
-                    v = SEARCH_CHUNKS if schedule in LOOPING else 1
-                    config = Config(
-                        tp, pp, dp, b, m, schedule, v, zero, recompute, sequence_parallel=tp > 1
-                    )
-                    chunks = REGISTRY[schedule].chunks(v)
-                    if model.layers % (pp * chunks):
+                if global_batch % dp:
+                    rejected.append((where, f"dp={dp} does not divide global batch={global_batch}"))
+                    continue
+                eps = [e for e in _divisors(math.gcd(dp, model.experts))] if model.is_moe else [1]
+                sps = (True,) if tp == 1 or model.is_moe else (True, False)
+                for ep, b in itertools.product(eps, MICROBATCH_SIZES):
+                    if (global_batch // dp) % b:
                         rejected.append(
                             (
-                                config,
-                                f"{schedule} with {chunks} chunks per device needs layers "
-                                f"divisible by {pp * chunks}",
+                                {**where, "ep": ep, "microbatch_size": b},
+                                f"micro-batch size {b} does not divide the {global_batch // dp} "
+                                "sequences per replica",
                             )
                         )
                         continue
-                    try:
-                        estimate = evaluate(model, config, prec, hardware)
-                    except CourseInputError as exc:  # e.g. the schedule's own rules on m
-                        rejected.append((config, str(exc)))
-                        continue
-                    if estimate.reason is None:  # it fits
-                        feasible.append(estimate)
-                    else:
-                        rejected.append((config, estimate.reason))
+                    m = global_batch // (dp * b)
+                    schedules = SCHEDULES if pp > 1 else (RECOMMENDED,)
+                    zeros = ZERO_STAGES if dp * cp > 1 else (0,)
+                    for schedule, zero, recompute, sp in itertools.product(
+                        schedules, zeros, RECOMPUTE, sps
+                    ):
+                        v = SEARCH_CHUNKS if schedule in LOOPING else 1
+                        config = Config(
+                            tp, pp, dp, b, m, schedule, v, zero, recompute,
+                            sequence_parallel=sp and tp > 1, cp=cp, ep=ep, dp_overlap=dp_overlap,
+                        )  # fmt: skip
+                        chunks = REGISTRY[schedule].chunks(v)
+                        if model.layers % (pp * chunks):
+                            rejected.append(
+                                (
+                                    config,
+                                    f"{schedule} with {chunks} chunks per device needs layers "
+                                    f"divisible by {pp * chunks}",
+                                )
+                            )
+                            continue
+                        try:
+                            estimate = evaluate(model, config, prec, hardware)
+                        except CourseInputError as exc:  # e.g. the schedule's own rules on m
+                            rejected.append((config, str(exc)))
+                            continue
+                        if estimate.reason is None:  # it fits
+                            feasible.append(estimate)
+                            if first_fit:
+                                return {"feasible": feasible, "rejected": rejected}
+                        else:
+                            rejected.append((config, estimate.reason))
     feasible.sort(key=lambda e: (e.time["total"], e.memory["total"]))
     return {"feasible": feasible, "rejected": rejected}
 
 
-def search_to_dict(result: dict[str, list], limit: int | None = None) -> dict[str, list]:
+def states_lower_bound(
+    model: ModelShape, hardware: Hardware = Hardware(), precision: str | Precision = "bf16-mixed"
+) -> int:
+    """Fewest GPUs whose usable memory could hold the fully sharded model states (ZeRO-3 over
+    all of them): a bound no layout can beat, before activations and buffers."""
+    states = sum(model_states(model, Config(), precision).values())
+    return max(1, math.ceil(states / (hardware.usable_gib * GIB)))
+
+
+def gpu_counts(start: int, gpus_per_node: int, limit: int) -> list[int]:
+    """The GPU counts a cluster is rented in, from `start` up to `limit`: 1, 2, 4 ... below
+    a node, then whole nodes."""
+    small = [2**k for k in range(gpus_per_node.bit_length()) if 2**k < gpus_per_node]
+    counts = [n for n in small if n >= start]
+    first = max(1, math.ceil(start / gpus_per_node))
+    return counts + [k * gpus_per_node for k in range(first, limit // gpus_per_node + 1)]
+
+
+def min_gpus(
+    model: ModelShape,
+    global_batch: int,
+    hardware: Hardware = Hardware(),
+    precision: str | Precision = "bf16-mixed",
+    limit: int = 4096,
+    budget_s: float = 20.0,
+) -> int | None:
+    """The fewest GPUs on which some layout fits: None if none up to `limit` GPUs, or if
+    `budget_s` seconds of searching found none.
+
+    Tries `gpu_counts` from `states_lower_bound` upwards, each with a search that stops at
+    the first layout that fits (a count whose layouts cannot divide the layers or the batch
+    is rejected at once).
+    """
+    _positive_int(global_batch, "global_batch")
+    began = time.perf_counter()
+    start = states_lower_bound(model, hardware, precision)
+    for n in gpu_counts(start, hardware.gpus_per_node, limit):
+        if search(model, n, global_batch, hardware, precision, first_fit=True)["feasible"]:
+            return n
+        if time.perf_counter() - began > budget_s:
+            return None
+    return None
+
+
+def search_to_dict(result: dict[str, list], limit: int | None = None) -> dict[str, object]:
     """The JSON shape of `python -m course_utils plan search --json`."""
 
     def config_dict(config) -> dict:
@@ -127,11 +199,26 @@ def search_to_dict(result: dict[str, list], limit: int | None = None) -> dict[st
     }
 
 
-def format_memory(mem: dict[str, float], limit_gib: float | None = None) -> str:
-    lines = [f"{key:<12} {mem[key] / GIB:9.2f} GiB" for key in mem]
-    if limit_gib is not None:
-        verdict = "fits" if mem["total"] <= limit_gib * GIB else "does NOT fit"
-        lines.append(f"{'GPU memory':<12} {limit_gib:9.2f} GiB  -> {verdict}")
+def format_bytes(nbytes: float) -> str:
+    """'31.4 GB (29.24 GiB)': the papers' unit (10^9 bytes) and the GPUs' (2^30 bytes)."""
+    return f"{nbytes / GB:.1f} GB ({nbytes / GIB:.2f} GiB)"
+
+
+def format_memory(
+    mem: dict[str, float], limit_gib: float | None = None, hardware: Hardware | None = None
+) -> str:
+    """One line per part in GB and GiB, and with a GPU (`hardware`, or just its `limit_gib`)
+    the verdict against its usable memory (the GPU's minus the reserve)."""
+    lines = [f"{key:<12} {mem[key] / GB:9.2f} GB {mem[key] / GIB:9.2f} GiB" for key in mem]
+    if hardware is None and limit_gib is not None:
+        hardware = Hardware(gpu_memory_gib=limit_gib)
+    if hardware is not None:
+        usable = hardware.usable_gib
+        verdict = "fits" if mem["total"] <= usable * GIB else "does NOT fit"
+        lines.append(
+            f"{'GPU memory':<12} {hardware.gpu_memory_gib:9.2f} GiB - reserve "
+            f"{hardware.reserve:.2f} GiB = {usable:.2f} GiB usable -> {verdict}"
+        )
     return "\n".join(lines)
 
 

@@ -1,12 +1,15 @@
-"""The planner on screen: a memory and step-time chart of one layout, and the widget with
-sliders that lesson 12 uses (its text fallback prints the same numbers)."""
+"""The planner on screen: a memory and step-time chart of one layout, the widget with sliders
+that lesson 12 uses (its text fallback prints the same numbers), lesson 07's layout explorer,
+and a drawing of the cluster (nodes with an NVSwitch, NICs to the network)."""
 
 from __future__ import annotations
 
 from course_utils.errors import CourseInputError
 from course_utils.pipeline.schedules import RECOMMENDED
 from course_utils.plan.inputs import (
+    DEFAULT_GPU,
     GIB,
+    HARDWARE_PRESETS,
     LOOPING,
     MICROBATCH_SIZES,
     MODEL_PRESETS,
@@ -18,11 +21,29 @@ from course_utils.plan.inputs import (
     Hardware,
     ModelShape,
 )
-from course_utils.plan.model import Estimate, evaluate
+from course_utils.plan.model import MEMORY_KEYS, TIME_KEYS, Estimate, evaluate
 from course_utils.plan.search import format_memory, format_time
 
-MEMORY_PARTS = ("parameters", "gradients", "optimizer", "activations")
-TIME_PARTS = ("compute", "bubble", "dp_comm", "tp_comm", "pp_comm")
+MEMORY_PARTS = MEMORY_KEYS  # parameters, gradients, optimizer, activations, buffers
+TIME_PARTS = TIME_KEYS  # compute, bubble, dp_comm, tp_comm, cp_comm, pp_comm, ep_comm
+RESERVE_STYLE = {"facecolor": "white", "edgecolor": "#8c8c8c", "hatch": "///"}
+
+
+def _memory_bar(ax, estimate: Estimate, hardware: Hardware) -> None:
+    """Stacked memory parts, the reserve hatched at the top of the GPU, its memory dashed."""
+    bottom = 0.0
+    for part in MEMORY_PARTS:
+        value = estimate.memory[part] / GIB
+        ax.bar(["per GPU"], [value], bottom=bottom, label=part)
+        bottom += value
+    limit, usable = hardware.gpu_memory_gib, hardware.usable_gib
+    ax.bar(["per GPU"], [hardware.reserve], bottom=usable, width=1.0, alpha=0.6,
+           label=f"reserve {hardware.reserve:.1f} GiB", **RESERVE_STYLE)  # fmt: skip
+    ax.axhline(limit, color="black", ls="--", label=f"GPU memory {limit:g} GiB")
+    ax.set_ylim(0, max(bottom, limit) * 1.15)
+    ax.set_ylabel("GiB")
+    ax.set_title("Memory per GPU")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
 
 
 def draw_plan(estimate: Estimate, hardware: Hardware = Hardware(), title: str | None = None):
@@ -30,25 +51,17 @@ def draw_plan(estimate: Estimate, hardware: Hardware = Hardware(), title: str | 
     import matplotlib.pyplot as plt
 
     fig, (ax_mem, ax_time) = plt.subplots(1, 2, figsize=(10, 3.6))
-    bottom = 0.0
-    for part in MEMORY_PARTS:
-        value = estimate.memory[part] / GIB
-        ax_mem.bar(["per GPU"], [value], bottom=bottom, label=part)
-        bottom += value
-    ax_mem.axhline(hardware.gpu_memory_gib, color="black", ls="--", label="GPU memory")
-    ax_mem.set_ylabel("GiB")
-    ax_mem.set_title("Memory per GPU")
-    ax_mem.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    ax_mem.set_ylim(0, max(bottom, hardware.gpu_memory_gib) * 1.15)
-
+    _memory_bar(ax_mem, estimate, hardware)
     left = 0.0
     for part in TIME_PARTS:
         value = estimate.time[part]
         ax_time.barh(["step"], [value], left=left, label=part)
         left += value
     ax_time.set_xlabel("seconds per step")
-    ax_time.set_title(f"Step time {estimate.time['total']:.2f} s")
-    ax_time.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=5)
+    mfu = estimate.utilisation.get("mfu")
+    share = f", MFU {mfu:.0%}" if mfu is not None else ""
+    ax_time.set_title(f"Step time {estimate.time['total']:.2f} s{share}")
+    ax_time.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=4)
     verdict = "fits" if estimate.fits else "does not fit"
     fig.suptitle(title or f"{estimate.config.short()}  ({verdict})", fontsize=10)
     fig.tight_layout()
@@ -56,19 +69,26 @@ def draw_plan(estimate: Estimate, hardware: Hardware = Hardware(), title: str | 
 
 
 def describe(estimate: Estimate, hardware: Hardware = Hardware()) -> str:
-    """The text fallback of the widget: memory and time breakdowns, and the verdict."""
-    lines = [estimate.config.short(), "", format_memory(estimate.memory, hardware.gpu_memory_gib)]
+    """The text fallback of the widget: memory and time breakdowns, utilisation, the verdict,
+    and the hardware assumptions they rest on."""
+    lines = [estimate.config.short(), "", format_memory(estimate.memory, hardware=hardware)]
     lines += ["", format_time(estimate.time)]
+    if estimate.utilisation:
+        u = estimate.utilisation
+        lines += [
+            f"MFU {u['mfu']:.1%} (the model's FLOPs), HFU {u['hfu']:.1%} (all FLOPs executed, "
+            "recomputation included)"
+        ]
     if estimate.reason:
         lines += ["", f"does not fit: {estimate.reason}"]
+    lines += ["", "assumed: " + hardware.describe()]
     return "\n".join(lines)
 
 
-def planner_widget(global_batch: int = 512, hardware: Hardware = Hardware()):
-    """Sliders for model size, GPUs and parallel degrees; a stacked memory bar and step time.
-
-    Prints the same numbers as text, so the notebook reads well without a widget frontend.
-    """
+def planner_widget(global_batch: int = 512, hardware: Hardware | None = None):
+    """Sliders for model size, GPU type and count, and parallel degrees; a stacked memory
+    bar and step time. Prints the same numbers as text, so the notebook reads well without a
+    widget frontend. `hardware` fixes the GPU (else a drop-down of the presets)."""
     import ipywidgets as widgets
     import matplotlib.pyplot as plt
     from IPython.display import display
@@ -79,14 +99,19 @@ def planner_widget(global_batch: int = 512, hardware: Hardware = Hardware()):
     use_course_style()
 
     style = {"description_width": "110px"}
-    size = widgets.SelectionSlider(
-        options=list(MODEL_PRESETS), value="30B", description="model", style=style
+    size = widgets.Dropdown(options=list(MODEL_PRESETS), value="30B", description="model")
+    gpu = widgets.Dropdown(
+        options=list(HARDWARE_PRESETS) if hardware is None else ["as given"],
+        value=DEFAULT_GPU if hardware is None else "as given",
+        description="GPU",
     )
     gpus = widgets.SelectionSlider(
-        options=[8, 16, 32, 64, 128, 256, 512], value=8, description="GPUs", style=style
+        options=[8, 16, 32, 64, 128, 256, 512], value=8, description="GPUs"
     )
     tp = widgets.SelectionSlider(options=[1, 2, 4, 8], value=8, description="tensor (tp)")
+    cp = widgets.SelectionSlider(options=[1, 2, 4, 8], value=1, description="context (cp)")
     pp = widgets.SelectionSlider(options=[1, 2, 4, 8, 16], value=1, description="pipeline (pp)")
+    ep = widgets.SelectionSlider(options=[1, 2, 4, 8], value=1, description="expert (ep)")
     b = widgets.SelectionSlider(options=list(MICROBATCH_SIZES), value=1, description="micro-batch")
     schedule = widgets.Dropdown(options=list(SCHEDULES), value=RECOMMENDED, description="schedule")
     zero = widgets.IntSlider(value=1, min=0, max=3, description="ZeRO stage")
@@ -96,46 +121,41 @@ def planner_widget(global_batch: int = 512, hardware: Hardware = Hardware()):
     precision = widgets.Dropdown(
         options=list(PRECISIONS), value="bf16-mixed", description="precision"
     )
-    for w in (tp, pp, b, schedule, zero, recompute, precision):
+    controls = (size, gpu, gpus, tp, cp, pp, ep, b, schedule, zero, recompute, precision)
+    for w in controls:
         w.style = style
     out = widgets.Output()
+
+    def current():
+        hw = hardware if hardware is not None else HARDWARE_PRESETS[gpu.value]
+        return hw, estimate_from_sliders(
+            size.value, gpus.value, tp.value, pp.value, b.value, schedule.value, zero.value,
+            recompute.value, precision.value, global_batch, hw, cp=cp.value, ep=ep.value,
+        )  # fmt: skip
 
     def update(*_) -> None:
         with out:
             out.clear_output(wait=True)
             try:
-                estimate = estimate_from_sliders(
-                    size.value, gpus.value, tp.value, pp.value, b.value, schedule.value,
-                    zero.value, recompute.value, precision.value, global_batch, hardware,
-                )  # fmt: skip
+                hw, estimate = current()
             except CourseInputError as exc:
                 print(f"not a valid layout: {exc}")
                 return
-            fig = draw_plan(estimate, hardware)
+            fig = draw_plan(estimate, hw)
             plt.show(fig)
-            print(describe(estimate, hardware))
+            print(describe(estimate, hw))
 
-    controls = (size, gpus, tp, pp, b, schedule, zero, recompute, precision)
     for w in controls:
         w.observe(update, names="value")
-    ui = widgets.VBox([widgets.HBox([widgets.VBox(controls[:5]), widgets.VBox(controls[5:])]), out])
-    display(WithFallback(ui, _planner_fallback_text(controls, global_batch, hardware)))
+    ui = widgets.VBox([widgets.HBox([widgets.VBox(controls[:6]), widgets.VBox(controls[6:])]), out])
+    try:
+        hw, estimate = current()
+        text = "Planner at its starting values (widgets not shown here):\n" + describe(estimate, hw)
+    except CourseInputError as exc:
+        text = f"Planner (widgets not shown here): not a valid layout: {exc}"
+    display(WithFallback(ui, text))
     update()
     return ui
-
-
-def _planner_fallback_text(controls, global_batch: int, hardware: Hardware) -> str:
-    """What the planner widget shows at its starting values, as text."""
-    try:
-        size, gpus, tp, pp, b, schedule, zero, recompute, precision = (c.value for c in controls)
-        estimate = estimate_from_sliders(
-            size, gpus, tp, pp, b, schedule, zero, recompute, precision, global_batch, hardware
-        )
-    except CourseInputError as exc:
-        return f"Planner (widgets not shown here): not a valid layout: {exc}"
-    return "Planner at its starting values (widgets not shown here):\n" + describe(
-        estimate, hardware
-    )
 
 
 def estimate_from_sliders(
@@ -150,22 +170,29 @@ def estimate_from_sliders(
     precision: str,
     global_batch: int = 512,
     hardware: Hardware = Hardware(),
+    *,
+    cp: int = 1,
+    ep: int = 1,
 ) -> Estimate:
-    """The widget's arithmetic, callable without widgets (dp = gpus / (tp pp))."""
+    """The widget's arithmetic, callable without widgets (dp = gpus / (tp cp pp))."""
     if size not in MODEL_PRESETS:
         raise CourseInputError(f"size must be one of {', '.join(MODEL_PRESETS)}, got {size!r}")
-    if gpus % (tp * pp):
-        raise CourseInputError(f"tp x pp = {tp * pp} must divide gpus={gpus}")
-    dp = gpus // (tp * pp)
+    model = MODEL_PRESETS[size]
+    if gpus % (tp * cp * pp):
+        raise CourseInputError(f"tp x cp x pp = {tp * cp * pp} must divide gpus={gpus}")
+    dp = gpus // (tp * cp * pp)
     if global_batch % (dp * microbatch_size):
         raise CourseInputError(
             f"dp x micro-batch size = {dp * microbatch_size} must divide the global batch "
             f"({global_batch})"
         )
+    if ep > 1 and not model.is_moe:
+        raise CourseInputError(f"ep={ep} needs a mixture-of-experts model: choose one with experts")
     m = global_batch // (dp * microbatch_size)
     chunks = SEARCH_CHUNKS if schedule in LOOPING and pp > 1 else 1
-    config = Config(tp, pp, dp, microbatch_size, m, schedule, chunks, zero, recompute, tp > 1)
-    return evaluate(MODEL_PRESETS[size], config, precision, hardware)
+    config = Config(tp, pp, dp, microbatch_size, m, schedule, chunks, zero, recompute, tp > 1,
+                    cp=cp, ep=ep)  # fmt: skip
+    return evaluate(model, config, precision, hardware)
 
 
 # --------------------------------------------------------------------------- lesson 07's layouts
@@ -213,24 +240,15 @@ def draw_layout(estimate: Estimate, hardware: Hardware = Hardware(), title: str 
     import matplotlib.pyplot as plt
 
     fig, (ax_mem, ax_com) = plt.subplots(1, 2, figsize=(10, 3.4))
-    bottom = 0.0
-    for part in MEMORY_PARTS:
-        value = estimate.memory[part] / GIB
-        ax_mem.bar(["per GPU"], [value], bottom=bottom, label=part)
-        bottom += value
-    limit = hardware.gpu_memory_gib
-    ax_mem.axhline(limit, color="black", ls="--", label=f"{limit:g} GiB")
-    ax_mem.set_ylim(0, max(bottom, limit) * 1.15)
-    ax_mem.set_ylabel("GiB")
-    ax_mem.set_title("Memory per GPU")
-    ax_mem.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    _memory_bar(ax_mem, estimate, hardware)
     kinds = list(_TIME_KEY)
     seconds = [estimate.time[_TIME_KEY[k]] for k in kinds]
     ax_com.barh(kinds, seconds, color=[LAYOUT_COLOURS[k] for k in kinds], label="seconds per step")
     for i, kind in enumerate(kinds):
         text = f" {estimate.traffic[kind] / 1e9:.1f} GB"
         ax_com.text(seconds[i], i, text, va="center", fontsize=9)
-    ax_com.set_xlabel("communication time per step (s, no overlap)")
+    overlap = "DP overlapped" if estimate.config.dp_overlap else "no overlap"
+    ax_com.set_xlabel(f"communication time per step (s, {overlap})")
     ax_com.set_title("Communication per GPU (bytes sent on the bars)")
     ax_com.legend(fontsize=8, loc="lower right")
     fig.suptitle(title or estimate.config.short(), fontsize=10)
@@ -292,3 +310,54 @@ def layout_explorer(
         )
     )
     return ui
+
+
+# --------------------------------------------------------------------------- the cluster
+
+
+def draw_cluster(hardware: Hardware = Hardware(), nodes: int = 2, title: str | None = None):
+    """Nodes as they are wired: inside each, every GPU has its own NVLink ports into an
+    NVSwitch, so any two GPUs of a node talk at full speed at once (all-to-all, not a ring);
+    each GPU also has its own network card (NIC) into the cluster's switch fabric."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyBboxPatch
+
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= 4:
+        raise CourseInputError(f"nodes must be an integer from 1 to 4, got {nodes!r}")
+    per = hardware.gpus_per_node
+    shown = min(per, 8)
+    nvlink, network = "#2ca02c", "#d62728"
+    width = 1.15 * shown + 0.6
+    fig, ax = plt.subplots(figsize=(min(12, 1.2 + nodes * (width + 0.6)), 4.6))
+
+    def box(x, y, w, h, text, color, size=8):
+        ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.02", fc=color, ec="black"))
+        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=size)
+
+    for n in range(nodes):
+        x0 = 0.3 + n * (width + 0.6)
+        box(x0, 0.9, width, 3.0, "", "#f2f2f2")
+        ax.text(x0 + 0.1, 3.78, f"node {n}: {per} GPUs", fontsize=9, weight="bold", va="top")
+        switch_y = 3.05
+        box(x0 + 0.3, switch_y, width - 0.6, 0.4, "NVSwitch", "#c7e9c0", 8)
+        for g in range(shown):
+            gx = x0 + 0.35 + 1.15 * g
+            box(gx, 1.75, 0.85, 0.6, f"GPU\n{n * per + g}", "#aec7e8", 7)
+            ax.plot([gx + 0.425, gx + 0.425], [2.35, switch_y], color=nvlink, lw=2.5)
+            box(gx + 0.12, 1.05, 0.6, 0.35, "NIC", "#fdd0a2", 7)
+            ax.plot([gx + 0.425, gx + 0.425], [1.4, 1.75], color="black", lw=1)
+            ax.plot([gx + 0.425, gx + 0.425], [0.55, 1.05], color=network, lw=1.5)
+    total = 0.3 + nodes * (width + 0.6) - 0.6
+    box(0.3, 0.15, total, 0.4, "network switches (InfiniBand fabric)", "#fcbba1", 8)
+    ax.plot([], [], color=nvlink, lw=2.5,
+            label=f"NVLink into the NVSwitch: {hardware.intra_node_gbs:g} GB/s per GPU per "
+            "direction, to any GPU of the node")  # fmt: skip
+    ax.plot([], [], color=network, lw=1.5,
+            label=f"one NIC per GPU: {hardware.inter_node_gbs:g} GB/s per direction between "
+            "nodes")  # fmt: skip
+    ax.set(xlim=(0, total + 0.6), ylim=(0, 4.0))
+    ax.set_title(title or f"{nodes} nodes of {per} {hardware.name or 'GPUs'}: who is wired to whom")
+    ax.axis("off")  # a diagram, not a plot
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=1, frameon=False, fontsize=8)
+    fig.tight_layout()
+    return fig
