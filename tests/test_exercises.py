@@ -133,6 +133,17 @@ def test_for_student_puts_the_name_in_the_setup_line_of_the_file_and_of_a_cell()
         for_student(cell, "../etc")
 
 
+def test_a_notebook_written_for_a_student_is_not_tampered_but_a_renamed_one_is():
+    from course_utils.grading.grader import tampering
+    from course_utils.grading.make_exercises import for_student
+
+    solution = nbformat.read(ROOT / "solutions" / "03_bubble_tradeoff.ipynb", as_version=4)
+    mine = nbformat.reads(for_student(nbformat.writes(solution), "ana"), as_version=4)
+    assert tampering(mine, solution, "ana") == []
+    # ana sets her notebook back to the course's numbers: her locked setup cell changed
+    assert [t["status"] for t in tampering(solution, solution, "ana")] == ["changed"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_every_check_fails_when_unanswered(name):

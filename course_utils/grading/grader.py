@@ -33,6 +33,7 @@ from course_utils.checks import DEFAULT_STUDENT, Variant
 from course_utils.checks.wire import encode
 from course_utils.errors import CourseInputError
 from course_utils.grading.judge import cases_for, judge
+from course_utils.grading.make_exercises import STUDENT_LINE
 from course_utils.grading.notebook_tools import SOLUTIONS, is_check_cell, tags
 from course_utils.grading.sandbox import Exercise, check_calls, run_submission
 
@@ -121,16 +122,24 @@ def _fingerprint(source: str) -> str:
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
-def tampering(submission: nbformat.NotebookNode, solution: nbformat.NotebookNode) -> list[dict]:
+def tampering(
+    submission: nbformat.NotebookNode,
+    solution: nbformat.NotebookNode,
+    variant: str = DEFAULT_STUDENT,
+) -> list[dict]:
     """Locked cells of the solution (check cells and cells tagged "locked") that the
-    submission changed or removed, matched by cell id, else by content."""
+    submission changed or removed, matched by cell id, else by content. A notebook written
+    for `variant` names that student in its setup cell: that is not a change."""
     theirs = {c.get("id"): c for c in submission.cells}
     contents = {_fingerprint(c.source) for c in submission.cells}
     report = []
     for cell in solution.cells:
         if not (is_check_cell(cell) or "locked" in tags(cell)):
             continue
-        mine = _fingerprint(cell.source)
+        source = cell.source
+        if variant != DEFAULT_STUDENT:
+            source = STUDENT_LINE.sub(lambda m: f'for_student("{variant}")', source)
+        mine = _fingerprint(source)
         if cell.get("id") in theirs:
             if _fingerprint(theirs[cell.get("id")].source) != mine:
                 report.append({"cell": cell.get("id"), "status": "changed"})
@@ -175,7 +184,7 @@ def grade_notebook(
         ex.cases = {
             e: [encode(tuple(c)) for c in cs] for e, cs in cases_for(module, ex.k, learner).items()
         }
-    result.tampering = tampering(submission, solution)
+    result.tampering = tampering(submission, solution, result.variant)
     run = run_submission(
         submission,
         folder_files or {},
