@@ -126,24 +126,59 @@ def _hashable(value: Any) -> Any:
 # --------------------------------------------------------------------------- functions
 
 
-class CallTimedOut(Exception):
+# Both limits derive from BaseException, so a learner's `except Exception:` cannot swallow
+# them (and the alarm keeps firing every 50 ms if something does).
+class CallTimedOut(BaseException):
     """A learner's function ran past the grader's time limit on one input."""
 
 
-def call_outcome(fn: Callable[..., Any], args: Sequence[Any], limit_s: float) -> dict:
-    """Call `fn(*args)` under a time limit; the outcome as data: its result, or what it raised."""
+class CallUsedTooMuchMemory(BaseException):
+    """A learner's function grew the kernel past the grader's memory limit on one input."""
 
-    def alarm(signum, frame):  # noqa: ARG001 - signal handler signature
-        raise CallTimedOut(f"ran past {limit_s:g} s")
 
-    previous = signal.signal(signal.SIGALRM, alarm)
-    signal.setitimer(signal.ITIMER_REAL, limit_s)
+MEMORY_LIMIT_BYTES = 1 << 30  # what one call may add to the kernel's memory
+_WATCH_EVERY_S = 0.05
+
+
+def _resident_bytes() -> int | None:
+    try:
+        import psutil  # ipykernel depends on it, so the learner's kernel has it
+    except ImportError:  # pragma: no cover - then only the time limit applies
+        return None
+    return psutil.Process().memory_info().rss
+
+
+def call_outcome(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    limit_s: float,
+    memory_limit: int = MEMORY_LIMIT_BYTES,
+) -> dict:
+    """Call `fn(*args)` under a time and a memory limit; the outcome as data: its result, or
+    what it raised. A function that builds a schedule with a library call on an input of
+    10^9 stages would otherwise fill the machine's memory before its time runs out."""
     start = time.perf_counter()
+    before = _resident_bytes()
+
+    def watch(signum, frame):  # noqa: ARG001 - signal handler signature
+        if time.perf_counter() - start >= limit_s:
+            raise CallTimedOut(f"ran past {limit_s:g} s")
+        now = _resident_bytes()
+        if before is not None and now is not None and now - before > memory_limit:
+            raise CallUsedTooMuchMemory(f"used more than {memory_limit / 2**30:g} GiB of memory")
+
+    previous = signal.signal(signal.SIGALRM, watch)
+    signal.setitimer(signal.ITIMER_REAL, min(_WATCH_EVERY_S, limit_s), _WATCH_EVERY_S)
     try:
         result = fn(*args)
+        signal.setitimer(signal.ITIMER_REAL, 0)  # encoding a big result is not the learner's
         outcome = {"result": encode(result)}
     except CallTimedOut as exc:
         outcome = {"timeout": str(exc)}
+    except CallUsedTooMuchMemory as exc:
+        outcome = {"memory": str(exc)}
+    except MemoryError:
+        outcome = {"memory": "ran out of memory"}
     except NotImplementedError:
         outcome = {"raised": "NotImplementedError", "message": ""}
     except Exception as exc:  # the learner's bug: it is the answer's outcome, not ours
@@ -187,6 +222,8 @@ class Replay:
             return decode(outcome["result"])
         if "timeout" in outcome:
             raise _named("TimeoutError")("TimeoutError", f"it {outcome['timeout']}")
+        if "memory" in outcome:
+            raise _named("MemoryError")("MemoryError", f"it {outcome['memory']}")
         if outcome["raised"] == "NotImplementedError":
             raise NotImplementedError
         raise _named(outcome["raised"])(outcome["raised"], outcome["message"])
