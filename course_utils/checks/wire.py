@@ -142,7 +142,7 @@ _WATCH_EVERY_S = 0.05
 
 def _resident_bytes() -> int | None:
     try:
-        import psutil  # ipykernel depends on it, so the learner's kernel has it
+        import psutil  # type: ignore[import-untyped]  # ipykernel depends on it
     except ImportError:  # pragma: no cover - then only the time limit applies
         return None
     return psutil.Process().memory_info().rss
