@@ -364,8 +364,9 @@ def partition(model: MLP | TinyGPT, num_stages: int, balance: str = "params") ->
 
     balance="params" balances parameter counts; balance="cost" balances measured
     forward+backward time per layer. More stages than devices is fine: the executor puts
-    stage s on device s % devices (looping placement, Narayanan et al., 2021,
-    arXiv:2104.04473).
+    stage s on device s % devices: the interleaved schedule's placement (Narayanan et al.
+    2021, arXiv 2104.04473), which Lamy-Poirier (2022, arXiv 2211.05953) names looping
+    placement.
     """
     if not hasattr(model, "layers"):
         raise CourseInputError("model must have a layers() method (MLP, TinyGPT)")
