@@ -141,7 +141,7 @@ def test_closed_forms_agree_with_the_simulator(schedule, pp, factor):
     # where both apply they must give the same figures.
     v = 2 if schedule in plan.LOOPING else 1
     m = 2 * pp * factor  # every schedule can run (DualPipeV needs m >= 2p)
-    bubble, peak = plan.model._simulated(schedule, pp, m, v)
+    bubble, peak = plan.gpu_memory._simulated(schedule, pp, m, v)
     case = Case(pp, m, v)
     assert SCHEDULES[schedule].bubble(case) is not None  # the lessons' costs: F=1, B=2, W=B/2
     assert bubble == pytest.approx(SCHEDULES[schedule].bubble(case))

@@ -6,7 +6,9 @@
 
 - `inputs`  precisions, model shapes and presets (dense and MoE), a layout (`Config`: tp, cp,
             pp, dp, ep, ...), hardware and its named presets (A100-80GB, H100-80GB, ...)
-- `model`   memory per GPU and time per step of one layout, formula by formula
+- `gpu_memory`  memory per GPU of one layout: model states, activations, buffers, formula by formula
+- `network`  the bytes each GPU sends per step, per kind of parallelism
+- `model`   FLOPs and time per step, and `evaluate`: one layout's whole estimate
 - `search`  every layout that fits, fastest first, why the rest does not, the fewest GPUs
 - `widget`  the charts and widgets: lesson 07's layout explorer, lesson 12's planner, the
             cluster drawing
@@ -14,6 +16,19 @@
 Nothing here imports torch: it is arithmetic (and the pipeline simulator, for bubbles).
 """
 
+from course_utils.parallel.costs import ring_allreduce_time
+from course_utils.plan.gpu_memory import (
+    SIMULATE_LIMIT,
+    activation_bytes_per_layer,
+    activation_terms,
+    buffers,
+    inflight_microbatches,
+    memory,
+    model_state_bytes,
+    model_states,
+    pipeline_bubble,
+    ring_attention_bytes,
+)
 from course_utils.plan.inputs import (
     DEFAULT_GPU,
     GB,
@@ -42,27 +57,18 @@ from course_utils.plan.inputs import (
     replace_config,
 )
 from course_utils.plan.model import (
-    SIMULATE_LIMIT,
-    Collective,
     Estimate,
-    Traffic,
-    activation_bytes_per_layer,
-    activation_terms,
-    buffers,
-    communication,
-    data_parallel_collectives,
     evaluate,
-    inflight_microbatches,
-    memory,
-    model_state_bytes,
-    model_states,
-    pipeline_bubble,
-    ring_allreduce_time,
-    ring_attention_bytes,
     step_time,
-    traffic,
     training_flops,
     utilisation,
+)
+from course_utils.plan.network import (
+    Collective,
+    Traffic,
+    communication,
+    data_parallel_collectives,
+    traffic,
 )
 from course_utils.plan.search import (
     context_degrees,

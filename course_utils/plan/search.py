@@ -12,6 +12,7 @@ from dataclasses import asdict
 from course_utils.errors import CourseInputError
 from course_utils.pipeline.schedules import RECOMMENDED
 from course_utils.pipeline.schedules import SCHEDULES as REGISTRY
+from course_utils.plan.gpu_memory import model_states
 from course_utils.plan.inputs import (
     GB,
     GIB,
@@ -29,7 +30,7 @@ from course_utils.plan.inputs import (
     _positive_int,
     get_precision,
 )
-from course_utils.plan.model import Estimate, evaluate, model_states
+from course_utils.plan.model import Estimate, evaluate
 
 
 def _divisors(n: int) -> list[int]:

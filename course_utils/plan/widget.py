@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from course_utils.errors import CourseInputError
 from course_utils.pipeline.schedules import RECOMMENDED
+from course_utils.plan.gpu_memory import MEMORY_KEYS
 from course_utils.plan.inputs import (
     DEFAULT_GPU,
     GIB,
@@ -21,7 +22,7 @@ from course_utils.plan.inputs import (
     Hardware,
     ModelShape,
 )
-from course_utils.plan.model import MEMORY_KEYS, TIME_KEYS, Estimate, evaluate
+from course_utils.plan.model import TIME_KEYS, Estimate, evaluate
 from course_utils.plan.search import format_memory, format_time
 
 MEMORY_PARTS = MEMORY_KEYS  # parameters, gradients, optimizer, activations, buffers
