@@ -255,7 +255,7 @@ def test_mlp_activation_terms_equal_the_sequence_parallel_module():
 
 def test_tensor_traffic_equals_the_sequence_parallel_modules_bytes():
     from course_utils.parallel.sequence_parallel import sp_comm_bytes
-    from course_utils.threads.collectives import ring_bytes_per_rank
+    from course_utils.threads.ring import ring_bytes_per_rank
 
     x = SMALL.seq * SMALL.hidden
     with_sp = plan.traffic(SMALL, plan.Config(tp=4, sequence_parallel=True))["tensor"]

@@ -103,7 +103,7 @@ def compare(args) -> dict:
         reference_step,
         simulate_moe,
     )
-    from course_utils.threads.collectives import chunk_bounds
+    from course_utils.threads.ring import chunk_bounds
 
     torch.manual_seed(args.seed)
     moe = MoE(D_MODEL, HIDDEN, args.experts, args.top_k, args.capacity_factor, args.skew)

@@ -71,8 +71,9 @@ from course_utils.actions import Action
 from course_utils.errors import CourseInputError, WorkerError
 from course_utils.models import loss_fn
 from course_utils.parallel.data_parallel import shard_sizes, single_worker_steps
-from course_utils.threads.collectives import ThreadGroup, ring_bytes_per_rank
+from course_utils.threads.collectives import ThreadGroup
 from course_utils.threads.devices import Aborted, DeviceThreads
+from course_utils.threads.ring import ring_bytes_per_rank
 from course_utils.timeline import Event, Timeline
 
 STAGES = (1, 2, 3)

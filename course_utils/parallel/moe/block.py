@@ -37,7 +37,7 @@ from course_utils.parallel.moe.limits import (
     _check_top_k,
 )
 from course_utils.parallel.moe.routing import route
-from course_utils.threads.collectives import chunk_bounds
+from course_utils.threads.ring import chunk_bounds
 from course_utils.timeline import Timeline
 
 

@@ -53,7 +53,7 @@ from course_utils.parallel.moe.limits import (
     _check_int,
     _check_top_k,
 )
-from course_utils.threads.collectives import all_to_all_bytes
+from course_utils.threads.ring import all_to_all_bytes
 
 # -- counts a lesson grades against -------------------------------------------------------
 
