@@ -202,7 +202,7 @@ def test_cli_pipeline_json(args, cluster, monkeypatch, run_cli):
 @pytest.mark.slow
 def test_worker_failure_is_reported_and_children_are_gone(tmp_path):
     payload = {"setup": Setup("mlp"), "kind": "csv", "csv": str(tmp_path / "no.csv")}
-    payload.update(stages=2, m=2)
+    payload.update(stages=2, m=2, placement={0: 0, 1: 1})
     before = pids(spawned_children())  # the shared cluster's ranks may be running
     with pytest.raises(WorkerError, match=r"rank \d failed: FileNotFoundError"):
         spawn(_pipeline_worker, 2, payload, timeout=60)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from course_utils.actions import Action
@@ -27,18 +27,39 @@ F, B = 1.0, 2.0
 @st.composite
 def shapes(draw):
     name = draw(st.sampled_from(list(SCHEDULES)))
+    info = SCHEDULES[name]
     p = draw(st.integers(1, 8))
     m = draw(st.integers(1, 32))
-    v = draw(st.integers(1, 4)) if name in ("interleaved", "breadth-first") else 1
+    v = draw(st.integers(1, 4)) if info.uses_chunks else 1
     if name == "interleaved":
         m = p * draw(st.integers(1, max(1, 32 // p)))
+    assume(info.shape_rule(p, m, v) is None)  # e.g. DualPipeV needs m >= 2p
     return name, p, m, v
 
 
-def _expected_actions(name: str, p: int, m: int, v: int) -> set[Action]:
-    stages, mbs = p * v, (1 if name == "naive" else m)
-    kinds = ("F", "I", "W") if name == "zb-h1" else ("F", "B")
-    return {Action(s, k, i) for s in range(stages) for k in kinds for i in range(mbs)}
+def _check_complete(name: str, p: int, m: int, v: int, everything: list[Action]) -> None:
+    """One F per stage and micro-batch, and its backward: B, or (split schedules) I then W.
+
+    DualPipeV runs some backwards whole (B) where no bubble is left to fill with a W."""
+    info = SCHEDULES[name]
+    stages, mbs = p * info.chunks(v), (m if info.microbatched else 1)
+    cells = {(s, i) for s in range(stages) for i in range(mbs)}
+    assert {(a.stage, a.microbatch) for a in everything} == cells
+    have = {(a.stage, a.microbatch, a.kind) for a in everything}
+    for s, i in cells:
+        assert (s, i, "F") in have
+        split = (s, i, "I") in have and (s, i, "W") in have and (s, i, "B") not in have
+        whole = (s, i, "B") in have and not {(s, i, "I"), (s, i, "W")} & have
+        assert whole or (split and info.split_backward), f"stage {s}, micro-batch {i}"
+    assert len(everything) == len(have)
+
+
+def _expected_device(name: str, stage: int, p: int) -> int:
+    """Looping placement (stage s on device s % p), or the V's fold (d and 2p-1-d on device d)."""
+    info = SCHEDULES[name]
+    if not info.uses_chunks and info.chunks_per_device == 2:
+        return min(stage, 2 * p - 1 - stage)
+    return stage % p
 
 
 @settings(max_examples=80, deadline=None)
@@ -48,9 +69,12 @@ def test_every_schedule_is_complete_and_runs_in_dependency_order(shape, fwd, bwd
     sched = make_schedule(name, p, m, v)
     everything = [a for actions in sched.devices for a in actions]
     assert len(everything) == len(set(everything)), "an action appears twice"
-    assert set(everything) == _expected_actions(name, p, m, v)
-    # Looping placement: stage s on device s % p.
-    assert all(a.stage % p == d for d, actions in enumerate(sched.devices) for a in actions)
+    _check_complete(name, p, m, v, everything)
+    assert all(
+        _expected_device(name, a.stage, p) == d
+        for d, actions in enumerate(sched.devices)
+        for a in actions
+    )
     assert validate(sched) == []
 
     timeline = simulate(sched, CostModel(fwd, bwd, wf, p2p))

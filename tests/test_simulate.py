@@ -106,7 +106,7 @@ def test_simulator_handles_a_large_schedule():
         (dict(forward=-1), "forward cost must be a finite number >= 0"),
         (dict(backward=float("nan")), "backward cost"),
         (dict(p2p=float("inf")), "p2p cost"),
-        (dict(weight_fraction=1.5), "weight_fraction must be between 0 and 1"),
+        (dict(weight_fraction=1.5), "weight_fraction must be a number between 0 and 1"),
         (dict(stage_forward=[1, -2]), "stage_forward must be a list of numbers >= 0"),
     ],
 )

@@ -234,6 +234,7 @@ class ScheduleInfo:
     microbatched: bool = True  # False: the batch goes through unsplit (naive)
     shape_rule: Callable[[int, int, int], str | None] = lambda p, m, v: None  # why not, or None
     chunks_per_device: int = 1  # for schedules that do not take v: 2 for the V schedules
+    split_backward: bool = False  # backward runs as I (input gradient) and W (weight gradient)
 
     def chunks(self, v: int = 1) -> int:
         """Stages per device when the learner asks for `v` (V schedules always have 2)."""
@@ -378,6 +379,7 @@ SCHEDULES: dict[str, ScheduleInfo] = {
             "ZB-H1",
             _build_one_chunk(zb_h1),
             uses_chunks=False,
+            split_backward=True,
             bubble=ClosedForm(
                 "(p-1)(F+I-W) / (m(F+B) + (p-1)(F+I-W))",
                 _EQUAL + ", m >= p; a W longer than F or I counts as min(F, I, W)",
@@ -393,6 +395,7 @@ SCHEDULES: dict[str, ScheduleInfo] = {
             "ZB-V",
             _build_one_chunk(vshape.zb_v),
             uses_chunks=False,
+            split_backward=True,
             chunks_per_device=2,
             bubble=_v_bubble(
                 vshape.zb_v_idle,
@@ -414,6 +417,7 @@ SCHEDULES: dict[str, ScheduleInfo] = {
             "DualPipeV",
             _build_one_chunk(vshape.dualpipe_v),
             uses_chunks=False,
+            split_backward=True,
             chunks_per_device=2,
             shape_rule=_dualpipe_v_rule,
             bubble=_v_bubble(
