@@ -170,3 +170,8 @@ def test_gain_sentences_agree_with_their_numbers(measured, predicted, cap, cores
         assert 1.1 < measured < predicted
     if "slower than B" in text:
         assert measured < 0.9
+
+
+def test_gain_says_where_it_was_measured():
+    text = gain("ZB-H1", "1F1B", 1.2, 1.2, IDLE, where="the reference machine")
+    assert "2 threads ran 1.93x as fast as 1 on the reference machine" in text

@@ -115,7 +115,14 @@ def follows(
     )
 
 
-def gain(what: str, baseline: str, measured: float, predicted: float, capacity: Capacity) -> str:
+def gain(
+    what: str,
+    baseline: str,
+    measured: float,
+    predicted: float,
+    capacity: Capacity,
+    where: str = "this machine",
+) -> str:
     """How much faster one schedule ran than another, against the simulator's prediction.
 
     `measured` = the baseline's time / `what`'s time, both measured on this machine just now;
@@ -123,13 +130,13 @@ def gain(what: str, baseline: str, measured: float, predicted: float, capacity: 
     for devices that really run at the same time. On one core the device threads take turns,
     so the time one device spends waiting is used by another thread: a schedule that waits
     less cannot show its gain there. A predicted difference within NOISE is never called
-    confirmed or refuted.
+    confirmed or refuted. `where` names the machine, e.g. "the reference machine".
     """
     cap = capacity.speedup
     text = (
         f"{what} ran {measured:.2f}x as fast as {baseline}; the simulator, given this run's "
         f"measured costs, predicted {predicted:.2f}x. Just before, 2 threads ran {cap:.2f}x "
-        "as fast as 1 on this machine"
+        f"as fast as 1 on {where}"
     )
     if capacity.regime == "one core":
         return text + (
