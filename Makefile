@@ -9,8 +9,8 @@ LAB_FLAGS ?=
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 PIP := $(PY) -m pip --disable-pip-version-check --quiet
 
-.PHONY: setup lab test lint format unit notebooks exercises bench test-browser test-constrained \
-	record-reference clean
+.PHONY: setup lab test test-fast lint format unit notebooks exercises bench test-browser \
+	test-constrained record-reference clean
 
 # Set-up: a venv with the pinned dependencies and course_utils (editable). Re-runs only
 # when requirements.txt or pyproject.toml change, so a second `make` takes seconds.
@@ -35,13 +35,20 @@ test: setup lint unit notebooks
 unit: setup
 	$(PY) -m pytest -m "not browser and not constrained"
 
-# Every lesson and every solution, run top to bottom with nbval (outputs are not compared).
+# The quick loop while editing: the unit tests without the slow ones (real processes: notebook
+# kernels, nbval and grader runs, torch.distributed ranks, make) and without the browser.
+test-fast: setup
+	$(PY) -m pytest -m "not slow and not browser"
+
+# Every lesson, run top to bottom with nbval (outputs are not compared). The solutions run
+# once, in tests/test_exercises.py (part of unit): every cell without error, every check passed.
 notebooks: setup
-	$(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider notebooks/ solutions/
+	$(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider notebooks/
 
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 format: setup
 	$(VENV)/bin/ruff check --fix .
@@ -63,7 +70,9 @@ record-reference: setup
 	$(PY) -m course_utils.measure.record
 
 test-browser: setup
+	@command -v chromium >/dev/null 2>&1 || { echo "make test-browser needs Debian's chromium: \
+	sudo apt-get install chromium fonts-noto-color-emoji (.ci/run installs them)" >&2; exit 2; }
 	$(PY) -m pytest -m browser -p no:cacheprovider
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis artifacts screenshots
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .hypothesis artifacts screenshots

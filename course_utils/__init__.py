@@ -1,20 +1,27 @@
 """Helpers for the course on training large neural networks in parallel.
 
-One module, one idea (read any of them top to bottom):
+A folder is one family of ideas; a module is one idea (read any of them top to bottom).
 
-- `actions`      the vocabulary: `Action` ("2F0") and `Schedule` (per-device action lists)
-- `schedules`    naive, GPipe, 1F1B, interleaved, breadth-first, zero-bubble schedules
-- `simulate`     turns a schedule and a cost model into a `Timeline`; `validate` grades orders
-- `timeline`     the `Timeline` type shared by simulated and measured runs
-- `gantt`        draws timelines as Gantt charts (simulated and measured alike)
-- `explorer`     the interactive schedule explorer (ipywidgets)
-- `models`       tiny real PyTorch models (MLP, character-level GPT) and partitioning
-- `executor`     runs any schedule for real on CPU threads, one thread per device
-- `collectives`  all-reduce by hand: naive and ring
-- `data_parallel`, `tensor_parallel`  the other two kinds of parallelism on threads
-- `plan`         memory and throughput model for planning a training run
-- `checks`, `grading`  exercise check cells and nbval grading
-- `distributed`  the same model on `torch.distributed` processes
+The vocabulary, shared by everything:
+- `actions`    an action ("2F0", "1REDUCE_GRAD"), the table of action kinds, a `Schedule`
+- `timeline`   what each device did when: the `Timeline` of simulated and measured runs
+- `models`     tiny real PyTorch models (MLP, character-level GPT), their data, partitioning
+- `errors`     the errors the course raises on purpose
+
+The families:
+- `pipeline/`     schedules and their registry, the simulator, the thread executor, the export
+                  to PyTorch's schedule format, the V-shaped schedules
+- `threads/`      CPU threads standing in for devices, and collectives written out with sends
+- `parallel/`     data, tensor, sharded (FSDP), sequence, context and expert parallelism on
+                  threads; simulated data-parallel timelines; the cost of collectives
+- `charts/`       Gantt charts, the schedule explorer, the course's colours
+- `plan/`         memory and step-time planner for a real training run
+- `measure/`      measuring truthfully: the capacity probe, timing, reference recordings,
+                  conclusions printed from the numbers, activation memory, the set-up check
+- `distributed/`  the same computations on real `torch.distributed` processes
+- `checks/`       the exercises' checks (per-student numbers, kind feedback)
+- `grading/`      for instructors: exercise notebooks from the solutions, and the grader
+- `commands/`     the command-line tools (`python -m course_utils --help`)
 
 Importing this package is fast and never imports torch: only the modules that run
 models do.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 
 from course_utils.errors import CourseInputError
 
@@ -34,7 +35,7 @@ COMMANDS: dict[str, str] = {
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but a usage error is a single line on stderr and exit code 2."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 

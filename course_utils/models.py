@@ -253,8 +253,8 @@ class TinyGPT(nn.Module):
     def _init_weights(module: nn.Module) -> None:
         if isinstance(module, nn.Linear | nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            if getattr(module, "bias", None) is not None:
-                nn.init.zeros_(module.bias)
+        if isinstance(module, nn.Linear) and module.bias is not None:  # Embedding has no bias
+            nn.init.zeros_(module.bias)
 
     def layers(self) -> list[nn.Module]:
         return [self.embed, *self.blocks, self.head]
@@ -331,7 +331,7 @@ def balanced_split(weights: list[float], num_stages: int) -> list[tuple[int, int
 
 
 def layer_costs(
-    model: nn.Module, batch_size: int = 8, repeats: int = 3, generator=None
+    model: MLP | TinyGPT, batch_size: int = 8, repeats: int = 3, generator=None
 ) -> list[float]:
     """Measured forward+backward seconds of each layer on an example batch (best of repeats)."""
     x, _ = model.example_batch(batch_size, generator)
@@ -359,7 +359,7 @@ def _time_layers(layers: list[nn.Module], x: torch.Tensor, repeats: int) -> list
     return costs
 
 
-def partition(model: nn.Module, num_stages: int, balance: str = "params") -> list[Stage]:
+def partition(model: MLP | TinyGPT, num_stages: int, balance: str = "params") -> list[Stage]:
     """Split `model.layers()` into `num_stages` contiguous stages (shared modules, no copy).
 
     balance="params" balances parameter counts; balance="cost" balances measured
@@ -391,7 +391,7 @@ def partition(model: nn.Module, num_stages: int, balance: str = "params") -> lis
 
 
 def train(
-    model: nn.Module,
+    model: MLP | TinyGPT,
     steps: int,
     batch_fn: Callable[[], tuple[torch.Tensor, torch.Tensor]] | None = None,
     batch_size: int = 16,
@@ -420,7 +420,7 @@ def train(
         else:
             batch_fn = lambda: model.example_batch(batch_size, generator)  # noqa: E731
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    losses = []
+    losses: list[float] = []
     model.train()
     bar = tqdm(range(steps), desc="training", disable=not progress)
     with single_thread():
@@ -465,7 +465,7 @@ def generate(
     return tokenizer.decode(idx[0].tolist())
 
 
-def build_model(kind: str, num_stages: int, seed: int = 0) -> nn.Module:
+def build_model(kind: str, num_stages: int, seed: int = 0) -> MLP | TinyGPT:
     """A fresh, seeded "mlp" or "gpt" with enough layers for `num_stages` stages (the
     commands' models)."""
     torch.manual_seed(seed)

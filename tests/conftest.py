@@ -1,10 +1,16 @@
-"""Shared test helpers: paths, the venv's Python, free ports."""
+"""Shared test helpers: paths, the venv's Python, free ports, and the command line.
+
+`run_cli` runs `python -m course_utils ...` in this process (fast: no interpreter or torch
+start-up per call); `run_module` really starts it, for the one smoke test per command.
+"""
 
 from __future__ import annotations
 
 import socket
+import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -26,3 +32,52 @@ def root() -> Path:
 @pytest.fixture
 def python() -> str:
     return sys.executable
+
+
+class CliResult(NamedTuple):
+    """(exit code, stdout, stderr), named like subprocess.CompletedProcess's fields."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+@pytest.fixture
+def run_cli(capsys):
+    """`run_cli("schedule", "1f1b", ...)`: course_utils.cli.main in this process, its output
+    captured: (exit code, stdout, stderr). Arguments may be paths or numbers.
+
+    main() returns the exit code for everything, usage errors included, so a SystemExit
+    escaping it is a bug and fails the test. A command may seed torch's global generator or
+    change its thread count: when torch was loaded before the call, both are put back
+    afterwards, so a command run here leaves the next test the torch state it found.
+    """
+    from course_utils.cli import main
+
+    def run(*args: object) -> CliResult:
+        capsys.readouterr()  # only this command's output
+        torch = sys.modules.get("torch")
+        saved = (torch.get_num_threads(), torch.get_rng_state()) if torch else None
+        try:
+            code = main([str(a) for a in args])
+        finally:
+            if torch is not None and saved is not None:
+                torch.set_num_threads(saved[0])
+                torch.set_rng_state(saved[1])
+        out, err = capsys.readouterr()
+        return CliResult(code, out, err)
+
+    return run
+
+
+def run_module(*args: object, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
+    """`python -m course_utils ARGS...` in a real child process, run from the repository's
+    root (so it imports this checkout's course_utils): the smoke tests' way in."""
+    return subprocess.run(
+        [sys.executable, "-m", "course_utils", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=timeout,
+        **kwargs,
+    )

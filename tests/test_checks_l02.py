@@ -37,6 +37,7 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (2, ("0F3", "1F3"), "behind"),
     (2, ("0F5", "1F3"), "ahead"),
     (2, ("0B0", "1F3"), "no backward"),
+    (2, ("0F", "1F3"), "needs a micro-batch number"),
     (2, ("1F4", "1F3"), "action of stage 0"),
     (4, (24, 4.0), "busy time"),
     (4, (96, 1.0), "naive"),

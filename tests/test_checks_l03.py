@@ -34,7 +34,7 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (3, (0,), "at least 1"),
     (4, (53, 0.1), "model state"),
     (4, (33, 0.1), "left for activations"),
-    (4, (5, 0.1), "1F1B"),
+    (4, (4, 0.1), "1F1B"),  # m = p: the 1F1B count
     (4, (10, 0.1), "at the peak"),
     (4, (20, 0.2), "bubble formula"),
     (5, ("b", "b"), "how many devices"),

@@ -1,4 +1,6 @@
-"""`python -m course_utils schedule`: JSON shape, the readable table, and one-line errors."""
+"""`python -m course_utils schedule`: JSON shape, the readable table, and one-line errors.
+
+The command runs in this process (`run_cli`); one smoke test starts it for real."""
 
 from __future__ import annotations
 
@@ -7,18 +9,16 @@ import subprocess
 import sys
 
 import pytest
+from conftest import run_module
 
 
-def schedule(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "course_utils", "schedule", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+@pytest.fixture
+def schedule(run_cli):
+    """`python -m course_utils schedule ARGS...` in this process: (returncode, stdout, stderr)."""
+    return lambda *args: run_cli("schedule", *args)
 
 
-def test_json_output_has_the_agreed_shape():
+def test_json_output_has_the_agreed_shape(schedule):
     result = schedule("1f1b", "--stages", "4", "--microbatches", "8", "--json")
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
@@ -42,7 +42,7 @@ def test_json_output_has_the_agreed_shape():
     assert ends["3F0"] == 4 and ends["3B0"] == 6
 
 
-def test_costs_change_the_timeline():
+def test_costs_change_the_timeline(schedule):
     args = ("zb-h1", "--stages", "4", "--microbatches", "8", "--json")
     doc = json.loads(schedule(*args, "--forward-cost", "2", "--backward-cost", "4").stdout)
     assert doc["makespan"] == 8 * 6 + 3 * 2  # m(F+B) + (p-1)(F+I-W), I = W = 2
@@ -53,14 +53,14 @@ def test_costs_change_the_timeline():
     assert doc["makespan"] == 3 * 2 + 2 * 0.5
 
 
-def test_naive_runs_the_whole_batch():
+def test_naive_runs_the_whole_batch(schedule):
     doc = json.loads(schedule("naive", "--stages", "3", "--microbatches", "4", "--json").stdout)
     assert doc["devices"] == [["0F0", "0B0"], ["1F0", "1B0"], ["2F0", "2B0"]]
     assert doc["makespan"] == 3 * 4 * 3
     assert doc["peak_activations"] == [4, 4, 4]
 
 
-def test_readable_table():
+def test_readable_table(schedule):
     result = schedule("interleaved", "--stages", "2", "--microbatches", "4", "--chunks", "2")
     assert result.returncode == 0, result.stderr
     out = result.stdout
@@ -92,7 +92,7 @@ def test_readable_table():
         (["gpipe", "--microbatches", "2"], "--stages"),
     ],
 )  # fmt: skip
-def test_bad_input_is_one_line_on_stderr_and_exit_2(args, words):
+def test_bad_input_is_one_line_on_stderr_and_exit_2(schedule, args, words):
     result = schedule(*args)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
@@ -100,6 +100,16 @@ def test_bad_input_is_one_line_on_stderr_and_exit_2(args, words):
     assert len(lines) == 1, result.stderr
     assert words in lines[0]
     assert result.stdout == ""
+
+
+def test_smoke_in_a_subprocess():
+    ok = run_module("schedule", "1f1b", "--stages", "4", "--microbatches", "8", timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    assert "1f1b: 4 devices x 1 chunk(s) = 4 stages, 8 micro-batches" in ok.stdout
+    assert "makespan: 33 units" in ok.stdout  # (m + p - 1)(F + B)
+    bad = run_module("schedule", "gpipe", "--stages", "0", "--microbatches", "8", timeout=60)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.count("\n") == 1 and "--stages must be an integer >= 1" in bad.stderr
 
 
 def test_the_schedule_command_never_imports_torch():

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from course_utils.measure.capacity import Capacity
-from course_utils.measure.conclusions import follows, gain, ratio, speedup, trend
+from course_utils.measure.conclusions import follows, gain, ratio, slowdown, speedup, trend
 
 IDLE = Capacity(1.93, 2, 0.2, 0.104)
 ONE_CORE = Capacity(0.98, 1, 0.2, 0.204)
@@ -80,6 +80,7 @@ def test_ratio_within_noise_and_beyond():
     assert "same time within noise" in ratio("naive", 0.100, "GPipe", 0.095)
     text = ratio("naive", 0.100, "GPipe", 0.060)
     assert text.startswith("GPipe was 1.67x as fast as naive")
+    assert "(0.06 vs 0.1 s)" in text  # the times in the order the sentence names them
 
 
 @pytest.mark.parametrize(
@@ -175,3 +176,27 @@ def test_gain_sentences_agree_with_their_numbers(measured, predicted, cap, cores
 def test_gain_says_where_it_was_measured():
     text = gain("ZB-H1", "1F1B", 1.2, 1.2, IDLE, where="the reference machine")
     assert "2 threads ran 1.93x as fast as 1 on the reference machine" in text
+
+
+@pytest.mark.parametrize("capacity", [ONE_CORE, HOGGED])
+def test_a_straggler_is_not_claimed_where_the_threads_took_turns(capacity):
+    same = slowdown("The skewed step", "the balanced one", 1.03, 1.6, capacity)
+    assert "1.03x" in same and "1.60x" in same and "took turns" in same
+    assert "same time within noise" in same and "agreed" not in same
+    odd = slowdown("The skewed step", "the balanced one", 1.3, 1.6, capacity)
+    assert "1.30x measured here is not that wait" in odd and "within noise" not in odd
+
+
+def test_two_free_cores_compare_the_straggler_with_the_prediction():
+    agreed = slowdown("The skewed step", "the balanced one", 1.55, 1.6, IDLE)
+    assert "1.93x" in agreed and "agreed with the prediction within 10%" in agreed
+    assert "took turns" not in agreed
+    below = slowdown("The skewed step", "the balanced one", 1.2, 1.6, IDLE)
+    assert "25% below the prediction" in below and "shared" not in below
+    above = slowdown("The skewed step", "the balanced one", 2.0, 1.6, IDLE)
+    assert "25% above the prediction" in above
+
+
+def test_a_shared_core_may_hide_part_of_the_wait():
+    text = slowdown("The skewed step", "the balanced one", 1.2, 1.6, SHARED)
+    assert "below the prediction" in text and "core shared" in text

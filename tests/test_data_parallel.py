@@ -1,11 +1,10 @@
 """Data parallelism on threads equals one worker on the whole batch; timelines and the model."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
+from conftest import run_module
 from torch import nn
 
 from course_utils.actions import Action
@@ -159,27 +158,24 @@ def test_bad_input():
         dp_speedup_model(2, 1.0, 1.0, 1.0, overlap=2.0)
 
 
-def _cli(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "course_utils", "data-parallel", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+@pytest.fixture
+def _cli(run_cli):
+    """`python -m course_utils data-parallel ARGS...` here: (returncode, stdout, stderr)."""
+    return lambda *args: run_cli("data-parallel", *args)
 
 
 @pytest.mark.parametrize(
     "args, message",
     [(["--workers", "0"], "workers"), (["--allreduce", "tree"], "allreduce")],
 )
-def test_cli_bad_input_is_one_line_exit_2(args, message):
+def test_cli_bad_input_is_one_line_exit_2(_cli, args, message):
     proc = _cli(*args)
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
-def test_cli_json():
+def test_cli_json(_cli):
     proc = _cli("--workers", "2", "--allreduce", "naive", "--batch", "64", "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
@@ -188,6 +184,17 @@ def test_cli_json():
     assert out["workers"] == 2 and out["max_param_diff"] <= 1e-5 and out["speedup"] > 0
     assert out["bytes_sent_per_worker"] == [out["param_bytes"]] * 2  # naive, 2 workers
     assert {e["action"] for e in out["events"]} == {"0F0", "0B0", "0REDUCE_GRAD"}
+
+
+def test_cli_smoke_in_a_subprocess():
+    ok = run_module("data-parallel", "--workers", "2", "--batch", "32", "--steps", "1")
+    assert ok.returncode == 0, ok.stderr
+    assert "data parallel: 2 workers, ring all-reduce, batch 32" in ok.stdout
+    assert "max |param diff| vs one worker on the whole batch" in ok.stdout
+    assert "speed-up" in ok.stdout and "sent per worker (MB)" in ok.stdout
+    bad = run_module("data-parallel", "--workers", "0")
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.count("\n") == 1 and "--workers" in bad.stderr
 
 
 def test_tiny_gpt_data_parallel_matches_one_worker():

@@ -1,7 +1,8 @@
 """torch.distributed on real processes: same numbers as one process, bounded, nothing left behind.
 
 Each test that spawns pays a few seconds of interpreter + torch start-up per process, so
-the file spawns as few times as it can and keeps the model tiny.
+the file spawns as few times as it can and keeps the model tiny. Those tests are `slow`
+(`make test` runs them, `make test-fast` does not); the bad-input ones spawn nothing.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import run_module
 
 from course_utils import distributed
 from course_utils.actions import Action, Schedule
-from course_utils.cli import main
 from course_utils.distributed import (
     Cluster,
     Setup,
@@ -35,6 +36,7 @@ from course_utils.errors import CourseInputError, WorkerError
 from course_utils.pipeline.schedules import SCHEDULES
 
 ROOT = Path(__file__).resolve().parents[1]
+
 TOL = 1e-5
 
 
@@ -67,17 +69,6 @@ def tagged_processes(tag: str) -> list[psutil.Process]:
     return found
 
 
-def cli(*args: str, env: dict | None = None, timeout: float = 120):
-    return subprocess.run(
-        [sys.executable, "-m", "course_utils", "distributed", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, **(env or {})},
-        timeout=timeout,
-    )
-
-
 @pytest.fixture(scope="module")
 def cluster():
     """Two ranks started once for the whole file (starting processes is the slow part)."""
@@ -90,10 +81,13 @@ def count_compute(timeline, device: int, kind: str) -> int:
     return sum(1 for e in timeline.device_events(device) if e.action.kind == kind)
 
 
+@pytest.mark.slow
 def test_cli_ddp_two_processes_json_bounded_and_clean():
     tag = uuid.uuid4().hex
     start = time.monotonic()
-    out = cli("--workers", "2", "--json", env={"COURSE_TEST_TAG": tag})
+    # The distributed command's smoke test: `python -m course_utils distributed` for real.
+    env = {**os.environ, "COURSE_TEST_TAG": tag}
+    out = run_module("distributed", "--workers", "2", "--json", env=env, timeout=120)
     elapsed = time.monotonic() - start
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
@@ -107,6 +101,7 @@ def test_cli_ddp_two_processes_json_bounded_and_clean():
     assert tagged_processes(tag) == []
 
 
+@pytest.mark.slow
 def test_ddp_matches_one_process_over_steps_and_records_all_reduce(cluster):
     result = run_ddp(steps=3, batch=8, model="gpt", cluster=cluster)
     assert result.max_grad_diff <= TOL
@@ -125,6 +120,7 @@ def test_ddp_matches_one_process_over_steps_and_records_all_reduce(cluster):
     assert len(spawned_children()) == 2  # the shared cluster's two ranks, still serving
 
 
+@pytest.mark.slow
 def test_measured_timelines_draw_with_the_course_gantt(cluster):
     import matplotlib
 
@@ -138,6 +134,7 @@ def test_measured_timelines_draw_with_the_course_gantt(cluster):
     matplotlib.pyplot.close(fig)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", PIPELINES)
 def test_pytorch_pipeline_schedules_match_one_process(schedule, cluster):
     result = run_pipeline(schedule, microbatches=4, batch=8, model="gpt", cluster=cluster)
@@ -160,6 +157,7 @@ def test_pytorch_pipeline_schedules_match_one_process(schedule, cluster):
     assert first[Action(last_stage, "F", 0)].start >= first[Action(0, "F", 0)].end
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(SCHEDULES))
 def test_every_registered_schedule_crosses_the_bridge(name, cluster):
     # Any course schedule runs on PyTorch's runtime through the CSV export, with the
@@ -170,6 +168,7 @@ def test_every_registered_schedule_crosses_the_bridge(name, cluster):
     assert result.extra["executor_max_grad_diff"] <= TOL
 
 
+@pytest.mark.slow
 def test_course_schedule_runs_on_pytorch_runtime_via_csv(cluster):
     # Zero-bubble style order with split backward (I then W), written by hand.
     rows = [
@@ -183,23 +182,24 @@ def test_course_schedule_runs_on_pytorch_runtime_via_csv(cluster):
     assert ran == rows  # PyTorch ran exactly the order we exported
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [["--pipeline", "1f1b"], ["--pipeline", "zb-h1", "--csv"]])
-def test_cli_pipeline_json(args, cluster, monkeypatch, capsys):
+def test_cli_pipeline_json(args, cluster, monkeypatch, run_cli):
     # The real CLI code path, but on the shared cluster instead of freshly spawned processes.
     real = distributed.run_pipeline
     monkeypatch.setattr(
         distributed, "run_pipeline", lambda *a, **k: real(*a, **{**k, "cluster": cluster})
     )
-    code = main(["distributed", *args, "--model", "mlp", "--json"])
-    captured = capsys.readouterr()
-    assert code == 0, captured.err
-    data = json.loads(captured.out)
+    code, out, err = run_cli("distributed", *args, "--model", "mlp", "--json")
+    assert code == 0, err
+    data = json.loads(out)
     assert {"workers", "max_grad_diff", "seconds", "schedule", "max_loss_diff"} <= set(data)
     assert data["schedule"] == args[1] and data["workers"] == 2
     assert data["max_grad_diff"] <= TOL and data["max_loss_diff"] <= TOL
     assert data["executor_max_grad_diff"] <= TOL
 
 
+@pytest.mark.slow
 def test_worker_failure_is_reported_and_children_are_gone(tmp_path):
     payload = {"setup": Setup("mlp"), "kind": "csv", "csv": str(tmp_path / "no.csv")}
     payload.update(stages=2, m=2)
@@ -209,6 +209,7 @@ def test_worker_failure_is_reported_and_children_are_gone(tmp_path):
     assert pids(spawned_children()) <= before
 
 
+@pytest.mark.slow
 def test_timeout_kills_children():
     before = pids(spawned_children())
     start = time.monotonic()
@@ -218,14 +219,13 @@ def test_timeout_kills_children():
     assert pids(spawned_children()) <= before
 
 
-def test_busy_port_is_one_clear_line(capsys):
+def test_busy_port_is_one_clear_line(run_cli):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
         assert not port_is_free(port)
-        code = main(["distributed", "--workers", "2", "--port", str(port)])
-        err = capsys.readouterr().err
+        code, _, err = run_cli("distributed", "--workers", "2", "--port", port)
         assert code == 2
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
         assert f"port {port} is already in use" in err
@@ -238,6 +238,7 @@ def test_busy_port_is_one_clear_line(capsys):
             del os.environ["MASTER_PORT"]
 
 
+@pytest.mark.slow
 def test_cluster_rejects_a_mismatched_job(cluster):
     with pytest.raises(CourseInputError, match="workers must match"):
         run_ddp(workers=4, cluster=cluster)
@@ -256,13 +257,43 @@ def test_cluster_rejects_a_mismatched_job(cluster):
         (["--workers", "two"], "workers"),
     ],
 )
-def test_bad_input_is_one_line_exit_2(args, word, capsys):
+def test_bad_input_is_one_line_exit_2(args, word, run_cli):
     # In-process through the real dispatcher (a subprocess per case would cost seconds).
-    try:
-        code = main(["distributed", *args])
-    except SystemExit as exc:  # argparse's own errors exit through OneLineParser
-        code = exc.code
-    err = capsys.readouterr().err
+    code, _, err = run_cli("distributed", *args)
     assert code == 2, err
     assert len(err.strip().splitlines()) == 1
     assert word in err and "Traceback" not in err
+
+
+PARENT = """
+import sys, time
+from course_utils.distributed import Cluster
+cluster = Cluster(2, timeout=60).start()
+print(" ".join(map(str, cluster.pids)), flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGTERM"])
+def test_killing_the_parent_leaves_no_process_behind(signal_name):
+    import signal as signals
+
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    try:
+        pids = [int(p) for p in parent.stdout.readline().split()]
+        assert len(pids) == 2
+        family = psutil.Process(parent.pid).children(recursive=True)  # ranks + resource tracker
+        assert {p.pid for p in family} >= set(pids)
+        parent.send_signal(getattr(signals, signal_name))
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        alive = family
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.2)
+            alive = [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        assert not alive, f"still running 10 s after the parent died: {[p.pid for p in alive]}"
+    finally:
+        if parent.poll() is None:
+            parent.kill()

@@ -4,13 +4,12 @@ failures (errors, deadlocks, Ctrl-C) and a usable executor afterwards."""
 import _thread
 import copy
 import json
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
 import torch
+from conftest import run_module
 from torch import nn
 
 from course_utils.actions import Action, Schedule
@@ -27,6 +26,7 @@ from course_utils.models import (
 )
 from course_utils.pipeline.executor import PipelineExecutor, simulated_from_measured
 from course_utils.pipeline.schedules import make_schedule
+from course_utils.threads.devices import ABORT_GRACE_S
 
 # (name, chunks) for every schedule the course teaches
 ALL = [
@@ -195,7 +195,7 @@ def test_deadlock_is_reported_quickly_with_what_each_device_waits_for():
     # device 1 wants micro-batch 1 first, but device 0 sends it only after 0B0,
     # which needs device 1's 1B0: nobody can move.
     bad = hand_schedule(["0F0 0B0 0F1 0B1", "1F1 1F0 1B0 1B1"])
-    with PipelineExecutor(partition(model, 2), P, loss_fn, deadlock_timeout=1.0) as ex:
+    with PipelineExecutor(partition(model, 2), P, loss_fn) as ex:
         t0 = time.monotonic()
         with pytest.raises(ScheduleError, match="deadlock") as info:
             ex.step(bad, x, y)
@@ -243,18 +243,15 @@ def test_keyboard_interrupt_stops_the_workers():
         assert ex.step(make_schedule("gpipe", P, 2), x, y).loss > 0
 
 
-def run_cli(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "course_utils", "run", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+@pytest.fixture
+def cli(run_cli):
+    """`python -m course_utils run ARGS...` in this process: (returncode, stdout, stderr)."""
+    return lambda *args: run_cli("run", *args)
 
 
-def test_cli_json_figures(tmp_path):
+def test_cli_json_figures(cli, tmp_path):
     png = tmp_path / "gantt.png"
-    out = run_cli("1f1b", "--stages", "2", "--microbatches", "4", "--json", "--gantt", str(png))
+    out = cli("1f1b", "--stages", "2", "--microbatches", "4", "--json", "--gantt", str(png))
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     for key in ("measured_makespan_s", "naive_makespan_s", "speedup", "simulated_makespan_s"):
@@ -267,14 +264,24 @@ def test_cli_json_figures(tmp_path):
     assert png.stat().st_size > 10_000  # measured vs simulated chart
 
 
-def test_cli_fail_at_and_bad_input_are_one_line():
-    out = run_cli("gpipe", "--stages", "2", "--microbatches", "4", "--fail-at", "1F2")
+def test_cli_fail_at_and_bad_input_are_one_line(cli):
+    out = cli("gpipe", "--stages", "2", "--microbatches", "4", "--fail-at", "1F2")
     assert out.returncode == 1
     assert out.stderr.count("\n") == 1 and "1F2" in out.stderr and "Traceback" not in out.stderr
-    out = run_cli("gpipe", "--stages", "2", "--microbatches", "0")
+    out = cli("gpipe", "--stages", "2", "--microbatches", "0")
     assert out.returncode == 2 and out.stderr.count("\n") == 1
-    out = run_cli("nope", "--stages", "2")
+    out = cli("nope", "--stages", "2")
     assert out.returncode == 2 and out.stderr.count("\n") == 1
+
+
+def test_cli_smoke_in_a_subprocess():
+    ok = run_module("run", "gpipe", "--stages", "2", "--microbatches", "2", "--model", "mlp")
+    assert ok.returncode == 0, ok.stderr
+    assert "max gradient difference" in ok.stdout and "speed-up" in ok.stdout
+    assert "peak activations per device (micro-batches): [2, 2]" in ok.stdout
+    bad = run_module("run", "gpipe", "--stages", "2", "--microbatches", "0")
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.count("\n") == 1 and "--microbatches" in bad.stderr
 
 
 def test_a_forgotten_executor_stops_its_threads():
@@ -316,3 +323,40 @@ def test_zero_bubble_split_with_parameters_outside_recorded_modules():
     with PipelineExecutor(stages, P, loss_fn) as ex:
         result = ex.step(make_schedule("zb-h1", P, M), x, y)
     assert abs(result.loss - ref_loss) <= 1e-5 and max_grad_diff(model, ref) <= 1e-5
+
+
+class Sleepy(nn.Module):
+    """A stage that computes nothing for `seconds` in its forward: a slow device."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds, self.scale = seconds, nn.Parameter(torch.ones(1))
+
+    def forward(self, x):
+        time.sleep(self.seconds)
+        return x * self.scale
+
+
+def test_a_slow_stage_is_not_a_deadlock():
+    # Device 1 waits 6 s for device 0's first message: slow, not stuck (no message is
+    # missing for good), so the step completes.
+    stages = [Sleepy(6.0), nn.Linear(4, 2)]
+    x, y = torch.randn(2, 4), torch.tensor([0, 1])
+    with PipelineExecutor(stages, 2, loss_fn) as ex:
+        result = ex.step(make_schedule("gpipe", 2, 1), x, y)
+    assert result.loss > 0 and result.timeline.device_events(1)[0].start >= 6.0
+
+
+def test_the_step_time_limit_bounds_the_step():
+    stages = [Sleepy(3.0), nn.Linear(4, 2)]
+    x, y = torch.randn(4, 4), torch.tensor([0, 1, 0, 1])
+    with PipelineExecutor(stages, 2, loss_fn, step_timeout=1.0) as ex:
+        t0 = time.monotonic()
+        with pytest.raises(
+            WorkerError, match=r"ran past its limit of 1 s \(step_timeout\)"
+        ) as info:
+            ex.step(make_schedule("gpipe", 2, 2), x, y)
+        assert "device 0 was at 0F0" in str(info.value)
+        assert time.monotonic() - t0 < 1.0 + ABORT_GRACE_S  # the limit plus the abort grace
+    with pytest.raises(CourseInputError, match="step_timeout"):
+        PipelineExecutor(stages, 2, loss_fn, step_timeout=float("nan"))

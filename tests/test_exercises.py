@@ -7,15 +7,19 @@ For each `solutions/NN_*.ipynb` (whatever exists when the tests run):
   an answer cell (tag "answer") with a solution block, a check cell (tag "check", id
   `check-NN-K`) making one call `check.exercise_K(...)`;
 - run unanswered (exercises/), EVERY check cell fails with "not answered yet" and no stack
-  trace; run solved (solutions/), every check cell passes and says so;
+  trace; run solved (solutions/), every cell runs without error (what nbval checked when
+  `make notebooks` ran solutions/ too) and every check cell passes and says so;
 - the grader gives the unanswered notebook 0 and the solution full marks, also when it is
-  written out for another student's numbers (tests/test_grading.py attacks the grader).
+  written out for another student's numbers, and a submission that patches or skips its
+  checks no marks (tests/test_grading.py attacks the grader further).
 
 Each notebook is executed once per session (cached below), as in Restart & Run All.
 """
 
 from __future__ import annotations
 
+import copy
+import json
 import re
 import time
 from pathlib import Path
@@ -70,7 +74,10 @@ def test_notebook_follows_the_exercise_conventions(name):
     nb = nbformat.read(ROOT / "solutions" / name, as_version=4)
     lesson = int(name[:2])
     imports = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
-    assert f"from course_utils.checks import l{lesson:02d} as check" in imports
+    # The checks are reached through one object, made for the student in the setup cell
+    # (the grader and `make_exercises --students` rewrite the name; see for_student).
+    assert f"from course_utils.checks import l{lesson:02d}\n" in imports + "\n", name
+    assert f'check = l{lesson:02d}.for_student("default")' in imports, name
 
     checks = check_cells(nb)
     assert 4 <= len(checks) <= 8, f"{name}: {len(checks)} exercises (the course uses 4-8)"
@@ -113,6 +120,19 @@ def test_every_lesson_has_exercises():
     assert {p.name for p in SOLVED} == wanted
 
 
+def test_for_student_puts_the_name_in_the_setup_line_of_the_file_and_of_a_cell():
+    from course_utils.errors import CourseInputError
+    from course_utils.grading.make_exercises import for_student
+
+    cell = 'check = l03.for_student("default")  # your instructor may give you your own name'
+    assert for_student(cell, "ana") == cell.replace('"default"', '"ana"')
+    file_text = nbformat.writes(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell)]))
+    mine = nbformat.reads(for_student(file_text, "ana"), as_version=4)
+    assert mine.cells[0].source == cell.replace('"default"', '"ana"')
+    with pytest.raises(CourseInputError, match="student"):
+        for_student(cell, "../etc")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_every_check_fails_when_unanswered(name):
@@ -141,6 +161,34 @@ def test_every_check_passes_with_the_solution(name):
         assert "✅" in text, f"{name} {check.id}: a passing check should say so (passed(...))"
 
 
+# Ways a cell can be excused from running clean: nbval's comment markers and skip tags.
+NBVAL_MARKER = re.compile(r"\s*#\s*NBVAL_\w+")
+SKIP_TAGS = {"skip-execution", "raises-exception", "skip"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_every_solution_cell_runs_without_error(name):
+    # The solutions' run top to bottom: `make notebooks` (nbval) runs the lessons only, so
+    # this is where a solution cell that raises is caught, check cell or not.
+    path = ROOT / "solutions" / name
+    raw = nbformat.read(path, as_version=4)
+    for index, cell in enumerate(raw.cells):  # nothing may excuse a cell from running clean
+        marked = [ln for ln in cell.source.splitlines() if NBVAL_MARKER.match(ln)]
+        marked += [t for t in cell.metadata.get("tags", []) if t.startswith("nbval-")]
+        marked += sorted(SKIP_TAGS & set(cell.metadata.get("tags", [])))
+        assert not marked, f"{name} cell {index}: solutions carry no nbval/skip markers: {marked}"
+    nb = executed(path)
+    code = [(i, c) for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.strip()]
+    not_run = [i for i, c in code if c.execution_count is None]
+    assert code and not not_run, f"{name}: cells {not_run} did not run"
+    for index, cell in code:
+        found = errors(cell)
+        assert not found, (
+            f"{name} cell {index} ({cell.get('id')}): {found[0].ename}: {found[0].evalue}"
+        )
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not SOLVED, reason="no solutions/NN_*.ipynb notebooks yet")
 def test_the_grader_scores_every_lesson_blank_solved_and_for_another_student(tmp_path):
@@ -158,7 +206,9 @@ def test_the_grader_scores_every_lesson_blank_solved_and_for_another_student(tmp
         name = path.name
         (plain / "blank" / name).write_bytes((ROOT / "exercises" / name).read_bytes())
         (plain / "solved" / name).write_bytes(path.read_bytes())
-        (personal / "s7" / name).write_text(for_student(path.read_text(), "s7"))
+        text = for_student(path.read_text(), "s7")
+        assert 'for_student(\\"s7\\")' in text, name  # the student's own numbers, really
+        (personal / "s7" / name).write_text(text)
     results = grade_all([plain], jobs=2) + grade_all([personal], jobs=2, variants=True)
     variant = {"blank": "default", "solved": "default", "s7": "s7"}
     totals = {p.name: len(check_cells(nbformat.read(p, as_version=4))) for p in SOLVED}
@@ -169,3 +219,38 @@ def test_the_grader_scores_every_lesson_blank_solved_and_for_another_student(tmp
         assert r.total == totals[name], (who, name, r.total)
         wrong = [(e.id, e.message) for e in r.exercises if e.passed != (who != "blank")]
         assert not wrong, (who, name, wrong)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SOLVED, reason="no solutions/NN_*.ipynb notebooks yet")
+def test_grader_on_a_real_exercise_notebook(tmp_path, run_cli):
+    # The notebook that ran fastest in this session, else the first one.
+    timed = {p.name: t for p, (_, t) in _runs.items() if p.parent.name == "solutions"}
+    name = min(timed, key=timed.get) if timed else SOLVED[0].name
+    exercise = nbformat.read(ROOT / "exercises" / name, as_version=4)
+    solution = nbformat.read(ROOT / "solutions" / name, as_version=4)
+
+    cheat = copy.deepcopy(exercise)
+    # An answer cell that replaces every check with one that always passes...
+    answer = next(c for c in cheat.cells if "answer" in c.metadata.get("tags", []))
+    answer.source = (
+        "for _k in range(1, 9):\n    setattr(check, f'exercise_{_k}', lambda *a, **k: None)\n"
+        + answer.source
+    )
+    # ...and check cells deleted or skipped in every way nbval allows.
+    first, second, *rest = check_cells(cheat)
+    cheat.cells.remove(first)
+    second.source = "# NBVAL_SKIP\n" + second.source
+    for cell in rest:
+        cell.metadata["tags"] = ["check", "nbval-skip"]
+
+    for student, nb in {"unanswered": exercise, "solved": solution, "cheat": cheat}.items():
+        (tmp_path / student).mkdir()
+        nbformat.write(nb, tmp_path / student / name)
+    result = run_cli("grade", tmp_path, "--json")  # nbval runs each notebook in a child process
+    assert result.returncode == 0, result.stderr
+    scores = {
+        Path(r["notebook"]).parent.name: (r["score"], r["total"]) for r in json.loads(result.stdout)
+    }
+    total = len(check_cells(solution))
+    assert scores == {"unanswered": (0, total), "solved": (total, total), "cheat": (0, total)}

@@ -108,7 +108,13 @@ def test_honest_notebooks_score_exactly_what_they_answered(tmp_path):
 
 def test_a_hanging_answer_and_a_syntax_error_are_named_per_exercise(tmp_path):
     hanging = solved()
-    cell(hanging, "answer-03-2").source = "def gpipe_bubble(p, m):\n    while True:\n        pass"
+    # hangs only on the check's million-stage inputs, so 3.3 (which uses it) still works
+    cell(hanging, "answer-03-2").source = (
+        "def gpipe_bubble(p, m):\n"
+        "    while p > 100_000:\n"
+        "        pass\n"
+        "    return (p - 1) / (m + p - 1)"
+    )
     broken = solved()
     cell(broken, "answer-03-3").source = "microbatches = = 63"
     results = grade_folder(tmp_path, {"hang": hanging, "syntax": broken}, call_timeout=1)
@@ -251,8 +257,9 @@ def test_tampering_is_reported_cell_by_cell():
     result = grade(nb)
     report = {t["cell"]: t["status"] for t in result.tampering}
     assert report == {"check-03-2": "changed", "check-03-5": "removed", "given-03-1": "changed"}
-    # the honest answers still count: tampering is reported, not punished by the grader
-    assert passed(result) == ALL
+    # The answers still count: tampering is reported, not punished by the grader. But the
+    # judge uses the real given numbers, so 3.1, worked out from a forged p, is wrong.
+    assert passed(result) == [e for e in ALL if e != "3.1"]
 
 
 # --------------------------------------------------------------------------- variants

@@ -208,3 +208,20 @@ def test_lint_problems_left_by_cutting_a_solution_are_reported(folders, capsys):
     make_exercises.write_exercises(solutions, exercises)
     out = capsys.readouterr().out
     assert "warning: ruff: exercises/99_sample.ipynb:cell 4" in out and "F401" in out
+
+
+def test_for_student_rewrites_the_name_in_a_notebook_file(tmp_path):
+    # In the .ipynb file the call's quotes are escaped inside a JSON string.
+    solved = REPO / "solutions" / "03_bubble_tradeoff.ipynb"
+    mine = make_exercises.for_student(solved.read_text(), "s7")
+    nb = nbformat.reads(mine, as_version=4)
+    calls = [line for c in nb.cells for line in c.source.splitlines() if "for_student(" in line]
+    assert calls and all('for_student("s7")' in line for line in calls)
+    assert 'for_student("default")' not in mine.replace('\\"', '"')
+    # and in plain source text
+    assert make_exercises.for_student('c = l03.for_student("default")', "bob") == (
+        'c = l03.for_student("bob")'
+    )
+    written = make_exercises.write_for_students(["ann"], tmp_path)
+    lesson_03 = [p for p in written if p.name == solved.name]
+    assert lesson_03 and 'for_student(\\"ann\\")' in lesson_03[0].read_text()

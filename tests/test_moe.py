@@ -338,6 +338,19 @@ def test_measured_timeline_has_every_phase_in_order():
     assert received[0] + received[1] > received[2] + received[3]
 
 
+def test_moe_timelines_are_drawn_coloured_by_expert_and_never_claim_micro_batches():
+    from course_utils.charts import gantt
+
+    simulated = simulate_moe([[3, 1, 1, 1], [3, 1, 1, 1]], 2)
+    fig = gantt.draw(simulated, pyplot=False, colour="expert")
+    title = fig.axes[0].get_title(loc="left")
+    assert title.startswith("expert parallel: E=4 experts on p=2 workers —")
+    assert "m=" not in title and "micro-batch" not in title and "bubble" not in title
+    assert fig.legends[0].get_title().get_text() == "colour = expert"
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "waiting for communication" in labels and not any("bubble" in t for t in labels)
+
+
 def test_a_failing_expert_names_the_worker_and_the_phase_and_nothing_hangs(monkeypatch):
     moe = _moe(experts=4, top_k=2, dtype=torch.float32)
     x, dy = _data(12, dtype=torch.float32)

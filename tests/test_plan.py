@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_module
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,14 +21,10 @@ ROOT = Path(__file__).resolve().parents[1]
 GB = 1e9  # the ZeRO paper's GB
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "course_utils", "plan", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
+@pytest.fixture
+def cli(run_cli):
+    """`python -m course_utils plan ARGS...` in this process: (returncode, stdout, stderr)."""
+    return lambda *args: run_cli("plan", *args)
 
 
 # --------------------------------------------------------------------------- published figures
@@ -291,7 +289,7 @@ def test_bad_configs_are_one_line_errors():
 # --------------------------------------------------------------------------- command line
 
 
-def test_cli_memory_json_shape_and_zero_figure():
+def test_cli_memory_json_shape_and_zero_figure(cli):
     out = cli("memory", "--params", "7.5e9", "--dp", "64", "--zero", "3", "--json")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)["bytes"]
@@ -299,7 +297,7 @@ def test_cli_memory_json_shape_and_zero_figure():
     assert round(data["total"] / GB, 1) == 1.9 and data["activations"] == 0
 
 
-def test_cli_memory_with_shape_counts_activations_and_prints_gib():
+def test_cli_memory_with_shape_counts_activations_and_prints_gib(cli):
     args = ["memory", "--params", "175B", "--layers", "96", "--hidden", "12288"]
     args += ["--heads", "96", "--seq", "2048", "--tp", "8", "--pp", "8", "--dp", "8"]
     out = cli(*args, "--zero", "1", "--recompute", "selective", "--sequence-parallel", "--json")
@@ -309,7 +307,7 @@ def test_cli_memory_with_shape_counts_activations_and_prints_gib():
     assert text.returncode == 0 and "GiB" in text.stdout and "fit" in text.stdout
 
 
-def test_cli_search_json_shape():
+def test_cli_search_json_shape(cli):
     out = cli(
         "search", "--params", "6.7B", "--layers", "32", "--hidden", "4096", "--heads", "32",
         "--seq", "2048", "--global-batch", "64", "--gpus", "8", "--gpu-memory-gib", "24", "--json",
@@ -341,12 +339,21 @@ def test_cli_search_json_shape():
          "--gpu-memory-gib"),
     ],
 )  # fmt: skip
-def test_cli_bad_input_exits_2_with_one_line(args, word):
+def test_cli_bad_input_exits_2_with_one_line(cli, args, word):
     out = cli(*args)
     assert out.returncode == 2
     assert "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
     assert word in out.stderr
+
+
+def test_cli_smoke_in_a_subprocess():
+    ok = run_module("plan", "memory", "--params", "7.5e9", "--dp", "64", "--zero", "3", timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert "zero=3" in ok.stdout and re.search(r"^total +1\.75 GiB$", ok.stdout, re.M)
+    bad = run_module("plan", "memory", "--params", "lots", timeout=120)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.count("\n") == 1 and "--params" in bad.stderr
 
 
 def test_import_does_not_import_torch():

@@ -1,11 +1,10 @@
 """The Megatron MLP split on threads equals the unsplit MLP: outputs, input and weight grads."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
+from conftest import run_module
 from torch import nn
 
 from course_utils.errors import CourseInputError
@@ -108,16 +107,13 @@ def test_bad_input():
         shard_mlp(linear1, nn.Linear(5, 3), 2)
 
 
-def _cli(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "course_utils", "tensor-parallel", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+@pytest.fixture
+def _cli(run_cli):
+    """`python -m course_utils tensor-parallel ARGS...` here: (returncode, stdout, stderr)."""
+    return lambda *args: run_cli("tensor-parallel", *args)
 
 
-def test_cli_json():
+def test_cli_json(_cli):
     proc = _cli("--workers", "3", "--json")
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
@@ -128,10 +124,20 @@ def test_cli_json():
 @pytest.mark.parametrize(
     "args", [["--workers", "0"], ["--workers", "1000"], ["--allreduce", "tree"], ["--workers", "x"]]
 )
-def test_cli_bad_input_is_one_line_exit_2(args):
+def test_cli_bad_input_is_one_line_exit_2(_cli, args):
     proc = _cli(*args)
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_cli_smoke_in_a_subprocess():
+    ok = run_module("tensor-parallel", "--workers", "2")
+    assert ok.returncode == 0, ok.stderr
+    assert "tensor-parallel MLP 64 -> 256 -> 64 on 2 threads" in ok.stdout
+    assert "max |gradient diff| vs unsplit" in ok.stdout and "bytes sent per worker" in ok.stdout
+    bad = run_module("tensor-parallel", "--allreduce", "tree")
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.count("\n") == 1 and "--allreduce" in bad.stderr
 
 
 def test_splits_the_mlp_of_a_tiny_gpt_block():

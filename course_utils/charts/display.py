@@ -45,5 +45,7 @@ def show_source(obj) -> None:
     from IPython.display import Code, display
 
     source = textwrap.dedent(inspect.getsource(obj))
-    where = f"# {inspect.getsourcefile(obj).split('course_utils', 1)[-1].lstrip('/')}"
+    # getsource also reads objects defined in a notebook cell, whose file is '<ipython-...>'
+    path = inspect.getsourcefile(obj) or inspect.getfile(obj)
+    where = f"# {path.split('course_utils', 1)[-1].lstrip('/')}"
     display(Code(f"{where}\n{source}", language="python"))

@@ -96,7 +96,7 @@ class View:
             f"of devices x makespan; makespan {self.makespan:.1f} units; peak activations held "
             f"on device 0: {first}, on the last device: {last}"
         ]
-        if self.formula:
+        if self.formula and self.formula_value is not None:  # set together (explorer_update)
             lines.append(f"closed form {self.formula} = {100 * self.formula_value:.1f}%")
         return "\n".join(lines)
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from matplotlib.axes import Axes
 from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
@@ -88,21 +89,31 @@ def _number(x: float) -> str:
     return f"{x:.1f}" if abs(x) >= 10 else f"{x:.3g}"
 
 
-def title_for(timeline: Timeline, prefix: str | None = None) -> str:
-    """E.g. '1F1B, p=4, m=8 — makespan 33.0 units, bubble 27.3%'."""
+def title_for(timeline: Timeline, prefix: str | None = None, colour: str = "micro-batch") -> str:
+    """E.g. '1F1B, p=4, m=8 — makespan 33.0 units, bubble 27.3%'.
+
+    m counts micro-batches, and idle time is called the bubble, only when colour means
+    micro-batch: a timeline whose colour is a step or an expert gets p alone (its name
+    says the rest) and its idle share is called "idle".
+    """
     if prefix is None:
         name = timeline.name or "timeline"
         prefix = schedule_label(name)
         if "p=" not in prefix:
             p, m, v = _shape(timeline)
-            prefix += f", p={p}, m={m}" + (f", v={v}" if v > 1 else "")
+            prefix += f", p={p}"
+            if colour == "micro-batch":
+                prefix += f", m={m}" + (f", v={v}" if v > 1 else "")
         if timeline.source == "measured" and "measured" not in prefix.lower():
             prefix += " (measured)"
     scale, unit = _time_unit(timeline)
     _, makespan, _ = _stats(timeline)
+    # A pipeline's idle time is its bubble; elsewhere (data or expert parallelism) the
+    # devices idle mostly while they wait for a collective, so the title says "idle".
+    idle = "bubble" if colour == "micro-batch" else "idle"
     return (
         f"{prefix} — makespan {_number(makespan * scale)} {unit}, "
-        f"bubble {100 * bubble_fraction(timeline):.1f}%"
+        f"{idle} {100 * bubble_fraction(timeline):.1f}%"
     )
 
 
@@ -162,6 +173,7 @@ def _draw_one(
     xmax: float,
     px_per_unit: float,
     row_px: float,
+    colour: str = "micro-batch",
 ) -> set[str]:
     """Draw one timeline into `ax`; returns the categories it contains (for the legend)."""
     p = timeline.num_devices
@@ -256,7 +268,7 @@ def _draw_one(
     ax.set_xlabel(f"time ({unit})")
     ax.grid(True, axis="x")
     ax.grid(False, axis="y")
-    ax.set_title(title_for(timeline, title), loc="left")
+    ax.set_title(title_for(timeline, title, colour), loc="left")
     return present
 
 
@@ -289,7 +301,7 @@ def _add_labels(ax, timeline, start, scale, chunks, px_per_unit, y_mid) -> None:
         )
 
 
-def _legend_handles(present: set[str]) -> list[Patch]:
+def _legend_handles(present: set[str], colour: str = "micro-batch") -> list[Patch]:
     handles = []
     for key, label, hatch in CATEGORIES:
         if key not in present:
@@ -304,7 +316,10 @@ def _legend_handles(present: set[str]) -> list[Patch]:
         handles[-1].set_hatchcolor(hatchcolor)
     if "bubble" in present:
         bubble = Patch(
-            facecolor=style.BUBBLE_COLOR, hatch=style.BUBBLE_HATCH, label=style.BUBBLE_LABEL
+            facecolor=style.BUBBLE_COLOR,
+            hatch=style.BUBBLE_HATCH,
+            # only a pipeline's idle time is a bubble (see title_for)
+            label=style.BUBBLE_LABEL if colour == "micro-batch" else "idle",
         )
         bubble.set_hatchcolor(style.BUBBLE_HATCH_COLOR)
         handles.append(bubble)
@@ -338,7 +353,9 @@ def draw(
     """Draw a timeline (or a list of them, stacked) as a Gantt chart; returns the Figure.
 
     `colour` says what a bar's colour stands for in the legend: "micro-batch" for pipelines,
-    "step" for data-parallel timelines whose micro-batch number counts training steps.
+    "step" for data-parallel timelines whose micro-batch number counts training steps,
+    "expert" for expert-parallel ones (`course_utils.parallel.moe`), whose bars carry the
+    expert id there. Only "micro-batch" puts m= in a default title.
 
     `title` replaces the schedule-name part of the title (makespan and bubble are always
     shown); for a list it may be a list of titles. `share_x=None` shares the time axis
@@ -375,9 +392,12 @@ def draw(
             xmax=xmaxes[0],
             px_per_unit=bbox.width / xmaxes[0],
             row_px=bbox.height / p,
+            colour=colour,
         )
         if legend:
-            ax.legend(handles=_legend_handles(present), loc="upper left", bbox_to_anchor=(1, 1))
+            ax.legend(
+                handles=_legend_handles(present, colour), loc="upper left", bbox_to_anchor=(1, 1)
+            )
         return fig
 
     plot_hs = [min(MAX_PLOT_H, max(MIN_PLOT_H, ROW_H * max(1, t.num_devices))) for t in timelines]
@@ -387,9 +407,9 @@ def draw(
     fig = _new_figure(width, height, pyplot)
     dpi = fig.dpi
     axes_w = width - LEFT - RIGHT
-    present: set[str] = set()
+    present = set()
     top = height - TOP_PAD
-    axes = []
+    axes: list[Axes] = []
     for i, (t, h) in enumerate(zip(timelines, plot_hs, strict=True)):
         top -= TITLE_H
         rect = (LEFT / width, (top - h) / height, axes_w / width, h / height)
@@ -404,6 +424,7 @@ def draw(
             xmax=xmaxes[i],
             px_per_unit=axes_w * dpi / xmaxes[i],
             row_px=h * dpi / max(1, t.num_devices),
+            colour=colour,
         )
         last = i == len(timelines) - 1
         if share_x and not last:
@@ -412,7 +433,7 @@ def draw(
         top -= h + (0 if share_x or last else XAXIS_H)
         axes.append(a)
     if legend:
-        handles = _legend_handles(present)
+        handles = _legend_handles(present, colour)
         fig.legend(
             handles=handles,
             loc="lower left",

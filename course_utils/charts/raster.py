@@ -190,12 +190,13 @@ def paint(timeline: Timeline, title: str, xlabel: str | None = None) -> bytes:
     draw.text((LEFT + plot_w // 2, y_axis + 22), xlabel, fill=(20, 20, 20), font=body, anchor="mt")
     # Labels inside bars: the first candidate that fits (gantt.py's rule).
     if len(labels) <= MAX_LABELS:
-        for d, a, b, texts, fill in labels:
+        for d, left, right, texts, fill in labels:
             for text in texts:
-                if b - a >= draw.textlength(text, font=small) + 4:
+                if right - left >= draw.textlength(text, font=small) + 4:
                     mid_y = TITLE_H + d * row_h + row_h // 2
                     ink = style.text_color_on(fill)
-                    draw.text((LEFT + (a + b) / 2, mid_y), text, fill=ink, font=small, anchor="mm")
+                    mid_x = LEFT + (left + right) / 2
+                    draw.text((mid_x, mid_y), text, fill=ink, font=small, anchor="mm")
                     break
     _legend(draw, canvas.shape[0] - LEGEND_H + 8, present, body)
     # A chart has a few hundred colours at most: as a palette image, PNG encodes it three

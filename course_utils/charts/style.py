@@ -8,8 +8,14 @@ forward / backward / weight-gradient / communication / bubble always look alike.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import matplotlib as mpl
 from matplotlib.colors import to_rgb
+from matplotlib.rcsetup import cycler
+
+if TYPE_CHECKING:
+    from matplotlib.typing import RcKeyType
 
 # A notebook cell is about 10 inches wide at dpi 100; taller figures scroll badly.
 FIGURE_WIDTH = 10.0
@@ -86,7 +92,7 @@ def text_color_on(color) -> str:
     return "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.55 else "white"
 
 
-COURSE_RC: dict[str, object] = {
+COURSE_RC: dict[RcKeyType, Any] = {
     "figure.figsize": (FIGURE_WIDTH, 4.0),
     "figure.dpi": DPI,
     "savefig.dpi": DPI,
@@ -106,7 +112,7 @@ COURSE_RC: dict[str, object] = {
     "axes.axisbelow": True,
     "axes.spines.top": False,
     "axes.spines.right": False,
-    "axes.prop_cycle": mpl.cycler(color=list(MICROBATCH_COLORS[:10])),
+    "axes.prop_cycle": cycler(color=list(MICROBATCH_COLORS[:10])),
     "hatch.linewidth": 0.6,
     "svg.fonttype": "none",  # keep text as text in SVG files (smaller, searchable)
 }

@@ -88,6 +88,9 @@ def exercise_2(stage0_action, stage1_action) -> None:
         if got != want:
             if got.kind != "F":
                 fail(f"`{name}` is not right: at that moment no backward has started anywhere.")
+            if got.microbatch is None:
+                fail(f"`{name}` = {got!r} needs a micro-batch number, like '{stage}F0'.")
+            assert want.microbatch is not None  # the simulator's compute actions all have one
             off = got.microbatch - want.microbatch
             fail(
                 f"`{name}` = {got} is {'ahead' if off > 0 else 'behind'}. Stage {stage} is "

@@ -11,7 +11,9 @@ from __future__ import annotations
 import functools
 import math
 import random
+from collections.abc import Callable
 from dataclasses import asdict
+from typing import TypedDict
 
 from course_utils import plan
 from course_utils.checks import (
@@ -101,7 +103,7 @@ def exercise_2(min_gpus_to_fit, what_must_change) -> None:
     if wrong:
         shown, got, _ = wrong[0]
         # Name the likely mistake when one wrong formula explains every answer.
-        mistakes = {
+        mistakes: dict[str, Callable[[float, float, float], int]] = {
             "ignores the reserve: only gpu_memory_gib - reserve_gib is free for model states.": (
                 lambda p, m, r: math.ceil(16 * p / (m * GIB))
             ),
@@ -109,11 +111,15 @@ def exercise_2(min_gpus_to_fit, what_must_change) -> None:
                 lambda p, m, r: math.floor(16 * p / ((m - r) * GIB))
             ),
         }
+
+        def counting(n: int) -> Callable[[float, float, float], int]:
+            return lambda p, m, r: math.ceil(n * p / ((m - r) * GIB))
+
         for n in (1, 2, 4, 8, 12):
             mistakes[
                 f"counts {n} bytes per parameter: Adam training keeps 16 (bf16 weights and "
                 "gradients, fp32 master weights and two moments)."
-            ] = lambda p, m, r, n=n: math.ceil(n * p / ((m - r) * GIB))
+            ] = counting(n)
         for message, formula in mistakes.items():
             if all(
                 got_i == formula(*case) for (_, got_i), case in zip(answers, cases, strict=True)
@@ -201,7 +207,7 @@ def exercise_4(grew_most, fix) -> None:
     after = plan.replace_config(before, tp=16)
     t0, t1 = plan.step_time(model, before), plan.step_time(model, after)
     growth = {k: t1[k] - t0[k] for k in PARTS}
-    right = max(growth, key=growth.get)
+    right = max(growth, key=lambda k: growth[k])
     if part != right:
         fail(
             f"`grew_most`: {part} changed by {growth[part]:+.2f} s. Compare the two "
@@ -280,7 +286,15 @@ OLD_HARDWARE = plan.Hardware(gpu_memory_gib=40, peak_tflops_bf16=312, inter_node
 NEW_HARDWARE = plan.Hardware(
     gpu_memory_gib=80, peak_tflops_bf16=989, intra_node_gbs=450, inter_node_gbs=50
 )
-REFRESH = {"model": plan.MODEL_PRESETS["30B"], "gpus": 32, "global_batch": 256}
+
+
+class _Refresh(TypedDict):
+    model: plan.ModelShape
+    gpus: int
+    global_batch: int
+
+
+REFRESH: _Refresh = {"model": plan.MODEL_PRESETS["30B"], "gpus": 32, "global_batch": 256}
 
 
 def _as_config(value, what: str) -> plan.Config:

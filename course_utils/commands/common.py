@@ -42,12 +42,57 @@ def number_flag(
 
 
 def output_path(path: str, flag: str, suffixes: tuple[str, ...]) -> Path:
-    """Check an output file's extension and folder before any work is done."""
+    """Check an output file's extension, folder and write access before any work is done."""
     out = Path(path)
     if out.suffix.lower() not in suffixes:
         allowed = ", ".join(suffixes[:-1]) + " or " + suffixes[-1] if suffixes[1:] else suffixes[0]
         raise CourseInputError(f"{flag} must end in {allowed}, got {path!r}")
+    if out.parent.exists() and not out.parent.is_dir():
+        raise CourseInputError(
+            f"{flag} {path!r} cannot be written: {str(out.parent)!r} is a file, not a folder"
+        )
+    if not out.parent.is_dir():
+        raise CourseInputError(f"{flag} {path!r}: folder {str(out.parent)!r} does not exist")
+    if out.is_dir():
+        raise CourseInputError(f"{flag} {path!r} is a folder: give a file name")
+    existed = out.exists()
+    try:  # the only sure test of write access is writing
+        with out.open("ab"):
+            pass
+    except OSError as exc:
+        raise CourseInputError(
+            f"{flag} {path!r} cannot be written: {exc.strerror or exc}"
+        ) from None
+    if not existed:
+        out.unlink()
     return out
+
+
+def add_max_actions(parser: argparse.ArgumentParser, default: int) -> None:
+    parser.add_argument(
+        "--max-actions",
+        type=int,
+        default=default,
+        help=f"limit: refuse schedules of more compute actions (default {default:,}; raise it "
+        "deliberately for bigger runs)",
+    )
+
+
+def check_size(args: argparse.Namespace) -> None:
+    """Refuse a schedule bigger than --max-actions before building it (3 actions per stage
+    and micro-batch at most: F, and I + W or B)."""
+    from course_utils.pipeline.schedules import schedule_info
+
+    info = schedule_info(args.name)
+    for flag in ("--stages", "--microbatches", "--chunks"):
+        int_flag(args, flag)
+    limit = int_flag(args, "--max-actions")
+    actions = 3 * args.stages * info.chunks(args.chunks) * args.microbatches
+    if actions > limit:
+        raise CourseInputError(
+            f"{args.stages} stages x {args.microbatches} micro-batches is up to {actions:,} "
+            f"actions, over the limit of {limit:,}: use fewer, or raise --max-actions"
+        )
 
 
 def add_schedule_arguments(parser: argparse.ArgumentParser, short: bool = False) -> None:
@@ -99,6 +144,8 @@ def schedule_from_args(args: argparse.Namespace):
     from course_utils.pipeline.schedules import make_schedule, schedule_info
 
     schedule_info(args.name)  # an unknown name is the first thing to say
+    if hasattr(args, "max_actions"):
+        check_size(args)
     for flag in ("--stages", "--microbatches", "--chunks"):
         int_flag(args, flag)
     return make_schedule(args.name, args.stages, args.microbatches, args.chunks)

@@ -30,6 +30,10 @@ DTYPES = ("float64", "float32")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        f"{HELP}. Limits: at most {MAX_WORKERS} workers, a sequence of {MAX_SEQ}, {MAX_HEADS} "
+        f"heads of {MAX_DIM} dims, heads x seq^2 <= {MAX_SCORES:,}."
+    )
     parser.add_argument(
         "--workers", type=int, default=4, help=f"context-parallel threads, 1 to {MAX_WORKERS}"
     )

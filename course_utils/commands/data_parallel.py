@@ -14,8 +14,17 @@ from course_utils.parallel.costs import ALGORITHMS
 HELP = "data-parallel step on threads vs one worker"
 
 
+MAX_WORKERS, MAX_BATCH, MAX_STEPS = 8, 65_536, 100  # threads, samples, steps: laptop limits
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workers", type=int, default=2, help="data-parallel replicas (>= 1)")
+    parser.description = (
+        f"{HELP}. Limits: at most {MAX_WORKERS} workers, a batch of {MAX_BATCH} and "
+        f"{MAX_STEPS} steps."
+    )
+    parser.add_argument(
+        "--workers", type=int, default=2, help=f"data-parallel replicas (1-{MAX_WORKERS})"
+    )
     parser.add_argument(
         "--allreduce", default="ring", help=f"all-reduce algorithm: {', '.join(ALGORITHMS)}"
     )
@@ -91,17 +100,18 @@ def compare(
 
 
 def run(args: argparse.Namespace) -> int:
-    workers = int_flag(args, "--workers")
+    workers = int_flag(args, "--workers", 1, MAX_WORKERS)
     if args.allreduce not in ALGORITHMS:
         raise CourseInputError(
             f"--allreduce must be one of {', '.join(ALGORITHMS)}, got {args.allreduce!r}"
         )
-    int_flag(args, "--steps")
+    int_flag(args, "--steps", 1, MAX_STEPS)
+    int_flag(args, "--batch", 1, MAX_BATCH)
     if args.batch < workers:
         raise CourseInputError(f"--batch must be at least --workers ({workers}), got {args.batch}")
     result = compare(workers, args.allreduce, args.batch, args.steps)
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(json.dumps(result, indent=2, allow_nan=False))
         return 0
     n = result["workers"]
     print(f"data parallel: {n} workers, {result['allreduce']} all-reduce, batch {args.batch}")

@@ -9,15 +9,22 @@ import argparse
 import json
 import sys
 
+from course_utils.commands.common import int_flag, number_flag
 from course_utils.errors import CourseInputError, WorkerError
 from course_utils.pipeline.schedules import SCHEDULES
 
 HELP = "DDP and pipelines on torch.distributed processes vs threads"
+# Limits: processes (each imports torch), steps, micro-batches, samples, seconds.
+MAX_WORKERS, MAX_STEPS, MAX_MICROBATCHES, MAX_BATCH, MAX_TIMEOUT = 8, 100, 64, 4096, 3600
 PIPELINES = tuple(name for name, info in SCHEDULES.items() if info.pytorch)
 MODELS = ("gpt", "mlp")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        f"{HELP}. Limits: at most {MAX_WORKERS} processes, {MAX_STEPS} steps, "
+        f"{MAX_MICROBATCHES} micro-batches, a batch of {MAX_BATCH}, {MAX_TIMEOUT} s."
+    )
     parser.add_argument("--workers", type=int, default=2, help="number of processes (default 2)")
     parser.add_argument(
         "--port", type=int, default=None, help="rendezvous port on 127.0.0.1 (default: a free one)"
@@ -44,6 +51,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help=f"one of {', '.join(MODELS)}")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds before giving up")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _check(args: argparse.Namespace) -> None:
+    """Every argument, before a process is started or torch imported."""
+    int_flag(args, "--workers", 1 if args.pipeline is None else 2, MAX_WORKERS)
+    int_flag(args, "--steps", 1, MAX_STEPS)
+    int_flag(args, "--microbatches", 1, MAX_MICROBATCHES)
+    if args.batch is not None:
+        int_flag(args, "--batch", 1, MAX_BATCH)
+    number_flag(args, "--timeout", 0, MAX_TIMEOUT, strict=True)
+    if args.port is not None:
+        int_flag(args, "--port", 1, 65535)
+    if args.model is not None and args.model not in MODELS:
+        raise CourseInputError(f"--model must be one of {', '.join(MODELS)}, got {args.model!r}")
+    if args.pipeline is not None:
+        allowed = SCHEDULES if args.csv else PIPELINES
+        if args.pipeline not in allowed:
+            raise CourseInputError(
+                f"--pipeline must be one of {', '.join(allowed)}"
+                + ("" if args.csv else " (or any course schedule with --csv)")
+                + f", got {args.pipeline!r}"
+            )
+        from course_utils.pipeline.schedules import check_shape
+
+        try:
+            check_shape(args.pipeline, args.workers, args.microbatches)
+        except CourseInputError as exc:
+            raise CourseInputError(f"--pipeline {args.pipeline}: {exc}") from None
 
 
 def _run_from_args(args: argparse.Namespace):
@@ -86,6 +121,7 @@ def _run_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    _check(args)
     try:
         result, what = _run_from_args(args)
     except WorkerError as exc:
@@ -101,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         if "executor_max_grad_diff" in result.extra:
             out["executor_max_grad_diff"] = result.extra["executor_max_grad_diff"]
     if args.json:
-        print(json.dumps(out))
+        print(json.dumps(out, allow_nan=False))
     else:
         print(f"{what} on {result.workers} processes (gloo, {HOST}): {result.seconds:.2f} s")
         print(f"  loss {result.losses[-1]:.6f}  vs one process {result.reference_losses[-1]:.6f}")

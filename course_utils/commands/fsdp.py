@@ -11,6 +11,7 @@ time `simulate_fsdp` predicts from the costs read off that step.
 
 from __future__ import annotations
 
+import argparse
 import json
 
 from course_utils.errors import CourseInputError
@@ -24,7 +25,10 @@ LAYERS = {"d_in": 32, "d_hidden": 64, "d_out": 10, "depth": 4}
 LR = 0.01
 
 
-def add_arguments(parser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        f"{HELP}. Limits: " + ", ".join(f"{k} {lo}-{hi}" for k, (lo, hi) in LIMITS.items()) + "."
+    )
     lo, hi = LIMITS["workers"]
     parser.add_argument("--workers", type=int, default=2, help=f"workers ({lo}..{hi})")
     parser.add_argument(

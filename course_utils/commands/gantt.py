@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from course_utils.commands.common import (
+    add_max_actions,
     add_schedule_arguments,
     costs_from_args,
     output_path,
@@ -15,21 +16,25 @@ from course_utils.errors import CourseInputError
 
 HELP = "draw a schedule's simulated timeline as a Gantt chart"
 FORMATS = (".png", ".svg", ".pdf")
+MAX_ACTIONS = 20_000  # bars matplotlib draws in a few seconds
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_schedule_arguments(parser, short=True)
     parser.add_argument("-o", "--output", required=True, help="chart file (.png, .svg or .pdf)")
     parser.add_argument("--no-labels", action="store_true", help="no text inside the bars")
+    add_max_actions(parser, MAX_ACTIONS)
 
 
 def run(args: argparse.Namespace) -> int:
-    from course_utils.charts import gantt
+    costs = costs_from_args(args)
+    schedule = schedule_from_args(args)
+    output_path(args.output, "--output", FORMATS)
+
+    from course_utils.charts import gantt  # matplotlib: only once the arguments are right
     from course_utils.pipeline.simulate import simulate
 
-    output_path(args.output, "--output", FORMATS)
-    costs = costs_from_args(args)
-    timeline = simulate(schedule_from_args(args), costs)
+    timeline = simulate(schedule, costs)
     fig = gantt.draw(timeline, labels=not args.no_labels, pyplot=False)
     try:
         path = gantt.save(fig, args.output)

@@ -20,7 +20,7 @@ MAX_JOBS = 8
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from course_utils.grading.notebook_tools import SOLUTIONS
+    from course_utils.grading import SOLUTIONS
 
     parser.add_argument(
         "submissions", nargs="+", type=Path, help="submitted .ipynb files or folders of them"
@@ -74,10 +74,16 @@ def run(args: argparse.Namespace) -> int:
                 f"--csv {str(args.csv)!r}: folder {str(args.csv.parent)!r} is missing"
             )
 
+    for path in args.submissions:  # bad paths: one line, before anything slow is imported
+        if not path.exists():
+            raise CourseInputError(f"submission {str(path)!r} does not exist")
+        if path.is_file() and path.suffix != ".ipynb":
+            raise CourseInputError(f"submission {str(path)!r} is not a notebook (.ipynb)")
+
     from course_utils.grading.batch import find_submissions, grade_all, write_csv
     from course_utils.grading.grader import table
 
-    find_submissions(args.submissions)  # bad paths: one line before anything runs
+    find_submissions(args.submissions)  # an empty folder: one line too
 
     def show(result) -> None:
         if not args.json:

@@ -10,6 +10,7 @@ prediction from costs fitted to that same measurement.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 
@@ -22,7 +23,11 @@ MAX_WORKERS, MAX_EXPERTS, MAX_TOKENS = 8, 64, 4096
 MAX_CAPACITY_FACTOR, MAX_SKEW = 64.0, 10.0
 
 
-def add_arguments(parser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        f"{HELP}. Limits: at most {MAX_WORKERS} workers, {MAX_EXPERTS} experts, "
+        f"{MAX_TOKENS} tokens."
+    )
     parser.add_argument(
         "--workers", type=int, default=2, help=f"expert-parallel threads, 1..{MAX_WORKERS}"
     )
@@ -128,6 +133,7 @@ def compare(args) -> dict:
         tokens_per_worker=tokens_per_worker,
     )
     measured = got.timeline
+    assert measured is not None  # the run above was recorded
     return {
         "workers": args.workers,
         "experts": args.experts,

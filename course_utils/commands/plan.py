@@ -41,6 +41,10 @@ def _add_model_args(parser: argparse.ArgumentParser, required: bool) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        f"{HELP}. Limits: at most {MAX_GPUS:,} GPUs to search, {MAX_PP} pipeline stages and "
+        f"{MAX_SIMULATED:,} simulated actions."
+    )
     sub = parser.add_subparsers(dest="what", required=True, metavar="{memory,search}")
     mem = sub.add_parser("memory", help="memory per GPU of one configuration")
     _add_model_args(mem, required=False)
@@ -89,14 +93,35 @@ def _shape_from_args(args) -> ModelShape | int:
 
 def _positive(value: float, what: str) -> float:
     if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
-        raise CourseInputError(f"{what} must be a positive number, got {value!r}")
+        raise CourseInputError(f"{what} must be a finite positive number, got {value!r}")
+    return value
+
+
+# Limits that keep a plan to a second on a laptop: GPUs searched, pipeline stages simulated.
+MAX_GPUS, MAX_PP, MAX_SIMULATED = 65_536, 1024, 200_000
+
+
+def _limited(value: int, flag: str, top: int) -> int:
+    _positive_int(value, flag)
+    if value > top:
+        raise CourseInputError(
+            f"{flag} must be an integer from 1 to {top} (the limit), got {value}"
+        )
     return value
 
 
 def run(args) -> int:
     model = _shape_from_args(args)
     if args.what == "memory":
-        pp = _positive_int(args.pp, "--pp")
+        pp = _limited(args.pp, "--pp", MAX_PP)
+        if args.gpu_memory_gib is not None:
+            _positive(args.gpu_memory_gib, "--gpu-memory-gib")
+        m = args.microbatches or pp
+        if 3 * pp * m * args.chunks > MAX_SIMULATED:
+            raise CourseInputError(
+                f"--pp {pp} x --microbatches {m} is too big a pipeline to simulate (limit "
+                f"{MAX_SIMULATED:,} actions): use fewer stages or micro-batches"
+            )
         config = Config(
             tp=_positive_int(args.tp, "--tp"),
             pp=pp,
@@ -111,7 +136,7 @@ def run(args) -> int:
         )
         mem = memory(model, config, args.precision)
         if args.json:
-            print(json.dumps({"bytes": mem, "config": asdict(config)}, indent=2))
+            print(json.dumps({"bytes": mem, "config": asdict(config)}, indent=2, allow_nan=False))
         else:
             print(config.short() + f" precision={args.precision}")
             if not isinstance(model, ModelShape):
@@ -131,11 +156,11 @@ def run(args) -> int:
     )
     if hardware.efficiency > 1:
         raise CourseInputError(f"--efficiency must be in (0, 1], got {args.efficiency}")
-    gpus = _positive_int(args.gpus, "--gpus")
+    gpus = _limited(args.gpus, "--gpus", MAX_GPUS)
     batch = _positive_int(args.global_batch, "--global-batch")
     result = search(model, gpus, batch, hardware, args.precision)
     if args.json:
-        print(json.dumps(search_to_dict(result)))
+        print(json.dumps(search_to_dict(result), allow_nan=False))
         return 0
     feasible, rejected = result["feasible"], result["rejected"]
     tokens = batch * model.seq

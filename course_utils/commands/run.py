@@ -16,18 +16,31 @@ from course_utils.errors import CourseInputError, ScheduleError, WorkerError
 
 HELP = "run one pipelined training step for real on CPU threads"
 MODELS = ("gpt", "mlp")
+# Limits that fit a laptop: threads, layers (a stage each) and samples of the tiny models.
+MAX_DEVICES, MAX_STAGES, MAX_MICROBATCHES, MAX_BATCH = 8, 32, 64, 4096
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from course_utils.pipeline.schedules import SCHEDULES
 
+    parser.description = (
+        f"{HELP}. Limits: at most {MAX_DEVICES} devices (threads), {MAX_STAGES} stages in all, "
+        f"{MAX_MICROBATCHES} micro-batches and a batch of {MAX_BATCH}."
+    )
     parser.add_argument("name", help=f"the schedule: {', '.join(SCHEDULES)}")
-    parser.add_argument("--stages", type=int, default=2, help="pipeline devices P (threads)")
-    parser.add_argument("--microbatches", type=int, default=4, help="micro-batches M")
+    parser.add_argument(
+        "--stages", type=int, default=2, help=f"pipeline devices P (threads, at most {MAX_DEVICES})"
+    )
+    parser.add_argument(
+        "--microbatches", type=int, default=4, help=f"micro-batches M (at most {MAX_MICROBATCHES})"
+    )
     parser.add_argument("--chunks", type=int, default=1, help="stages per device V")
     parser.add_argument("--model", choices=MODELS, default="gpt")
     parser.add_argument(
-        "--batch-size", type=int, default=None, help="default: 16 x M (gpt), 64 x M (mlp)"
+        "--batch-size",
+        type=int,
+        default=None,
+        help=f"default: 16 x M (gpt), 64 x M (mlp); at most {MAX_BATCH}",
     )
     parser.add_argument("--fail-at", default=None, help="inject an error in ACTION, e.g. 1F2")
     parser.add_argument("--gantt", default=None, metavar="PNG", help="draw measured vs simulated")
@@ -36,17 +49,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    schedule = schedule_from_args(args)
-    m = args.microbatches
+    from course_utils.pipeline.schedules import schedule_info
+
+    info = schedule_info(args.name)
+    int_flag(args, "--stages", 1, MAX_DEVICES)
+    m = int_flag(args, "--microbatches", 1, MAX_MICROBATCHES)
+    int_flag(args, "--chunks")
+    stages = args.stages * info.chunks(args.chunks)
+    if stages > MAX_STAGES:
+        raise CourseInputError(
+            f"--stages x chunks = {stages} stages, over the limit of {MAX_STAGES} (a layer each)"
+        )
     if args.batch_size is None:  # enough work per micro-batch that threads pay off
         batch = (16 if args.model == "gpt" else 64) * m
     else:
-        batch = int_flag(args, "--batch-size")
+        batch = int_flag(args, "--batch-size", 1, MAX_BATCH)
     if batch % m:
         raise CourseInputError(f"--batch-size must be a positive multiple of --microbatches ({m})")
+    schedule = schedule_from_args(args)
     fail_at = None
     if args.fail_at is not None:
-        fail_at = Action.parse(args.fail_at)
+        try:
+            fail_at = Action.parse(args.fail_at)
+        except CourseInputError:
+            raise CourseInputError(
+                f"--fail-at must be an action like 1F2 or 0B3, got {args.fail_at!r}"
+            ) from None
         if not any(fail_at in actions for actions in schedule.devices):
             raise CourseInputError(f"--fail-at must be an action of the schedule, got {fail_at}")
     if args.gantt:
@@ -83,8 +111,13 @@ def run(args: argparse.Namespace) -> int:
         except (WorkerError, ScheduleError) as err:
             print(f"python -m course_utils run: {err}", file=sys.stderr)
             return 1
+
+    def grad(param: torch.Tensor) -> torch.Tensor:
+        assert param.grad is not None  # both models ran their backward pass above
+        return param.grad
+
     grad_diff = max(
-        (a.grad - b.grad).abs().max().item()
+        (grad(a) - grad(b)).abs().max().item()
         for a, b in zip(model.parameters(), reference.parameters(), strict=True)
     )
     simulated = simulated_from_measured(result, schedule)
@@ -110,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise CourseInputError(f"cannot write {args.gantt!r}: {exc.strerror or exc}") from None
     if args.json:
-        print(json.dumps(figures, indent=1))
+        print(json.dumps(figures, indent=1, allow_nan=False))
     else:
         print(str(schedule))
         print(

@@ -11,16 +11,19 @@ from contextlib import contextmanager
 
 from course_utils.actions import Schedule
 from course_utils.commands.common import (
+    add_max_actions,
     add_schedule_arguments,
     costs_from_args,
     schedule_from_args,
 )
 
 HELP = "print a pipeline schedule and its simulated timeline"
+MAX_ACTIONS = 500_000  # about a second of simulation and 40 MB of JSON
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_schedule_arguments(parser)
+    add_max_actions(parser, MAX_ACTIONS)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -63,9 +66,9 @@ def _print(sched: Schedule, result: dict, as_json: bool) -> None:
             ]
         head = {"schedule": sched.name, "devices": names}
         tail = {k: result[k] for k in ("makespan", "bubble_fraction", "peak_activations")}
-        text = json.dumps(head, separators=(",", ":"))[:-1]
+        text = json.dumps(head, separators=(",", ":"), allow_nan=False)[:-1]
         text += ',"events":[' + ",".join(events) + "],"
-        text += json.dumps(tail, separators=(",", ":"))[1:]
+        text += json.dumps(tail, separators=(",", ":"), allow_nan=False)[1:]
         out.write(text + "\n")
         return
     p, v = sched.num_devices, sched.chunks

@@ -14,8 +14,13 @@ HELP = "tensor-parallel MLP on threads vs unsplit"
 SHAPE = (64, 256, 4, 16)  # d_model, hidden, batch, sequence
 
 
+MAX_WORKERS = 8  # threads on a laptop
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workers", type=int, default=2, help="tensor-parallel devices (>= 1)")
+    parser.add_argument(
+        "--workers", type=int, default=2, help=f"tensor-parallel devices (limit: 1-{MAX_WORKERS})"
+    )
     parser.add_argument(
         "--allreduce", default="ring", help=f"all-reduce algorithm: {', '.join(ALGORITHMS)}"
     )
@@ -58,14 +63,14 @@ def compare(workers: int, algorithm: str = "ring", seed: int = 0) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    workers = int_flag(args, "--workers", 1, SHAPE[1])  # at least one hidden unit per worker
+    workers = int_flag(args, "--workers", 1, MAX_WORKERS)
     if args.allreduce not in ALGORITHMS:
         raise CourseInputError(
             f"--allreduce must be one of {', '.join(ALGORITHMS)}, got {args.allreduce!r}"
         )
     result = compare(workers, args.allreduce)
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(json.dumps(result, indent=2, allow_nan=False))
         return 0
     b, s, d = result["shape"]
     print(

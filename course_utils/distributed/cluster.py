@@ -14,8 +14,10 @@ from __future__ import annotations
 import importlib
 import os
 import queue as queue_module
+import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from datetime import timedelta
@@ -80,8 +82,33 @@ def resolve_port(port: int | None = None) -> int:
 # --------------------------------------------------------------------------- processes
 
 
-def _child(rank: int, world: int, port: int, inbox, outbox, timeout: float) -> None:
+def _die_with_parent(parent: int) -> None:
+    """Exit as soon as the process that started this one is gone.
+
+    A parent killed with SIGKILL cannot tell its children anything, and a rank left behind
+    would hold a core and a port for minutes. Linux can send us SIGKILL when the parent dies
+    (PR_SET_PDEATHSIG); elsewhere, and in case the parent died before we asked, a thread
+    watches the parent's pid.
+    """
+    if sys.platform == "linux":
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    if os.getppid() != parent:
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="watch-parent", daemon=True).start()
+
+
+def _child(rank: int, world: int, port: int, inbox, outbox, timeout: float, parent: int) -> None:
     """Body of every spawned process: join the group once, then run jobs until told to stop."""
+    _die_with_parent(parent)
     torch.set_num_threads(1)  # one process = one device = one core's worth of work
     loopback = {"linux": "lo", "darwin": "lo0"}.get(sys.platform)
     if loopback:  # stay on loopback: a hostname resolving to a LAN address can hang gloo
@@ -158,7 +185,15 @@ class Cluster:
         self._procs = [
             ctx.Process(
                 target=_child,
-                args=(r, self.workers, self.port, self._inboxes[r], self._outbox, self.timeout),
+                args=(
+                    r,
+                    self.workers,
+                    self.port,
+                    self._inboxes[r],
+                    self._outbox,
+                    self.timeout,
+                    os.getpid(),
+                ),
                 daemon=True,  # if the notebook kernel dies, its ranks die with it
             )
             for r in range(self.workers)

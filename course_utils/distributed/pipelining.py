@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from typing import Any
 
 import torch
 
@@ -93,12 +94,15 @@ def _pipeline_worker(rank: int, world: int, payload: dict) -> dict:
         )
         sched._load_csv(payload["csv"], format="compute_only")
     else:  # PyTorch's own class for this schedule, named in the registry
-        cls = getattr(torch_schedules, SCHEDULES[kind].pytorch)
+        pytorch_name = SCHEDULES[kind].pytorch
+        assert pytorch_name is not None  # kind is one of PIPELINES (checked by run_pipeline)
+        cls = getattr(torch_schedules, pytorch_name)
         single = issubclass(cls, torch_schedules.PipelineScheduleSingle)
         sched = cls(stages[0] if single else stages, n_microbatches=m, loss_fn=criterion)
     x, y = make_batch(setup)
     losses: list = []
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
+    args: tuple[torch.Tensor, ...]
     if 0 in mine:
         args = (x,)
     else:

@@ -39,7 +39,7 @@ def _dataset(block_size: int):
     return models.CharDataset(block_size=block_size)
 
 
-def build_model(setup: Setup) -> nn.Module:
+def build_model(setup: Setup) -> models.MLP | models.TinyGPT:
     """The same weights on every call with the same setup (seeded)."""
     torch.manual_seed(setup.seed)
     if setup.model == "gpt":
@@ -69,13 +69,19 @@ def loss_fn(setup: Setup):
     return models.loss_fn
 
 
-def split_stages(model: nn.Module, setup: Setup, num_stages: int) -> list[nn.Module]:
+def split_stages(
+    model: models.MLP | models.TinyGPT, setup: Setup, num_stages: int
+) -> list[nn.Module]:
     """The model cut into `num_stages` consecutive stages (course_utils.models.partition)."""
     return list(models.partition(model, num_stages))
 
 
 def _grads(module: nn.Module) -> dict:
-    return {n: p.grad.detach().clone().numpy() for n, p in module.named_parameters()}
+    grads = {}
+    for n, p in module.named_parameters():
+        assert p.grad is not None, f"{n} has no gradient"  # called after the backward pass
+        grads[n] = p.grad.detach().clone().numpy()
+    return grads
 
 
 def _max_diff(a: dict, b: dict) -> float:

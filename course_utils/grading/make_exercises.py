@@ -51,7 +51,8 @@ def exercise_notebook(solution: nbformat.NotebookNode, name: str = "notebook") -
     return ruff_format_notebook(notebook_text(nb), f"exercises/{name}")
 
 
-STUDENT_LINE = re.compile(r'for_student\("default"\)')
+# In the notebook's JSON text the quotes are escaped (\"default\"); in a cell's source not.
+STUDENT_LINE = re.compile(r'for_student\((\\?)"default\1"\)')
 STUDENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")
 
 
@@ -61,7 +62,7 @@ def for_student(text: str, student: str) -> str:
         raise CourseInputError(
             f"student must be a name of letters, digits and _.@- (up to 64), got {student!r}"
         )
-    return STUDENT_LINE.sub(f'for_student("{student}")', text)
+    return STUDENT_LINE.sub(lambda m: f'for_student({m[1]}"{student}{m[1]}")', text)
 
 
 def write_for_students(students: list[str], out: Path, solutions: Path = SOLUTIONS) -> list[Path]:

@@ -17,10 +17,9 @@ from pathlib import Path
 import nbformat
 
 from course_utils.errors import CourseInputError
+from course_utils.grading import EXERCISES, REPO, SOLUTIONS  # noqa: E402 (re-exported)
 
-REPO = Path(__file__).resolve().parents[2]
-SOLUTIONS = REPO / "solutions"
-EXERCISES = REPO / "exercises"
+__all__ = ["EXERCISES", "REPO", "SOLUTIONS"]
 
 CHECK_ID = re.compile(r"check-(\d+)-(\d+)")
 BEGIN = "### BEGIN SOLUTION"

@@ -60,7 +60,8 @@ def ratio(a_name: str, a: float, b_name: str, b: float, unit: str = "s") -> str:
             f"{a_name} ({a:.3g} {unit}) and {b_name} ({b:.3g} {unit}) took the same time "
             f"within noise ({factor - 1:.0%} apart)."
         )
-    return f"{faster} was {factor:.2f}x as fast as {slower} ({a:.3g} vs {b:.3g} {unit})."
+    quick, slow = min(a, b), max(a, b)  # the times in the order the sentence names them
+    return f"{faster} was {factor:.2f}x as fast as {slower} ({quick:.3g} vs {slow:.3g} {unit})."
 
 
 def trend(
@@ -182,4 +183,43 @@ def gain(
     return text + (
         f"It was slower than {baseline}{shared}: its extra costs (more hand-overs, smaller "
         "pieces of work) outweighed the waiting it saves."
+    )
+
+
+def slowdown(
+    what: str, baseline: str, measured: float, predicted: float, capacity: Capacity
+) -> str:
+    """A measured slow-down (time of `what` / time of `baseline`) against a simulator's.
+
+    The simulator lets workers compute at the same time, so uneven work makes the others
+    wait for the slowest (a straggler). Threads that take turns on one core cannot show
+    that wait: a step then costs the work of all workers together, however it is split.
+    """
+    cap = capacity.speedup
+    text = (
+        f"{what} took {measured:.2f}x as long as {baseline}; the simulator, whose workers "
+        f"compute at the same time, predicts {predicted:.2f}x. Just before, 2 threads ran "
+        f"{cap:.2f}x as fast as 1 on this machine"
+    )
+    if capacity.regime == "one core":
+        text += (
+            ", so the threads took turns: a step cost about the work of all workers "
+            "together however it was split, and no worker sat idle waiting for another"
+        )
+        if abs(measured - 1) <= NOISE:
+            return text + ". Here the two took the same time within noise."
+        return text + f". The {measured:.2f}x measured here is not that wait."
+    gap = measured / predicted - 1 if predicted > 0 else 0.0
+    if abs(gap) <= NOISE:
+        return text + ". The measurement agreed with the prediction within 10%."
+    if gap < 0:
+        hidden = (
+            " (with a core shared, the threads partly took turns, which hides waiting)"
+            if capacity.regime == "shared cores"
+            else ""
+        )
+        return text + f". The measurement stayed {-gap:.0%} below the prediction{hidden}."
+    return text + (
+        f". The measurement was {gap:.0%} above the prediction: costs the model leaves out "
+        "(messages, waking threads, other programs)."
     )

@@ -24,6 +24,9 @@ from torch import nn
 class ActivationMeter:
     """Bytes of activations saved for backward, per device: `now` and `peak` (since reset)."""
 
+    now: list[int]  # both set by reset()
+    peak: list[int]
+
     def __init__(self, num_devices: int, skip: Iterable[torch.Tensor] = ()) -> None:
         self.lock = threading.Lock()  # device threads save and free tensors concurrently
         self.skip = {t.untyped_storage().data_ptr() for t in skip}

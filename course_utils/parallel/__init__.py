@@ -2,6 +2,7 @@
 
 - `data_parallel`    replicas, batch shards, gradient all-reduce (imports torch)
 - `tensor_parallel`  the Megatron-LM split of a transformer MLP (imports torch)
+- `moe`              mixture of experts and expert parallelism (all-to-all) (imports torch)
 - `timelines`        simulated data-parallel step timelines, alone and beside a pipeline
 - `costs`            how long collectives take (the alpha-beta model), for every simulation
 

@@ -305,13 +305,13 @@ class TensorParallelMLP:
         cols = [c for c, _ in self.shards]
         rows = [r for _, r in self.shards]
         grads = {
-            "linear1.weight": torch.cat([c.weight.grad for c in cols], dim=0),
-            "linear2.weight": torch.cat([r.weight.grad for r in rows], dim=1),
+            "linear1.weight": torch.cat([_grad(c.weight) for c in cols], dim=0),
+            "linear2.weight": torch.cat([_grad(r.weight) for r in rows], dim=1),
         }
         if cols[0].bias is not None:
-            grads["linear1.bias"] = torch.cat([c.bias.grad for c in cols], dim=0)
+            grads["linear1.bias"] = torch.cat([_grad(c.bias) for c in cols], dim=0)
         if rows[0].bias is not None:
-            grads["linear2.bias"] = rows[0].bias.grad  # replicated: the same on every device
+            grads["linear2.bias"] = _grad(rows[0].bias)  # replicated: the same on every device
         return grads
 
     def close(self) -> None:
@@ -379,6 +379,12 @@ def tp_mlp_comm_bytes(
     per_pass = ring_bytes_per_rank if algorithm == "ring" else naive_bytes_per_rank
     sent = per_pass(tokens * d_model, workers, element_size)
     return {"forward": sent, "backward": list(sent)}
+
+
+def _grad(param: torch.Tensor | None) -> torch.Tensor:
+    """The gradient forward_backward left on a shard's weight or bias."""
+    assert param is not None and param.grad is not None
+    return param.grad
 
 
 def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:

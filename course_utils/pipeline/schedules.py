@@ -174,7 +174,7 @@ def zb_h1(p: int, m: int) -> Schedule:
         with_w = []
         for a in order:
             with_w.append(a)
-            if a.kind == "I" and a.microbatch >= d:
+            if a.kind == "I" and a.microbatch is not None and a.microbatch >= d:
                 with_w.append(_act(d, "W", a.microbatch - d))
         with_w += [_act(d, "W", i) for i in range(max(0, m - d), m)]
         devices.append(with_w)

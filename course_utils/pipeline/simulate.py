@@ -33,6 +33,9 @@ _FWD, _GRAD_IN, _WEIGHT = 0, 1, 2
 _SLOT = {"F": _FWD, "B": _GRAD_IN, "I": _GRAD_IN, "W": _WEIGHT}
 
 
+MAX_COST = 1e9  # a cost per action; a step of a million actions then stays far from overflow
+
+
 def _finite(value: object) -> bool:
     return isinstance(value, Real) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -58,18 +61,20 @@ class CostModel:
 
     def __post_init__(self) -> None:
         for name in ("forward", "backward", "p2p"):
-            value = getattr(self, name)
+            value: float = getattr(self, name)
             if not isinstance(value, Real) or not 0 <= value < math.inf:
                 raise CourseInputError(f"{name} cost must be a finite number >= 0, got {value!r}")
-        if not 0 <= self.weight_fraction <= 1:
+        if not _finite(self.weight_fraction) or not 0 <= self.weight_fraction <= 1:
             raise CourseInputError(
-                f"weight_fraction must be between 0 and 1, got {self.weight_fraction!r}"
+                f"weight_fraction must be a number between 0 and 1, got {self.weight_fraction!r}"
             )
         for name in ("stage_forward", "stage_backward"):
             values = getattr(self, name)
-            if values is not None and any(
-                not isinstance(x, Real) or not 0 <= x < math.inf for x in values
-            ):
+            if values is None:
+                continue
+            if isinstance(values, str | bytes) or not isinstance(values, Sequence):
+                raise CourseInputError(f"{name} must be a list of numbers >= 0, got {values!r}")
+            if any(not _finite(x) or x < 0 for x in values):
                 raise CourseInputError(f"{name} must be a list of numbers >= 0, got {values!r}")
 
     @classmethod
@@ -87,11 +92,14 @@ class CostModel:
         to call each value in it (the commands pass their flags, e.g. "--forward-cost")."""
         name = {"forward": "forward cost", "backward": "backward cost", "p2p": "p2p cost"}
         name |= {"weight": "weight cost", **(names or {})}
-        for key, value, strict in (("forward", forward, True), ("backward", backward, True)):
-            if not _finite(value) or value < 0 or (strict and value == 0):
-                raise CourseInputError(f"{name[key]} must be a finite number > 0, got {value!r}")
-        if not _finite(p2p) or p2p < 0:
-            raise CourseInputError(f"{name['p2p']} must be a finite number >= 0, got {p2p!r}")
+        top = f" and at most {MAX_COST:g}"  # sums of such costs stay finite
+        for key, value in (("forward", forward), ("backward", backward)):
+            if not _finite(value) or not 0 < value <= MAX_COST:
+                raise CourseInputError(
+                    f"{name[key]} must be a finite number > 0{top}, got {value!r}"
+                )
+        if not _finite(p2p) or not 0 <= p2p <= MAX_COST:
+            raise CourseInputError(f"{name['p2p']} must be a finite number >= 0{top}, got {p2p!r}")
         if weight is not None and (not _finite(weight) or not 0 <= weight <= backward):
             raise CourseInputError(
                 f"{name['weight']} must be between 0 and {name['backward']} ({backward:g}), "
@@ -129,6 +137,13 @@ def _as_device_lists(devices_or_schedule) -> list[list[Action]]:
     devices = devices_or_schedule
     if isinstance(devices, dict):
         devices = [devices[d] for d in sorted(devices)]
+    if not isinstance(devices, list | tuple) or not all(
+        isinstance(actions, list | tuple) for actions in devices
+    ):
+        raise CourseInputError(
+            "the schedule must be a Schedule or one list of actions per device, like "
+            f"[['0F0', '0B0'], ['1F0', '1B0']], got {type(devices).__name__}"
+        )
     return [[Action.parse(a) for a in actions if a is not None] for actions in devices]
 
 
@@ -262,8 +277,9 @@ def _run(
         push_start, push_end = starts[d].append, ends[d].append
         while i < len(plan):
             a = plan[i]
-            kind, s = a.kind, a.stage
-            base = s * row + a.microbatch * 3
+            kind, s, mb = a.kind, a.stage, a.microbatch
+            assert mb is not None  # compute actions all have one (structure_problems checked)
+            base = s * row + mb * 3
             # At most two dependencies (-1: none); written out rather than looped, for speed.
             if kind == "F":
                 key, dep1, dep2 = base, (base - row if s > 0 else -1), -1
@@ -311,6 +327,7 @@ def _run(
 def _dependencies(a: Action, last: int) -> list[tuple[int, str, int]]:
     """What `a` waits for, as (stage, kinds that deliver it, micro-batch)."""
     s, m = a.stage, a.microbatch
+    assert m is not None  # a compute action
     if a.kind == "F":
         return [(s - 1, "F", m)] if s > 0 else []
     if a.kind == "W":
@@ -349,6 +366,12 @@ def _peaks(devices: list[list[Action]], scale: int) -> list[int]:
 
 
 def _prepare(schedule: Schedule, costs: CostModel):
+    if not isinstance(schedule, Schedule):
+        raise CourseInputError(
+            f"schedule must be a Schedule (from make_schedule), got {type(schedule).__name__}"
+        )
+    if not isinstance(costs, CostModel):
+        raise CourseInputError(f"costs must be a CostModel, got {type(costs).__name__}")
     devices = _as_device_lists(schedule)
     microbatches = -(-schedule.microbatches // schedule.batch_scale)  # naive: just one
     problems = structure_problems(devices, schedule.stages, microbatches)

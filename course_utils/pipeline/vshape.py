@@ -86,7 +86,8 @@ def _check_int(name: str, value, minimum: int = 1) -> int:
 
 
 def _check_shape(p: int, m: int) -> None:
-    _check_int("devices", p), _check_int("microbatches", m)
+    _check_int("devices", p)
+    _check_int("microbatches", m)
     if 6 * p * m > MAX_ACTIONS:
         raise CourseInputError(
             f"devices x microbatches must be at most {MAX_ACTIONS // 6} "
@@ -145,27 +146,35 @@ def _zb_v_order(p: int, d: int, m: int) -> list[Action]:
     # ... then alternates the two chunks' forwards while the first input gradient is on
     # its way, ...
     for _ in range(d):
-        run(up, "F"), run(down, "F")
+        run(up, "F")
+        run(down, "F")
     # ... and runs the up chunk's backward as soon as it can, W straight after I.
     for _ in range(p - d):
-        run(up, "F"), run(up, "I"), run(up, "W")
+        run(up, "F")
+        run(up, "I")
+        run(up, "W")
     # Steady state: one forward, I and W of each chunk, until every forward is done.
     while next_mb[(up, "F")] < next_mb[(down, "F")] or next_mb[(down, "F")] < n:
         if next_mb[(down, "F")] < n:
             run(down, "F")
-        run(down, "I"), run(down, "W")
-        run(up, "F"), run(up, "I"), run(up, "W")
+        run(down, "I")
+        run(down, "W")
+        run(up, "F")
+        run(up, "I")
+        run(up, "W")
     # Cool-down: input gradients first (another device waits for them); the W's that are
     # left fill the time this device would otherwise wait.
     for _ in range(d):
-        run(down, "I"), run(up, "I")
+        run(down, "I")
+        run(up, "I")
     for _ in range(p - d):
-        run(down, "I"), run(down, "W")
+        run(down, "I")
+        run(down, "W")
     while next_mb[(up, "W")] < next_mb[(up, "I")]:
         run(up, "W")
     while next_mb[(down, "W")] < next_mb[(down, "I")]:
         run(down, "W")
-    return [a for a in order if a.microbatch < m]
+    return [a for a in order if a.microbatch is not None and a.microbatch < m]
 
 
 def zb_v(p: int, m: int) -> Schedule:
@@ -190,7 +199,8 @@ def zb_v_formula_holds(p: int, m: int, F: float, I: float, W: float) -> bool:  #
     F > I the forwards, with I > 2W the chain of input gradients, and with W > I the W's
     themselves become the longest path through the step.
     """
-    _check_shape(p, m), _check_costs(F=F, I=I, W=W)
+    _check_shape(p, m)
+    _check_costs(F=F, I=I, W=W)
     if p == 1:
         return True
     return m >= 2 * p - 1 and F <= I <= 2 * W and (W <= I or p == 2)
@@ -203,7 +213,8 @@ def zb_v_idle(p: int, F: float, I: float, W: float) -> float:  # noqa: E741
     micro-batch and stops (p-1-d) I before the end. The paper calls ZB-V zero bubble
     because there is no gap inside that parallelogram; a single step still has the slant.
     """
-    _check_int("devices", p), _check_costs(F=F, I=I, W=W)
+    _check_int("devices", p)
+    _check_costs(F=F, I=I, W=W)
     return (p - 1) * I
 
 
@@ -264,15 +275,19 @@ def _dualpipe_v_device(p: int, d: int, m: int) -> list[tuple[Action, ...]]:
     for _ in range(2 * (p - d - 1)):  # step 1 "nF0": fill the down chunk
         one(forward(down))
     for _ in range(d + 1):  # step 2 "nF0F1"
-        one(forward(down)), one(forward(up))
+        one(forward(down))
+        one(forward(up))
     for _ in range(p - d - 1):  # step 3 "nB1W1F1": zero-bubble backwards of the up chunk
-        one(backward(up, split=True)), weight(), one(forward(up))
+        one(backward(up, split=True))
+        weight()
+        one(forward(up))
     for k in range(m - 2 * p + d + 1):  # step 4 "nF0B1F1B0": the overlapped steady state
         if k == 0 and d == p - 1:
             # DeepSeek runs this first pair at the bottom of the V as two separate actions
             # ("to further reduce bubble size", its comment); written as F then B it is the
             # same order either way, only the slot differs.
-            one(forward(down)), one(backward(up))
+            one(forward(down))
+            one(backward(up))
         else:
             slots.append((forward(down), backward(up)))
         slots.append((forward(up), backward(down)))
@@ -290,7 +305,8 @@ def _dualpipe_v_device(p: int, d: int, m: int) -> list[tuple[Action, ...]]:
             split = True
         one(backward(down, split))
     for _ in range(p - d - 1):  # step 7 "nWB0"
-        weight(), one(backward(down, split=True))
+        weight()
+        one(backward(down, split=True))
     for _ in range(d + 1):  # step 8 "nW"
         weight()
     return slots
@@ -314,7 +330,8 @@ def dualpipe_v_formula_holds(p: int, m: int, F: float, I: float, W: float) -> bo
     (And p2p = 0; p = 1 needs nothing.) Each inequality is needed: tests/test_vshape.py
     shows the formula failing when any one of them is broken.
     """
-    _check_shape(p, m), _check_costs(F=F, I=I, W=W)
+    _check_shape(p, m)
+    _check_costs(F=F, I=I, W=W)
     if p == 1:
         return m >= 2
     return m >= 2 * p and W <= I and (p - 1) * I <= p * F and F <= I + W
@@ -327,7 +344,8 @@ def dualpipe_v_idle(p: int, F: float, I: float, W: float) -> float:  # noqa: E74
     The same expression as ZB-H1's bubble (Qi et al. 2023), but in chunk costs: each chunk
     is half of a device's layers.
     """
-    _check_int("devices", p), _check_costs(F=F, I=I, W=W)
+    _check_int("devices", p)
+    _check_costs(F=F, I=I, W=W)
     return (p - 1) * (F + I - W)
 
 
@@ -347,7 +365,8 @@ def dualpipe_v_readme_idle(
     it), while the course sends it as soon as F ends. Treating slots that way, the
     simulator reproduces this figure exactly when F = I >= W (checked in the tests).
     """
-    _check_int("devices", p), _check_costs(F=F, I=I, W=W)
+    _check_int("devices", p)
+    _check_costs(F=F, I=I, W=W)
     backward = I + W
     fb = F + backward if fb is None else fb
     _check_costs(fb=fb)
@@ -374,7 +393,8 @@ def bubble_fraction(m: int, F: float, I: float, W: float, idle: float) -> float:
 
     Each device computes 2m chunks of F + I + W, so its makespan is that plus its idle time.
     """
-    _check_int("microbatches", m), _check_costs(F=F, I=I, W=W, idle=idle)
+    _check_int("microbatches", m)
+    _check_costs(F=F, I=I, W=W, idle=idle)
     total = 2 * m * (F + I + W) + idle
     return idle / total if total > 0 else 0.0
 

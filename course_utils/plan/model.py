@@ -46,7 +46,7 @@ __all__ = ["ring_allreduce_time"]  # re-exported: lesson 12 computes with plan.r
 
 
 def model_state_bytes(
-    params: int,
+    params: float,
     precision: str | Precision = "bf16-mixed",
     zero: int = 0,
     dp: int = 1,
@@ -179,6 +179,8 @@ def memory(
     """
     shape = model if isinstance(model, ModelShape) else None
     params = shape.params if shape else model
+    if isinstance(params, bool) or not isinstance(params, int | float) or not params >= 1:
+        raise CourseInputError(f"model must be a ModelShape or a parameter count, got {model!r}")
     check_config(shape, config)
     prec = get_precision(precision)
     out = model_state_bytes(params, prec, config.zero, config.dp, config.tp, config.pp)
@@ -219,7 +221,7 @@ def training_flops(model: ModelShape | int, tokens: float, recompute: str = "non
             f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}"
         )
     shape = model if isinstance(model, ModelShape) else None
-    params = shape.params if shape else model
+    params = model.params if isinstance(model, ModelShape) else model
     attention = 4 * shape.layers * shape.hidden * shape.seq if shape else 0.0  # forward only
     forward = 2 * params + attention
     extra = {"none": 0.0, "selective": attention, "full": forward}[recompute]

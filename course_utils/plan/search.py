@@ -49,7 +49,7 @@ def search(
     _positive_int(global_batch, "global_batch")
     prec = get_precision(precision)
     feasible: list[Estimate] = []
-    rejected: list[tuple[object, str]] = []
+    rejected: list[tuple[Config | dict[str, int], str]] = []
     for tp in _divisors(gpus):
         for pp in _divisors(gpus // tp):
             dp = gpus // (tp * pp)
@@ -106,7 +106,7 @@ def search(
                     except CourseInputError as exc:  # e.g. the schedule's own rules on m
                         rejected.append((config, str(exc)))
                         continue
-                    if estimate.fits:
+                    if estimate.reason is None:  # it fits
                         feasible.append(estimate)
                     else:
                         rejected.append((config, estimate.reason))

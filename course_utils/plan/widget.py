@@ -127,7 +127,10 @@ def planner_widget(global_batch: int = 512, hardware: Hardware = Hardware()):
 def _planner_fallback_text(controls, global_batch: int, hardware: Hardware) -> str:
     """What the planner widget shows at its starting values, as text."""
     try:
-        estimate = estimate_from_sliders(*(c.value for c in controls), global_batch, hardware)
+        size, gpus, tp, pp, b, schedule, zero, recompute, precision = (c.value for c in controls)
+        estimate = estimate_from_sliders(
+            size, gpus, tp, pp, b, schedule, zero, recompute, precision, global_batch, hardware
+        )
     except CourseInputError as exc:
         return f"Planner (widgets not shown here): not a valid layout: {exc}"
     return "Planner at its starting values (widgets not shown here):\n" + describe(

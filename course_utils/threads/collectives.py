@@ -188,7 +188,7 @@ class ThreadGroup:
         self.world_size = world_size
         self.abort = abort if abort is not None else threading.Event()
         self.timeout = timeout
-        self._mailboxes = {
+        self._mailboxes: dict[tuple[int, int], queue.SimpleQueue[torch.Tensor]] = {
             (src, dst): queue.SimpleQueue()
             for src in range(world_size)
             for dst in range(world_size)
@@ -319,8 +319,7 @@ class Communicator:
         Every rank must call this with the same shapes, op and algorithm.
         """
         check_options(op, algorithm)
-        is_list = not isinstance(tensor, torch.Tensor)
-        tensors = list(tensor) if is_list else [tensor]
+        tensors = [tensor] if isinstance(tensor, torch.Tensor) else list(tensor)
         if any(not isinstance(t, torch.Tensor) for t in tensors):
             raise CourseInputError("tensor must be a torch.Tensor or a list of tensors")
         if not tensors:
@@ -391,8 +390,8 @@ class Communicator:
             raise CourseInputError("shard must be a torch.Tensor")
         dim = _check_dim(shard, dim, "dim")
         n = self.world_size
-        pieces: list[torch.Tensor | None] = [None] * n
-        pieces[self.rank] = shard.detach()
+        # Filled in ring order: in step k the shard sent is one this rank already has.
+        pieces: list[torch.Tensor] = [shard.detach()] * n
         right, left = (self.rank + 1) % n, (self.rank - 1) % n
         for k in range(n - 1):
             self.send(right, pieces[(self.rank - k) % n])

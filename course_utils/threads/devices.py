@@ -69,8 +69,9 @@ def _worker_loop(tasks: queue.SimpleQueue, device: int) -> None:
         item = tasks.get()
         if item is _STOP:
             return
-        _run_one(*item, device)
-        del item  # keep no reference to the task (and the pool behind it) while idle
+        fn, job = item  # put there by run()
+        _run_one(fn, job, device)
+        del item, fn, job  # keep no reference to the task (and the pool behind it) while idle
 
 
 def _run_one(fn: Callable, job: _Job, device: int) -> None:

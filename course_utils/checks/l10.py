@@ -1,0 +1,587 @@
+"""Checks for the exercises of lesson 10 (mixture of experts and expert parallelism).
+
+Each `exercise_K` is called by the check cell of Exercise 10.K in
+`exercises/10_mixture_of_experts.ipynb`, with the learner's variant `v`: `given_K(v)` draws
+the exercise's numbers (the default student gets the course's own), and every expected
+answer is computed from them, here, with `course_utils.parallel.moe` (capacity, the
+simulator, parameter counts) or plain arithmetic. `cases_2(v)` are the inputs the Build
+exercise's function is tried on.
+
+Conventions shared with the lesson: capacity = ceil(capacity_factor x tokens x k / E)
+(Switch Transformer, Fedus et al. 2021, arXiv 2101.03961, eq. 3, rounded up); slots are
+filled first come, first served in token order; worker w of N holds the contiguous experts
+w x E/N ... (w+1) x E/N - 1; a token is d_model numbers, and tokens for an expert on the
+sender's own worker never leave it.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+from course_utils.checks import (
+    DEFAULT,
+    Variant,
+    as_choice,
+    as_int,
+    as_number,
+    as_sequence,
+    check_function,
+    expect_choice,
+    expect_number,
+    fail,
+    is_right,
+    passed,
+    require,
+)
+from course_utils.checks import (
+    for_student as _for_student,
+)
+
+
+def for_student(student: str = "default"):
+    """This lesson's checks with `student`'s numbers (the notebook's first code cell)."""
+    import sys
+
+    return _for_student(sys.modules[__name__], student)
+
+
+def _seeded(v: Variant, key: str) -> random.Random | None:
+    """A random source fixed by the student's name, or None for the default student."""
+    seed = v.pick(key, None, range(1, 10**6))
+    return None if seed is None else random.Random(seed)
+
+
+def _capacity(tokens: int, experts: int, factor: float, k: int) -> int:
+    from course_utils.parallel.moe import capacity
+
+    return capacity(tokens, experts, factor, k)
+
+
+def _int_list(value, what: str, length: int) -> list[int]:
+    return as_sequence(value, what, length=length, item=as_int)
+
+
+# --------------------------------------------------------------------------- 10.1
+
+DEFAULT_CHOICES = [0, 2, 0, 1, 0, 3, 0, 2, 1, 0, 0, 3, 2, 0, 1, 0]
+
+
+def given_1(v: Variant = DEFAULT) -> dict:
+    rng = _seeded(v, "1seed")
+    factor = v.pick("1c", 1.0, [1.0, 1.25, 1.5])
+    if rng is None:
+        return {"experts": 4, "capacity_factor": factor, "choices": list(DEFAULT_CHOICES)}
+    tokens = rng.choice([12, 16, 20, 24])
+    while True:  # a routing where the capacity binds: at least one token is dropped
+        hot = rng.randrange(4)
+        choices = [hot if rng.random() < 0.45 else rng.randrange(4) for _ in range(tokens)]
+        cap = _capacity(tokens, 4, factor, 1)
+        if max(choices.count(e) for e in range(4)) > cap:
+            return {"experts": 4, "capacity_factor": factor, "choices": choices}
+
+
+def exercise_1(tokens_per_expert, capacity, dropped, capacity_top2, v: Variant = DEFAULT) -> None:
+    """Top-1 routing of T tokens: counts, capacity, which tokens are dropped; top-2 capacity."""
+    g = given_1(v)
+    experts, factor, choices = g["experts"], g["capacity_factor"], g["choices"]
+    tokens = len(choices)
+    counts = [choices.count(e) for e in range(experts)]
+    cap = _capacity(tokens, experts, factor, 1)
+    cap2 = _capacity(tokens, experts, factor, 2)
+    seen = [choices[: t + 1].count(choices[t]) for t in range(tokens)]  # place in the queue
+    want_dropped = [t for t in range(tokens) if seen[t] > cap]
+
+    got = _int_list(tokens_per_expert, "tokens_per_expert", experts)
+    if got != counts:
+        if sum(got) != tokens:
+            fail(
+                f"`tokens_per_expert` adds up to {sum(got)}, but top-1 sends each of the "
+                f"{tokens} tokens to exactly one expert: the counts add up to {tokens}."
+            )
+        fail(
+            "`tokens_per_expert` is not right: count how often each expert number 0, 1, 2, 3 "
+            "appears in `g.choices` (entry e is expert e's count)."
+        )
+    c = as_int(capacity, "capacity")
+    if c != cap:
+        exact = factor * tokens / experts
+        if c == math.floor(exact) and c != cap:
+            fail(f"{factor:g} x {tokens} / {experts} = {exact:g}: round up, not down.")
+        if c == math.ceil(tokens / experts) and factor != 1:
+            fail("`capacity` forgets the capacity factor: multiply by it.")
+        if c == cap2:
+            fail("That is the top-2 capacity (k = 2). This routing is top-1: k = 1.")
+        fail(
+            "`capacity` is not right. It is ceil(capacity_factor x tokens x k / experts), "
+            "slots per expert."
+        )
+    require(dropped, "dropped")
+    if isinstance(dropped, int | float) and not isinstance(dropped, bool):
+        fail(
+            "`dropped` should list the dropped tokens' positions (a list such as [5, 9]), "
+            "not how many there are."
+        )
+    got_dropped = sorted(as_sequence(dropped, "dropped", item=as_int))
+    if got_dropped != want_dropped:
+        if len(got_dropped) != len(want_dropped):
+            fail(
+                f"`dropped` lists {len(got_dropped)} tokens. An expert keeps `capacity` tokens "
+                "and drops the rest: how many are left over for each expert?"
+            )
+        fail(
+            "`dropped` has the right number of tokens, but not the right ones. Slots go first "
+            "come, first served in token order: an expert's first `capacity` tokens keep theirs."
+        )
+    c2 = as_int(capacity_top2, "capacity_top2")
+    if c2 != cap2:
+        if c2 == cap:
+            fail(
+                "With top-2 every token makes two assignments, so there are k x tokens "
+                "assignments to share: the capacity has the factor k = 2 in it."
+            )
+        fail("`capacity_top2` is not right: ceil(capacity_factor x tokens x k / experts), k = 2.")
+    passed(
+        f"Right: counts {counts}, {cap} slots per expert, tokens {want_dropped} dropped (their "
+        f"residual carries them through unchanged); top-2 doubles the slots to {cap2}."
+    )
+
+
+# --------------------------------------------------------------------------- 10.2
+
+
+def _dispatch_matrix(routed, d_model: int, element_size: int) -> list[list[int]]:
+    workers, experts = len(routed), len(routed[0])
+    per = experts // workers
+    return [
+        [
+            0 if s == d else sum(routed[s][d * per : (d + 1) * per]) * d_model * element_size
+            for d in range(workers)
+        ]
+        for s in range(workers)
+    ]
+
+
+def cases_2(v: Variant = DEFAULT) -> dict[str, list[tuple]]:
+    rng = v.cases("2")
+    cases = [([[rng.randint(0, 9) for _ in range(2)]], 8, 4)]  # one worker: nothing moves
+    for workers, per in [(2, 2), (3, 1), (4, 2), (2, 3), (8, 1)]:
+        routed = [[rng.randint(0, 40) for _ in range(workers * per)] for _ in range(workers)]
+        cases.append((routed, rng.choice([4, 16, 64, 1024]), rng.choice([2, 4])))
+    return {"dispatch_bytes": cases}
+
+
+def exercise_2(dispatch_bytes, v: Variant = DEFAULT) -> None:
+    """Build dispatch_bytes(routed, d_model, element_size): the N x N matrix of bytes."""
+    call = check_function(dispatch_bytes, "dispatch_bytes")
+    cases = cases_2(v)["dispatch_bytes"]
+    for routed, d_model, size in cases:
+        workers, experts = len(routed), len(routed[0])
+        shown = f"dispatch_bytes({routed}, {d_model}, {size})"
+        shown = shown if len(shown) <= 110 else shown[:100] + "...)"
+        result = call(routed, d_model, size)
+        rows = as_sequence(result, shown, length=workers)
+        got = [
+            as_sequence(r, f"{shown}[{s}]", length=workers, item=as_number)
+            for s, r in enumerate(rows)
+        ]
+        want = _dispatch_matrix(routed, d_model, size)
+        if got == want:
+            continue
+        home = [
+            [
+                sum(routed[s][d * (experts // workers) : (d + 1) * (experts // workers)])
+                * d_model
+                * size
+                for d in range(workers)
+            ]
+            for s in range(workers)
+        ]
+        if got == home:
+            fail(
+                f"{shown}: a worker's tokens for its own experts stay home and cost 0 bytes: "
+                "the diagonal must be 0."
+            )
+        if got == [list(col) for col in zip(*want, strict=True)]:
+            fail(f"{shown} is transposed: row s is what worker s sends, column d who receives.")
+        tokens = [[x / (d_model * size) for x in row] for row in want]
+        if got == tokens:
+            fail(f"{shown} counts tokens: a token is d_model numbers of element_size bytes each.")
+        if got == [[x * d_model for x in row] for row in tokens]:
+            fail(f"{shown} counts numbers: multiply by element_size for bytes.")
+        round_robin = [
+            [
+                0
+                if s == d
+                else sum(routed[s][e] for e in range(experts) if e % workers == d) * d_model * size
+                for d in range(workers)
+            ]
+            for s in range(workers)
+        ]
+        if experts > workers and got == round_robin:
+            fail(
+                f"{shown} deals experts out round-robin. Here worker d holds a contiguous "
+                "block: experts d x E/N up to (d+1) x E/N - 1."
+            )
+        fail(
+            f"{shown} is not right. Entry [s][d]: the tokens worker s routes to the experts "
+            "worker d holds, times d_model x element_size bytes; 0 when s == d."
+        )
+    shapes = ", ".join(f"{len(r)}x{len(r[0])}" for r, _, _ in cases)
+    passed(f"Right on fresh random routings (workers x experts = {shapes}).")
+
+
+# --------------------------------------------------------------------------- 10.3
+
+DEFAULT_ROUTED_3 = [[120, 40, 70, 26], [60, 90, 30, 76]]
+
+
+def given_3(v: Variant = DEFAULT) -> dict:
+    rng = _seeded(v, "3seed")
+    d_model = v.pick("3d", 1024, [512, 768, 1024, 2048, 4096])
+    routed = (
+        [list(r) for r in DEFAULT_ROUTED_3]
+        if rng is None
+        else [[rng.randint(10, 140) for _ in range(4)] for _ in range(2)]
+    )
+    return {"routed": routed, "d_model": d_model, "element_size": 2}
+
+
+def _sent(v: Variant) -> tuple[list[int], list[int]]:
+    from course_utils.parallel.moe import all_to_all_bytes_per_worker
+
+    g = given_3(v)
+    args = (g["routed"], g["d_model"], 2, g["element_size"])
+    return (
+        all_to_all_bytes_per_worker(*args, phase="dispatch"),
+        all_to_all_bytes_per_worker(*args, phase="combine"),
+    )
+
+
+def exercise_3(dispatch_sent, combine_sent, step_sent_0, v: Variant = DEFAULT) -> None:
+    """Bytes each of 2 workers sends in the dispatch and the combine; worker 0 per step."""
+    dispatch, combine = _sent(v)
+    g = given_3(v)
+    per_token = g["d_model"] * g["element_size"]
+    routed = g["routed"]
+    everything = [sum(row) * per_token for row in routed]
+    got = as_sequence(dispatch_sent, "dispatch_sent", length=2, item=as_number)
+    if got != dispatch:
+        if got == everything:
+            fail(
+                "`dispatch_sent` counts every routed token, but tokens for the worker's own "
+                "experts stay home. Worker 0 holds experts 0 and 1, worker 1 experts 2 and 3."
+            )
+        if got == [x * 2 for x in dispatch]:
+            fail("`dispatch_sent` looks like 4-byte numbers: bf16 is 2 bytes per number.")
+        if got == [x // 2 for x in dispatch]:
+            fail("`dispatch_sent` looks like 1 byte per number: bf16 is 2 bytes per number.")
+        if got == [x // per_token for x in dispatch]:
+            fail("`dispatch_sent` counts tokens: give bytes (d_model x element_size per token).")
+        fail(
+            "`dispatch_sent` is not right. Worker w sends the tokens it routed to the other "
+            "worker's experts, each d_model x element_size bytes."
+        )
+    got = as_sequence(combine_sent, "combine_sent", length=2, item=as_number)
+    if got != combine:
+        if got == dispatch and dispatch != combine:
+            fail(
+                "`combine_sent` equals the dispatch, but the combine goes the other way: "
+                "each expert's outputs return to the tokens' owners, so a worker sends back "
+                "what it received."
+            )
+        fail(
+            "`combine_sent` is not right: in the combine, worker w returns the outputs of "
+            "the tokens it received in the dispatch (one d_model vector per token)."
+        )
+    want = 2 * (dispatch[0] + combine[0])
+    step = expect_number(
+        step_sent_0,
+        want,
+        "step_sent_0",
+        unit="bytes",
+        slips=[(2, "both directions (sent and received); give only what worker 0 sends")],
+    )
+    if not is_right(step, want):
+        if is_right(step, dispatch[0] + combine[0]):
+            fail(
+                "`step_sent_0` counts the forward only. The backward sends gradients back "
+                "along both all-to-alls: output gradients to the experts' workers, input "
+                "gradients back to the tokens' owners."
+            )
+        fail(
+            "`step_sent_0` is not right: one training step has four all-to-alls "
+            "(dispatch, combine, and the two in reverse in the backward)."
+        )
+    passed(
+        f"Right: the dispatch sends {dispatch} bytes, the combine {combine}; worker 0 sends "
+        f"{want:,} bytes per step, and the backward doubles the forward's traffic."
+    )
+
+
+# --------------------------------------------------------------------------- 10.4
+
+# The letters as the exercise lists them, and the order they happen in on one worker.
+EVENTS = {
+    "a": "the local experts' backward",
+    "b": "dispatch all-to-all: each token to the worker of its expert",
+    "c": "all-reduce the router and norm gradients over the workers",
+    "d": "weighted sum of the expert outputs, plus the residual",
+    "e": "route: norm, router, top-k choice, capacity",
+    "f": "all-to-all of the output gradients to the experts' workers",
+    "g": "combine all-to-all: expert outputs back to the tokens' workers",
+    "h": "backward through the norm to the block's input x",
+    "i": "the local experts' forward",
+    "j": "all-to-all of the input gradients back to the tokens' workers",
+}
+ORDER = ["e", "b", "i", "g", "d", "f", "a", "j", "h", "c"]
+WHY = {
+    "e": "nothing can be sent before the router has chosen each token's experts",
+    "b": "an expert on another worker needs the tokens before it can compute",
+    "i": "the experts compute once the dispatch has delivered their tokens",
+    "g": "the outputs must return to the tokens' owners before they can be summed",
+    "d": "the forward ends with the weighted sum and the residual, on the token's worker",
+    "f": (
+        "the backward starts where the forward ended; the first gradients to travel are "
+        "those of the expert outputs, back to the experts"
+    ),
+    "a": "an expert's backward needs its output gradient, which the all-to-all brings",
+    "j": "the input gradients exist only after the experts' backward, and go home",
+    "h": (
+        "the gradient of the normed tokens is complete only once the input gradients from "
+        "the experts have come home"
+    ),
+    "c": "the replicated gradients are complete only after every backward has finished",
+}
+
+
+def exercise_4(order, v: Variant = DEFAULT) -> None:
+    """The ten events of one expert-parallel training step, in order."""
+    letters = as_sequence(order, "order", length=len(ORDER))
+    got = [as_choice(x, list(EVENTS), f"order[{i}]") for i, x in enumerate(letters)]
+    if sorted(got) != sorted(ORDER):
+        missing = sorted(set(ORDER) - set(got))
+        fail(f"`order` must use each letter once; missing: {', '.join(missing)}.")
+    for i, (mine, right) in enumerate(zip(got, ORDER, strict=True)):
+        if mine != right:
+            fail(
+                f"The first {i} event(s) are in the right order; position {i + 1} is not "
+                f"{mine!r} ({EVENTS[mine]}). Which event must come next? Hint: "
+                f"{WHY[right]}."
+            )
+    passed(
+        "Right: route, dispatch, experts, combine, weighted sum; then the same two "
+        "all-to-alls in reverse carry the gradients, and the replicated router and norm "
+        "gradients are all-reduced last."
+    )
+
+
+# --------------------------------------------------------------------------- 10.5
+
+DEFAULT_ROUTED_5 = [[10, 14, 12, 60], [11, 13, 9, 63]]
+
+
+def given_5(v: Variant = DEFAULT) -> dict:
+    rng = _seeded(v, "5seed")
+    if rng is None:
+        return {"routed": [list(r) for r in DEFAULT_ROUTED_5]}
+    hot = rng.randrange(4)
+    routed = [
+        [rng.randint(45, 70) if e == hot else rng.randint(6, 16) for e in range(4)]
+        for _ in range(2)
+    ]
+    return {"routed": routed}
+
+
+def straggler_timeline(v: Variant = DEFAULT):
+    """The simulated step Exercise 10.5 draws: 4 experts on 2 workers, unit costs."""
+    from course_utils.parallel.moe import simulate_moe
+
+    return simulate_moe(given_5(v)["routed"], 2)
+
+
+FIXES = ("a", "b", "c", "d")
+
+
+def exercise_5(straggler, hot_expert, waiting_share, fix, v: Variant = DEFAULT) -> None:
+    """Read a simulated expert-parallel step: straggler, hot expert, waiting share, the fix."""
+    timeline = straggler_timeline(v)
+    routed = given_5(v)["routed"]
+    per_expert = [sum(col) for col in zip(*routed, strict=True)]
+    hot = per_expert.index(max(per_expert))
+    busy = timeline.busy_per_device()
+    slow = busy.index(max(busy))
+    fast = 1 - slow
+    waiting = (
+        sum(e.duration for e in timeline.device_events(fast) if not e.action.is_compute)
+        / timeline.makespan
+    )
+
+    w = as_int(straggler, "straggler")
+    if w not in (0, 1):
+        fail("`straggler` is a worker number: 0 or 1.")
+    if w != slow:
+        fail(
+            "`straggler` is not the worker everybody waits for. In the chart, whose expert "
+            "bars are longest? The other worker's row shows the waiting hatch meanwhile."
+        )
+    e = as_int(hot_expert, "hot_expert")
+    if e not in range(4):
+        fail("`hot_expert` is an expert number: 0, 1, 2 or 3.")
+    if e != hot:
+        if e // 2 == slow:
+            fail(
+                "That expert is on the straggler, but it is not the one with the most "
+                "tokens: add up `g.routed` over both workers, expert by expert."
+            )
+        fail("`hot_expert` is on the worker that waits. Which worker's bars are longest?")
+    share = expect_number(waiting_share, waiting, "waiting_share", unit="fraction")
+    if not is_right(share, waiting):
+        busy_share = timeline.busy(fast) / timeline.makespan
+        if is_right(share, busy_share):
+            fail(f"That is worker {fast}'s busy share. The question asks for its waiting share.")
+        fail(
+            f"`waiting_share` is not right. Add up worker {fast}'s communication bars "
+            "(all-to-alls and all-reduce: with free links they are pure waiting) and divide "
+            "by the makespan; `timeline.device_events(w)` lists them."
+        )
+    expect_choice(
+        as_choice(fix, FIXES, "fix"),
+        "a",
+        {
+            "b": (
+                "a larger capacity factor lets the hot expert keep even more tokens: the "
+                "straggler gets no faster (capacity only caps it by dropping tokens)."
+            ),
+            "c": (
+                "the links are free in this simulation, and the waiting is for compute: a "
+                "faster network would not shorten it."
+            ),
+            "d": (
+                "micro-batches shrink a pipeline's bubble; here one worker simply has more "
+                "tokens to compute in every micro-batch."
+            ),
+        },
+        "The numbers are right. `fix` = {got!r} does not help: {hint}",
+    )
+    passed(
+        f"Right: expert {hot} got {max(per_expert)} of {sum(per_expert)} tokens, so worker "
+        f"{slow} computes longest and worker {fast} waits {waiting:.1%} of the step. The "
+        "balancing loss spreads the tokens, and the wait shrinks."
+    )
+
+
+# --------------------------------------------------------------------------- 10.6
+
+BYTES_PER_PARAM = 16  # mixed-precision Adam: 2 + 2 + 12 (ZeRO, arXiv 1910.02054)
+
+
+def given_6(v: Variant = DEFAULT) -> dict:
+    rng = _seeded(v, "6seed")
+    if rng is None:
+        return {
+            "layers": 32,
+            "d_model": 4096,
+            "hidden": 14336,
+            "experts": 8,
+            "gpus": 64,
+            "tp": 2,
+            "budget_gb": 80,
+        }
+    while True:
+        g = {
+            "layers": rng.choice([16, 24, 32, 40]),
+            "d_model": rng.choice([2048, 3072, 4096]),
+            "hidden": rng.choice([8192, 11008, 14336]),
+            "experts": rng.choice([8, 16, 32]),
+            "gpus": rng.choice([32, 64, 128]),
+            "tp": rng.choice([1, 2, 4]),
+            "budget_gb": rng.choice([40, 64, 80]),
+        }
+        best = _plan(g)
+        # a real choice: ep > 1 is needed, and each expert is still replicated dp / ep > 1 times
+        if best is not None and best[0] > 1 and best[2] > 1:
+            return g
+
+
+def _gb_per_gpu(g: dict, ep: int) -> float:
+    from course_utils.parallel.moe import expert_params
+
+    moe = expert_params(g["d_model"], g["hidden"], g["experts"], ep)
+    attention = 4 * g["d_model"] ** 2
+    per_layer = attention + moe["per_worker"]
+    return g["layers"] * per_layer * BYTES_PER_PARAM / g["tp"] / 1e9
+
+
+def _valid_ep(g: dict) -> list[int]:
+    dp = g["gpus"] // g["tp"]
+    return [ep for ep in range(1, g["experts"] + 1) if g["experts"] % ep == 0 and dp % ep == 0]
+
+
+def _plan(g: dict) -> tuple[int, float, int] | None:
+    """(smallest ep that fits, GB per GPU there, expert data-parallel degree dp / ep)."""
+    dp = g["gpus"] // g["tp"]
+    for ep in _valid_ep(g):
+        gb = _gb_per_gpu(g, ep)
+        if gb <= g["budget_gb"]:
+            return ep, gb, dp // ep
+    return None
+
+
+def exercise_6(ep, gb_per_gpu, expert_dp, v: Variant = DEFAULT) -> None:
+    """Smallest ep whose model state fits, its GB per GPU, and each expert's dp degree."""
+    g = given_6(v)
+    plan = _plan(g)
+    assert plan is not None, "given_6 only draws budgets some ep fits"
+    want_ep, want_gb, want_edp = plan
+    dp = g["gpus"] // g["tp"]
+    e = as_int(ep, "ep")
+    if e not in _valid_ep(g):
+        fail(
+            f"ep = {e} does not work: ep must divide the {g['experts']} experts (each worker "
+            f"holds E/ep whole experts) and the data-parallel degree dp = gpus / tp = {dp} "
+            "(the expert-parallel groups are cut out of the data-parallel ones)."
+        )
+    if e != want_ep:
+        gb = _gb_per_gpu(g, e)
+        if gb > g["budget_gb"]:
+            fail(
+                f"With ep = {e} each GPU holds {gb:.1f} GB of model state, more than the "
+                f"{g['budget_gb']} GB budget: spread the experts further."
+            )
+        fail(
+            f"ep = {e} fits, but a smaller ep fits too. The question asks for the smallest: "
+            "every extra expert-parallel rank sends a larger share of the tokens away."
+        )
+    number = expect_number(gb_per_gpu, want_gb, "gb_per_gpu", unit="GB")
+    if not is_right(number, want_gb):
+        if is_right(number, want_gb * g["tp"]):
+            fail("`gb_per_gpu` forgets tensor parallelism: tp splits every weight tp ways.")
+        if e != 1 and is_right(number, _gb_per_gpu(g, 1)):
+            fail("`gb_per_gpu` keeps all the experts on every GPU: each holds E/ep of them.")
+        no_attention = want_gb - g["layers"] * 4 * g["d_model"] ** 2 * 16 / g["tp"] / 1e9
+        if is_right(number, no_attention):
+            fail("`gb_per_gpu` leaves out the attention (4 x d_model^2 per layer, replicated).")
+        fail(
+            "`gb_per_gpu` is not right: layers x (attention + router and norm + E/ep experts) "
+            "parameters, x 16 bytes, / tp, in GB (10^9 bytes)."
+        )
+    d = as_int(expert_dp, "expert_dp")
+    if d != want_edp:
+        if d == g["gpus"] // e:
+            fail(
+                "`expert_dp` forgets tensor parallelism: the data-parallel degree is gpus / "
+                "tp, and each expert is replicated dp / ep times."
+            )
+        fail(
+            "`expert_dp` is not right: how many GPUs hold the same expert shard? The dp "
+            "replicas are cut into groups of ep."
+        )
+    passed(
+        f"Right: ep = {want_ep} puts {g['experts'] // want_ep} experts on each GPU, "
+        f"{want_gb:.1f} GB of model state, and every expert is replicated on {want_edp} GPUs "
+        "whose gradients it all-reduces."
+    )
+
+
+__all__ = [f"exercise_{k}" for k in range(1, 7)]

@@ -1,0 +1,223 @@
+"""The lesson 10 checks: right answers pass, wrong ones fail kindly, placeholders say so."""
+
+import re
+
+import pytest
+
+from course_utils.checks import CheckFailed, NotAnswered, Variant
+from course_utils.checks import l10 as check
+
+
+def dispatch_bytes(routed, d_model, element_size):
+    workers, experts = len(routed), len(routed[0])
+    per = experts // workers
+    return [
+        [
+            0 if s == d else sum(routed[s][d * per : (d + 1) * per]) * d_model * element_size
+            for d in range(workers)
+        ]
+        for s in range(workers)
+    ]
+
+
+def waiting_share(v=check.DEFAULT):
+    tl = check.straggler_timeline(v)
+    busy = tl.busy_per_device()
+    fast = busy.index(min(busy))
+    return sum(e.duration for e in tl.device_events(fast) if not e.action.is_compute) / tl.makespan
+
+
+TOKEN = 1024 * 2  # d_model x bf16 bytes
+DISPATCH = [96 * TOKEN, 150 * TOKEN]
+COMBINE = [150 * TOKEN, 96 * TOKEN]
+STEP_0 = 2 * (DISPATCH[0] + COMBINE[0])
+GB = 77.32933632
+
+RIGHT = {
+    1: ([8, 3, 3, 2], 4, [9, 10, 13, 15], 8),
+    2: (dispatch_bytes,),
+    3: (DISPATCH, COMBINE, STEP_0),
+    4: (check.ORDER,),
+    5: (1, 3, waiting_share(), "a"),
+    6: (4, GB, 8),
+}
+
+W = waiting_share()
+
+WRONG = [  # (exercise, arguments, words the hint must contain)
+    (1, ([8, 3, 3, 3], 4, [9, 10, 13, 15], 8), "add up to 16"),
+    (1, ([3, 8, 3, 2], 4, [9, 10, 13, 15], 8), "count how often"),
+    (1, ([8, 3, 3, 2], 8, [9, 10, 13, 15], 8), "top-2 capacity"),
+    (1, ([8, 3, 3, 2], 5, [9, 10, 13, 15], 8), "ceil(capacity_factor"),
+    (1, ([8, 3, 3, 2], 4, 4, 8), "not how many"),
+    (1, ([8, 3, 3, 2], 4, [0, 2, 4, 6], 8), "first come"),
+    (1, ([8, 3, 3, 2], 4, [9, 10, 13], 8), "lists 3 tokens"),
+    (1, ([8, 3, 3, 2], 4, [9, 10, 13, 15], 4), "k x tokens"),
+    (1, ([8, 3, 3, 2], 4, [9, 10, 13, 15], 9), "k = 2"),
+    (1, ([8, 3, 3], 4, [9, 10, 13, 15], 8), "should have 4 items"),
+    (3, ([256 * TOKEN, 256 * TOKEN], COMBINE, STEP_0), "stay home"),
+    (3, ([2 * x for x in DISPATCH], COMBINE, STEP_0), "bf16 is 2 bytes"),
+    (3, ([96, 150], COMBINE, STEP_0), "counts tokens"),
+    (3, (DISPATCH, DISPATCH, STEP_0), "the other way"),
+    (3, (DISPATCH, [1, 2], STEP_0), "received in the dispatch"),
+    (3, (DISPATCH, COMBINE, STEP_0 // 2), "forward only"),
+    (3, (DISPATCH, COMBINE, 2 * STEP_0), "both directions"),
+    (3, (DISPATCH, COMBINE, STEP_0 / 1e9), "GB; give bytes"),
+    (3, (DISPATCH, COMBINE, 1_000_000), "3 significant figures"),
+    (3, (DISPATCH, COMBINE, 5), "four all-to-alls"),
+    (4, (["b", "e", "i", "g", "d", "f", "a", "j", "h", "c"],), "position 1 is not 'b'"),
+    (4, (["e", "b", "i", "g", "d", "c", "a", "j", "h", "f"],), "position 6 is not 'c'"),
+    (4, (["e", "b", "i", "g", "d", "f", "a", "h", "j", "c"],), "position 8"),
+    (4, (["e", "b", "i", "g", "d", "f", "a", "j", "h", "h"],), "missing: c"),
+    (4, (["e", "b"],), "should have 10 items"),
+    (4, (["e", "b", "i", "g", "d", "f", "a", "j", "h", "z"],), "should be one of"),
+    (5, (0, 3, W, "a"), "waiting hatch"),
+    (5, (2, 3, W, "a"), "0 or 1"),
+    (5, (1, 2, W, "a"), "add up `g.routed`"),
+    (5, (1, 0, W, "a"), "worker that waits"),
+    (5, (1, 7, W, "a"), "0, 1, 2 or 3"),
+    (5, (1, 3, 100 * W, "a"), "percentage"),
+    (5, (1, 3, 1 - W, "a"), "busy share"),
+    (5, (1, 3, 0.5, "a"), "communication bars"),
+    (5, (1, 3, W, "b"), "capacity factor"),
+    (5, (1, 3, W, "c"), "faster network"),
+    (5, (1, 3, W, "d"), "micro-batch"),
+    (6, (3, GB, 8), "must divide"),
+    (6, (2, GB, 8), "more than the 80 GB"),
+    (6, (8, GB, 8), "smaller ep fits too"),
+    (6, (4, 2 * GB, 8), "forgets tensor parallelism"),
+    (6, (4, 257.8, 8), "keeps all the experts"),
+    (6, (4, GB * 1e9, 8), "bytes; give GB"),
+    (6, (4, 77, 8), "3 significant figures"),
+    (6, (4, 60.1, 8), "leaves out the attention"),
+    (6, (4, 70.0, 8), "layers x (attention"),
+    (6, (4, GB, 16), "forgets tensor parallelism"),
+    (6, (4, GB, 4), "groups of ep"),
+]
+
+
+def test_build_exercise_catches_wrong_functions():
+    def keeps_home(routed, d_model, element_size):
+        per = len(routed[0]) // len(routed)
+        return [
+            [sum(row[d * per : (d + 1) * per]) * d_model * element_size for d in range(len(routed))]
+            for row in routed
+        ]
+
+    def transposed(routed, d_model, element_size):
+        m = dispatch_bytes(routed, d_model, element_size)
+        return [list(col) for col in zip(*m, strict=True)]
+
+    def tokens(routed, d_model, element_size):
+        return dispatch_bytes(routed, 1, 1)
+
+    def round_robin(routed, d_model, element_size):
+        n, e = len(routed), len(routed[0])
+        return [
+            [
+                0 if s == d else sum(routed[s][x] for x in range(e) if x % n == d) * d_model * 3
+                for d in range(n)
+            ]
+            for s in range(n)
+        ]
+
+    def round_robin_right_bytes(routed, d_model, element_size):
+        n, e = len(routed), len(routed[0])
+        return [
+            [
+                0
+                if s == d
+                else sum(routed[s][x] for x in range(e) if x % n == d) * d_model * element_size
+                for d in range(n)
+            ]
+            for s in range(n)
+        ]
+
+    def stub(routed, d_model, element_size):
+        raise NotImplementedError()
+
+    with pytest.raises(CheckFailed, match="diagonal must be 0"):
+        check.exercise_2(keeps_home)
+    with pytest.raises(CheckFailed, match="transposed"):
+        check.exercise_2(transposed)
+    with pytest.raises(CheckFailed, match="counts tokens"):
+        check.exercise_2(tokens)
+    with pytest.raises(CheckFailed, match="round-robin"):
+        check.exercise_2(round_robin_right_bytes)
+    with pytest.raises(CheckFailed, match="is not right"):
+        check.exercise_2(round_robin)
+    with pytest.raises(NotAnswered):
+        check.exercise_2(stub)
+    with pytest.raises(CheckFailed, match="should be a function"):
+        check.exercise_2([[0, 1], [1, 0]])
+
+
+def test_build_cases_are_plain_data_and_fixed_by_the_cases_seed():
+    a = check.cases_2(Variant("s7", cases_seed=3))
+    assert a == check.cases_2(Variant("s7", cases_seed=3))
+    assert a != check.cases_2(Variant("s7", cases_seed=4))
+    routed, d_model, size = a["dispatch_bytes"][0]
+    assert len(routed) == 1 and isinstance(d_model, int) and size in (2, 4)
+
+
+STUDENTS = ["s7", "alice", "bob", "carol", "dave", "erin"]
+
+
+def right_for(v: Variant) -> dict:
+    """Each exercise's right answer for student v, computed from their numbers."""
+    g1 = check.given_1(v)
+    choices, cap = g1["choices"], check._capacity(len(g1["choices"]), 4, g1["capacity_factor"], 1)
+    seen = [choices[: t + 1].count(choices[t]) for t in range(len(choices))]
+    one = (
+        [choices.count(e) for e in range(4)],
+        cap,
+        [t for t in range(len(choices)) if seen[t] > cap],
+        check._capacity(len(choices), 4, g1["capacity_factor"], 2),
+    )
+    g3 = check.given_3(v)
+    m = dispatch_bytes(g3["routed"], g3["d_model"], g3["element_size"])
+    sent, back = [sum(r) for r in m], [sum(c) for c in zip(*m, strict=True)]
+    routed5 = check.given_5(v)["routed"]
+    per_expert = [sum(c) for c in zip(*routed5, strict=True)]
+    hot = per_expert.index(max(per_expert))
+    return {
+        1: one,
+        3: (sent, back, 2 * (sent[0] + back[0])),
+        5: (hot // 2, hot, waiting_share(v), "a"),
+        6: check._plan(check.given_6(v)),
+    }
+
+
+@pytest.mark.parametrize("student", STUDENTS)
+def test_every_student_passes_with_their_own_numbers_and_fails_with_the_defaults(student, capsys):
+    v = Variant(student)
+    mine = right_for(v)
+    for k, answers in mine.items():
+        getattr(check, f"exercise_{k}")(*answers, v=v)
+        assert capsys.readouterr().out.startswith("✅")
+        if answers != RIGHT[k]:  # a neighbour's (the default's) answers fail
+            with pytest.raises(CheckFailed):
+                getattr(check, f"exercise_{k}")(*RIGHT[k], v=v)
+
+
+def test_numbers_differ_between_students_and_never_leave_a_question_trivial():
+    seen = {k: set() for k in (1, 3, 5, 6)}
+    for student in ["default", *STUDENTS]:
+        v = Variant(student)
+        for k in seen:
+            seen[k].add(repr(getattr(check, f"given_{k}")(v)))
+        answers = right_for(v)
+        assert answers[1][2], "10.1 always drops a token"
+        ep, _, expert_dp = answers[6]
+        assert ep > 1 and expert_dp > 1
+        tl = check.straggler_timeline(v)
+        busy = tl.busy_per_device()
+        assert busy.index(max(busy)) == answers[5][1] // 2  # the hot expert's worker is slow
+    assert all(len(s) >= 5 for s in seen.values())
+
+
+def test_the_straggler_exercise_matches_its_chart():
+    tl = check.straggler_timeline()
+    assert tl.num_devices == 2 and "m=" not in tl.name
+    assert 0 < W < 1
+    assert re.search(r"E=4 experts on p=2 workers", tl.name)
