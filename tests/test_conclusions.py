@@ -200,3 +200,9 @@ def test_two_free_cores_compare_the_straggler_with_the_prediction():
 def test_a_shared_core_may_hide_part_of_the_wait():
     text = slowdown("The skewed step", "the balanced one", 1.2, 1.6, SHARED)
     assert "below the prediction" in text and "core shared" in text
+
+
+def test_speedup_says_where_it_was_measured():
+    text = speedup("DP", 1.8, 2.0, IDLE, where="the reference machine")
+    assert "2 threads ran 1.93x as fast as 1 on the reference machine" in text
+    assert "on this machine" in speedup("DP", 1.8, 2.0, IDLE)

@@ -17,16 +17,19 @@ from course_utils.measure.capacity import Capacity
 NOISE = 0.1  # differences below 10% are within what a shared machine varies by
 
 
-def speedup(what: str, measured: float, ideal: float, capacity: Capacity) -> str:
+def speedup(
+    what: str, measured: float, ideal: float, capacity: Capacity, where: str = "this machine"
+) -> str:
     """How a measured parallel speed-up compares with the ideal and with the machine.
 
     `measured` = time of the one-device (or unsplit) run / time of the parallel run;
     `ideal` = what the schedule or method allows with free communication and equal work.
+    `where` names the machine, e.g. "the reference machine".
     """
     cap = capacity.speedup
     bound = min(ideal, max(cap, 1.0))
     text = f"{what} ran {measured:.2f}x as fast as the baseline (ideal {ideal:.2f}x). "
-    text += f"Just before, 2 threads ran {cap:.2f}x as fast as 1 on this machine"
+    text += f"Just before, 2 threads ran {cap:.2f}x as fast as 1 on {where}"
     if capacity.regime == "one core":
         text += ", so the threads took turns and no speed-up could show: "
         if measured < 1 - NOISE:
