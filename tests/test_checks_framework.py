@@ -282,3 +282,31 @@ def test_expect_choice_explains_the_wrong_option_chosen():
     expect_choice("b", "b", hints, "unused {got!r} {hint}")  # right: no error
     with pytest.raises(CheckFailed, match=r"^`fix` = 'c' is not it: c is about gradients\.$"):
         expect_choice("c", "b", hints, "`fix` = {got!r} is not it: {hint}")
+
+
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        (0.63, 0.625),
+        (0.62, 0.625),
+        (0.6, 0.625),
+        (0.33, 1 / 3),
+        (0.3, 1 / 3),
+        (30, 27),
+        (0.11, 7 / 64),
+    ],
+)
+def test_a_too_rounded_answer_is_called_close_whichever_way_it_was_rounded(value, expected):
+    from course_utils.checks import expect_number
+
+    with pytest.raises(CheckFailed, match="close: give 3 significant figures"):
+        expect_number(value, expected, "x")
+
+
+@pytest.mark.parametrize(
+    "value, expected", [(0.64, 0.625), (0.7, 0.625), (0.35, 1 / 3), (0.12, 7 / 64)]
+)
+def test_a_wrong_answer_is_not_called_close(value, expected):
+    from course_utils.checks import expect_number
+
+    assert expect_number(value, expected, "x") == value  # the check gives its own hint

@@ -4,16 +4,19 @@ import math
 
 import pytest
 
-from course_utils.checks import CheckFailed, NotAnswered
+from course_utils.checks import CheckFailed, NotAnswered, Variant
 from course_utils.checks import l04 as check
+from course_utils.checks.wire import Replay, call_outcome, decode, encode
+from course_utils.pipeline import CostModel, make_schedule, simulate
 
 
 def one_f_one_b(p, m, d):
     warmup = min(p - 1 - d, m)
-    order = [f"{d}F{i}" for i in range(warmup)]
+    first = [f"{d}F{i}" for i in range(warmup)]
+    steady = []
     for i in range(m - warmup):
-        order += [f"{d}F{warmup + i}", f"{d}B{i}"]
-    return order + [f"{d}B{i}" for i in range(m - warmup, m)]
+        steady += [f"{d}F{warmup + i}", f"{d}B{i}"]
+    return first, steady, [f"{d}B{i}" for i in range(m - warmup, m)]
 
 
 RIGHT = {
@@ -33,6 +36,7 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (1, ([12] * 5, [12] * 5), "copies it"),
     (1, ([12] * 5, [1, 2, 3, 4, 5]), "waits longest"),
     (1, ([12] * 5, [4, 3, 2, 1, 0]), "one short"),
+    (1, ([12] * 5, [6, 5, 4, 3, 2]), "one too many"),
     (1, ([12] * 5, [5] * 5), "fewer warm-up"),
     (1, ([12] * 5, [5, 5, 3, 2, 1]), "For device d"),
     (1, ([12] * 4, [5, 4, 3, 2, 1]), "should have 5 items"),
@@ -40,11 +44,16 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (1, ([12] * 5, [5, 4, 3, 2, 1.5]), "whole number"),
     (1, ("12 12 12 12 12", [5, 4, 3, 2, 1]), "should be a list"),
     (3, (18, 27, 1 / 3), "busy time"),
-    (3, (30, 27, 1 / 3), "fill and"),
+    (3, (30, 27, 1 / 3), "one slot too many"),
+    (3, (35, 27, 1 / 3), "fill and"),
     (3, (27, 18, 1 / 3), "too short"),
-    (3, (27, 30, 1 / 3), "compare the two"),
+    (3, (27, 30, 1 / 3), "one slot too many"),
+    (3, (27, 33, 1 / 3), "compare the two"),
     (3, (27, 27, 0.5), "relative to the busy"),
     (3, (27, 27, 0.25), "idle time of a device"),
+    (3, (27, 27, 0.33), "close: give 3 significant figures"),
+    (3, (27, 27, 0.3), "close: give 3 significant figures"),
+    (3, (27, 27, 33.3), "percentage"),
     (3, (27, 27, 9), "between 0 and 1"),
     (3, (27, 27, math.nan), "NaN"),
     (3, ("27", 27, 1 / 3), "without quotes"),
@@ -72,35 +81,45 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
 ]
 
 
+def _flat(fn):
+    def flat(p, m, d):
+        return [a for part in fn(p, m, d) for a in part]
+
+    return flat
+
+
 def test_build_exercise_catches_wrong_functions():
     def gpipe_order(p, m, d):
-        return [f"{d}F{i}" for i in range(m)] + [f"{d}B{i}" for i in range(m)]
+        return [f"{d}F{i}" for i in range(m)], [], [f"{d}B{i}" for i in range(m)]
 
     def warmup_ignores_small_m(p, m, d):
         warmup = p - 1 - d  # forgets min(..., m): forwards of micro-batches that do not exist
-        order = [f"{d}F{i}" for i in range(warmup)]
-        for i in range(m - warmup):
-            order += [f"{d}F{warmup + i}", f"{d}B{i}"]
-        return order + [f"{d}B{i}" for i in range(max(0, m - warmup), m)]
+        first = [f"{d}F{i}" for i in range(warmup)]
+        steady = [a for i in range(m - warmup) for a in (f"{d}F{warmup + i}", f"{d}B{i}")]
+        return first, steady, [f"{d}B{i}" for i in range(max(0, m - warmup), m)]
 
     def one_short_warmup(p, m, d):
         warmup = max(0, min(p - 2 - d, m))
-        order = [f"{d}F{i}" for i in range(warmup)]
-        for i in range(m - warmup):
-            order += [f"{d}F{warmup + i}", f"{d}B{i}"]
-        return order + [f"{d}B{i}" for i in range(m - warmup, m)]
+        first = [f"{d}F{i}" for i in range(warmup)]
+        steady = [a for i in range(m - warmup) for a in (f"{d}F{warmup + i}", f"{d}B{i}")]
+        return first, steady, [f"{d}B{i}" for i in range(m - warmup, m)]
 
     def newest_backward_first(p, m, d):
-        order = one_f_one_b(p, m, d)
-        backs = [a for a in order if "B" in a]
-        backs_iter = iter(reversed(backs))
-        return [next(backs_iter) if "B" in a else a for a in order]
+        order = _flat(one_f_one_b)(p, m, d)
+        backs = iter(reversed([a for a in order if "B" in a]))
+        order = [next(backs) if "B" in a else a for a in order]
+        return [], order, []
 
     def wrong_stage(p, m, d):
-        return [a.replace(f"{d}", f"{d + 1}", 1) for a in one_f_one_b(p, m, d)]
+        parts = one_f_one_b(p, m, d)
+        return tuple([a.replace(f"{d}", f"{d + 1}", 1) for a in part] for part in parts)
 
     def forward_only(p, m, d):
-        return [f"{d}F{i}" for i in range(m)]
+        return [f"{d}F{i}" for i in range(m)], [], []
+
+    def phases_cut_wrong(p, m, d):  # the right order, with the first steady forward in the warm-up
+        first, steady, cool = one_f_one_b(p, m, d)
+        return first + steady[:1], steady[1:], cool
 
     def stub(p, m, d):
         raise NotImplementedError()
@@ -109,7 +128,14 @@ def test_build_exercise_catches_wrong_functions():
         return one_f_one_b(p, m, d) if p > 1 else 1 / 0
 
     def not_actions(p, m, d):
-        return ["forward"] * (2 * m)
+        return ["forward"] * m, [], ["backward"] * m
+
+    def two_lists(p, m, d):
+        first, steady, cool = one_f_one_b(p, m, d)
+        return first, steady + cool
+
+    def library(p, m, d):  # one call of the course's schedule: the flat order, not the phases
+        return [str(a) for a in make_schedule("1f1b", p, m).devices[d]]
 
     with pytest.raises(CheckFailed, match="too many"):
         check.exercise_2(gpipe_order)
@@ -123,6 +149,12 @@ def test_build_exercise_catches_wrong_functions():
         check.exercise_2(wrong_stage)
     with pytest.raises(CheckFailed, match="returned .* actions"):
         check.exercise_2(forward_only)
+    with pytest.raises(CheckFailed, match="cut into phases at the wrong places"):
+        check.exercise_2(phases_cut_wrong)
+    with pytest.raises(CheckFailed, match="flat list"):
+        check.exercise_2(library)
+    with pytest.raises(CheckFailed, match="returned 2 items"):
+        check.exercise_2(two_lists)
     with pytest.raises(NotAnswered):
         check.exercise_2(stub)
     with pytest.raises(CheckFailed, match="ZeroDivisionError"):
@@ -133,10 +165,73 @@ def test_build_exercise_catches_wrong_functions():
         check.exercise_2("F F F B F B")
 
 
+def test_build_exercise_phases_agree_with_the_course_schedule():
+    for p in range(1, 9):
+        for m in range(1, 12):
+            for d in range(p):
+                flat = _flat(check.phases)(p, m, d)
+                assert flat == [str(a) for a in make_schedule("1f1b", p, m).devices[d]]
+
+
 def test_build_exercise_accepts_action_values():
-    from course_utils.pipeline.schedules import make_schedule
+    from course_utils.actions import Action
 
-    def from_course(p, m, d):
-        return list(make_schedule("1f1b", p, m).devices[d])
+    def as_actions(p, m, d):
+        return tuple([Action.parse(a) for a in part] for part in one_f_one_b(p, m, d))
 
-    check.exercise_2(from_course)
+    check.exercise_2(as_actions)
+
+
+def test_build_exercise_is_judged_on_replayed_calls():
+    """The grader draws the cases, the learner's kernel answers them, the check replays."""
+    variant = Variant("s7", cases_seed="grader")
+    cases = check.cases_2(variant)["one_f_one_b"]
+    assert cases == check.cases_2(Variant("s7", cases_seed="grader"))["one_f_one_b"]
+    outcomes = [call_outcome(one_f_one_b, decode(encode(tuple(c))), limit_s=5) for c in cases]
+    check.exercise_2(Replay("one_f_one_b", cases, outcomes), v=variant)
+
+
+STUDENTS = ["s1", "s7", "alice", "bob", "zoe"]
+
+
+def right_for(v):
+    """The right answers of exercises 1, 3, 4 computed from the student's own numbers."""
+    g1, g3, g4 = check.given_1(v), check.given_3(v), check.given_4(v)
+    p, m = g1["p"], g1["m"]
+    p3, m3 = g3["p"], g3["m"]
+    span = (m3 + p3 - 1) * (g3["t_f"] + g3["t_b"])
+    f, i, w, p4 = g4["t_f"], g4["t_i"], g4["t_w"], g4["p"]
+    return {
+        1: ([m] * p, [min(m, p - d) for d in range(p)]),
+        3: (span, span, (p3 - 1) / (m3 + p3 - 1)),
+        4: ((p4 - 1) * (f + i + w), (p4 - 1) * (f + i - w)),
+    }
+
+
+@pytest.mark.parametrize("student", STUDENTS)
+def test_every_student_passes_with_their_own_numbers(student, capsys):
+    v = Variant(student)
+    for k, args in right_for(v).items():
+        getattr(check, f"exercise_{k}")(*args, v=v)
+    assert capsys.readouterr().out.count("✅") == 3
+
+
+def test_a_neighbours_answers_fail():
+    v = Variant("s7")
+    assert check.given_3(v) != check.given_3()
+    with pytest.raises(CheckFailed):
+        check.exercise_3(*RIGHT[3], v=v)
+
+
+@pytest.mark.parametrize("student", ["default", *STUDENTS])
+def test_given_numbers_agree_with_the_simulator(student):
+    v = Variant(student)
+    g3, g4 = check.given_3(v), check.given_4(v)
+    for name in ("gpipe", "1f1b"):
+        timeline = simulate(make_schedule(name, g3["p"], g3["m"]), CostModel(g3["t_f"], g3["t_b"]))
+        assert timeline.makespan == pytest.approx(right_for(v)[3][0])
+    f, i, w = g4["t_f"], g4["t_i"], g4["t_w"]
+    assert w <= min(f, i)  # the condition of the ZB-H1 formula
+    costs = CostModel(forward=f, backward=i + w, weight_fraction=w / (i + w))
+    idle = [simulate(make_schedule(n, g4["p"], g4["m"]), costs).idle(0) for n in ("1f1b", "zb-h1")]
+    assert idle == pytest.approx(list(right_for(v)[4]))

@@ -6,13 +6,14 @@ import re
 import numpy as np
 import pytest
 
-from course_utils.checks import CheckFailed, NotAnswered
+from course_utils.checks import CheckFailed, NotAnswered, Variant
 from course_utils.checks import l06 as check
+from course_utils.checks.wire import Replay, call_outcome, decode, encode
 from course_utils.threads.collectives import chunk_bounds
 
 
-def ring_allreduce(data, send):
-    """The reference solution: reduce-scatter, then all-gather, one chunk per step."""
+def ring_with(data, send):
+    """The reference ring: reduce-scatter, then all-gather, one chunk per step."""
     n = len(data)
     bufs = [list(row) for row in data]
     bounds = chunk_bounds(len(bufs[0]), n)
@@ -31,12 +32,30 @@ def ring_allreduce(data, send):
     return bufs
 
 
+def logged(ring):
+    """ring(data, send) as the exercise asks for it: ring_allreduce(data) -> (result, log)."""
+
+    def ring_allreduce(data):
+        log = []
+
+        def send(src, dst, values):
+            log.append((src, dst, list(values)))
+            return list(values)
+
+        return ring(data, send), log
+
+    return ring_allreduce
+
+
+ring_allreduce = logged(ring_with)
+
+
 RIGHT = {
     1: (64, [13, 13, 13, 13, 12, 12, 12, 12]),
     2: ("b",),
     3: (["c", "f", "b", "e", "a", "d"],),
     4: (ring_allreduce,),
-    5: (1750, 7000),
+    5: (1.75, 7),
     6: (0.625, "a", "a"),
     7: ([True, False, False, True, False],),
 }
@@ -45,8 +64,9 @@ RIGHT = {
 def test_other_right_forms_pass(capsys):
     check.exercise_1(64.0, (12, 13, 12, 13, 12, 13, 12, 13))  # any order of the shards
     check.exercise_3(["F", "c", "b", "e", "a", "d"])  # broadcast before split, capitals
-    check.exercise_5(1750.0, 7e3)
-    assert capsys.readouterr().out.count("✅") == 3
+    check.exercise_5(1.75, 7.0)
+    check.exercise_6(5 / 8, "A", "a")
+    assert capsys.readouterr().out.count("✅") == 4
 
 
 # Needles are regular expressions here ("a|b": either wording passes).
@@ -75,15 +95,27 @@ WRONG = [
         (3, (["c", "c", "b", "e", "a", "d"],), "missing: f"),
         (3, ("cfbead",), "should be a list"),
         (3, (["c", "f", "b", "e", "a", "z"],), "should be one of"),
-        (5, (875, 7000), "two"),
-        (5, (2000, 7000), "limit"),
-        (5, (125, 7000), "N - 1 steps"),
-        (5, (1500, 7000), "Count chunks"),
-        (5, (1750, 8000), "to itself"),
-        (5, (1750, 1000), "sends the sum back"),
-        (5, (1750, 14000), "receives"),
-        (5, (1750, 3000), "Who does rank 0"),
+        (5, (0.875, 7), "two"),
+        (5, (2, 7), "limit"),
+        (5, (0.125, 7), "N - 1 steps"),
+        (5, (1.5, 7), "Count chunks"),
+        (5, (1750, 7), "MB; give GB"),
+        (5, (1.75e9, 7), "bytes; give GB"),
+        (5, (1.63, 7), "GiB"),
+        (5, (3.5, 7), "both directions"),
+        (5, (1.8, 7), "close: give 3 significant figures"),
+        (5, (0.4375, 7), "4 bytes"),
+        (5, (1.75, 8), "to itself"),
+        (5, (1.75, 1), "sends the sum back"),
+        (5, (1.75, 14), "receives"),
+        (5, (1.75, 6.52), "GiB"),
+        (5, (1.75, 7000), "MB; give GB"),
+        (5, (1.75, 3), "Who does rank 0"),
         (6, (10.0, "a", "a"), "looks like a speed-up"),
+        (6, (62.5, "a", "a"), "percentage"),
+        (6, (0.6, "a", "a"), "close: give 3 significant figures"),
+        (6, (0.63, "a", "a"), "close: give 3 significant figures"),
+        (6, (1.0, "a", "a"), "leaves out the all-reduce"),
         (6, (0.5, "a", "a"), "not right yet"),
         (6, (0.625, "b", "a"), "learning rate"),
         (6, (0.625, "c", "a"), "hardly"),
@@ -101,9 +133,9 @@ WRONG = [
 
 
 def test_build_exercise_catches_wrong_functions():
-    def cheat(data, send):  # right sums, but reads the other ranks' memory
+    def cheat(data):  # right sums, but reads the other ranks' memory
         total = [sum(col) for col in zip(*data, strict=True)]
-        return [list(total) for _ in data]
+        return [list(total) for _ in data], []
 
     def naive(data, send):  # gather on rank 0 and broadcast: not a ring
         n = len(data)
@@ -126,7 +158,7 @@ def test_build_exercise_catches_wrong_functions():
 
     def mean(data, send):
         n = len(data)
-        return [[x / n for x in row] for row in ring_allreduce(data, send)]
+        return [[x / n for x in row] for row in ring_with(data, send)]
 
     def all_gather_off_by_one(data, send):  # starts the all-gather with an unfinished chunk
         n = len(data)
@@ -145,41 +177,112 @@ def test_build_exercise_catches_wrong_functions():
                 bufs[(r + 1) % n][a:b] = msg
         return bufs
 
-    def crashes(data, send):
-        return ring_allreduce(data, send) if len(data) > 1 else data[1]
+    def library_sums_with_dummy_messages(data):  # the sums from the library, made-up messages
+        from course_utils.threads.collectives import ring_allreduce_steps
 
-    def stub(data, send):
+        n = len(data)
+        final = ring_allreduce_steps(data)[-1].values  # per rank, its chunks
+        fake = [(r, (r + 1) % n, [0.0]) for r in range(n) for _ in range(2 * (n - 1))]
+        return [[x for chunk in row for x in chunk] for row in final], fake
+
+    def crashes(data):
+        return ring_allreduce(data) if len(data) > 1 else data[1]
+
+    def stub(data):
         raise NotImplementedError()
 
     with pytest.raises(CheckFailed, match="sent no message"):
         check.exercise_4(cheat)
     with pytest.raises(CheckFailed, match="right neighbour"):
-        check.exercise_4(naive)
+        check.exercise_4(logged(naive))
+    with pytest.raises(CheckFailed, match="one chunk per step"):
+        check.exercise_4(logged(whole_vector))
+
+    def twice(data, send):  # the right ring, run twice: more messages than a ring needs
+        ring_with(data, send)
+        return ring_with(data, lambda s, d, v: v)
+
     with pytest.raises(CheckFailed, match="more than a ring needs"):
-        check.exercise_4(whole_vector)
+        check.exercise_4(
+            logged(lambda data, send: (ring_with(data, send), ring_with(data, send))[0])
+        )
     with pytest.raises(CheckFailed, match="holds the mean"):
-        check.exercise_4(mean)
+        check.exercise_4(logged(mean))
     with pytest.raises(CheckFailed, match="not the sum"):
-        check.exercise_4(all_gather_off_by_one)
+        check.exercise_4(logged(all_gather_off_by_one))
+    with pytest.raises(CheckFailed, match="not what the ring sends"):
+        check.exercise_4(library_sums_with_dummy_messages)
     with pytest.raises(CheckFailed, match="IndexError"):
         check.exercise_4(crashes)
-
-    def bad_rank(data, send):
-        return [send(0, 1.5, row) for row in data]
-
-    def numpy_ranks(data, send):
-        return ring_allreduce(data, lambda s, d, v: send(np.int64(s), np.int64(d), np.array(v)))
-
+    with pytest.raises(CheckFailed, match="two things"):
+        check.exercise_4(lambda data: ring_allreduce(data)[0])
     with pytest.raises(CheckFailed, match="ranks are whole numbers"):
-        check.exercise_4(bad_rank)
-    check.exercise_4(numpy_ranks)
+        check.exercise_4(lambda data: (ring_allreduce(data)[0], [(0, 9, [1.0])]))
+
+    def numpy_values(data):
+        result, log = ring_allreduce(data)
+        return np.array(result), [(np.int64(s), np.int64(d), np.array(v)) for s, d, v in log]
+
+    check.exercise_4(numpy_values)
     with pytest.raises(NotAnswered):
         check.exercise_4(stub)
     with pytest.raises(CheckFailed, match="should be a function"):
         check.exercise_4("ring")
 
 
-def test_scaling_table_gives_ten_x_at_sixteen():
+def test_build_exercise_is_judged_on_replayed_calls():
+    variant = Variant("s7", cases_seed="grader")
+    cases = check.cases_4(variant)["ring_allreduce"]
+    assert cases == check.cases_4(Variant("s7", cases_seed="grader"))["ring_allreduce"]
+    outcomes = [call_outcome(ring_allreduce, decode(encode(tuple(c))), 5) for c in cases]
+    check.exercise_4(Replay("ring_allreduce", cases, outcomes), v=variant)
+
+
+def test_scaling_table_gives_nearly_eight_at_eight_and_ten_at_sixteen():
+    """The seed question: 8 workers give nearly 8x, 16 only about 10x (one node vs two)."""
     rows = {n: (c, a) for n, c, a in check.scaling_table()}
     assert rows[1][0] / sum(rows[16]) == pytest.approx(10.0)
-    assert rows[1][0] / sum(rows[8]) == pytest.approx(6.25)
+    assert rows[1][0] / sum(rows[8]) == pytest.approx(7.82, abs=0.01)
+
+
+STUDENTS = ["s1", "s7", "alice", "bob", "zoe"]
+
+
+def right_for(v):
+    """Exercises 1, 5, 6's right answers from the student's own numbers."""
+    g1 = check.given_1(v)
+    base, extra = divmod(g1["odd_batch"], g1["odd_workers"])
+    shards = [base + 1] * extra + [base] * (g1["odd_workers"] - extra)
+    g5 = check.given_5(v)
+    s = 4 * g5["params_m"] / 1000
+    n = g5["workers"]
+    rows = {w: c + a for w, c, a in check.scaling_table(v)}
+    return {
+        1: (g1["batch"] // g1["workers"], shards),
+        5: (2 * (n - 1) / n * s, (n - 1) * s),
+        6: (rows[1] / rows[16] / 16, "a", "a"),
+    }
+
+
+@pytest.mark.parametrize("student", STUDENTS)
+def test_every_student_passes_with_their_own_numbers(student, capsys):
+    v = Variant(student)
+    for k, args in right_for(v).items():
+        getattr(check, f"exercise_{k}")(*args, v=v)
+    assert capsys.readouterr().out.count("✅") == 3
+
+
+@pytest.mark.parametrize("student", ["default", *STUDENTS])
+def test_every_variant_keeps_the_story_of_exercise_6(student):
+    """Nearly N inside one node, far less across two: cause "a" stays the right answer."""
+    rows = {n: (c, a) for n, c, a in check.scaling_table(Variant(student))}
+    total = rows[1][0]
+    assert total / sum(rows[8]) > 7.0
+    assert total / sum(rows[16]) < 12.5
+    assert rows[16][1] > 5 * rows[8][1]  # the all-reduce jumps when the ring leaves the node
+
+
+def test_a_neighbours_answers_fail():
+    v = next(Variant(s) for s in STUDENTS if check.given_5(Variant(s)) != check.given_5())
+    with pytest.raises(CheckFailed):
+        check.exercise_5(*RIGHT[5], v=v)

@@ -14,7 +14,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from course_utils.measure.capacity import Capacity
-from course_utils.measure.conclusions import follows, overlap, ratio, slowdown, speedup, trend
+from course_utils.measure.conclusions import (
+    follows,
+    gain,
+    overlap,
+    ratio,
+    slowdown,
+    speedup,
+    trend,
+)
 
 IDLE = Capacity(1.93, 2, 0.2, 0.104)
 ONE_CORE = Capacity(0.98, 1, 0.2, 0.204)
@@ -148,6 +156,65 @@ def test_overlap_large_with_two_cores_names_what_else_holds_a_thread(capacity):
         assert "took turns on one core" in text
     else:
         assert "another program" in text and "took turns" not in text
+
+
+# gain(): one schedule against another, measured and predicted, in every regime.
+
+
+def test_gain_on_two_free_cores_matches_or_falls_short():
+    text = gain("ZB-H1", "1F1B", 1.18, 1.2, IDLE)
+    assert "1.18x" in text and "1.20x" in text and "1.93x" in text
+    assert "matched the prediction within noise" in text
+    short = gain("ZB-H1", "1F1B", 1.12, 1.4, IDLE)
+    assert "less than predicted" in short and "another program" not in short
+    none = gain("ZB-H1", "1F1B", 1.02, 1.4, IDLE)
+    assert "No difference showed beyond noise" in none
+    slower = gain("ZB-H1", "1F1B", 0.8, 1.4, IDLE)
+    assert "slower than 1F1B" in slower
+    more = gain("ZB-H1", "1F1B", 1.7, 1.3, IDLE)
+    assert "more than predicted" in more
+
+
+@pytest.mark.parametrize("capacity", [ONE_CORE, HOGGED])
+def test_gain_on_one_core_never_claims_or_denies_the_prediction(capacity):
+    for measured in (0.7, 1.0, 1.3):
+        text = gain("interleaved 1F1B", "1F1B", measured, 1.25, capacity)
+        assert "took turns" in text and "could not gain here" in text
+        assert "matched" not in text and "less than predicted" not in text
+
+
+def test_gain_says_a_small_prediction_is_within_noise():
+    for capacity in (IDLE, SHARED):
+        text = gain("interleaved 1F1B", "1F1B", 0.97, 1.05, capacity)
+        assert "neither confirm nor refute" in text
+
+
+def test_gain_names_a_busy_core_and_a_predicted_loss():
+    assert "another program was using a core" in gain("ZB-H1", "1F1B", 1.0, 1.4, SHARED)
+    assert "predicted to be slower" in gain("v = 8", "v = 1", 0.9, 0.7, IDLE)
+
+
+@given(
+    measured=st.floats(0.3, 2.5),
+    predicted=st.floats(0.5, 2.0),
+    cap=st.floats(0.8, 2.1),
+    cores=st.sampled_from([1, 2]),
+)
+def test_gain_sentences_agree_with_their_numbers(measured, predicted, cap, cores):
+    capacity = Capacity(cap, cores, 1.0, 1.0 / cap)
+    text = gain("A", "B", measured, predicted, capacity)
+    assert f"{measured:.2f}x" in text and f"{predicted:.2f}x" in text
+    if "matched the prediction" in text:
+        assert abs(measured / predicted - 1) <= 0.1 and capacity.regime != "one core"
+    if "gained, but less than predicted" in text:
+        assert 1.1 < measured < predicted
+    if "slower than B" in text:
+        assert measured < 0.9
+
+
+def test_gain_says_where_it_was_measured():
+    text = gain("ZB-H1", "1F1B", 1.2, 1.2, IDLE, where="the reference machine")
+    assert "2 threads ran 1.93x as fast as 1 on the reference machine" in text
 
 
 @pytest.mark.parametrize("capacity", [ONE_CORE, HOGGED])

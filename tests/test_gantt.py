@@ -740,6 +740,16 @@ def test_waiting_for_an_all_reduce_is_not_drawn_as_pipeline_bubble():
     assert style.BUBBLE_LABEL in legend_labels(fig)
 
 
+def test_a_collective_that_starts_a_rounding_error_late_leaves_no_idle_sliver():
+    from course_utils.parallel.timelines import data_parallel_timeline
+
+    # DDP-style buckets: the last all-reduce starts 6e-17 s after the backward ends
+    step = data_parallel_timeline(4, 0.1, 0.2, 100e6, 1.25e9, buckets=4, overlap=True)
+    fig = gantt.draw(step, pyplot=False, colour="step")
+    assert not bars(fig.axes[0], "bubble")
+    assert "idle" not in legend_labels(fig) and style.WAIT_LABEL in legend_labels(fig)
+
+
 def test_a_title_counts_micro_batches_only_when_colour_means_micro_batch():
     from course_utils.parallel.timelines import data_parallel_timeline
 

@@ -133,17 +133,22 @@ def _idle_segments(intervals: list[tuple[float, float]], end: float) -> list[tup
 def _split_by(
     a: float, b: float, covers: list[tuple[float, float]]
 ) -> list[tuple[str, float, float]]:
-    """Cut the idle stretch [a, b] into ("wait", ...) where `covers` overlap it, else "bubble"."""
+    """Cut the idle stretch [a, b] into ("wait", ...) where `covers` overlap it, else "bubble".
+
+    Gaps of rounding size (a collective that starts 1e-14 after the compute ends) are not
+    bubbles: they would put an "idle" patch in the legend that no bar shows.
+    """
+    eps = 1e-9 * max(abs(b), 1e-12)
     pieces, cursor = [], a
     for c0, c1 in sorted(covers):
         lo, hi = max(c0, cursor), min(c1, b)
         if hi <= lo:
             continue
-        if lo > cursor:
+        if lo > cursor + eps:
             pieces.append(("bubble", cursor, lo))
         pieces.append(("wait", lo, hi))
         cursor = hi
-    if b > cursor:
+    if b > cursor + eps:
         pieces.append(("bubble", cursor, b))
     return pieces
 

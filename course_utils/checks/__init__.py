@@ -309,11 +309,15 @@ def same_to_3_figures(value: float, expected: float) -> bool:
 
 
 def _rounded_to_fewer_figures(value: float, expected: float) -> bool:
+    """`value` is `expected` rounded to 1 or 2 significant figures, either way at a half:
+    0.63 and 0.62 both count for 0.625 (Python's round() alone would only allow 0.62)."""
     if expected == 0 or value == 0:
         return False
     for figures in (1, 2):
         scale = 10 ** (math.floor(math.log10(abs(expected))) - figures + 1)
-        if math.isclose(value, round(expected / scale) * scale, rel_tol=1e-9):
+        steps = value / scale
+        on_grid = math.isclose(steps, round(steps), rel_tol=1e-9, abs_tol=1e-9)
+        if on_grid and abs(value - expected) <= 0.5 * scale * (1 + 1e-9):
             return True
     return False
 

@@ -1,56 +1,96 @@
 """Checks for the exercises of lesson 05 (interleaved and breadth-first pipelines).
 
 Each `exercise_K` is called by the check cell of Exercise 5.K in
-`exercises/05_interleaved_breadth_first.ipynb`. With p devices, v chunks (virtual stages)
-per device and m micro-batches, both interleaved 1F1B (Narayanan et al. 2021,
-arXiv 2104.04473) and breadth-first (Lamy-Poirier 2022, arXiv 2211.05953) idle
-(p - 1)/(v m) of the ideal time; stage s lives on device s % p (looping placement).
+`exercises/05_interleaved_breadth_first.ipynb`, with the learner's variant `v`: `given_K(v)`
+draws the exercise's numbers (the default student gets the course's own), and every
+expected answer is computed from them, here or by the simulator; `cases_1(v)` are the
+inputs the Build exercise's function is tried on. With p devices, v chunks (virtual
+stages) per device and m micro-batches, both interleaved 1F1B (Narayanan et al. 2021,
+arXiv 2104.04473) and breadth-first (Lamy-Poirier, arXiv 2211.05953) idle (p - 1)/(v m)
+of the ideal time; stage s lives on device s % p (looping placement, Lamy-Poirier's term).
 """
 
 from __future__ import annotations
 
-import random
-
 from course_utils.checks import (
+    DEFAULT,
+    Variant,
     as_choice,
     as_int,
     as_number,
     as_sequence,
     check_function,
-    close,
     expect_choice,
+    expect_number,
     fail,
+    is_right,
     passed,
+)
+from course_utils.checks import (
+    for_student as _for_student,
 )
 
 
-def _looping(p: int, v: int) -> list[int]:
-    return [s % p for s in range(p * v)]
+def for_student(student: str = "default"):
+    """This lesson's checks with `student`'s numbers (the notebook's first code cell)."""
+    import sys
+
+    return _for_student(sys.modules[__name__], student)
+
+
+def _looping(p: int, v: int) -> list[list[int]]:
+    """Looping placement, per device: device d holds stages d, d + p, d + 2p, ..."""
+    return [list(range(d, p * v, p)) for d in range(p)]
 
 
 # --------------------------------------------------------------------------- 5.1
 
 
-def exercise_1(looping_placement) -> None:
-    """Build looping_placement(p, v): the device of each of the p*v stages."""
-    call = check_function(looping_placement, "looping_placement")
-    rng = random.Random()
+def cases_1(v: Variant = DEFAULT) -> dict[str, list[tuple]]:
+    rng = v.cases("1")
     cases = [(4, 2), (1, rng.randint(2, 4)), (rng.randint(2, 8), 1)]
     cases += [(rng.randint(2, 8), rng.randint(2, 4)) for _ in range(5)]
-    for p, v in cases:
-        shown = f"looping_placement({p}, {v})"
-        got = as_sequence(call(p, v), shown, item=as_int)
-        want = _looping(p, v)
-        if len(got) != p * v:
+    return {"looping_placement": cases}
+
+
+def exercise_1(looping_placement, v: Variant = DEFAULT) -> None:
+    """Build looping_placement(p, v): for each device, the stages it holds."""
+    call = check_function(looping_placement, "looping_placement")
+    cases = cases_1(v)["looping_placement"]
+    for p, chunks in cases:
+        shown = f"looping_placement({p}, {chunks})"
+        answer = call(p, chunks)
+        other_way = (
+            f"{shown} returned the device of each stage: that is the other direction (what "
+            "the course's device_of_stage() gives). Return one list per device: the stages "
+            "that device holds."
+        )
+        if isinstance(answer, dict):
+            fail(other_way)
+        result = as_sequence(answer, shown)
+        want = _looping(p, chunks)
+        if len(result) == p * chunks and all(not isinstance(x, list | tuple) for x in result):
+            fail(other_way)
+        if len(result) != p:
             fail(
-                f"{shown} has {len(got)} entries; it needs one per stage. How many stages "
-                f"are there with {p} devices and {v} chunks each?"
+                f"{shown} has {len(result)} entries; it needs one per device ({p}), each a "
+                "list of the stages that device holds."
             )
+        got = [
+            as_sequence(stages, f"device {d}'s stages in {shown}", item=as_int)
+            for d, stages in enumerate(result)
+        ]
         if got == want:
             continue
-        if any(not 0 <= d < p for d in got):
-            fail(f"{shown} uses a device number outside 0..{p - 1}: {got}.")
-        if got == [s // v for s in range(p * v)]:
+        every = sorted(s for stages in got for s in stages)
+        if every != list(range(p * chunks)):
+            fail(
+                f"{shown} does not hand out each of the {p * chunks} stages 0..{p * chunks - 1} "
+                f"exactly once (with {p} devices and {chunks} chunks each): {got}."
+            )
+        if [sorted(x) for x in got] == want:
+            fail(f"{shown}: list each device's stages in increasing order: {got}.")
+        if got == [list(range(d * chunks, (d + 1) * chunks)) for d in range(p)]:
             fail(
                 f"{shown} gives each device a block of consecutive stages ({got}). That is "
                 "the ordinary placement with bigger stages; looping placement deals the "
@@ -69,53 +109,60 @@ def exercise_1(looping_placement) -> None:
 
 # --------------------------------------------------------------------------- 5.2
 
-P2, M2, V2 = 8, 16, 4
-F2, B2 = 1.0, 2.0
+
+def given_2(v: Variant = DEFAULT) -> dict:
+    p = v.pick("2p", 8, [4, 6])
+    return {"p": p, "m": p * v.pick("2g", 2, [2, 3]), "v": v.pick("2v", 4, [2, 3])}
 
 
-def exercise_2(bubble_vs_ideal, step_time) -> None:
-    """Interleaved 1F1B, p=8, m=16, v=4, F=1, B=2: bubble relative to ideal, and step time."""
-    bubble = as_number(bubble_vs_ideal, "bubble_vs_ideal")
-    time = as_number(step_time, "step_time")
-    want_bubble = (P2 - 1) / (V2 * M2)
-    ideal = M2 * (F2 + B2)
+def exercise_2(bubble_vs_ideal, step_time, v: Variant = DEFAULT) -> None:
+    """Interleaved 1F1B, the given p, m, v, F=1, B=2: bubble relative to ideal, and step time."""
+    p, m, chunks = given_2(v).values()
+    f, b = 1.0, 2.0
+    want_bubble = (p - 1) / (chunks * m)
+    ideal = m * (f + b)
     want_time = ideal * (1 + want_bubble)
-    if not close(bubble, want_bubble):
-        if close(bubble, (P2 - 1) / M2):
+    bubble = as_number(bubble_vs_ideal, "bubble_vs_ideal")
+    if not is_right(bubble, want_bubble):
+        if is_right(bubble, (p - 1) / m):
             fail(
                 "`bubble_vs_ideal` is 1F1B's bubble without chunks. With v chunks each hop "
                 "of the fill and the drain costs only a chunk's work: what does that do?"
             )
-        if close(bubble, (P2 - 1) / (V2 * M2 + P2 - 1)):
+        if is_right(bubble, (p - 1) / (chunks * m + p - 1)):
             fail(
                 "`bubble_vs_ideal` is the idle share of the whole step. The question asks "
                 "for the idle time relative to the ideal (busy) time."
             )
-        if close(bubble, (P2 * V2 - 1) / (V2 * M2)):
+        if is_right(bubble, (p * chunks - 1) / (chunks * m)):
             fail(
                 "`bubble_vs_ideal` counts p*v - 1 hops in the fill. The fill ends when the "
                 "last DEVICE starts: how many devices does the first micro-batch pass first?"
             )
+        expect_number(bubble, want_bubble, "bubble_vs_ideal", unit="fraction")
         fail(
             "`bubble_vs_ideal` is not right yet. Idle time per device: (p - 1) hops of one "
             "chunk's forward + backward. Ideal time: m micro-batches of the whole device's "
             "forward + backward. Divide."
         )
-    if not close(time, want_time):
-        if close(time, ideal):
+    time = as_number(step_time, "step_time")
+    if not is_right(time, want_time):
+        if is_right(time, ideal):
             fail("`step_time` is the ideal time: add the bubble on top of it.")
-        if close(time, ideal + (P2 - 1) * (F2 + B2)):
+        if is_right(time, ideal + (p - 1) * (f + b)):
             fail(
                 "`step_time` adds a bubble of full (unchunked) stages. `bubble_vs_ideal` is "
                 "right: use it, step time = ideal time x (1 + bubble)."
             )
+        expect_number(time, want_time, "step_time")
         fail(
             "`bubble_vs_ideal` is right, `step_time` is not: step time = ideal time x "
             "(1 + bubble_vs_ideal), with ideal time = m x (F + B). Compare with the simulator."
         )
+    plain = (m + p - 1) * (f + b)
     passed(
-        f"Right: bubble 7/64 = {want_bubble:.1%} of the ideal time, a step of "
-        f"{want_time:g} units instead of 69 for plain 1F1B."
+        f"Right: bubble {p - 1}/{chunks * m} = {want_bubble:.1%} of the ideal time, a step of "
+        f"{want_time:g} units instead of {plain:g} for plain 1F1B."
     )
 
 
@@ -124,8 +171,26 @@ def exercise_2(bubble_vs_ideal, step_time) -> None:
 ORDERS = ("depth-first", "breadth-first", "same")
 
 
-def exercise_3(smaller_bubble, less_memory, breadth_first_peak) -> None:
-    """p=4, m=8, v=2: compare bubble and activation memory of the two orders."""
+def given_3(v: Variant = DEFAULT) -> dict:
+    p = v.pick("3p", 4, [2, 3])
+    return {"p": p, "v": v.pick("3v", 2, [2, 3]), "m": p * v.pick("3g", 2, [2, 3])}
+
+
+def _peaks_3(v: Variant) -> tuple[int, int]:
+    """Device 0's simulated peak (micro-batch, chunk) pairs: depth-first, breadth-first."""
+    from course_utils.pipeline.schedules import make_schedule
+    from course_utils.pipeline.simulate import simulate
+
+    p, chunks, m = given_3(v).values()
+    return tuple(
+        simulate(make_schedule(name, p, m, chunks=chunks)).peak_activations[0]
+        for name in ("interleaved", "breadth-first")
+    )
+
+
+def exercise_3(smaller_bubble, less_memory, breadth_first_peak, v: Variant = DEFAULT) -> None:
+    """The given p, v, m: compare bubble and activation memory of the two orders."""
+    p, chunks, m = given_3(v).values()
     bubble = as_choice(smaller_bubble, ORDERS, "smaller_bubble")
     memory = as_choice(less_memory, ORDERS, "less_memory")
     peak = as_int(breadth_first_peak, "breadth_first_peak")
@@ -139,33 +204,41 @@ def exercise_3(smaller_bubble, less_memory, breadth_first_peak) -> None:
             f"`less_memory` = {memory!r} is not it. Count, on device 0, how many forwards "
             "each order runs before its first backward."
         )
-    if peak != 16:
-        if peak == 8:
+    depth_peak, want = _peaks_3(v)
+    if peak != want:
+        if peak == m:
             fail(
-                "`breadth_first_peak` = 8 counts whole micro-batches. Count one unit per "
+                f"`breadth_first_peak` = {m} counts whole micro-batches. Count one unit per "
                 "(micro-batch, chunk) pair: every micro-batch leaves activations on each of "
                 "device 0's chunks."
             )
-        if peak == 11:
-            fail("11 is the depth-first peak. `breadth_first_peak` asks for breadth-first.")
+        if peak == depth_peak:
+            fail(
+                f"{depth_peak} is the depth-first peak. `breadth_first_peak` asks for "
+                "breadth-first."
+            )
         fail(
             "`breadth_first_peak` is not right. Breadth-first runs every forward of every "
             "local chunk before the first backward: how many (micro-batch, chunk) pairs is that?"
         )
     passed(
-        "Right: same bubble, but breadth-first holds all m x v = 16 chunk-activations at once "
-        "(GPipe's memory) while depth-first starts backwards early (11 here)."
+        f"Right: same bubble, but breadth-first holds all m x v = {want} chunk-activations at "
+        f"once (GPipe's memory) while depth-first starts backwards early ({depth_peak} here)."
     )
 
 
 # --------------------------------------------------------------------------- 5.4
 
 
-def _parse_devices(my_schedule):
+def given_4(v: Variant = DEFAULT) -> dict:
+    return {"p": 2, "v": v.pick("4v", 2, [2, 3]), "m": v.pick("4m", 2, [2, 3])}
+
+
+def _parse_devices(my_schedule, p: int):
     from course_utils.actions import Action
     from course_utils.errors import CourseInputError
 
-    lists = as_sequence(my_schedule, "my_schedule", length=2)
+    lists = as_sequence(my_schedule, "my_schedule", length=p)
     devices = []
     for d, actions in enumerate(lists):
         items = as_sequence(actions, f"my_schedule[{d}]")
@@ -182,25 +255,27 @@ def _parse_devices(my_schedule):
     return devices
 
 
-def exercise_4(my_schedule) -> None:
-    """A breadth-first schedule for p=2, v=2, m=2 written by hand."""
+def exercise_4(my_schedule, v: Variant = DEFAULT) -> None:
+    """A breadth-first schedule, backwards first-in first-out, written by hand."""
     from course_utils.actions import Schedule
     from course_utils.pipeline.schedules import make_schedule
     from course_utils.pipeline.simulate import simulate, validate
 
-    devices = _parse_devices(my_schedule)
+    p, chunks, m = given_4(v).values()
+    stages = p * chunks
+    devices = _parse_devices(my_schedule, p)
     if any(a.kind not in ("F", "B") for acts in devices for a in acts):
         fail("Use only forwards (F) and full backwards (B) here; no I, W or communication.")
-    problems = validate(devices, stages=4, microbatches=2)
+    problems = validate(devices, stages=stages, microbatches=m)
     if problems:
         listed = "; ".join(problems[:3]) + (" ..." if len(problems) > 3 else "")
         fail(f"This schedule cannot run as written: {listed}.")
     for d, acts in enumerate(devices):
-        wrong = sorted({a.stage for a in acts if a.stage % 2 != d})
+        wrong = sorted({a.stage for a in acts if a.stage % p != d})
         if wrong:
             fail(
-                f"Device {d} runs stage(s) {wrong}. With looping placement on 2 devices, "
-                f"device {d} holds the stages s with s % 2 == {d}."
+                f"Device {d} runs stage(s) {wrong}. With looping placement on {p} devices, "
+                f"device {d} holds the stages s with s % {p} == {d}."
             )
     for d, acts in enumerate(devices):
         forwards = [a.stage for a in acts if a.kind == "F"]
@@ -217,18 +292,32 @@ def exercise_4(my_schedule) -> None:
                 "one local stage before moving to the next one (forwards: lower stage first; "
                 "backwards: higher stage first)."
             )
-    sched = Schedule("yours", 4, 2, tuple(tuple(acts) for acts in devices))
+    for d, acts in enumerate(devices):
+        for s in {a.stage for a in acts}:
+            order = [a.microbatch for a in acts if a.kind == "B" and a.stage == s]
+            if order != sorted(order):
+                lifo = order == sorted(order, reverse=True)
+                why = " (last in, first out: the order of the course's schedule)" if lifo else ""
+                fail(
+                    f"Device {d} runs the backwards of stage {s} in the order {order}{why}. "
+                    "The question asks for first in, first out: within a stage, micro-batch "
+                    "0's backward first."
+                )
+    sched = Schedule("yours", stages, m, tuple(tuple(acts) for acts in devices))
     mine = simulate(sched).makespan
-    ours = simulate(make_schedule("breadth-first", 2, 2, chunks=2)).makespan
+    ours = simulate(make_schedule("breadth-first", p, m, chunks=chunks)).makespan
     if mine > ours + 1e-9:
         fail(
-            f"Valid and breadth-first, but it takes {mine:g} units where the course's takes "
-            f"{ours:g} (F=1, B=2). Look at the order of micro-batches in the backwards: a "
-            "device that waits for a gradient the other device will only produce later idles."
+            f"Valid, breadth-first and first in, first out, but it takes {mine:g} units where "
+            f"the course's breadth-first schedule takes {ours:g} (F=1, B=2). Look at the "
+            "order of the stages in the backwards: a device that waits for a gradient the "
+            "other device will only produce later idles."
         )
     passed(
-        f"Right: a valid breadth-first schedule with the course's makespan of {ours:g} units. "
-        "Compare it with print(make_schedule('breadth-first', 2, 2, chunks=2))."
+        f"Right: a valid breadth-first schedule, first in, first out, as fast as the course's "
+        f"({ours:g} units). The course's runs each stage's backwards last in, first out: "
+        f"print(make_schedule('breadth-first', {p}, {m}, chunks={chunks})). Both orders keep "
+        "every micro-batch's activations until its backward, so they hold the same memory."
     )
 
 
@@ -236,10 +325,28 @@ def exercise_4(my_schedule) -> None:
 
 PROBLEMS = ("a", "b", "c", "d")
 FIXES = ("a", "b", "c", "d")
+CHUNK_CHOICES = (1, 2, 4, 8)
 
 
-def exercise_5(problem, fix, best_chunks) -> None:
-    """Interleaved with v=8 is slower than 1F1B when a transfer costs 0.3 units."""
+def given_5(v: Variant = DEFAULT) -> dict:
+    # every variant keeps the diagnosis true: 8 chunks are slower than plain 1F1B
+    return {"m": v.pick("5m", 8, [8, 12]), "transfer": v.pick("5t", 0.3, [0.2, 0.25, 0.4])}
+
+
+def _spans_5(v: Variant) -> dict[int, float]:
+    from course_utils.pipeline.schedules import make_schedule
+    from course_utils.pipeline.simulate import CostModel, simulate
+
+    m, transfer = given_5(v).values()
+    costs = CostModel(p2p=transfer)
+    return {
+        chunks: simulate(make_schedule("interleaved", 4, m, chunks=chunks), costs).makespan
+        for chunks in CHUNK_CHOICES
+    }
+
+
+def exercise_5(problem, fix, best_chunks, v: Variant = DEFAULT) -> None:
+    """Interleaved with v=8 is slower than 1F1B when a transfer costs the given time."""
     what = as_choice(problem, PROBLEMS, "problem")
     remedy = as_choice(fix, FIXES, "fix")
     best = as_int(best_chunks, "best_chunks")
@@ -247,8 +354,8 @@ def exercise_5(problem, fix, best_chunks) -> None:
         what,
         "b",
         {
-            "a": "8 micro-batches on 4 devices: the bubble formula says the bubble is small "
-            "with 8 chunks. Look at the gaps between the bars instead.",
+            "a": "The bubble formula (p-1)/(v m) says the bubble is small with 8 chunks. Look "
+            "at the gaps between the bars instead.",
             "c": "Memory does not appear in a timeline; the gaps are waiting time.",
             "d": "All chunks cost the same here (equal stages); look at what sits between them.",
         },
@@ -264,17 +371,20 @@ def exercise_5(problem, fix, best_chunks) -> None:
         },
         "`problem` is right. `fix` = {got!r} is not: {hint}",
     )
-    if best not in (1, 2, 4, 8):
+    if best not in CHUNK_CHOICES:
         fail("`best_chunks` is one of the values in the sweep: 1, 2, 4 or 8.")
-    if best != 2:
+    spans = _spans_5(v)
+    fastest = min(spans, key=spans.get)
+    m, transfer = given_5(v).values()
+    if best != fastest:
         fail(
             f"With v = {best} the step is not the fastest. Simulate "
-            "make_schedule('interleaved', 4, 8, chunks=v) with CostModel(p2p=0.3) for each v "
-            "and compare the makespans."
+            f"make_schedule('interleaved', 4, {m}, chunks=v) with CostModel(p2p={transfer:g}) "
+            "for each v and compare the makespans."
         )
     passed(
         "Right: each chunk's compute shrinks like 1/v while every transfer still costs the "
-        "same, so past v = 2 the extra transfers eat what the smaller bubble saves."
+        f"same, so past v = {fastest} the extra transfers eat what the smaller bubble saves."
     )
 
 
@@ -284,7 +394,7 @@ SCHEDULE_CHOICES = ("breadth-first", "depth-first")
 REASONS = ("a", "b", "c", "d")
 
 
-def exercise_6(scenario_a, scenario_b, reason_a) -> None:
+def exercise_6(scenario_a, scenario_b, reason_a, v: Variant = DEFAULT) -> None:
     """When to pick breadth-first: two scenarios and the reason for the first."""
     a = as_choice(scenario_a, SCHEDULE_CHOICES, "scenario_a")
     b = as_choice(scenario_b, SCHEDULE_CHOICES, "scenario_b")

@@ -161,6 +161,76 @@ def overlap(what: str, overlap_s: float, makespan_s: float, capacity: Capacity) 
     )
 
 
+def gain(
+    what: str,
+    baseline: str,
+    measured: float,
+    predicted: float,
+    capacity: Capacity,
+    where: str = "this machine",
+) -> str:
+    """How much faster one schedule ran than another, against the simulator's prediction.
+
+    `measured` = the baseline's time / `what`'s time, both measured on this machine just now;
+    `predicted` = the same ratio from the simulator given this run's measured costs, i.e.
+    for devices that really run at the same time. On one core the device threads take turns,
+    so the time one device spends waiting is used by another thread: a schedule that waits
+    less cannot show its gain there. A predicted difference within NOISE is never called
+    confirmed or refuted. `where` names the machine, e.g. "the reference machine".
+    """
+    cap = capacity.speedup
+    text = (
+        f"{what} ran {measured:.2f}x as fast as {baseline}; the simulator, given this run's "
+        f"measured costs, predicted {predicted:.2f}x. Just before, 2 threads ran {cap:.2f}x "
+        f"as fast as 1 on {where}"
+    )
+    if capacity.regime == "one core":
+        return text + (
+            ", so the threads took turns: while one device waited, another computed, and a "
+            "schedule that waits less could not gain here. The prediction is for devices "
+            "that really run at the same time."
+        )
+    text += ". "
+    if abs(predicted - 1) < NOISE:
+        return text + (
+            f"A predicted difference of {abs(predicted - 1):.0%} is within what a shared "
+            f"machine varies by ({NOISE:.0%}), so this run can neither confirm nor refute it."
+        )
+    if abs(measured / predicted - 1) <= NOISE:
+        return text + "The measured ratio matched the prediction within noise."
+    if predicted < 1:
+        lost = "lost less" if measured > predicted else "lost more"
+        return text + (
+            f"It was predicted to be slower, and it {lost} than predicted: costs the "
+            "simulator leaves out (hand-overs between threads) or other programs made the "
+            "difference."
+        )
+    shared = (
+        " (another program was using a core, so it also filled some of the waiting)"
+        if capacity.regime == "shared cores"
+        else ""
+    )
+    if predicted > 1 and measured > predicted:
+        return text + (
+            f"It gained more than predicted{shared}: the baseline's best run was probably "
+            "disturbed by other programs."
+        )
+    if measured > 1 + NOISE:
+        return text + (
+            f"It gained, but less than predicted{shared}: the rest went to costs the simulator "
+            "leaves out (hand-overs between threads, waking them up) or to other programs."
+        )
+    if measured >= 1 - NOISE:
+        return text + (
+            f"No difference showed beyond noise{shared}: the costs the simulator leaves out "
+            "(hand-overs between threads, waking them up) or other programs ate the gain."
+        )
+    return text + (
+        f"It was slower than {baseline}{shared}: its extra costs (more hand-overs, smaller "
+        "pieces of work) outweighed the waiting it saves."
+    )
+
+
 def slowdown(
     what: str, baseline: str, measured: float, predicted: float, capacity: Capacity
 ) -> str:
