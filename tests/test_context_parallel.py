@@ -413,7 +413,9 @@ def test_bad_input_is_refused_before_any_work():
 def test_a_fault_in_one_worker_names_it_and_nothing_hangs(monkeypatch, where):
     import threading
 
-    real = getattr(cp, where)
+    from course_utils.parallel.context_parallel import ring as ring_module  # where workers call it
+
+    real = getattr(ring_module, where)
 
     def broken(*args):
         if threading.current_thread().name == "cp-2":
@@ -422,12 +424,12 @@ def test_a_fault_in_one_worker_names_it_and_nothing_hangs(monkeypatch, where):
 
     q, k, v, dout = qkv(1, 8, 2)
     with cp.RingAttention(4, causal=True, timeout=10) as ring:
-        monkeypatch.setattr(cp, where, broken)
+        monkeypatch.setattr(ring_module, where, broken)
         with pytest.raises(WorkerError, match="device 2 failed in the ring attention") as info:
             ring.forward_backward(q, k, v, dout)
         assert ("forward" if where == "_block_attention" else "backward") in str(info.value)
         assert "simulated fault" in str(info.value)
-        monkeypatch.setattr(cp, where, real)
+        monkeypatch.setattr(ring_module, where, real)
         assert_ring_matches(ring.forward_backward(q, k, v, dout), q, k, v, dout, causal=True)
 
 

@@ -1,0 +1,331 @@
+"""Ring attention run on threads: K/V blocks travel around the ring, dK/dV follow them home.
+
+`ring_attention_forward` / `_backward` are what one worker runs; `RingAttention` runs N of
+them on `DeviceThreads`, checks them against one device and records a measured timeline.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from course_utils.actions import Action
+from course_utils.errors import CourseInputError, WorkerError
+from course_utils.parallel.context_parallel.attention import (
+    _block_attention,
+    _block_backward,
+    _merge,
+    causal_mask,
+)
+from course_utils.parallel.context_parallel.checks import (
+    _check_workers,
+    check_ring_inputs,
+)
+from course_utils.parallel.context_parallel.layout import (
+    _gather,
+    block_products,
+    sequence_chunks,
+    split_sequence,
+)
+from course_utils.threads.collectives import Communicator, ThreadGroup
+from course_utils.threads.devices import Aborted, DeviceThreads
+from course_utils.timeline import Event, Timeline
+
+# -- the ring, as run by one worker -------------------------------------------------------
+
+
+class Record(NamedTuple):
+    """One thing a worker did: compute ("F", "B") or a send ("SEND_F" K/V, "SEND_B" dK/dV)."""
+
+    kind: str
+    owner: int  # whose K/V block
+    label: str
+    start_ns: int
+    end_ns: int
+    products: int = 0
+    elements: int = 0
+
+
+def _send(comm: Communicator, dst: int, tensors, kind: str, owner: int, label: str, trace):
+    start = time.perf_counter_ns()
+    for t in tensors:
+        comm.send(dst, t)
+    if trace is not None:
+        trace.append(Record(kind, owner, label, start, time.perf_counter_ns()))
+
+
+def ring_attention_forward(
+    comm: Communicator,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    zigzag: bool = False,
+    trace: list[Record] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Worker `comm.rank`'s part of ring attention: (output, log-sum-exp) for its own queries.
+
+    `q`, `k`, `v` are this worker's tokens (`split_sequence`). In step s it holds the K/V
+    block of worker (rank - s) mod N; it first passes that block on to the right (so the
+    transfer could overlap with the compute), then merges its queries' attention to the
+    block into the running result, then takes the next block from the left.
+    """
+    n, rank = comm.world_size, comm.rank
+    right, left = (rank + 1) % n, (rank - 1) % n
+    chunk = q.shape[-2] // len(sequence_chunks(n, zigzag)[rank])
+    diagonal_mask = causal_mask(chunk, chunk, q.device)
+    out = torch.zeros_like(q)
+    lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
+    for step in range(n):
+        owner = (rank - step) % n
+        if step < n - 1:
+            _send(comm, right, (k, v), "SEND_F", owner, f"kv{owner}→{right}", trace)
+        start = time.perf_counter_ns()
+        products = block_products(rank, owner, n, zigzag, causal, chunk)
+        for p in products:
+            mask = diagonal_mask if p.diagonal else None
+            block_out, block_lse = _block_attention(
+                q[..., p.q_rows, :], k[..., p.kv_rows, :], v[..., p.kv_rows, :], mask
+            )
+            out[..., p.q_rows, :], lse[..., p.q_rows] = _merge(
+                out[..., p.q_rows, :], lse[..., p.q_rows], block_out, block_lse
+            )
+        if trace is not None and products:
+            elements = sum(p.elements() for p in products)
+            label = f"q{rank}·kv{owner}"
+            trace.append(
+                Record("F", owner, label, start, time.perf_counter_ns(), len(products), elements)
+            )
+        if step < n - 1:
+            k, v = comm.recv(left), comm.recv(left)
+    return out, lse
+
+
+def ring_attention_backward(
+    comm: Communicator,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    dout: torch.Tensor,
+    causal: bool = False,
+    zigzag: bool = False,
+    trace: list[Record] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Worker `comm.rank`'s part of the ring backward: (dq, dk, dv) for its own tokens.
+
+    The K/V blocks go around the ring again. Each block's dK/dV accumulator follows one
+    hop behind it: in step s the worker computes its share for the block in hand, takes
+    the block's accumulator from the left (every worker before it has added its share),
+    adds its own and passes it right. After the last step one more hop brings every
+    accumulator home to the block's owner.
+    """
+    n, rank = comm.world_size, comm.rank
+    right, left = (rank + 1) % n, (rank - 1) % n
+    chunk = q.shape[-2] // len(sequence_chunks(n, zigzag)[rank])
+    diagonal_mask = causal_mask(chunk, chunk, q.device)
+    delta = (dout * out).sum(dim=-1)  # D_i = dO_i . O_i, the same for every key block
+    dq = torch.zeros_like(q)
+    for step in range(n):
+        owner = (rank - step) % n
+        if step < n - 1:
+            _send(comm, right, (k, v), "SEND_F", owner, f"kv{owner}→{right}", trace)
+        start = time.perf_counter_ns()
+        dk_part, dv_part = torch.zeros_like(k), torch.zeros_like(v)
+        products = block_products(rank, owner, n, zigzag, causal, chunk)
+        for p in products:
+            qr, kr = p.q_rows, p.kv_rows
+            dq_p, dk_p, dv_p = _block_backward(
+                q[..., qr, :],
+                k[..., kr, :],
+                v[..., kr, :],
+                dout[..., qr, :],
+                lse[..., qr],
+                delta[..., qr],
+                diagonal_mask if p.diagonal else None,
+            )
+            dq[..., qr, :] += dq_p
+            dk_part[..., kr, :] += dk_p
+            dv_part[..., kr, :] += dv_p
+        if trace is not None and products:
+            elements = sum(p.elements() for p in products)
+            label = f"q{rank}·kv{owner}"
+            trace.append(
+                Record("B", owner, label, start, time.perf_counter_ns(), len(products), elements)
+            )
+        if step == 0:
+            dk_acc, dv_acc = dk_part, dv_part  # our own block: we are the first to add to it
+        else:
+            dk_acc, dv_acc = comm.recv(left), comm.recv(left)
+            dk_acc += dk_part
+            dv_acc += dv_part
+        if n > 1:
+            _send(comm, right, (dk_acc, dv_acc), "SEND_B", owner, f"dkv{owner}→{right}", trace)
+        if step < n - 1:
+            k, v = comm.recv(left), comm.recv(left)
+    if n == 1:
+        return dq, dk_acc, dv_acc
+    return dq, comm.recv(left), comm.recv(left)  # our own block's dK, dV, complete
+
+
+# -- running it on threads ----------------------------------------------------------------
+
+
+@dataclass
+class RingResult:
+    """One ring-attention run, put back in sequence order.
+
+    `out`, `lse` (and `dq`, `dk`, `dv` when a backward ran) are full-sequence tensors.
+    Per worker: bytes sent in the forward and in the backward (from the group's counters),
+    block products and attention-score elements (per head) computed in each pass.
+    `timeline` is measured (seconds since the run started).
+    """
+
+    out: torch.Tensor
+    lse: torch.Tensor
+    dq: torch.Tensor | None
+    dk: torch.Tensor | None
+    dv: torch.Tensor | None
+    bytes_forward: list[int]
+    bytes_backward: list[int]
+    products_forward: list[int]
+    products_backward: list[int]
+    elements_forward: list[int]
+    elements_backward: list[int]
+    timeline: Timeline
+
+    @property
+    def compute_seconds(self) -> list[float]:
+        """Measured compute time of each worker (forward and backward)."""
+        return self.timeline.busy_per_device()
+
+
+class RingAttention:
+    """Ring attention over `workers` threads; plain or zig-zag split; causal or not.
+
+    Use as a context manager (or call `close()`) to stop the threads:
+
+        with RingAttention(4, causal=True, zigzag=True) as ring:
+            result = ring.forward_backward(q, k, v, dout)   # q, k, v: (..., seq, d)
+    """
+
+    def __init__(
+        self, workers: int, causal: bool = False, zigzag: bool = False, timeout: float = 60.0
+    ) -> None:
+        _check_workers(workers)
+        if not isinstance(timeout, int | float) or not 0 < timeout < math.inf:
+            raise CourseInputError(
+                f"timeout must be a finite number of seconds > 0, got {timeout!r}"
+            )
+        self.workers, self.causal, self.zigzag = workers, bool(causal), bool(zigzag)
+        self.threads = DeviceThreads(workers, name="cp")
+        self.group = ThreadGroup(workers, abort=self.threads.abort, timeout=timeout)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> RingResult:
+        """The forward only: output and log-sum-exp (dq, dk, dv are None)."""
+        return self._run(q, k, v, None)
+
+    def forward_backward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor
+    ) -> RingResult:
+        """Forward, then backward with dL/d(out) = `dout`, both as rings."""
+        return self._run(q, k, v, dout)
+
+    def _run(self, q, k, v, dout) -> RingResult:
+        tensors = {"q": q, "k": k, "v": v} | ({} if dout is None else {"dout": dout})
+        check_ring_inputs(tensors, self.workers, self.zigzag)
+        split = {
+            name: split_sequence(t.detach(), self.workers, self.zigzag)
+            for name, t in tensors.items()
+        }
+        self.group.reset_counters()
+        sent = self.group.bytes_sent  # each worker only adds to its own entry
+        opts = {"causal": self.causal, "zigzag": self.zigzag}
+
+        def work(rank: int):
+            def run():
+                comm, trace, doing = self.group.comm(rank), [], "forward"
+                qr, kr, vr = split["q"][rank], split["k"][rank], split["v"][rank]
+                try:
+                    with torch.no_grad():
+                        out, lse = ring_attention_forward(comm, qr, kr, vr, trace=trace, **opts)
+                        after_forward, grads = sent[rank], None
+                        if dout is not None:
+                            doing = "backward"
+                            grads = ring_attention_backward(
+                                comm, qr, kr, vr, out, lse, split["dout"][rank], trace=trace, **opts
+                            )
+                except Aborted:
+                    raise  # a peer failed first; the pool reports that one
+                except Exception as exc:
+                    last = f", after {trace[-1].kind} {trace[-1].label}" if trace else ""
+                    raise WorkerError(
+                        f"device {rank} failed in the ring attention {doing}{last}: "
+                        f"{type(exc).__name__}: {exc}"
+                    ) from exc
+                return out, lse, grads, after_forward, sent[rank] - after_forward, trace
+
+            return run
+
+        t0 = time.perf_counter_ns()
+        try:
+            results = self.threads.run([work(r) for r in range(self.workers)])
+        except Exception:
+            self.group.reset()  # drop half-delivered messages so the next run starts clean
+            raise
+        return self._result(results, t0, dout is not None)
+
+    def _result(self, results, t0: int, backward: bool) -> RingResult:
+        layout = sequence_chunks(self.workers, self.zigzag)
+
+        def gather(i: int, j: int | None = None, dim: int = -2):
+            return _gather([r[i] if j is None else r[i][j] for r in results], layout, dim)
+
+        traces = [r[5] for r in results]
+
+        def count(kind: str, field: str) -> list[int]:
+            return [sum(getattr(x, field) for x in t if x.kind == kind) for t in traces]
+
+        split = "zig-zag" if self.zigzag else "plain"
+        mask = "causal" if self.causal else "full"
+        timeline = Timeline(
+            [_event(rank, rec, t0) for rank, t in enumerate(traces) for rec in t],
+            self.workers,
+            name=f"ring attention ({split} split, {mask}), p={self.workers}",
+            source="measured",
+            unit="s",
+            meta={"zigzag": self.zigzag, "causal": self.causal},
+        )
+        return RingResult(
+            out=gather(0),
+            lse=gather(1, dim=-1),
+            dq=gather(2, 0) if backward else None,
+            dk=gather(2, 1) if backward else None,
+            dv=gather(2, 2) if backward else None,
+            bytes_forward=[r[3] for r in results],
+            bytes_backward=[r[4] for r in results],
+            products_forward=count("F", "products"),
+            products_backward=count("B", "products"),
+            elements_forward=count("F", "elements"),
+            elements_backward=count("B", "elements"),
+            timeline=timeline,
+        )
+
+    def close(self) -> None:
+        self.threads.close()
+
+    def __enter__(self) -> RingAttention:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+
+def _event(rank: int, rec: Record, t0: int) -> Event:
+    action = Action(0, rec.kind, rec.owner)  # "micro-batch" = whose K/V block: its colour
+    return Event(rank, action, (rec.start_ns - t0) / 1e9, (rec.end_ns - t0) / 1e9, rec.label)

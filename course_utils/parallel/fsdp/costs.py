@@ -1,0 +1,211 @@
+"""ZeRO on paper: bytes sent and held per worker, and a simulator of one step's timeline.
+
+`simulate_fsdp` runs `program.fsdp_program` with per-layer compute times and collective
+times from bytes / bandwidth; `costs_from_timeline` reads those costs off a measured run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from course_utils import plan
+from course_utils.actions import Action
+from course_utils.errors import CourseInputError
+from course_utils.parallel.fsdp.program import STAGES, _check_choice, _check_int, fsdp_program
+from course_utils.parallel.fsdp.shards import padded_shard_numels
+from course_utils.threads.ring import ring_bytes_per_rank
+from course_utils.timeline import Event, Timeline
+
+# -- formulas: traffic and memory per worker ---------------------------------------------------
+
+
+def fsdp_traffic_bytes(
+    layer_numels: Sequence[int],
+    workers: int,
+    stage: int,
+    microbatches: int = 1,
+    element_size: int = 4,
+) -> dict[str, int]:
+    """Bytes every worker sends in one step (ring collectives on padded shards).
+
+    One ring all-gather or reduce-scatter of a layer sends (N-1) x shard bytes per worker,
+    shard = ceil(numel / N) elements. ZeRO (arXiv 1910.02054, Section 7): stages 1 and 2
+    reduce-scatter the gradients and all-gather the updated parameters, 2 Psi in all, the
+    same as the all-reduce of plain data parallelism; stage 3 all-gathers the parameters
+    twice (forward and backward) and reduce-scatters once: 3 Psi, 1.5x. With m
+    micro-batches, stage 3 repeats all three per micro-batch and stage 2 its
+    reduce-scatter; stage 1 (full gradients kept) and plain data parallelism accumulate
+    locally and communicate once.
+    """
+    _check_choice(stage, "stage", STAGES)
+    _check_int(workers, "workers", 1, 10**6)
+    _check_int(microbatches, "microbatches", 1, 10**6)
+    per_pass = sum(
+        (workers - 1) * s * element_size for s in padded_shard_numels(layer_numels, workers)
+    )
+    gathers = {1: 1, 2: 1, 3: 2 * microbatches}[stage]
+    reduce_scatters = {1: 1, 2: microbatches, 3: microbatches}[stage]
+    return {
+        "all_gather": gathers * per_pass,
+        "reduce_scatter": reduce_scatters * per_pass,
+        "total": (gathers + reduce_scatters) * per_pass,
+    }
+
+
+def dp_traffic_bytes(layer_numels: Sequence[int], workers: int, element_size: int = 4) -> list[int]:
+    """Bytes each worker sends per step in plain data parallelism: one ring all-reduce of
+    all gradients (`course_utils.parallel.data_parallel`), 2 (N-1)/N x Psi x element_size."""
+    return ring_bytes_per_rank(sum(layer_numels), workers, element_size)
+
+
+def precision_for(element_size: int) -> plan.Precision:
+    """The planner's byte counts for Adam at this width: fp32 is 4 + 4 + 8, fp64 8 + 8 + 16."""
+    if element_size == 4:
+        return plan.get_precision("fp32")
+    return plan.Precision(
+        "fp64", element_size, element_size, 2 * element_size, element_size, "fp32"
+    )
+
+
+def zero_memory_bytes(
+    layer_numels: Sequence[int],
+    workers: int,
+    stage: int,
+    element_size: int = 4,
+    padded: bool = False,
+) -> dict[str, float]:
+    """`plan.model_state_bytes` for these layers: parameters, gradients, Adam state per worker.
+
+    With `padded=True` every layer counts its zero padding too (numel rounded up to a
+    multiple of N), which is what the threads really hold.
+    """
+    numels = layer_numels
+    if padded:
+        numels = [s * workers for s in padded_shard_numels(layer_numels, workers)]
+    return plan.model_state_bytes(sum(numels), precision_for(element_size), zero=stage, dp=workers)
+
+
+def gathered_bytes_bound(
+    layer_numels: Sequence[int], workers: int, prefetch: int, element_size: int = 4
+) -> int:
+    """Most bytes of gathered layers a stage-3 worker can hold at once: the k + 1 largest
+    padded layers (the one computing plus k prefetched). The price of prefetching."""
+    sizes = sorted(
+        (s * workers * element_size for s in padded_shard_numels(layer_numels, workers)),
+        reverse=True,
+    )
+    return sum(sizes[: prefetch + 1])
+
+
+# -- the simulator ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FSDPCosts:
+    """Seconds per layer per micro-batch shard (`forward[l]`, `backward[l]`), and the link.
+
+    A ring collective of a layer takes (N-1) x (shard bytes / bandwidth + latency):
+    N-1 steps, each moving one shard over one link.
+    """
+
+    forward: tuple[float, ...]
+    backward: tuple[float, ...]
+    layer_numels: tuple[int, ...]
+    bandwidth: float  # bytes per second per link
+    latency: float = 0.0  # seconds per ring step
+    element_size: int = 4
+    optimizer: float = 0.0
+
+    def __post_init__(self) -> None:
+        n = len(self.layer_numels)
+        if n < 1 or len(self.forward) != n or len(self.backward) != n:
+            raise CourseInputError("forward, backward and layer_numels need one entry per layer")
+        values = [*self.forward, *self.backward, self.latency, self.optimizer]
+        if not all(math.isfinite(v) and v >= 0 for v in values):
+            raise CourseInputError("compute times and latency must be finite and >= 0 seconds")
+        if not self.bandwidth > 0:
+            raise CourseInputError(f"bandwidth must be > 0 bytes/s, got {self.bandwidth!r}")
+
+    def collective_time(self, layer: int, workers: int) -> float:
+        shard = padded_shard_numels([self.layer_numels[layer]], workers)[0]
+        return (workers - 1) * (shard * self.element_size / self.bandwidth + self.latency)
+
+
+def simulate_fsdp(
+    costs: FSDPCosts, workers: int, stage: int = 3, prefetch: int = 1, microbatches: int = 1
+) -> Timeline:
+    """Predict one step's timeline: the workers' program on a compute and a comm stream.
+
+    The compute stream runs F, B and the optimizer; a "wait" holds it until the collective
+    is done. The communication stream runs collectives one at a time in issue order, each
+    starting when it is issued or when the previous one ends, whichever is later. All
+    workers are alike, so every row of the timeline is the same.
+    """
+    _check_int(workers, "workers", 1, 10**6)
+    program, comms = fsdp_program(len(costs.layer_numels), stage, prefetch, microbatches)
+    clock, comm_free = 0.0, 0.0
+    done_at: dict[int, float] = {}
+    events: list[tuple[Action, float, float, str | None]] = []
+    for instr in program:
+        # issue/wait name a collective, F/B/free a layer (fsdp_program builds them so)
+        layer, mb, c = instr.layer or 0, instr.microbatch, instr.comm or 0
+        if instr.op == "issue":
+            op = comms[c]
+            start = max(clock, comm_free)
+            comm_free = done_at[c] = start + costs.collective_time(op.layer, workers)
+            events.append((Action(op.layer, op.kind, op.microbatch), start, comm_free, op.label))
+        elif instr.op == "wait":
+            clock = max(clock, done_at[c])
+        elif instr.op in ("F", "B"):
+            cost = (costs.forward if instr.op == "F" else costs.backward)[layer]
+            events.append((Action(layer, instr.op, mb), clock, clock + cost, f"L{layer}"))
+            clock += cost
+        elif instr.op == "free":
+            events.append((Action(layer, "RESHARD", mb), clock, clock, f"free L{layer}"))
+        else:
+            clock += costs.optimizer
+    return Timeline(
+        [Event(d, a, s, e, label) for d in range(workers) for a, s, e, label in events],
+        workers,
+        name=f"ZeRO-{stage}, {workers} workers, prefetch {prefetch}",
+        source="simulated",
+        unit="s",
+        meta={"microbatches": microbatches, "chunks": 1, "stage": stage},
+    )
+
+
+def costs_from_timeline(
+    timeline: Timeline, layer_numels: Sequence[int], workers: int, element_size: int = 4
+) -> FSDPCosts:
+    """Per-layer compute times and an effective bandwidth read off a measured timeline.
+
+    Forward and backward costs are the mean duration of each layer's F and B events. The
+    bandwidth is the collectives' bytes per worker divided by their time (which includes
+    waiting for the slowest peer, so it is an effective bandwidth, not the link's).
+    """
+    n = len(layer_numels)
+    durations: dict[tuple[str, int], list[float]] = {}
+    comm_bytes, comm_time = 0.0, 0.0
+    shards = padded_shard_numels(layer_numels, workers)
+    for e in timeline.events:
+        kind, layer = e.action.kind, e.action.stage
+        if kind in ("F", "B"):
+            durations.setdefault((kind, layer), []).append(e.duration)
+        elif kind in ("UNSHARD", "REDUCE_GRAD"):
+            comm_bytes += (workers - 1) * shards[layer] * element_size
+            comm_time += e.duration
+
+    def mean(kind: str, layer: int) -> float:
+        values = durations.get((kind, layer), [])
+        return sum(values) / len(values) if values else 0.0
+
+    bandwidth = comm_bytes / comm_time if comm_bytes > 0 and comm_time > 0 else float("inf")
+    return FSDPCosts(
+        forward=tuple(mean("F", i) for i in range(n)),
+        backward=tuple(mean("B", i) for i in range(n)),
+        layer_numels=tuple(layer_numels),
+        bandwidth=bandwidth,
+        element_size=element_size,
+    )
