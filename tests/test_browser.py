@@ -1,9 +1,9 @@
 """JupyterLab in a real browser: headless Debian Chromium driven by Playwright.
 
 Run with `make test-browser` (CI installs Debian's chromium with apt; no browser download).
-Opens the course index and the pipeline explorer lesson, runs all cells, checks there is no
-error output, that the Gantt chart image is visible, and that moving the micro-batch slider
-changes the chart and the bubble %. Screenshots go to `screenshots/` (git-ignored).
+Opens the course index, the pipeline explorer lesson and the lessons 08-11, runs all cells,
+checks there is no error output, that the charts are visible, and that moving the micro-batch
+slider changes the chart and the bubble %. Screenshots go to `screenshots/` (git-ignored).
 """
 
 from __future__ import annotations
@@ -156,4 +156,27 @@ def test_explorer_slider_changes_chart_and_bubble(browser, lab):
     assert bubble_after != bubble_before, (bubble_before, bubble_after)
     assert chart.evaluate("img => img.complete && img.naturalWidth > 200")
     assert _error_outputs(page) == []
+    page.close()
+
+
+# The lessons of the newer dimensions, each run top to bottom as a learner would.
+NEW_DIMENSIONS = [
+    "notebooks/08_sharded_data_parallelism.ipynb",
+    "notebooks/09_sequence_context_parallelism.ipynb",
+    "notebooks/10_mixture_of_experts.ipynb",
+    "notebooks/11_v_shaped_schedules.ipynb",
+]
+
+
+@pytest.mark.parametrize("path", NEW_DIMENSIONS, ids=lambda p: p.split("/")[-1][:2])
+def test_new_dimension_lessons_run_in_the_browser(browser, lab, path):
+    assert (ROOT / path).exists(), f"{path} is missing"
+    page = _open_and_run_all(browser, lab, path)
+    name = path.split("/")[-1].removesuffix(".ipynb")
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=False)
+    assert _error_outputs(page) == []
+    # Every lesson draws charts: at least one rendered image is on the page.
+    images = page.locator(".jp-OutputArea-output img")
+    assert images.count() >= 1
+    assert images.first.evaluate("img => img.complete && img.naturalWidth > 100")
     page.close()
