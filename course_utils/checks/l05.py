@@ -182,10 +182,12 @@ def _peaks_3(v: Variant) -> tuple[int, int]:
     from course_utils.pipeline.simulate import simulate
 
     p, chunks, m = given_3(v).values()
-    return tuple(
-        simulate(make_schedule(name, p, m, chunks=chunks)).peak_activations[0]
+    depth, breadth = (
+        simulate(make_schedule(name, p, m, chunks=chunks)).peak_activations
         for name in ("interleaved", "breadth-first")
     )
+    assert depth is not None and breadth is not None
+    return int(depth[0]), int(breadth[0])
 
 
 def exercise_3(smaller_bubble, less_memory, breadth_first_peak, v: Variant = DEFAULT) -> None:
@@ -374,7 +376,7 @@ def exercise_5(problem, fix, best_chunks, v: Variant = DEFAULT) -> None:
     if best not in CHUNK_CHOICES:
         fail("`best_chunks` is one of the values in the sweep: 1, 2, 4 or 8.")
     spans = _spans_5(v)
-    fastest = min(spans, key=spans.get)
+    fastest = min(spans, key=lambda c: spans[c])
     m, transfer = given_5(v).values()
     if best != fastest:
         fail(
