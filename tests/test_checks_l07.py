@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from course_utils.checks import CheckFailed, NotAnswered
+from course_utils.checks import CheckFailed, NotAnswered, Variant
 from course_utils.checks import l07 as check
 
 

@@ -1,7 +1,10 @@
 """Checks for the exercises of lesson 07 (tensor parallelism and hybrid parallelism).
 
 Each `exercise_K` is called by the check cell of Exercise 7.K in
-`exercises/07_tensor_hybrid_parallelism.ipynb`. Sources: the column/row split of the
+`exercises/07_tensor_hybrid_parallelism.ipynb`, with the learner's variant `v`: `given_K(v)`
+draws the exercise's numbers (the default student gets the course's own) and every expected
+answer is computed from them; the Build exercises (7.1, 7.5) are tried on inputs drawn from
+`v.cases(...)`. Sources: the column/row split of the
 Megatron-LM MLP (Shoeybi et al. 2019, arXiv 1909.08053), the ring all-reduce's
 2(N-1)/N bytes per device (Patarasuk & Yuan 2009), ZeRO's model-state formulas
 (Rajbhandari et al. 2020, arXiv 1910.02054), 3D layouts (Narayanan et al. 2021,
@@ -11,9 +14,9 @@ torch is imported lazily, only by the checks that need it.
 
 from __future__ import annotations
 
-import random
-
 from course_utils.checks import (
+    DEFAULT,
+    Variant,
     as_choice,
     as_int,
     as_number,
@@ -24,6 +27,17 @@ from course_utils.checks import (
     fail,
     passed,
 )
+from course_utils.checks import (
+    for_student as _for_student,
+)
+
+
+def for_student(student: str = "default"):
+    """This lesson's checks with `student`'s numbers (the notebook's first code cell)."""
+    import sys
+
+    return _for_student(sys.modules[__name__], student)
+
 
 # --------------------------------------------------------------------------- 7.1
 
@@ -36,23 +50,47 @@ def _tensor(value, what: str):
     return value
 
 
-def exercise_1(split_columns, gather_outputs) -> None:
-    """Build split_columns(A, n) and gather_outputs(parts) for a column-parallel layer."""
-    import torch
-
-    split = check_function(split_columns, "split_columns")
-    gather = check_function(gather_outputs, "gather_outputs")
-    rng = random.Random()
+def _shapes_1(v: Variant) -> list[tuple[int, int, int, int]]:
+    """(d_in, n, d_out, seed) of exercise 7.1's cases, drawn from the student's cases seed."""
+    rng = v.cases("1")
     n0 = rng.randint(2, 4)
     cases = [(rng.randint(2, 12), n0, n0 * rng.randint(1, 4))]  # n divides d_out: plain cases
     cases += [
         (rng.randint(2, 12), n, rng.randint(n, 4 * n + 3)) for n in rng.choices(range(1, 6), k=5)
     ]
     cases.append((rng.randint(2, 8), 3, 3 * rng.randint(2, 4) + 2))  # n does not divide d_out
-    for d_in, n, d_out in cases:
-        gen = torch.Generator().manual_seed(rng.randrange(2**31))
-        A = torch.randn(d_in, d_out, generator=gen)
-        X = torch.randn(2, 3, d_in, generator=gen)  # 2 sequences of 3 tokens
+    return [(d_in, n, d_out, rng.randrange(2**31)) for d_in, n, d_out in cases]
+
+
+def _tensors_1(d_in: int, n: int, d_out: int, seed: int):
+    """A, X and the right partial outputs X @ A_i of one case of exercise 7.1."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    A = torch.randn(d_in, d_out, generator=gen)
+    X = torch.randn(2, 3, d_in, generator=gen)  # 2 sequences of 3 tokens
+    parts = [X @ block for block in torch.tensor_split(A, n, dim=1)]
+    return A, X, parts
+
+
+def cases_1(v: Variant = DEFAULT) -> dict[str, list[tuple]]:
+    tensors = [(_tensors_1(*case), case[1]) for case in _shapes_1(v)]
+    return {
+        "split_columns": [(A, n) for (A, _, _), n in tensors],
+        "gather_outputs": [(parts,) for (_, _, parts), _ in tensors],
+    }
+
+
+def exercise_1(split_columns, gather_outputs, v: Variant = DEFAULT) -> None:
+    """Build split_columns(A, n) and gather_outputs(parts) for a column-parallel layer."""
+    import torch
+
+    split = check_function(split_columns, "split_columns")
+    gather = check_function(gather_outputs, "gather_outputs")
+    shapes = _shapes_1(v)
+    cases = [(d_in, n, d_out) for d_in, n, d_out, _ in shapes]
+    for d_in, n, d_out, seed in shapes:
+        A, X, parts = _tensors_1(d_in, n, d_out, seed)
         shown = f"split_columns(A, {n}) with A of shape {tuple(A.shape)}"
         shards = as_sequence(split(A.clone(), n), shown)
         if len(shards) != n:
@@ -91,7 +129,6 @@ def exercise_1(split_columns, gather_outputs) -> None:
                 "block of consecutive columns, in order (device 0 gets the first ones)."
             )
         # gather_outputs is tested on correct shards, so its own mistakes show up alone.
-        parts = [X @ block for block in torch.tensor_split(A, n, dim=1)]
         shown = f"gather_outputs(parts) with {n} parts of shapes {[tuple(p.shape) for p in parts]}"
         Y = gather([p.clone() for p in parts])
         Y = _tensor(Y, shown)
@@ -115,13 +152,19 @@ def exercise_1(split_columns, gather_outputs) -> None:
 # --------------------------------------------------------------------------- 7.2
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "broadcast", "none")
-# 4 sequences x 1024 tokens x d_model 3072, bf16, over 4 devices
-EX2_TENSOR_BYTES = 4 * 1024 * 3072 * 2
-EX2_DEVICES = 4
 
 
-def exercise_2(collective, bytes_per_device) -> None:
+def given_2(v: Variant = DEFAULT) -> dict:
+    tp = v.pick("2tp", 4, [2, 4, 8])
+    sequences, tokens, d_model = v.pick(
+        "2shape", (4, 1024, 3072), [(2, 2048, 4096), (8, 512, 2048), (4, 2048, 5120)]
+    )
+    return {"tp": tp, "sequences": sequences, "tokens": tokens, "d_model": d_model}
+
+
+def exercise_2(collective, bytes_per_device, v: Variant = DEFAULT) -> None:
     """Row-parallel output: which collective, and the bytes each device sends (ring)."""
+    g = given_2(v)
     kind = as_choice(collective, COLLECTIVES, "collective")
     sent = as_number(bytes_per_device, "bytes_per_device")
     if kind != "all-reduce":
@@ -136,7 +179,7 @@ def exercise_2(collective, bytes_per_device) -> None:
             "none": "each device holds only a partial sum X_i A_i; Y is their sum.",
         }
         fail(f"`collective` = {kind!r} is not it: {hints[kind]}")
-    size, n = EX2_TENSOR_BYTES, EX2_DEVICES
+    size, n = g["sequences"] * g["tokens"] * g["d_model"] * 2, g["tp"]
     want = 2 * (n - 1) / n * size
     if close(sent, want):
         passed(
@@ -160,7 +203,7 @@ def exercise_2(collective, bytes_per_device) -> None:
             "`collective` is right, but check the bytes per value: bf16 takes 2 bytes, "
             "and the factor is 2(N-1)/N."
         )
-    if close(sent, n * want):
+    if n > 2 and close(sent, n * want):
         fail("`collective` is right. That is all devices together; the question asks per device.")
     if close(sent, (n - 1) * size):
         fail(
@@ -180,13 +223,17 @@ def exercise_2(collective, bytes_per_device) -> None:
 
 # --------------------------------------------------------------------------- 7.3
 
-EX3_PARAMS = 5e9
-EX3_DP = 16
 GB = 1e9
 
 
-def _zero_gb(stage: int) -> float:
-    psi, n = EX3_PARAMS, EX3_DP
+def given_3(v: Variant = DEFAULT) -> dict:
+    params_b, dp = v.pick("3", (5, 16), [(7, 8), (3, 32), (13, 64), (6, 16)])
+    return {"params": params_b * 1e9, "dp": dp}
+
+
+def _zero_gb(stage: int, v: Variant = DEFAULT) -> float:
+    g = given_3(v)
+    psi, n = g["params"], g["dp"]
     return {
         0: 16 * psi,
         1: 4 * psi + 12 * psi / n,
@@ -195,8 +242,8 @@ def _zero_gb(stage: int) -> float:
     }[stage] / GB
 
 
-def exercise_3(zero1_gb, zero2_gb, zero3_gb) -> None:
-    """Model states per device under ZeRO-1/2/3: 5B parameters, 16 data-parallel devices."""
+def exercise_3(zero1_gb, zero2_gb, zero3_gb, v: Variant = DEFAULT) -> None:
+    """Model states per device under ZeRO-1/2/3 for the given parameters and devices."""
     answers = {
         1: as_number(zero1_gb, "zero1_gb"),
         2: as_number(zero2_gb, "zero2_gb"),
@@ -209,17 +256,17 @@ def exercise_3(zero1_gb, zero2_gb, zero3_gb) -> None:
     }
     for stage, value in answers.items():
         name = f"zero{stage}_gb"
-        want = _zero_gb(stage)
+        want = _zero_gb(stage, v)
         if close(value, want, rel=2e-3):
             continue
         if value > 1e6:
             fail(f"`{name}` looks like bytes; give it in GB (1 GB = 1e9 bytes).")
         if close(value, want * GB / 2**30, rel=2e-3):
             fail(f"`{name}` is in GiB (2**30 bytes); the exercise uses GB = 1e9 bytes.")
-        if close(value, _zero_gb(0), rel=2e-3):
+        if close(value, _zero_gb(0, v), rel=2e-3):
             fail(f"`{name}` = {value:g} GB is plain data parallelism: nothing is sharded yet.")
         for other in (1, 2, 3):
-            if other != stage and close(value, _zero_gb(other), rel=2e-3):
+            if other != stage and close(value, _zero_gb(other, v), rel=2e-3):
                 fail(
                     f"`{name}` = {value:g} GB is the value of ZeRO-{other}. ZeRO-{stage} shards "
                     f"{sharded[stage]}"
@@ -228,12 +275,12 @@ def exercise_3(zero1_gb, zero2_gb, zero3_gb) -> None:
         fail(
             f"`{name}` is not right. Start from 2 + 2 + 12 bytes per parameter (bf16 weights, "
             f"bf16 gradients, fp32 Adam state); ZeRO-{stage} divides {sharded[stage]} by the "
-            f"{EX3_DP} data-parallel devices"
+            f"{given_3(v)['dp']} data-parallel devices"
             + (" and keeps the rest whole on every device." if stage < 3 else ".")
         )
     passed(
-        "Right: 80 GB per device without ZeRO becomes "
-        f"{_zero_gb(1):g}, {_zero_gb(2):g} and {_zero_gb(3):g} GB with ZeRO-1, 2 and 3."
+        f"Right: {_zero_gb(0, v):g} GB per device without ZeRO becomes "
+        f"{_zero_gb(1, v):g}, {_zero_gb(2, v):g} and {_zero_gb(3, v):g} GB with ZeRO-1, 2 and 3."
     )
 
 
@@ -251,7 +298,7 @@ EX4 = {
 }
 
 
-def exercise_4(tp, pp, dp) -> None:
+def exercise_4(tp, pp, dp, v: Variant = DEFAULT) -> None:
     """Choose tp, pp, dp for a 20B model on 4 nodes of 8 GPUs, graded by constraints."""
     t, p, d = as_int(tp, "tp"), as_int(pp, "pp"), as_int(dp, "dp")
     s = EX4
@@ -318,14 +365,24 @@ def _groups(rank: int, tp: int, pp: int, dp: int) -> dict[str, list[int]]:
     }
 
 
-def exercise_5(groups_of) -> None:
-    """Build groups_of(rank, tp, pp, dp): the tensor, pipeline and data groups of one rank."""
-    call = check_function(groups_of, "groups_of")
-    rng = random.Random()
-    cases = [(2, 4, 2, rng.randrange(16))]  # the lesson's grid
+def _grids_5(v: Variant) -> list[tuple[int, int, int, int]]:
+    """(tp, pp, dp, rank) of exercise 7.5's cases: the lesson's grid, then random ones."""
+    rng = v.cases("5")
+    cases = [(2, 4, 2, rng.randrange(16))]
     for _ in range(8):
         tp, pp, dp = rng.randint(1, 4), rng.randint(1, 4), rng.randint(1, 3)
         cases.append((tp, pp, dp, rng.randrange(tp * pp * dp)))
+    return cases
+
+
+def cases_5(v: Variant = DEFAULT) -> dict[str, list[tuple]]:
+    return {"groups_of": [(rank, tp, pp, dp) for tp, pp, dp, rank in _grids_5(v)]}
+
+
+def exercise_5(groups_of, v: Variant = DEFAULT) -> None:
+    """Build groups_of(rank, tp, pp, dp): the tensor, pipeline and data groups of one rank."""
+    call = check_function(groups_of, "groups_of")
+    cases = _grids_5(v)
     for tp, pp, dp, rank in cases:
         shown = f"groups_of({rank}, tp={tp}, pp={pp}, dp={dp})"
         got = call(rank, tp, pp, dp)
@@ -374,7 +431,7 @@ PROBLEMS = ("a", "b", "c", "d")
 FIXES = ("a", "b", "c", "d")
 
 
-def exercise_6(problem, fix) -> None:
+def exercise_6(problem, fix, v: Variant = DEFAULT) -> None:
     """Diagnose a regression when tensor parallelism grows from 4 to 8 on nodes of 4 GPUs."""
     pr = as_choice(problem, PROBLEMS, "problem")
     fx = as_choice(fix, FIXES, "fix")
@@ -407,18 +464,25 @@ def exercise_6(problem, fix) -> None:
 
 # --------------------------------------------------------------------------- 7.7
 
-EX7 = {"layers": 16, "block_gb": 0.5, "input_gb": 0.125, "segments": 4}
+
+def given_7(v: Variant = DEFAULT) -> dict:
+    layers, segments = v.pick("7ls", (16, 4), [(24, 6), (36, 6), (32, 8), (12, 3)])
+    block_gb, input_gb = v.pick("7gb", (0.5, 0.125), [(0.4, 0.1), (0.6, 0.2), (0.8, 0.25)])
+    return {"layers": layers, "block_gb": block_gb, "input_gb": input_gb, "segments": segments}
 
 
-def exercise_7(peak_gb, extra_compute) -> None:
-    """Activation recomputation: peak activation memory and extra compute for 4 segments."""
+def exercise_7(peak_gb, extra_compute, v: Variant = DEFAULT) -> None:
+    """Activation recomputation: peak activation memory and extra compute with k segments."""
     peak = as_number(peak_gb, "peak_gb")
     extra = as_number(extra_compute, "extra_compute")
-    L, a, x, k = EX7["layers"], EX7["block_gb"], EX7["input_gb"], EX7["segments"]
+    L, a, x, k = given_7(v).values()
     want_peak = k * x + (L // k) * a
     if not close(peak, want_peak, rel=2e-3):
         if close(peak, L * a, rel=2e-3):
-            fail("`peak_gb` = 8 GB is memory without recomputation: every block keeps everything.")
+            fail(
+                f"`peak_gb` = {L * a:g} GB is memory without recomputation: every block keeps "
+                "everything."
+            )
         if close(peak, (L // k) * a, rel=2e-3):
             fail(
                 "`peak_gb` counts the segment being recomputed, but not the segment inputs "
