@@ -196,3 +196,75 @@ def test_grid_exercise_catches_wrong_groups():
         )
     with pytest.raises(NotAnswered):
         check.exercise_5(stub)
+
+
+STUDENTS = ["s7", "alice", "bob", "carol", "dave", "erin"]
+
+
+def right_for(v: Variant) -> dict:
+    """Each exercise with per-student numbers: its right answer for student v, computed here."""
+    g2, g3, g7 = check.given_2(v), check.given_3(v), check.given_7(v)
+    size = g2["sequences"] * g2["tokens"] * g2["d_model"] * 2
+    psi, n = g3["params"], g3["dp"]
+    k = g7["segments"]
+    return {
+        2: ("all-reduce", 2 * (g2["tp"] - 1) / g2["tp"] * size),
+        3: ((4 * psi + 12 * psi / n) / 1e9, (2 * psi + 14 * psi / n) / 1e9, 16 * psi / n / 1e9),
+        7: (k * g7["input_gb"] + g7["layers"] // k * g7["block_gb"], 1 / 3),
+    }
+
+
+@pytest.mark.parametrize("student", STUDENTS)
+def test_every_student_passes_with_their_own_numbers(student, capsys):
+    v = Variant(student)
+    for k, answers in right_for(v).items():
+        getattr(check, f"exercise_{k}")(*answers, v=v)
+        assert capsys.readouterr().out.startswith("✅")
+
+
+def test_the_default_student_gets_the_lessons_numbers():
+    for k, answers in right_for(Variant("default")).items():
+        for mine, lessons in zip(answers, RIGHT[k], strict=True):
+            assert mine == lessons or math.isclose(mine, lessons), (k, mine, lessons)
+
+
+def test_every_variant_keeps_the_exercises_sensible():
+    seen = {k: set() for k in (2, 3, 7)}
+    for student in ["default", *STUDENTS]:
+        v = Variant(student)
+        for k in seen:
+            seen[k].add(repr(getattr(check, f"given_{k}")(v)))
+        g7 = check.given_7(v)
+        assert g7["layers"] % g7["segments"] == 0  # whole segments
+        assert (
+            g7["segments"] * g7["input_gb"] + g7["layers"] // g7["segments"] * g7["block_gb"]
+            < g7["layers"] * g7["block_gb"]
+        )  # recomputation saves memory
+        assert check.given_2(v)["tp"] > 1 and check.given_3(v)["dp"] > 1
+    assert all(len(s) >= 3 for s in seen.values())
+
+
+def test_a_neighbours_answers_fail():
+    """Students whose numbers differ from the default's cannot pass with the lesson's answers."""
+    failed = 0
+    for student in STUDENTS:
+        v = Variant(student)
+        for k, answers in right_for(v).items():
+            if all(
+                isinstance(a, str) or math.isclose(a, b, rel_tol=1e-2)
+                for a, b in zip(answers, RIGHT[k], strict=True)
+            ):
+                continue  # the same numbers as the default's: nothing to tell apart
+            with pytest.raises(CheckFailed):
+                getattr(check, f"exercise_{k}")(*RIGHT[k], v=v)
+            failed += 1
+    assert failed >= 6
+
+
+def test_build_inputs_follow_the_cases_seed():
+    a, b = Variant("s7", cases_seed=3), Variant("s7", cases_seed=4)
+    assert repr(check.cases_1(a)) == repr(check.cases_1(a))
+    assert repr(check.cases_1(a)) != repr(check.cases_1(b))
+    assert check.cases_5(a) == check.cases_5(a) != check.cases_5(b)
+    A, n = check.cases_1(a)["split_columns"][0]
+    assert isinstance(A, torch.Tensor) and A.shape[1] % n == 0
