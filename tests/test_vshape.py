@@ -468,3 +468,28 @@ def test_executor_refuses_a_stage_on_two_devices():
         with pytest.raises(ScheduleError, match=message):
             ex.step(bad, x, y)
         assert ex.step(zb_v(p, m), x, y).loss > 0  # still usable
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_measured_stage_costs_count_each_backward_once_when_b_and_i_w_mix():
+    """DualPipeV runs some backwards whole (B) and some split (I, then W) on one stage: the
+    measured backward cost per micro-batch is all of that stage's backward time over m,
+    not mean(B) + mean(I) + mean(W) (which counted a backward about twice)."""
+    p, m = 2, 4
+    model = make_mlp(2 * p)
+    x, y = model.example_batch(2 * m, torch.Generator().manual_seed(3))
+    sched = dualpipe_v(p, m)
+    with PipelineExecutor(partition(model, 2 * p), p, loss_fn) as ex:
+        result = ex.step(sched, x, y)
+    kinds = {
+        s: {e.action.kind for e in result.timeline.events if e.action.stage == s}
+        for s in range(2 * p)
+    }
+    assert any({"B", "I", "W"} <= k for k in kinds.values())  # the case this test is about
+    for s in range(2 * p):
+        spent = sum(
+            e.duration
+            for e in result.timeline.events
+            if e.action.stage == s and e.action.kind in ("B", "I", "W")
+        )
+        assert result.stage_costs.backward[s] == pytest.approx(spent / m)

@@ -469,12 +469,18 @@ def _stage_costs(events: list[Event], schedule: Schedule) -> StageCosts:
         return sum(values) / len(values) if values else 0.0
 
     split = any(kind == "W" for _, kind in total)
-    forward, backward, weight = [], [], []
+    forward, backward, weight, split_backward = [], [], [], []
     for s in range(schedule.stages):
         forward.append(mean(s, "F"))
-        backward.append(mean(s, "B") + mean(s, "I") + mean(s, "W"))
+        # One backward per micro-batch: a whole B, or an I whose W comes later. DualPipeV
+        # mixes both on one stage, so average over the passes, not over each kind apart.
+        b, i, w = (total.get((s, kind), []) for kind in ("B", "I", "W"))
+        passes = len(b) + len(i)
+        backward.append((sum(b) + sum(i) + sum(w)) / passes if passes else 0.0)
         weight.append(mean(s, "W"))
-    fraction = min(1.0, sum(weight) / sum(backward)) if split and sum(backward) > 0 else None
+        split_backward.append(mean(s, "I") + mean(s, "W"))
+    split_total = sum(split_backward)
+    fraction = min(1.0, sum(weight) / split_total) if split and split_total > 0 else None
     return StageCosts(forward, backward, fraction)
 
 

@@ -1,0 +1,209 @@
+"""The lesson 11 checks: right answers pass, wrong ones fail kindly, placeholders say so."""
+
+import pytest
+
+from course_utils.checks import CheckFailed, NotAnswered, Variant
+from course_utils.checks import l11 as check
+from course_utils.pipeline import simulate
+from course_utils.pipeline.vshape import (
+    chunk_costs,
+    dualpipe_v_formula_holds,
+    dualpipe_v_idle,
+    zb_v,
+    zb_v_formula_holds,
+)
+
+
+def v_gpipe(p, m):
+    orders = []
+    for d in range(p):
+        down, up = d, 2 * p - 1 - d
+        forwards = [f"{down}F{i}" for i in range(m)] + [f"{up}F{i}" for i in range(m)]
+        backwards = [f"{up}B{i}" for i in range(m)] + [f"{down}B{i}" for i in range(m)]
+        orders.append(forwards + backwards)
+    return orders
+
+
+def looping_gpipe(p, m):  # stage s on device s % p: valid, but not a V
+    orders = []
+    for d in range(p):
+        forwards = [f"{s}F{i}" for s in (d, d + p) for i in range(m)]
+        backwards = [f"{s}B{i}" for s in (d + p, d) for i in range(m)]
+        orders.append(forwards + backwards)
+    return orders
+
+
+def v_1f1b_like(p, m):  # a V, but a backward before the last forward on device 0 (runs; not GPipe)
+    orders = v_gpipe(p, m)
+    row = orders[0]
+    last_f = max(i for i, a in enumerate(row) if "F" in a)
+    row.insert(last_f, row.pop(last_f + 1))  # 7B0 before 7F(m-1)
+    return orders
+
+
+def split_backward(p, m):
+    return [
+        [a.replace("B", "I") for a in row] + [a.replace("B", "W") for a in row if "B" in a]
+        for row in v_gpipe(p, m)
+    ]
+
+
+def deadlock(p, m):  # the up chunk's backwards before its forwards are possible
+    return [row[: 2 * m] and list(reversed(row)) for row in v_gpipe(p, m)]
+
+
+def one_device_missing(p, m):
+    return v_gpipe(p, m)[:-1]
+
+
+def extra_culprit_time() -> float:
+    g = check.given_5(Variant("default"))
+    right = simulate(zb_v(g["p"], g["m"]), chunk_costs(g["F"], g["I"], g["W"]))
+    return check.their_timeline().makespan - right.makespan
+
+
+RIGHT = {
+    1: ([[0, 7], [1, 6], [2, 5], [3, 4]], 0),
+    2: (3.6, 3.6 / 51.6),
+    3: (v_gpipe,),
+    4: (6, 14, 12),
+    5: (2, extra_culprit_time(), "a"),
+    6: (2.4, "dualpipe-v", 9),
+}
+
+WRONG = [
+    (1, ([[0, 4], [1, 5], [2, 6], [3, 7]], 0), "looping placement"),
+    (1, ([[7, 0], [6, 1], [5, 2], [4, 3]], 0), "increasing order"),
+    (1, ([[0, 7], [1, 6], [2, 5], [3, 4]], 3), "bottom of the V"),
+    (1, ([[0, 7], [1, 6], [2, 5]], 0), "one per device"),
+    (1, ([[0, 1], [2, 3], [4, 5], [6, 7]], 0), "not a V"),
+    (2, (4.2, 0.08), "ZB-H1"),
+    (2, (9.0, 0.15), "1F1B"),
+    (2, (3.6, 0.075), "relative to the busy time"),
+    (2, (3.6, 3.6 / 27.6), "2m(F+I+W)"),
+    (2, (3.6, 6.98), "percentage"),
+    (2, (3.6, 0.07), "3 significant figures"),
+    (3, (looping_gpipe,), "looping placement"),
+    (3, (v_1f1b_like,), "before all its forwards"),
+    (3, (split_backward,), "keeps each backward whole"),
+    (3, (one_device_missing,), "one list of actions per device"),
+    (3, (lambda p, m: 42,), "should be a list"),
+    (3, (lambda p, m: [["nope"]] * p,), "is not an action"),
+    (3, ("v_gpipe",), "should be a function"),
+    (4, (3, 14, 12), "forward only"),
+    (4, (6, 14, 14), "stays inside a device"),
+    (4, (6, 12, 12), "two neighbouring stages"),
+    (4, (6, 16, 12), "one boundary too many"),
+    (5, (0, 3.0, "a"), "ZB-V's own order"),
+    (5, (2, 6.0, "a"), "subtract ZB-V's makespan"),
+    (5, (2, 3.0, "b"), "does not shrink with m"),
+    (5, (2, 3.0, "d"), "already does"),
+    (5, (9, 3.0, "a"), "device number"),
+    (6, (3.0, "zb-v", 9), "ZB-V's idle time"),
+    (6, (2.4, "zb-v", 9), "compare"),
+    (6, (2.4, "dualpipe-v", 8), "ZB-V's peak"),
+]
+
+
+def test_the_default_numbers_are_the_lessons():
+    assert extra_culprit_time() == pytest.approx(3.0)
+    assert check.given_2()["p"] == 4 and check.given_6()["F"] == 0.8
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 5, 6])
+def test_partly_answered_is_not_answered(k):
+    args = list(RIGHT[k])
+    args[-1] = None
+    with pytest.raises(NotAnswered):
+        getattr(check, f"exercise_{k}")(*args)
+
+
+def test_build_exercise_names_the_failing_case():
+    with pytest.raises(CheckFailed, match=r"v_gpipe\(2, 4\)"):
+        check.exercise_3(looping_gpipe)
+    with pytest.raises(CheckFailed, match="cannot run"):
+        check.exercise_3(deadlock)
+
+
+def test_build_cases_are_plain_data_and_fixed_by_the_cases_seed():
+    a = check.cases_3(Variant("s7", cases_seed=3))
+    assert a == check.cases_3(Variant("s7", cases_seed=3))
+    assert a != check.cases_3(Variant("s7", cases_seed=4))
+    assert (2, 4) in a["v_gpipe"] and all(p >= 1 and m >= 1 for p, m in a["v_gpipe"])
+
+
+STUDENTS = ["s1", "s7", "alice", "bob", "zoe", "carol", "dave"]
+
+
+def right_for(v: Variant) -> dict:
+    """Each exercise with per-student numbers: its right answer for student v, computed here."""
+    p1 = check.given_1(v)["p"]
+    g2 = check.given_2(v)
+    idle2 = (g2["p"] - 1) * g2["I"]
+    p4 = check.given_4(v)["p"]
+    g5 = check.given_5(v)
+    theirs = check.their_timeline(v)
+    right5 = simulate(zb_v(g5["p"], g5["m"]), chunk_costs(g5["F"], g5["I"], g5["W"]))
+    culprit = next(
+        d
+        for d, row in enumerate(check.their_schedule(v).devices)
+        if list(row) != list(zb_v(g5["p"], g5["m"]).devices[d])
+    )
+    g6 = check.given_6(v)
+    idle6 = dualpipe_v_idle(g6["p"], g6["F"], g6["I"], g6["W"])
+    zbv6 = (g6["p"] - 1) * g6["I"]
+    winner = "equal" if idle6 == zbv6 else ("zb-v" if zbv6 < idle6 else "dualpipe-v")
+    return {
+        1: ([[d, 2 * p1 - 1 - d] for d in range(p1)], 0),
+        2: (idle2, idle2 / (2 * g2["m"] * (g2["F"] + g2["I"] + g2["W"]) + idle2)),
+        4: (2 * (p4 - 1), 2 * (2 * p4 - 1), 4 * (p4 - 1)),
+        5: (culprit, theirs.makespan - right5.makespan, "a"),
+        6: (idle6, winner, 2 * g6["p"] + 1),
+    }
+
+
+def test_the_default_student_gets_the_lessons_answers():
+    mine = right_for(Variant("default"))
+    for k, answers in mine.items():
+        for a, b in zip(answers, RIGHT[k], strict=True):
+            assert a == (pytest.approx(b) if isinstance(b, float) else b), (k, a, b)
+
+
+@pytest.mark.parametrize("student", STUDENTS)
+def test_every_student_passes_with_their_own_numbers(student, capsys):
+    v = Variant(student)
+    for k, answers in right_for(v).items():
+        getattr(check, f"exercise_{k}")(*answers, v=v)
+        assert capsys.readouterr().out.startswith("✅")
+    check.exercise_3(v_gpipe, v=v)
+    assert capsys.readouterr().out.startswith("✅")
+
+
+def test_a_neighbours_answers_fail():
+    failed = 0
+    for student in STUDENTS:
+        v = Variant(student)
+        for k, answers in right_for(v).items():
+            if answers == RIGHT[k]:
+                continue  # the same numbers as the default's: nothing to tell apart
+            with pytest.raises(CheckFailed):
+                getattr(check, f"exercise_{k}")(*RIGHT[k], v=v)
+            failed += 1
+    assert failed >= 15
+
+
+def test_every_variant_keeps_the_exercises_sensible():
+    seen = {k: set() for k in (1, 2, 4, 5, 6)}
+    for student in ["default", *STUDENTS, "erin", "frank", "grace"]:
+        v = Variant(student)
+        for k in seen:
+            seen[k].add(repr(getattr(check, f"given_{k}")(v)))
+        g2, g6 = check.given_2(v), check.given_6(v)
+        assert zb_v_formula_holds(*g2.values())  # the closed form the question uses is exact
+        assert zb_v_formula_holds(*g6.values()) and dualpipe_v_formula_holds(*g6.values())
+        answers = right_for(v)
+        assert answers[5][1] > 0  # the culprit really costs time
+        assert 0 < answers[5][0] < check.given_5(v)["p"]
+    assert all(len(s) >= 3 for s in seen.values())
+    winners = {right_for(Variant(s))[6][1] for s in ["default", *STUDENTS, "erin", "frank"]}
+    assert len(winners) >= 2  # the comparison is not always the same answer
