@@ -239,6 +239,34 @@ def test_busy_port_is_one_clear_line(run_cli):
 
 
 @pytest.mark.slow
+def test_fsdp2_matches_one_process_and_the_threads_zero3(cluster):
+    from course_utils.distributed.fsdp import run_fsdp
+
+    result = run_fsdp(steps=2, batch=8, model="mlp", cluster=cluster)
+    assert result.max_grad_diff <= TOL  # first step's gradients, gathered from the shards
+    assert result.max_loss_diff <= TOL
+    extra = result.extra
+    assert extra["max_param_diff"] <= TOL and extra["threads_max_param_diff"] <= TOL
+    # ZeRO-3: each rank holds half of the parameters (FSDP2 pads dim 0 to a multiple of 2)
+    for held in extra["held_bytes"]:
+        assert extra["model_bytes"] / 2 <= held <= extra["model_bytes"] / 2 * 1.05
+    assert result.timeline.num_devices == 2
+
+
+@pytest.mark.slow
+def test_cli_fsdp_json(cluster, monkeypatch, run_cli):
+    from course_utils.distributed import fsdp
+
+    real = fsdp.run_fsdp
+    monkeypatch.setattr(fsdp, "run_fsdp", lambda *a, **k: real(*a, **{**k, "cluster": cluster}))
+    code, out, err = run_cli("distributed", "--fsdp", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["max_grad_diff"] <= TOL and data["max_param_diff"] <= TOL
+    assert data["threads_max_param_diff"] <= TOL and len(data["held_bytes"]) == 2
+
+
+@pytest.mark.slow
 def test_cluster_rejects_a_mismatched_job(cluster):
     with pytest.raises(CourseInputError, match="workers must match"):
         run_ddp(workers=4, cluster=cluster)
@@ -255,6 +283,10 @@ def test_cluster_rejects_a_mismatched_job(cluster):
         (["--csv"], "csv"),
         (["--port", "70000"], "port"),
         (["--workers", "two"], "workers"),
+        (["--fsdp", "--pipeline", "1f1b"], "--fsdp"),
+        (["--fsdp", "--csv"], "--fsdp"),
+        (["--fsdp", "--steps", "0"], "steps"),
+        (["--fsdp", "--batch", "3"], "batch"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args, word, run_cli):

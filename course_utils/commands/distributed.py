@@ -1,7 +1,8 @@
 """`python -m course_utils distributed --workers N`: DistributedDataParallel on N real
 processes (gloo on 127.0.0.1) against one process and the threads; `--pipeline NAME` runs a
 `torch.distributed.pipelining` schedule instead, `--csv` any course schedule through
-PyTorch's CSV format. Prints workers, the largest gradient difference and the wall time."""
+PyTorch's CSV format, `--fsdp` FSDP2 (`fully_shard`, ZeRO-3) against one process and the
+threads' ZeRO-3. Prints workers, the largest gradient difference and the wall time."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from course_utils.commands.common import int_flag, number_flag
 from course_utils.errors import CourseInputError, WorkerError
 from course_utils.pipeline.schedules import SCHEDULES
 
-HELP = "DDP and pipelines on torch.distributed processes vs threads"
+HELP = "DDP, FSDP2 and pipelines on torch.distributed processes vs threads"
 # Limits: processes (each imports torch), steps, micro-batches, samples, seconds.
 MAX_WORKERS, MAX_STEPS, MAX_MICROBATCHES, MAX_BATCH, MAX_TIMEOUT = 8, 100, 64, 4096, 3600
 PIPELINES = tuple(name for name, info in SCHEDULES.items() if info.pytorch)
@@ -40,7 +41,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --pipeline: run the course's own schedule of that name (any course "
         "schedule, e.g. zb-h1 or interleaved) exported to PyTorch's CSV format",
     )
-    parser.add_argument("--steps", type=int, default=1, help="DDP training steps (default 1)")
+    parser.add_argument(
+        "--fsdp",
+        action="store_true",
+        help="train with FSDP2 fully_shard (ZeRO-3, Adam) instead of DDP, against one process "
+        "and the threads' ZeRO-3 (default model mlp)",
+    )
+    parser.add_argument(
+        "--steps", type=int, default=None, help="DDP/FSDP training steps (default 1; 2 for --fsdp)"
+    )
     parser.add_argument("--microbatches", type=int, default=4, help="pipeline micro-batches")
     parser.add_argument(
         "--batch",
@@ -56,6 +65,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _check(args: argparse.Namespace) -> None:
     """Every argument, before a process is started or torch imported."""
     int_flag(args, "--workers", 1 if args.pipeline is None else 2, MAX_WORKERS)
+    if args.fsdp and (args.pipeline is not None or args.csv):
+        raise CourseInputError("--fsdp trains data-parallel: it cannot go with --pipeline or --csv")
+    if args.steps is None:
+        args.steps = 2 if args.fsdp else 1
     int_flag(args, "--steps", 1, MAX_STEPS)
     int_flag(args, "--microbatches", 1, MAX_MICROBATCHES)
     if args.batch is not None:
@@ -85,6 +98,15 @@ def _run_from_args(args: argparse.Namespace):
     """Pick and run the comparison the command-line arguments ask for."""
     from course_utils.distributed import course_schedule, run_ddp, run_pipeline
 
+    if args.fsdp:
+        from course_utils.distributed.fsdp import run_fsdp
+
+        batch = args.batch if args.batch is not None else 4 * args.workers
+        model = args.model or "mlp"
+        result = run_fsdp(
+            args.workers, args.steps, batch, model, port=args.port, timeout=args.timeout
+        )
+        return result, "FSDP2 (fully_shard)"
     if args.pipeline is None:
         if args.csv:
             raise CourseInputError("csv needs --pipeline (one of " + ", ".join(PIPELINES) + ")")
@@ -136,12 +158,31 @@ def run(args: argparse.Namespace) -> int:
         out["max_loss_diff"] = result.max_loss_diff
         if "executor_max_grad_diff" in result.extra:
             out["executor_max_grad_diff"] = result.extra["executor_max_grad_diff"]
+    if args.fsdp:
+        for key in ("max_param_diff", "threads_max_param_diff", "held_bytes", "model_bytes"):
+            if key in result.extra:
+                out[key] = result.extra[key]
     if args.json:
         print(json.dumps(out, allow_nan=False))
     else:
         print(f"{what} on {result.workers} processes (gloo, {HOST}): {result.seconds:.2f} s")
         print(f"  loss {result.losses[-1]:.6f}  vs one process {result.reference_losses[-1]:.6f}")
         print(f"  largest gradient difference vs one process: {result.max_grad_diff:.2e}")
+        if "max_param_diff" in result.extra:
+            extra = result.extra
+            print(
+                f"  largest parameter difference after {args.steps} Adam steps vs one process: "
+                f"{extra['max_param_diff']:.2e}"
+            )
+            if "threads_max_param_diff" in extra:
+                print(
+                    "  largest parameter difference vs the threads' ZeRO-3: "
+                    f"{extra['threads_max_param_diff']:.2e}"
+                )
+            print(
+                f"  parameter bytes held per rank {extra['held_bytes']} of "
+                f"{extra['model_bytes']} for the whole model"
+            )
         if "threads_max_grad_diff" in result.extra:
             diff = result.extra["threads_max_grad_diff"]
             print(f"  largest gradient difference vs thread data parallelism: {diff:.2e}")

@@ -3,6 +3,7 @@
 - `cluster`     a group of processes joined by gloo on 127.0.0.1, reused for many jobs
 - `setup`       the identical model and batch on every rank, and the comparison's result
 - `ddp`         `run_ddp`: DistributedDataParallel vs one process and vs the threads
+- `fsdp`        `run_fsdp`: FSDP2 `fully_shard` (ZeRO-3) vs one process and vs the threads' ZeRO-3
 - `pipelining`  `run_pipeline`: PyTorch's pipeline schedules (or any course schedule through
                 PyTorch's CSV format) vs one process and vs the thread executor
 
@@ -21,6 +22,7 @@ from course_utils.distributed.cluster import (
     spawn,
 )
 from course_utils.distributed.ddp import reference_ddp, run_ddp, threads_ddp
+from course_utils.distributed.fsdp import reference_fsdp, run_fsdp, threads_fsdp
 from course_utils.distributed.pipelining import (
     PIPELINES,
     course_schedule,
@@ -42,5 +44,6 @@ __all__ = [
     "HOST", "MAX_WORKERS", "MODELS", "PIPELINES", "Cluster", "DistributedResult", "Setup",
     "build_model", "course_schedule", "executor_pipeline", "free_port", "loss_fn",
     "make_batch", "port_is_free", "reference_ddp", "reference_pipeline", "resolve_port",
-    "run_ddp", "run_pipeline", "spawn", "split_stages", "threads_ddp",
+    "reference_fsdp", "run_ddp", "run_fsdp", "run_pipeline", "spawn", "split_stages",
+    "threads_ddp", "threads_fsdp",
 ]  # fmt: skip

@@ -23,6 +23,7 @@ from course_utils.distributed.setup import (
     build_model,
     loss_fn,
     make_batch,
+    one_process_training,
 )
 from course_utils.errors import CourseInputError
 
@@ -72,18 +73,9 @@ def _ddp_worker(rank: int, world: int, payload: dict) -> dict:
 
 def reference_ddp(setup: Setup, steps: int = 1, lr: float = 0.1) -> tuple[list[float], list[dict]]:
     """The same training on one process with the full batch: losses and grads per step."""
-    model = build_model(setup)
-    opt = torch.optim.SGD(model.parameters(), lr=lr)
-    criterion = loss_fn(setup)
-    losses, grads = [], []
-    for step in range(steps):
-        x, y = make_batch(setup, step)
-        opt.zero_grad(set_to_none=True)
-        loss = criterion(model(x), y)
-        loss.backward()
-        losses.append(loss.item())
-        grads.append(_grads(model))
-        opt.step()
+    losses, grads, _ = one_process_training(
+        setup, steps, lambda params: torch.optim.SGD(params, lr=lr)
+    )
     return losses, grads
 
 

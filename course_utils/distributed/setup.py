@@ -4,6 +4,7 @@ the single-process reference's bookkeeping, and the result a comparison returns.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -74,6 +75,28 @@ def split_stages(
 ) -> list[nn.Module]:
     """The model cut into `num_stages` consecutive stages (course_utils.models.partition)."""
     return list(models.partition(model, num_stages))
+
+
+def one_process_training(
+    setup: Setup, steps: int, optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+) -> tuple[list[float], list[dict], dict]:
+    """The training every comparison checks against: one process, the full batch of each step.
+
+    Returns the losses, the gradients of every step (numpy) and the final parameters.
+    """
+    model = build_model(setup)
+    opt = optimizer(model.parameters())
+    criterion = loss_fn(setup)
+    losses, grads = [], []
+    for step in range(steps):
+        x, y = make_batch(setup, step)
+        opt.zero_grad(set_to_none=True)
+        loss = criterion(model(x), y)
+        loss.backward()
+        losses.append(loss.item())
+        grads.append(_grads(model))
+        opt.step()
+    return losses, grads, {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
 def _grads(module: nn.Module) -> dict:
