@@ -267,6 +267,24 @@ def test_cli_fsdp_json(cluster, monkeypatch, run_cli):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("causal, zigzag", [(True, True), (True, False), (False, False)])
+def test_ring_attention_on_processes_equals_full_attention_and_the_threads(causal, zigzag, cluster):
+    from course_utils.distributed.ring import run_ring_attention
+    from course_utils.parallel.context_parallel import ring_bytes_per_worker
+
+    out = run_ring_attention(seq=64, dim=16, causal=causal, zigzag=zigzag, cluster=cluster)
+    assert out["max_diff_one_process"] <= TOL
+    # Threads and processes run the same functions; float32 GEMMs may round a few ulps
+    # differently from one run to another (buffer alignment), which the exp of attention
+    # amplifies to ~1e-5 on values ~3: hence the looser bound against the threads.
+    assert out["max_diff_threads"] <= 1e-4
+    assert out["bytes_forward"] == out["threads_bytes_forward"]  # the same messages
+    want = ring_bytes_per_worker(64, 2, heads=2, dim=16, element_size=4)
+    assert out["bytes_forward"] == [want["forward"]] * 2
+    assert out["bytes_backward"] == [want["backward"]] * 2
+
+
+@pytest.mark.slow
 def test_cluster_rejects_a_mismatched_job(cluster):
     with pytest.raises(CourseInputError, match="workers must match"):
         run_ddp(workers=4, cluster=cluster)
@@ -287,6 +305,8 @@ def test_cluster_rejects_a_mismatched_job(cluster):
         (["--fsdp", "--csv"], "--fsdp"),
         (["--fsdp", "--steps", "0"], "steps"),
         (["--fsdp", "--batch", "3"], "batch"),
+        (["--ring-attention", "--fsdp"], "--ring-attention"),
+        (["--ring-attention", "--pipeline", "1f1b"], "--ring-attention"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args, word, run_cli):

@@ -2,7 +2,9 @@
 processes (gloo on 127.0.0.1) against one process and the threads; `--pipeline NAME` runs a
 `torch.distributed.pipelining` schedule instead, `--csv` any course schedule through
 PyTorch's CSV format, `--fsdp` FSDP2 (`fully_shard`, ZeRO-3) against one process and the
-threads' ZeRO-3. Prints workers, the largest gradient difference and the wall time."""
+threads' ZeRO-3, `--ring-attention` the course's ring attention (causal, zig-zag) with
+`dist.isend`/`dist.recv` against full attention and the threads' ring. Prints workers,
+the largest gradient difference and the wall time."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from course_utils.commands.common import int_flag, number_flag
 from course_utils.errors import CourseInputError, WorkerError
 from course_utils.pipeline.schedules import SCHEDULES
 
-HELP = "DDP, FSDP2 and pipelines on torch.distributed processes vs threads"
+HELP = "DDP, FSDP2, ring attention and pipelines on torch.distributed processes vs threads"
 # Limits: processes (each imports torch), steps, micro-batches, samples, seconds.
 MAX_WORKERS, MAX_STEPS, MAX_MICROBATCHES, MAX_BATCH, MAX_TIMEOUT = 8, 100, 64, 4096, 3600
 PIPELINES = tuple(name for name, info in SCHEDULES.items() if info.pytorch)
@@ -48,6 +50,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "and the threads' ZeRO-3 (default model mlp)",
     )
     parser.add_argument(
+        "--ring-attention",
+        action="store_true",
+        help="run ring attention (causal, zig-zag split, 64 tokens per process) with "
+        "isend/recv instead of DDP, against full attention and the threads' ring",
+    )
+    parser.add_argument(
         "--steps", type=int, default=None, help="DDP/FSDP training steps (default 1; 2 for --fsdp)"
     )
     parser.add_argument("--microbatches", type=int, default=4, help="pipeline micro-batches")
@@ -67,6 +75,10 @@ def _check(args: argparse.Namespace) -> None:
     int_flag(args, "--workers", 1 if args.pipeline is None else 2, MAX_WORKERS)
     if args.fsdp and (args.pipeline is not None or args.csv):
         raise CourseInputError("--fsdp trains data-parallel: it cannot go with --pipeline or --csv")
+    if args.ring_attention and (args.fsdp or args.pipeline is not None or args.csv):
+        raise CourseInputError(
+            "--ring-attention runs alone: it cannot go with --fsdp, --pipeline or --csv"
+        )
     if args.steps is None:
         args.steps = 2 if args.fsdp else 1
     int_flag(args, "--steps", 1, MAX_STEPS)
@@ -142,8 +154,40 @@ def _run_from_args(args: argparse.Namespace):
     return result, what
 
 
+def _ring(args: argparse.Namespace) -> int:
+    from course_utils.distributed import HOST
+    from course_utils.distributed.ring import run_ring_attention
+
+    try:
+        out = run_ring_attention(
+            args.workers, seq=64 * args.workers, port=args.port, timeout=args.timeout
+        )
+    except WorkerError as exc:
+        print(f"python -m course_utils distributed: failed: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(out, allow_nan=False))
+        return 0
+    print(
+        f"ring attention (causal, zig-zag) on {out['workers']} processes (gloo, {HOST}), "
+        f"{out['seq']} tokens: {out['seconds']:.3f} s"
+    )
+    print(
+        "  largest difference of output, dq, dk, dv vs full attention on one process: "
+        f"{out['max_diff_one_process']:.2e}"
+    )
+    print(f"  largest difference vs the threads' ring: {out['max_diff_threads']:.2e}")
+    print(
+        f"  bytes sent per process: forward {out['bytes_forward']}, "
+        f"backward {out['bytes_backward']} (threads' forward: {out['threads_bytes_forward']})"
+    )
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     _check(args)
+    if args.ring_attention:
+        return _ring(args)
     try:
         result, what = _run_from_args(args)
     except WorkerError as exc:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -31,11 +31,23 @@ from course_utils.parallel.context_parallel.layout import (
     sequence_chunks,
     split_sequence,
 )
-from course_utils.threads.collectives import Communicator, ThreadGroup
+from course_utils.threads.collectives import ThreadGroup
 from course_utils.threads.devices import Aborted, DeviceThreads
 from course_utils.timeline import Event, Timeline
 
 # -- the ring, as run by one worker -------------------------------------------------------
+
+
+class PointToPoint(Protocol):
+    """All a ring worker needs from its link to the others: the threads' `Communicator`,
+    or `course_utils.distributed.ring.GlooRing` on real processes."""
+
+    rank: int
+    world_size: int
+
+    def send(self, dst: int, tensor: torch.Tensor) -> None: ...
+
+    def recv(self, src: int) -> torch.Tensor: ...
 
 
 class Record(NamedTuple):
@@ -50,7 +62,7 @@ class Record(NamedTuple):
     elements: int = 0
 
 
-def _send(comm: Communicator, dst: int, tensors, kind: str, owner: int, label: str, trace):
+def _send(comm: PointToPoint, dst: int, tensors, kind: str, owner: int, label: str, trace):
     start = time.perf_counter_ns()
     for t in tensors:
         comm.send(dst, t)
@@ -59,7 +71,7 @@ def _send(comm: Communicator, dst: int, tensors, kind: str, owner: int, label: s
 
 
 def ring_attention_forward(
-    comm: Communicator,
+    comm: PointToPoint,
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -106,7 +118,7 @@ def ring_attention_forward(
 
 
 def ring_attention_backward(
-    comm: Communicator,
+    comm: PointToPoint,
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
