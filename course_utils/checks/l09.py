@@ -1,0 +1,517 @@
+"""Checks for the exercises of lesson 09 (sequence parallelism and context parallelism).
+
+Each `exercise_K` is called by the check cell of Exercise 9.K in
+`exercises/09_sequence_context_parallelism.ipynb`, with the learner's variant `v`:
+`given_K(v)` draws the exercise's numbers (the default student gets the course's own), and
+every expected answer is computed from them, here, with `course_utils.parallel` (Korthikanti's
+formula, the ring's layout, work and memory, the ring simulator) or `merge_partials`.
+`cases_2(v)` are the inputs the Build exercise's function is tried on.
+
+Conventions shared with the lesson: an MLP block keeps, per device, Korthikanti's five terms
+(Korthikanti et al. 2022, arXiv 2205.05198): the LayerNorm input, the first linear's input,
+the GeLU input, the second linear's input (e bytes per value each) and the dropout mask (one
+byte per value); f = 4h. Ring attention (Liu et al. 2023, arXiv 2310.01889) on N workers
+passes K/V blocks to the right: at step k worker w holds worker (w - k) mod N's block. The
+zig-zag split gives worker i chunks i and 2N-1-i of 2N (Dubey et al. 2024, arXiv 2407.21783).
+"""
+
+from __future__ import annotations
+
+from course_utils.checks import (
+    DEFAULT,
+    GIB,
+    Variant,
+    as_choice,
+    as_int,
+    as_sequence,
+    check_function,
+    expect_choice,
+    expect_number,
+    fail,
+    is_right,
+    passed,
+    require,
+)
+from course_utils.checks import (
+    for_student as _for_student,
+)
+
+
+def for_student(student: str = "default"):
+    """This lesson's checks with `student`'s numbers (the notebook's first code cell)."""
+    import sys
+
+    return _for_student(sys.modules[__name__], student)
+
+
+# --------------------------------------------------------------------------- 9.1
+
+
+def given_1(v: Variant = DEFAULT) -> dict:
+    h = v.pick("1h", 4096, [2048, 5120, 8192])
+    return {
+        "s": v.pick("1s", 2048, [1024, 4096, 8192]),
+        "b": v.pick("1b", 1, [1, 2, 4]),
+        "h": h,
+        "f": 4 * h,
+        "t": v.pick("1t", 4, [2, 8]),
+        "e": 2,
+    }
+
+
+def _block_bytes(g: dict, sequence_parallel: bool, **change) -> float:
+    from course_utils.parallel.sequence_parallel import korthikanti_mlp_block_bytes
+
+    args = {
+        "tp": g["t"],
+        "sequence_parallel": sequence_parallel,
+        "bytes_per_value": g["e"],
+        "dropout": True,
+    } | change
+    return sum(korthikanti_mlp_block_bytes(g["s"], g["b"], g["h"], g["f"], **args).values())
+
+
+def exercise_1(tp_only, with_sp, v: Variant = DEFAULT) -> None:
+    """Bytes one device keeps for the MLP block's backward: tensor parallel, then + SP."""
+    g = given_1(v)
+    require(tp_only, "tp_only")
+    require(with_sp, "with_sp")
+    sbh = g["s"] * g["b"] * g["h"]
+    for name, value, sp in (("tp_only", tp_only, False), ("with_sp", with_sp, True)):
+        want = _block_bytes(g, sp)
+        got = expect_number(value, want, name, unit="bytes")
+        if is_right(got, want):
+            continue
+        other = _block_bytes(g, not sp)
+        if is_right(got, other):
+            if sp:
+                fail(
+                    f"`{name}` is the tensor-parallel count. Sequence parallelism also splits "
+                    "the three sequence-wise terms (LayerNorm input, first linear's input, "
+                    "dropout mask) t ways."
+                )
+            fail(
+                f"`{name}` divides every term by t. Tensor parallelism alone splits only the "
+                "f-sized terms; every device keeps the whole LayerNorm input, first linear's "
+                "input and dropout mask."
+            )
+        if is_right(got, _block_bytes(g, sp, dropout=False)):
+            fail(f"`{name}` leaves out the dropout mask: one byte per value of [s, b, h].")
+        mask = sbh / (g["t"] if sp else 1)
+        if is_right(got, want + (g["e"] - 1) * mask):
+            fail(f"`{name}` counts the dropout mask at e bytes; a mask is one byte per value.")
+        if is_right(got, _block_bytes(g, sp, bytes_per_value=4)):
+            fail(f"`{name}` uses 4-byte values; the block runs in 16-bit, e = 2 bytes.")
+        if is_right(got, _block_bytes(g, sp, tp=1)):
+            fail(f"`{name}` is the unsplit block's count; the question asks per device of t.")
+        fail(
+            f"`{name}` is not right. Add the five terms: LayerNorm input and first linear's "
+            "input (e sbh each), GeLU and second linear's inputs (e sbf each), the mask "
+            "(sbh bytes), and divide each by what splits it."
+        )
+    ratio = _block_bytes(g, False) / _block_bytes(g, True)
+    passed(
+        f"Right: {_block_bytes(g, False):,.0f} bytes without and {_block_bytes(g, True):,.0f} "
+        f"with sequence parallelism, {ratio:.2f}x less. With f = 4h that is "
+        "(5 + 16/t) sbh against 21 sbh/t: sequence parallelism turns the replicated 5 sbh "
+        "into 5 sbh/t for the same bytes on the wire."
+    )
+
+
+# --------------------------------------------------------------------------- 9.2
+
+
+def _merge_case(seed: int, t: int, d: int, kv: tuple[int, int], kind: str) -> tuple:
+    """Two key blocks' partial attention for the same queries: (out_a, lse_a, out_b, lse_b)."""
+    import torch
+
+    from course_utils.parallel.context_parallel import block_attention
+
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(t, d, generator=gen)
+    if kind == "large":  # sharp attention: log-sum-exps far above exp's float32 range (88)
+        q = q * 400.0
+    blocks = [(torch.randn(n, d, generator=gen), torch.randn(n, d, generator=gen)) for n in kv]
+    mask_a = None
+    if kind == "masked":  # causal-like: query i sees block a's keys j < i, so row 0 sees none
+        mask_a = torch.arange(kv[0]).unsqueeze(0) < torch.arange(t).unsqueeze(1)
+    out_a, lse_a = block_attention(q, *blocks[0], mask=mask_a)
+    out_b, lse_b = block_attention(q, *blocks[1])
+    return (out_a, lse_a, out_b, lse_b)
+
+
+def cases_2(v: Variant = DEFAULT) -> dict[str, list[tuple]]:
+    rng = v.cases("2")
+    specs = [(3, 4, (2, 3), "plain"), (4, 3, (3, 4), "masked"), (3, 4, (2, 2), "large")]
+    for _ in range(3):
+        specs.append(
+            (rng.randint(1, 5), rng.randint(2, 6), (rng.randint(1, 4), rng.randint(1, 4)), "plain")
+        )
+    cases = [_merge_case(rng.randint(0, 10**6), *spec) for spec in specs]
+    return {"merge": cases}
+
+
+def _close(got, want) -> bool:
+    import torch
+
+    return got.shape == want.shape and bool(
+        torch.isclose(got, want, rtol=1e-4, atol=1e-5).all()  # -inf == -inf counts as close
+    )
+
+
+def _tensor(value, what: str, shape):
+    import torch
+
+    try:
+        tensor = torch.as_tensor(value, dtype=torch.float32)
+    except (TypeError, ValueError, RuntimeError):
+        fail(f"{what} should be a tensor, but it is a {type(value).__name__}.")
+    if tuple(tensor.shape) != tuple(shape):
+        fail(f"{what} has shape {tuple(tensor.shape)}; it should be {tuple(shape)}.")
+    return tensor
+
+
+def exercise_2(merge, v: Variant = DEFAULT) -> None:
+    """Build merge(out_a, lse_a, out_b, lse_b) -> (out, lse): the log-sum-exp merge."""
+    import torch
+
+    from course_utils.parallel.context_parallel import merge_partials
+
+    call = check_function(merge, "merge")
+    cases = cases_2(v)["merge"]
+    for i, (out_a, lse_a, out_b, lse_b) in enumerate(cases):
+        kind = "masked" if i == 1 else "large" if i == 2 else "plain"
+        t, d = out_a.shape
+        shown = f"merge(...) on case {i + 1} ({t} queries of dim {d}"
+        shown += {
+            "plain": ")",
+            "masked": ", query 0 sees no key of block a: lse_a[0] = -inf)",
+            "large": ", sharp attention: log-sum-exps near 100 or more)",
+        }[kind]
+        result = as_sequence(
+            call(out_a.clone(), lse_a.clone(), out_b.clone(), lse_b.clone()), shown
+        )
+        if len(result) != 2:
+            fail(f"{shown} returned {len(result)} values; return the pair (out, lse).")
+        out = _tensor(result[0], f"The out of {shown}", out_a.shape)
+        lse = _tensor(result[1], f"The lse of {shown}", lse_a.shape)
+        want_out, want_lse = merge_partials(out_a, lse_a, out_b, lse_b)
+        if _close(out, want_out) and _close(lse, want_lse):
+            continue
+        if not torch.isfinite(out).all() or torch.isnan(lse).any():
+            if kind == "large":
+                fail(
+                    f"{shown} has inf or NaN: exp of a log-sum-exp above 88 overflows float32. "
+                    "Write each weight as exp(lse_x - lse), or sigmoid(lse_a - lse_b): "
+                    "they never exceed 1."
+                )
+            fail(
+                f"{shown} has inf or NaN. A query that sees no key of a block has lse = -inf "
+                "there, and its weight must come out as exactly 0. Look for a step that meets "
+                "inf - inf or -inf + inf (NaN); subtracting the larger lse first avoids them."
+            )
+        if not _close(lse, want_lse):
+            if _close(lse, torch.maximum(lse_a, lse_b)):
+                fail(
+                    f"{shown}: lse is the larger of the two. The log-sum-exp over both blocks "
+                    "is log(exp(lse_a) + exp(lse_b)), above either one."
+                )
+            if _close(lse, lse_a + lse_b):
+                fail(
+                    f"{shown}: lse = lse_a + lse_b multiplies the two sums of exponentials; "
+                    "the keys of both blocks together need their sum."
+                )
+            fail(f"{shown}: lse is not the log-sum-exp over the keys of both blocks.")
+        if _close(out, (out_a + out_b) / 2):
+            fail(
+                f"{shown}: out is the plain average, as if both blocks held the same share of "
+                "the softmax. Weigh each block by its share: exp(lse_a - lse) and "
+                "exp(lse_b - lse)."
+            )
+        wa, wb = (
+            torch.exp(lse_a - want_lse).unsqueeze(-1),
+            torch.exp(lse_b - want_lse).unsqueeze(-1),
+        )
+        if _close(out, wb * out_a + wa * out_b):
+            fail(f"{shown}: the two weights are swapped: out_a goes with exp(lse_a - lse).")
+        if kind != "large" and _close(
+            out, torch.exp(lse_a).unsqueeze(-1) * out_a + torch.exp(lse_b).unsqueeze(-1) * out_b
+        ):
+            fail(
+                f"{shown}: the weights exp(lse_a) and exp(lse_b) do not add up to 1: divide "
+                "them by exp(lse)."
+            )
+        fail(
+            f"{shown}: lse is right but out is not. Each block's out is already normalised "
+            "by its own sum; rescale each to the common sum, then add."
+        )
+    passed(
+        f"Right on {len(cases)} cases, including a query that sees no key of one block and "
+        "log-sum-exps far beyond float32's exp. The merge is exact, so blocks of keys may "
+        "arrive one at a time, in any order: that is what lets ring attention pass them round."
+    )
+
+
+# --------------------------------------------------------------------------- 9.3
+
+
+def given_3(v: Variant = DEFAULT) -> dict:
+    n = v.pick("3n", 4, [3, 5, 6, 8])
+    return {"N": n, "w": v.pick("3w", 1, range(1, n))}
+
+
+def exercise_3(held, sends, v: Variant = DEFAULT) -> None:
+    """Ring attention forward: whose K/V block worker w holds at each step; blocks it sends."""
+    g = given_3(v)
+    n, w = g["N"], g["w"]
+    got = as_sequence(held, "held", item=as_int)
+    require(sends, "sends")
+    want = [(w - k) % n for k in range(n)]
+    if got != want:
+        if len(got) != n:
+            fail(f"`held` needs one owner per step: the forward has N = {n} steps.")
+        if got == [(w + k) % n for k in range(n)]:
+            fail(
+                "The blocks go round the wrong way: each worker passes its block to the RIGHT "
+                f"(w + 1), so the block that reaches worker {w} next comes from its left."
+            )
+        if got == [(w - k - 1) % n for k in range(n)]:
+            fail(
+                "Off by one step: at step 0 no block has moved yet; every worker starts "
+                "with its own K/V block."
+            )
+        if sorted(got) != list(range(n)):
+            fail(f"Over the N = {n} steps worker {w} meets every worker's block exactly once.")
+        fail("`held` is not the order the blocks arrive in; follow one hop to the right per step.")
+    count = as_int(sends, "sends")
+    if count != n - 1:
+        if count == n:
+            fail(
+                "`sends`: after the last step nobody needs the block in hand any more; the "
+                "last block is not passed on."
+            )
+        if count == 2 * n - 1:
+            fail("`sends` counts the backward too; the question asks for the forward only.")
+        fail(f"`sends` is not right: how many times does a block change hands before step {n - 1}?")
+    passed(
+        f"Right: worker {w} sees the blocks of {want} and sends {n - 1}. In all each worker "
+        "sends (N-1)/N of the sequence's K and V, as a ring all-gather would: nearly constant "
+        "as N grows, while its compute shrinks, so the blocks must stay big enough to hide it."
+    )
+
+
+# --------------------------------------------------------------------------- 9.4
+
+
+def given_4(v: Variant = DEFAULT) -> dict:
+    return {"N": v.pick("4n", 4, [3, 5, 6, 8])}
+
+
+def exercise_4(plain, zigzag, speedup, v: Variant = DEFAULT) -> None:
+    """Causal ring: block products per worker (plain), chunk products (zig-zag), the gain."""
+    from course_utils.parallel.context_parallel import causal_work
+
+    n = given_4(v)["N"]
+    got_plain = as_sequence(plain, "plain", item=as_int)
+    got_zigzag = as_sequence(zigzag, "zigzag", item=as_int)
+    require(speedup, "speedup")
+    want_plain, want_zigzag = causal_work(n, False), causal_work(n, True)
+    if got_plain != want_plain:
+        if len(got_plain) != n:
+            fail(f"`plain` needs one count per worker ({n}).")
+        if got_plain == want_plain[::-1]:
+            fail(
+                "`plain` is reversed: worker 0 holds the FIRST tokens, which may look only at "
+                "themselves."
+            )
+        if got_plain == [n] * n:
+            fail("`plain` ignores the mask: a key block after the worker's queries is skipped.")
+        if got_plain == [i for i in range(n)]:
+            fail("`plain` leaves out the diagonal block: a worker's own block is computed, masked.")
+        fail("`plain` is not right: which earlier blocks may worker i's queries look at?")
+    if got_zigzag != want_zigzag:
+        if got_zigzag == [2 * n] * n:
+            fail(
+                "`zigzag` is one short: count the diagonal chunk products too (early chunk i "
+                "sees chunks 0..i, i+1 of them)."
+            )
+        if got_zigzag == [n + 1] * n:
+            fail(
+                "Count `zigzag` in chunk products (chunks of L/2N tokens), one per pair of "
+                "chunks: a worker holds two chunks, and the late one sees many."
+            )
+        fail(
+            "`zigzag` is not right: worker i holds chunks i and 2N-1-i; count the chunks "
+            "each may look at, itself included."
+        )
+    want = n / ((2 * n + 1) / 4)  # a chunk product is a quarter of a block product
+    got = expect_number(speedup, want, "speedup")
+    if not is_right(got, want):
+        if is_right(got, n / (2 * n + 1)):
+            fail(
+                "`speedup` compares blocks with chunks: a chunk is half a block on each side, "
+                "so one chunk product is a QUARTER of a block product."
+            )
+        if is_right(got, 2 * n / (n + 1)):
+            fail(
+                "`speedup` = slowest / mean of the plain split. Zig-zag's diagonal chunks are "
+                "finer, so it also computes a little less in total: compare the two slowest "
+                "workers in one unit."
+            )
+        if is_right(got, 1 / want):
+            fail("`speedup` is upside down: the plain split's slowest over zig-zag's.")
+        fail("`speedup` is not right: the plain straggler's work over a zig-zag worker's.")
+    passed(
+        f"Right: plain {want_plain} block products, zig-zag {want_zigzag[0]} chunk products "
+        f"each = {want_zigzag[0] / 4:g} blocks, so a compute-bound causal pass is {want:.2f}x "
+        "as fast zig-zag. As N grows the gain tends to 2: the plain split leaves half the "
+        "machine idle."
+    )
+
+
+# --------------------------------------------------------------------------- 9.5
+
+
+def given_5(v: Variant = DEFAULT) -> dict:
+    return {
+        "N": v.pick("5n", 4, [5, 6, 8]),
+        "block_ms": v.pick("5b", 2.0, [1.5, 3.0]),
+        "transfer_ms": v.pick("5t", 0.5, [0.25, 0.75]),
+    }
+
+
+def their_timeline(v: Variant = DEFAULT, zigzag: bool = False):
+    """Exercise 9.5's causal ring forward, simulated (the plain split unless `zigzag`)."""
+    from course_utils.parallel.context_parallel import simulate_ring
+
+    g = given_5(v)
+    return simulate_ring(
+        g["N"], zigzag, True, g["block_ms"], g["transfer_ms"], overlap=True, unit="ms"
+    )
+
+
+FIXES = ("a", "b", "c", "d")
+
+
+def exercise_5(straggler, idle_share, fix, gain, v: Variant = DEFAULT) -> None:
+    """A causal ring gone uneven: the straggler, worker 0's idle share, the fix and its gain."""
+    g = given_5(v)
+    n = g["N"]
+    theirs, fixed = their_timeline(v), their_timeline(v, zigzag=True)
+    busy = theirs.busy_per_device()
+    who = as_int(straggler, "straggler")
+    require(idle_share, "idle_share")
+    require(fix, "fix")
+    require(gain, "gain")
+    slowest = max(range(n), key=lambda r: busy[r])
+    if who != slowest:
+        if who == 0:
+            fail(
+                "Worker 0 computes least: its queries are the first tokens and see only their "
+                "own block. Whom does everyone wait for?"
+            )
+        fail(f"Worker {who} is not the one computing longest. Read each row's busy time.")
+    want = 1 - busy[0] / theirs.makespan
+    share = expect_number(idle_share, want, "idle_share", unit="fraction")
+    if not is_right(share, want):
+        if is_right(share, 1 - want):
+            fail(
+                "`idle_share` is the share worker 0 computed; the question asks how long it idled."
+            )
+        if is_right(share, theirs.makespan - busy[0]):
+            fail("`idle_share` is a time in ms; give it as a share of the makespan (0 to 1).")
+        fail("`idle_share` is not right: (makespan - worker 0's busy time) / makespan.")
+    expect_choice(
+        as_choice(fix, FIXES, "fix"),
+        "a",
+        {
+            "b": (
+                "the direction only changes the order the blocks arrive in: the last "
+                "worker's queries still see every block"
+            ),
+            "c": (
+                "with more workers the last one still computes N blocks against worker 0's "
+                "one: the imbalance 2N/(N+1) even grows"
+            ),
+            "d": "the transfers are already hidden; exchanging after computing only adds time",
+        },
+        "`fix` = {got!r} does not help: {hint}.",
+    )
+    want_gain = theirs.makespan / fixed.makespan
+    got_gain = expect_number(gain, want_gain, "gain")
+    if not is_right(got_gain, want_gain):
+        if is_right(got_gain, 1 / want_gain):
+            fail("`gain` is upside down: the plain makespan over the zig-zag one.")
+        fail(
+            "`gain` is not right: simulate the same ring with zigzag=True and the same costs "
+            "(their_timeline(zigzag=True)), then divide the makespans."
+        )
+    passed(
+        f"Right: worker {slowest} computes {busy[slowest]:g} ms while worker 0 idles "
+        f"{want:.0%} of the {theirs.makespan:g} ms step. The zig-zag split gives every worker "
+        f"an early and a late chunk, evens the work and is {want_gain:.2f}x as fast."
+    )
+
+
+# --------------------------------------------------------------------------- 9.6
+
+
+def given_6(v: Variant = DEFAULT) -> dict:
+    return {
+        "seq": v.pick("6s", 65536, [32768, 131072]),
+        "heads": v.pick("6h", 8, [8, 16]),
+        "dim": 128,
+        "e": 2,
+        "budget_gib": v.pick("6g", 16, [8, 24]),
+    }
+
+
+def _fits(g: dict, cp: int) -> float:
+    from course_utils.parallel.context_parallel import attention_activation_bytes
+
+    return attention_activation_bytes(g["seq"], cp, g["heads"], g["dim"], g["e"]) / GIB
+
+
+def _smallest(g: dict, gib) -> int:
+    return next(cp for cp in (2**k for k in range(12)) if gib(cp) <= g["budget_gib"])
+
+
+def exercise_6(cp, gib, v: Variant = DEFAULT) -> None:
+    """The smallest power-of-2 context-parallel degree whose attention fits the budget."""
+    g = given_6(v)
+    got = as_int(cp, "cp")
+    require(gib, "gib")
+    want = _smallest(g, lambda n: _fits(g, n))
+    if got != want:
+        if got < 1 or got & (got - 1):
+            fail("`cp` here is a power of 2 (1, 2, 4, 8, ...), as the sequence is split evenly.")
+        if got > want:
+            fail(f"cp = {got} fits, but so does a smaller one: each halving saves communication.")
+
+        def linear(n: int) -> float:  # the score term wrongly divided by N only
+            t = g["seq"] / n
+            return g["e"] * g["heads"] * (6 * t * g["dim"] + t + 2 * t * g["seq"]) / GIB
+
+        if got == _smallest(g, linear):
+            fail(
+                "The scores of one block product are t x t with t = L/N tokens: they shrink "
+                "with N squared, not N. A smaller cp fits."
+            )
+        fail(f"At cp = {got} one worker needs {_fits(g, got):.1f} GiB, over the budget.")
+    want_gib = _fits(g, want)
+    number = expect_number(gib, want_gib, "gib", unit="GiB")
+    if not is_right(number, want_gib):
+        t = g["seq"] // want
+        scores = g["e"] * g["heads"] * 2 * t * t / GIB
+        if is_right(number, scores) or is_right(number, scores / 2):
+            fail("`gib` counts only the scores; add q, k, v, the output, the lse and the buffer.")
+        if is_right(number, _fits(g, 1)):
+            fail("`gib` is the unsplit layer's need; give it at your cp.")
+        if is_right(number, want_gib / g["e"]) or is_right(number, want_gib * 2):
+            fail("`gib` has the wrong bytes per value: the layer runs in 16-bit, 2 bytes.")
+        fail("`gib` is not right: e x H x (6 t D + t + 2 t^2) bytes, with t = L / cp.")
+    passed(
+        f"Right: cp = {want} needs {want_gib:.2f} GiB of the {g['budget_gib']} GiB (cp = "
+        f"{want // 2} would need {_fits(g, want // 2):.1f} GiB). Doubling cp "
+        "divides the score matrix by four, the rest by two."
+    )

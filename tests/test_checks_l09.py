@@ -1,0 +1,271 @@
+"""The lesson 09 checks: right answers pass, wrong ones fail kindly, placeholders say so."""
+
+import math
+
+import pytest
+import torch
+
+from course_utils.checks import GIB, CheckFailed, NotAnswered, Variant
+from course_utils.checks import l09 as check
+from course_utils.parallel.context_parallel import attention, block_attention, causal_work
+from course_utils.parallel.sequence_parallel import korthikanti_mlp_block_bytes
+
+
+def merge(out_a, lse_a, out_b, lse_b):  # the sigmoid form: weights depend on lse_a - lse_b only
+    lse = torch.logaddexp(lse_a, lse_b)
+    wa = torch.exp(lse_a - torch.where(torch.isinf(lse), 0.0, lse)).unsqueeze(-1)
+    wb = torch.exp(lse_b - torch.where(torch.isinf(lse), 0.0, lse)).unsqueeze(-1)
+    return wa * out_a + wb * out_b, lse
+
+
+def merge_max_trick(out_a, lse_a, out_b, lse_b):  # another right way: subtract the max first
+    m = torch.maximum(lse_a, lse_b)
+    ea, eb = torch.exp(lse_a - m), torch.exp(lse_b - m)
+    total = ea + eb
+    out = (ea.unsqueeze(-1) * out_a + eb.unsqueeze(-1) * out_b) / total.unsqueeze(-1)
+    return [out.tolist(), (m + torch.log(total)).tolist()]  # plain lists are fine too
+
+
+def naive(out_a, lse_a, out_b, lse_b):  # right on paper, overflows float32 beyond lse = 88
+    ea, eb = torch.exp(lse_a), torch.exp(lse_b)
+    lse = torch.log(ea + eb)
+    return (ea.unsqueeze(-1) * out_a + eb.unsqueeze(-1) * out_b) / (ea + eb).unsqueeze(-1), lse
+
+
+def one_sided(out_a, lse_a, out_b, lse_b):  # lse_a + log1p(exp(lse_b - lse_a)): NaN at -inf
+    lse = lse_a + torch.log1p(torch.exp(lse_b - lse_a))
+    out = (
+        torch.exp(lse_a - lse).unsqueeze(-1) * out_a + torch.exp(lse_b - lse).unsqueeze(-1) * out_b
+    )
+    return out, lse
+
+
+def average(out_a, lse_a, out_b, lse_b):
+    return (out_a + out_b) / 2, torch.logaddexp(lse_a, lse_b)
+
+
+def larger_lse(out_a, lse_a, out_b, lse_b):
+    return merge(out_a, lse_a, out_b, lse_b)[0], torch.maximum(lse_a, lse_b)
+
+
+def summed_lse(out_a, lse_a, out_b, lse_b):
+    return merge(out_a, lse_a, out_b, lse_b)[0], lse_a + lse_b
+
+
+def swapped(out_a, lse_a, out_b, lse_b):
+    return merge(out_b, lse_a, out_a, lse_b)
+
+
+def unnormalised(out_a, lse_a, out_b, lse_b):
+    out = torch.exp(lse_a).unsqueeze(-1) * out_a + torch.exp(lse_b).unsqueeze(-1) * out_b
+    return out, torch.logaddexp(lse_a, lse_b)
+
+
+def stub(out_a, lse_a, out_b, lse_b):
+    raise NotImplementedError()
+
+
+_sbh = 2048 * 4096  # lesson's block: s = 2048, b = 1, h = 4096, f = 4h, t = 4, 16-bit
+RIGHT = {
+    1: (_sbh * (2 + 2 + 1) + _sbh * 4 * (2 + 2) / 4, _sbh * 21 / 4),
+    2: (merge,),
+    3: ([1, 0, 3, 2], 3),
+    4: ([1, 2, 3, 4], [9, 9, 9, 9], 16 / 9),
+    5: (3, 0.75, "a", 8.0 / 4.5),
+    6: (4, 16 * (6 * 16384 * 128 + 16384 + 2 * 16384**2) / GIB),
+}
+
+WRONG = [
+    (1, (RIGHT[1][1], RIGHT[1][1]), "divides every term by t"),
+    (1, (RIGHT[1][0], RIGHT[1][0]), "tensor-parallel count"),
+    (1, (RIGHT[1][0] - _sbh, RIGHT[1][1]), "dropout mask"),
+    (1, (RIGHT[1][0] + _sbh, RIGHT[1][1]), "one byte per value"),
+    (1, (RIGHT[1][0], RIGHT[1][1] * 2 - _sbh / 4), "4-byte values"),
+    (1, (_sbh * 21, RIGHT[1][1]), "per device"),
+    (1, (RIGHT[1][0] / 2**30, RIGHT[1][1]), "GiB; give bytes"),
+    (1, (RIGHT[1][0] * 1.5, RIGHT[1][1]), "Add the five terms"),
+    (2, (naive,), "overflows float32"),
+    (2, (one_sided,), "subtracting the larger lse first"),
+    (2, (average,), "plain average"),
+    (2, (larger_lse,), "larger of the two"),
+    (2, (summed_lse,), "multiplies the two sums"),
+    (2, (swapped,), "swapped"),
+    (2, (unnormalised,), "do not add up to 1"),
+    (2, (lambda *a: a[0],), "return the pair"),
+    (2, (lambda *a: (a[0][:1], a[1]),), "has shape"),
+    (2, ("merge",), "should be a function"),
+    (3, ([1, 2, 3, 0], 3), "wrong way"),
+    (3, ([0, 3, 2, 1], 3), "Off by one"),
+    (3, ([1, 0, 3], 3), "one owner per step"),
+    (3, ([1, 1, 3, 2], 3), "exactly once"),
+    (3, ([1, 0, 3, 2], 4), "last block is not passed on"),
+    (3, ([1, 0, 3, 2], 7), "backward too"),
+    (4, ([4, 3, 2, 1], [9] * 4, 16 / 9), "reversed"),
+    (4, ([4, 4, 4, 4], [9] * 4, 16 / 9), "ignores the mask"),
+    (4, ([0, 1, 2, 3], [9] * 4, 16 / 9), "diagonal"),
+    (4, ([1, 2, 3, 4], [8] * 4, 16 / 9), "one short"),
+    (4, ([1, 2, 3, 4], [5] * 4, 16 / 9), "chunk products"),
+    (4, ([1, 2, 3, 4], [9] * 4, 4 / 9), "QUARTER"),
+    (4, ([1, 2, 3, 4], [9] * 4, 8 / 5), "slowest / mean"),
+    (4, ([1, 2, 3, 4], [9] * 4, 9 / 16), "upside down"),
+    (5, (0, 0.75, "a", 16 / 9), "computes least"),
+    (5, (2, 0.75, "a", 16 / 9), "not the one computing longest"),
+    (5, (3, 0.25, "a", 16 / 9), "share worker 0 computed"),
+    (5, (3, 6.0, "a", 16 / 9), "time in ms"),
+    (5, (3, 75, "a", 16 / 9), "percentage"),
+    (5, (3, 0.75, "b", 16 / 9), "direction"),
+    (5, (3, 0.75, "c", 16 / 9), "imbalance"),
+    (5, (3, 0.75, "d", 16 / 9), "already hidden"),
+    (5, (3, 0.75, "a", 9 / 16), "upside down"),
+    (5, (3, 0.75, "a", 1.5), "zigzag=True"),
+    (6, (8, 2.0), "smaller one"),
+    (6, (2, 32.4), "over the budget"),
+    (6, (3, 8.2), "power of 2"),
+    (6, (4, 4.0), "only the scores"),
+    (6, (4, 128.8), "unsplit layer"),
+    (6, (4, RIGHT[6][1] * 2**30), "bytes; give GiB"),
+    (6, (4, 16.4), "16-bit"),
+]
+
+
+def test_the_default_numbers_are_the_lessons():
+    g = check.given_1()
+    assert (g["s"], g["b"], g["h"], g["t"], g["e"]) == (2048, 1, 4096, 4, 2)
+    tp = sum(korthikanti_mlp_block_bytes(2048, 1, 4096, 4 * 4096, 4, False, 2).values())
+    assert tp == pytest.approx(RIGHT[1][0])
+    assert causal_work(4, False) == RIGHT[4][0] and causal_work(4, True) == RIGHT[4][1]
+    assert check.their_timeline().makespan / check.their_timeline(zigzag=True).makespan == (
+        pytest.approx(RIGHT[5][3])
+    )
+
+
+@pytest.mark.parametrize("k", sorted(RIGHT))
+def test_right_answers_pass(k, capsys):
+    getattr(check, f"exercise_{k}")(*list(RIGHT[k]))
+    assert capsys.readouterr().out.startswith("✅")
+
+
+def test_other_right_merges_pass(capsys):
+    check.exercise_2(merge_max_trick)
+    assert capsys.readouterr().out.startswith("✅")
+
+
+@pytest.mark.parametrize(("k", "args", "hint"), WRONG)
+def test_wrong_answers_fail_with_a_hint(k, args, hint):
+    with pytest.raises(CheckFailed, match=hint) as info:
+        getattr(check, f"exercise_{k}")(*args)
+    assert not isinstance(info.value, NotAnswered)
+
+
+@pytest.mark.parametrize("k", sorted(RIGHT))
+def test_placeholders_are_not_answered(k):
+    args = [None] * len(list(RIGHT[k]))
+    with pytest.raises(NotAnswered):
+        getattr(check, f"exercise_{k}")(*args)
+
+
+@pytest.mark.parametrize("k", [1, 3, 4, 5, 6])
+def test_partly_answered_is_not_answered(k):
+    args = list(RIGHT[k])
+    args[-1] = None
+    with pytest.raises(NotAnswered):
+        getattr(check, f"exercise_{k}")(*args)
+
+
+def test_a_stub_is_not_answered():
+    with pytest.raises(NotAnswered, match="NotImplementedError"):
+        check.exercise_2(stub)
+
+
+def test_merge_cases_are_real_attention_and_fixed_by_the_cases_seed():
+    a = check.cases_2(Variant("s7", cases_seed=3))["merge"]
+    b = check.cases_2(Variant("s7", cases_seed=3))["merge"]
+    assert repr(a) == repr(b) and repr(a) != repr(check.cases_2(Variant("s7", cases_seed=4)))
+    assert all(t.numel() < 1000 for case in a for t in case)  # small enough to replay
+    assert torch.isinf(a[1][1]).any() and a[2][1].max() > 88  # the -inf and the overflow case
+    # a merge of two key blocks is attention over both: rebuild one case from scratch
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(n, 4, generator=gen) for n in (5, 5, 5))
+    out, lse = merge(*block_attention(q, k[:2], v[:2]), *block_attention(q, k[2:], v[2:]))
+    assert torch.allclose(out, attention(q, k, v), atol=1e-6)
+    assert torch.allclose(lse, torch.logsumexp(q @ k.T / 2.0, dim=-1), atol=1e-6)
+
+
+STUDENTS = ["s1", "s7", "alice", "bob", "zoe", "carol", "dave"]
+
+
+def right_for(v: Variant) -> dict:
+    """Each exercise's right answer for student v, computed here from their numbers."""
+    g1 = check.given_1(v)
+    s, b, h, f, t, e = (g1[k] for k in ("s", "b", "h", "f", "t", "e"))
+    tp = e * s * b * h * 2 + s * b * h + 2 * e * s * b * f / t
+    sp = (2 * e * s * b * h + s * b * h) / t + 2 * e * s * b * f / t
+    g3 = check.given_3(v)
+    n4 = check.given_4(v)["N"]
+    g5 = check.given_5(v)
+    plain, zz = check.their_timeline(v), check.their_timeline(v, zigzag=True)
+    g6 = check.given_6(v)
+
+    def gib(cp):
+        tok = g6["seq"] // cp
+        return g6["e"] * g6["heads"] * (6 * tok * g6["dim"] + tok + 2 * tok * tok) / GIB
+
+    cp = next(2**k for k in range(12) if gib(2**k) <= g6["budget_gib"])
+    return {
+        1: (tp, sp),
+        3: ([(g3["w"] - k) % g3["N"] for k in range(g3["N"])], g3["N"] - 1),
+        4: (list(range(1, n4 + 1)), [2 * n4 + 1] * n4, 4 * n4 / (2 * n4 + 1)),
+        5: (g5["N"] - 1, 1 - g5["block_ms"] / plain.makespan, "a", plain.makespan / zz.makespan),
+        6: (cp, gib(cp)),
+    }
+
+
+def test_the_default_student_gets_the_lessons_answers():
+    mine = right_for(Variant("default"))
+    for k, answers in mine.items():
+        want = list(RIGHT[k])
+        for a, b in zip(answers, want, strict=True):
+            if isinstance(b, float):
+                assert a == pytest.approx(b, rel=1e-2 if k == 6 else 1e-9), (k, a, b)
+            else:
+                assert a == b, (k, a, b)
+
+
+@pytest.mark.parametrize("student", STUDENTS)
+def test_every_student_passes_with_their_own_numbers(student, capsys):
+    v = Variant(student)
+    for k, answers in right_for(v).items():
+        getattr(check, f"exercise_{k}")(*answers, v=v)
+        assert capsys.readouterr().out.startswith("✅"), k
+    check.exercise_2(merge, v=v)
+    assert capsys.readouterr().out.startswith("✅")
+
+
+def test_a_neighbours_answers_fail():
+    default = right_for(Variant("default"))
+    failed = 0
+    for student in STUDENTS:
+        v = Variant(student)
+        for k, answers in right_for(v).items():
+            if answers == default[k]:
+                continue  # the same numbers as the default's: nothing to tell apart
+            with pytest.raises(CheckFailed):
+                getattr(check, f"exercise_{k}")(*default[k], v=v)
+            failed += 1
+    assert failed >= 20
+
+
+def test_every_variant_keeps_the_exercises_sensible():
+    seen = {k: set() for k in (1, 3, 4, 5, 6)}
+    for student in ["default", *STUDENTS, "erin", "frank", "grace"]:
+        v = Variant(student)
+        for k in seen:
+            seen[k].add(repr(getattr(check, f"given_{k}")(v)))
+        answers = right_for(v)
+        assert 2 <= answers[6][0] <= 64  # context parallelism is needed, and not absurdly
+        g5 = check.given_5(v)
+        assert g5["transfer_ms"] <= g5["block_ms"] / 2  # the transfers hide, even zig-zag's
+        n5 = g5["N"]
+        assert math.isclose(answers[5][3], 4 * n5 / (2 * n5 + 1))  # hidden transfers: 9.4's gain
+        assert 0 < check.given_3(v)["w"] < check.given_3(v)["N"]
+    assert all(len(s) >= 3 for s in seen.values())
