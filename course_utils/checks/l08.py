@@ -1,0 +1,357 @@
+"""Checks for the exercises of lesson 08 (sharded data parallelism: ZeRO and FSDP, executed).
+
+Each `exercise_K` is called by the check cell of Exercise 8.K in
+`exercises/08_sharded_data_parallelism.ipynb`, with the learner's variant `v`: `given_K(v)`
+draws the exercise's numbers (the default student gets the course's own), and every expected
+answer is computed from them, here, with `course_utils.parallel.fsdp` (the ZeRO memory
+formula, the gathered-bytes bound, the step simulator). `cases_2(v)` are the inputs the Build
+exercise's function is tried on.
+
+Conventions shared with the lesson: Adam in fp32 keeps 4 bytes of parameters, 4 of gradient
+and 8 of optimizer state per parameter (16 in all); ZeRO stage 1 shards the optimizer state,
+stage 2 also the gradients, stage 3 also the parameters (Rajbhandari et al. 2020, arXiv
+1910.02054); stage 3 is FSDP (Zhao et al. 2023, arXiv 2304.11277). A layer is one flat
+vector, padded with zeros to a multiple of N and cut into N equal contiguous shards.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+from course_utils.checks import (
+    DEFAULT,
+    Variant,
+    as_choice,
+    as_int,
+    as_number,
+    as_sequence,
+    check_function,
+    expect_choice,
+    expect_number,
+    fail,
+    is_right,
+    passed,
+    require,
+)
+from course_utils.checks import (
+    for_student as _for_student,
+)
+
+
+def for_student(student: str = "default"):
+    """This lesson's checks with `student`'s numbers (the notebook's first code cell)."""
+    import sys
+
+    return _for_student(sys.modules[__name__], student)
+
+
+# --------------------------------------------------------------------------- 8.1
+
+
+def given_1(v: Variant = DEFAULT) -> dict:
+    return {"params": v.pick("1p", 1.5e9, [1e9, 3e9, 7e9]), "N": v.pick("1n", 8, [4, 16, 64])}
+
+
+def _zero(psi: float, n: int, stage: int, p: float = 4, g: float = 4, k: float = 8) -> float:
+    return {
+        0: (p + g + k) * psi,
+        1: (p + g) * psi + k * psi / n,
+        2: p * psi + (g + k) * psi / n,
+        3: (p + g + k) * psi / n,
+    }[stage]
+
+
+def exercise_1(stage1, stage2, stage3, v: Variant = DEFAULT) -> None:
+    """Model-state bytes per worker for ZeRO stages 1, 2 and 3 (fp32 Adam, 16 bytes/param)."""
+    from course_utils.parallel.fsdp import zero_memory_bytes
+
+    g = given_1(v)
+    psi, n = g["params"], g["N"]
+    for value, name in ((stage1, "stage1"), (stage2, "stage2"), (stage3, "stage3")):
+        require(value, name)
+    for stage, value in ((1, stage1), (2, stage2), (3, stage3)):
+        name = f"stage{stage}"
+        want = sum(zero_memory_bytes([int(psi)], n, stage, 4).values())
+        assert math.isclose(want, _zero(psi, n, stage))  # the planner's formula, spelled out
+        got = expect_number(value, want, name, unit="bytes")
+        if is_right(got, want):
+            continue
+        for other in (1, 2, 3):
+            if other != stage and is_right(got, _zero(psi, n, other)):
+                fail(
+                    f"`{name}` is stage {other}'s count. Stage 1 shards the optimizer state; "
+                    "stage 2 also the gradients; stage 3 also the parameters."
+                )
+        if is_right(got, _zero(psi, n, 0)):
+            fail(f"`{name}` is plain data parallelism: 16 bytes per parameter, nothing sharded.")
+        if is_right(got, _zero(psi, n, stage, p=2, g=2, k=12)):
+            fail(
+                f"`{name}` uses the paper's mixed-precision counts (2 + 2 + 12 bytes). Here "
+                "everything is fp32: parameters 4, gradients 4, Adam's two states 8."
+            )
+        fail(
+            f"`{name}` is not right: add parameters, gradients and optimizer state, dividing "
+            "by N what this stage shards."
+        )
+    passed(
+        f"Right: {_zero(psi, n, 1) / 1e9:.3g}, {_zero(psi, n, 2) / 1e9:.3g} and "
+        f"{_zero(psi, n, 3) / 1e9:.3g} GB per worker, against {_zero(psi, n, 0) / 1e9:.3g} "
+        f"GB for plain data parallelism. Only stage 3 scales with N = {n}: it is the one "
+        "that lets a model larger than one device's memory train at all."
+    )
+
+
+# --------------------------------------------------------------------------- 8.2
+
+
+def cases_2(v: Variant = DEFAULT) -> dict[str, list[tuple]]:
+    rng = v.cases("2")
+    cases = [([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0], 3, 2), ([0.5] * 6, 3, 1), ([9.0], 4, 3)]
+    for _ in range(5):
+        length, workers = rng.randint(1, 13), rng.randint(1, 5)
+        flat = [float(rng.randint(-9, 9)) for _ in range(length)]
+        cases.append((flat, workers, rng.randrange(workers)))
+    return {"shard": cases}
+
+
+def _shard(flat: list[float], workers: int, rank: int) -> list[float]:
+    size = -(-len(flat) // workers)
+    padded = list(flat) + [0.0] * (size * workers - len(flat))
+    return padded[rank * size : (rank + 1) * size]
+
+
+def exercise_2(shard, v: Variant = DEFAULT) -> None:
+    """Build shard(flat, workers, rank): worker `rank`'s slice of the zero-padded vector."""
+    call = check_function(shard, "shard")
+    cases = cases_2(v)["shard"]
+    for flat, workers, rank in cases:
+        shown = f"shard({flat}, {workers}, {rank})"
+        got = as_sequence(call(list(flat), workers, rank), shown, item=as_number)
+        want = _shard(flat, workers, rank)
+        if got == want:
+            continue
+        size = -(-len(flat) // workers)
+        if got == flat[rank * size : (rank + 1) * size] and len(got) < size:
+            fail(
+                f"{shown} returned {got}: the last shard is short. Pad the vector with zeros to "
+                f"a multiple of workers first, so every shard has ceil(n / workers) = {size}."
+            )
+        small = len(flat) // workers
+        if got == flat[rank * small : (rank + 1) * small]:
+            fail(
+                f"{shown} returned {got}: with n // workers elements per shard the last "
+                f"{len(flat) - small * workers} element(s) belong to no one. Round up."
+            )
+        if got == list(flat[rank::workers]):
+            fail(
+                f"{shown} deals the elements out round-robin. A shard is one contiguous "
+                "slice, so an all-gather can put the shards back side by side."
+            )
+        if len(got) != size:
+            fail(
+                f"{shown} returned {len(got)} elements; every shard has ceil(n / workers) = {size}."
+            )
+        fail(f"{shown} returned {got}; it should be {want}.")
+    passed(
+        f"Right on {len(cases)} cases, including more workers than elements. Equal shards are "
+        "what a ring all-gather and reduce-scatter need: every step moves one shard per link."
+    )
+
+
+# --------------------------------------------------------------------------- 8.3
+
+EVENTS = {
+    "gather": "all-gather the layer's parameters",
+    "forward": "forward of the layer",
+    "free": "free the gathered parameters",
+    "backward": "backward of the layer",
+    "reduce": "reduce-scatter the layer's gradient",
+    "adam": "Adam step on the worker's shard",
+}
+ORDER = ["gather", "forward", "free", "gather", "backward", "reduce", "free", "adam"]
+
+
+def given_3(v: Variant = DEFAULT) -> dict:
+    names = list(EVENTS)
+    seed = v.pick("3s", None, range(1, 10**6))
+    if seed is not None:
+        random.Random(seed).shuffle(names)
+    else:
+        names = ["backward", "gather", "adam", "free", "forward", "reduce"]
+    return {letter: EVENTS[name] for letter, name in zip("abcdef", names, strict=True)}
+
+
+def exercise_3(order, v: Variant = DEFAULT) -> None:
+    """One layer's events in a ZeRO-3 step (prefetch 0, one micro-batch), as letters."""
+    table = given_3(v)
+    name_of = {
+        letter: key for letter, text in table.items() for key in EVENTS if EVENTS[key] == text
+    }
+    got = [
+        as_choice(x, list(table), f"order[{i}]") for i, x in enumerate(as_sequence(order, "order"))
+    ]
+    names = [name_of[x] for x in got]
+    alternative = ORDER[:5] + ["free", "reduce", "adam"]  # freeing the weights first is fine too
+    if names in (ORDER, alternative):
+        passed(
+            "Right: gathered for the forward, freed, gathered again for the backward, its "
+            "gradient reduce-scattered, and only then Adam on the shard. Between uses a "
+            "worker holds 1/N of the layer: that is all of ZeRO-3's memory saving, paid for "
+            "with the second all-gather."
+        )
+        return
+    if names.count("gather") == 1 and "forward" in names and "backward" in names:
+        fail(
+            "The gathered copy is freed after the forward, yet the backward needs the full "
+            "weights again: how do they come back?"
+        )
+    if "adam" in names and "reduce" in names and names.index("adam") < names.index("reduce"):
+        fail(
+            "Adam runs before the gradient is summed over the workers: it needs the reduce-scatter."
+        )
+    if names.count("free") != 2:
+        fail("A gathered copy is freed after each use of the layer: count the uses.")
+    if "reduce" in names and names.index("reduce") < names.index("backward"):
+        fail("The gradient to reduce-scatter only exists after the backward.")
+    if names[:2] != ["gather", "forward"]:
+        fail("Before its forward a worker holds only its shard of the layer: what must come first?")
+    fail(f"`order` has {len(names)} events in an order that cannot run; follow one layer's life.")
+
+
+# --------------------------------------------------------------------------- 8.4
+
+
+def given_4(v: Variant = DEFAULT) -> dict:
+    return {
+        "layer_numels": [2_000_000, 8_000_000, 8_000_000, 8_000_000, 8_000_000, 1_000_000],
+        "N": v.pick("4n", 4, [2, 8]),
+        "element_size": 4,
+        "limit_bytes": v.pick("4l", 100_000_000, [70_000_000, 130_000_000, 138_000_000]),
+    }
+
+
+def exercise_4(prefetch, gathered, v: Variant = DEFAULT) -> None:
+    """The deepest prefetch whose gathered layers fit the limit, and their bytes."""
+    from course_utils.parallel.fsdp import gathered_bytes_bound
+
+    g = given_4(v)
+    numels, n, e, limit = g["layer_numels"], g["N"], g["element_size"], g["limit_bytes"]
+
+    def bound(k: int) -> int:
+        return gathered_bytes_bound(numels, n, k, e)
+
+    k = as_int(prefetch, "prefetch")
+    require(gathered, "gathered")
+    want = max(d for d in range(len(numels)) if bound(d) <= limit)
+    if k != want:
+        if k == want + 1 and bound(k) > limit:
+            fail(
+                f"With prefetch {k} a worker holds {k + 1} gathered layers: the {k} fetched "
+                "ahead and the one it is computing. Count that one too."
+            )
+        if k < 0 or k >= len(numels):
+            fail(f"`prefetch` is a depth from 0 to {len(numels) - 1}.")
+        if bound(k) > limit:
+            fail(
+                f"With prefetch {k} the gathered layers can take {bound(k):,} bytes: over "
+                "the limit."
+            )
+        fail(f"Prefetch {k} fits, but a deeper one does too.")
+    number = expect_number(gathered, bound(k), "gathered", unit="bytes")
+    if not is_right(number, bound(k)):
+        if is_right(number, bound(k) / n):
+            fail("`gathered` counts shards; a gathered layer is the whole layer, on every worker.")
+        if is_right(number, sum(sorted(numels)[: k + 1]) * e):
+            fail("`gathered` adds the smallest layers; the bound must hold for the largest.")
+        fail("`gathered` is not right: the k + 1 largest layers, whole, in bytes.")
+    deeper = f" ({bound(k + 1):,} with one more)" if k + 1 < len(numels) else ""
+    passed(
+        f"Right: prefetch {k} holds up to {bound(k):,} bytes of gathered layers{deeper}. "
+        "Deeper prefetch hides more gather time only while the gathers are slower than the "
+        "compute; the memory it costs is always paid."
+    )
+
+
+# --------------------------------------------------------------------------- 8.5
+
+
+def given_5(v: Variant = DEFAULT) -> dict:
+    return {
+        "layers": v.pick("5l", 4, [3, 5, 6]),
+        "forward_ms": 1.0,
+        "backward_ms": 2.0,
+        "gather_ms": v.pick("5g", 0.6, [0.4, 0.8, 1.0]),
+        "N": 2,
+    }
+
+
+def their_costs(v: Variant = DEFAULT):
+    """Exercise 8.5's costs: equal layers, one all-gather of a layer takes gather_ms."""
+    from course_utils.parallel.fsdp import FSDPCosts
+
+    g = given_5(v)
+    numel, n = 1_000_000, g["N"]
+    shard_bytes = numel // n * 4
+    return FSDPCosts(
+        forward=(g["forward_ms"] / 1e3,) * g["layers"],
+        backward=(g["backward_ms"] / 1e3,) * g["layers"],
+        layer_numels=(numel,) * g["layers"],
+        bandwidth=(n - 1) * shard_bytes / (g["gather_ms"] / 1e3),
+    )
+
+
+def their_timeline(v: Variant = DEFAULT, prefetch: int = 0):
+    """Exercise 8.5's ZeRO-3 step, simulated (no prefetch unless asked)."""
+    from course_utils.parallel.fsdp import simulate_fsdp
+
+    return simulate_fsdp(their_costs(v), given_5(v)["N"], stage=3, prefetch=prefetch)
+
+
+FIXES = ("a", "b", "c", "d")
+
+
+def exercise_5(waiting_share, fix, gain, v: Variant = DEFAULT) -> None:
+    """A ZeRO-3 step with unhidden gathers: the compute's waiting share, the fix, its gain."""
+    theirs, fixed = their_timeline(v), their_timeline(v, prefetch=1)
+    busy = theirs.busy_per_device()[0]
+    want = 1 - busy / theirs.makespan
+    share = expect_number(waiting_share, want, "waiting_share", unit="fraction")
+    require(fix, "fix")
+    require(gain, "gain")
+    if not is_right(share, want):
+        if is_right(share, 1 - want):
+            fail("`waiting_share` is the share spent computing; the question asks for the wait.")
+        if is_right(share, (theirs.makespan - busy) * 1e3):
+            fail("`waiting_share` is a time; give it as a share of the step (0 to 1).")
+        fail("`waiting_share` is not right: (makespan - compute time) / makespan, for one worker.")
+    expect_choice(
+        as_choice(fix, FIXES, "fix"),
+        "a",
+        {
+            "b": (
+                "with more workers each shard is smaller, but an all-gather still brings "
+                "(N-1)/N of the layer over each link, and the compute still waits for it"
+            ),
+            "c": "the reduce-scatters already run on the communication thread, off the path",
+            "d": (
+                "a bigger batch dilutes the wait but does not hide it: every gather is "
+                "still waited for"
+            ),
+        },
+        "`fix` = {got!r} does not hide the gathers: {hint}.",
+    )
+    want_gain = theirs.makespan / fixed.makespan
+    got = expect_number(gain, want_gain, "gain")
+    if not is_right(got, want_gain):
+        if is_right(got, 1 / want_gain):
+            fail("`gain` is upside down: the step without prefetch over the step with it.")
+        fail(
+            "`gain` is not right: simulate the same costs with prefetch=1 "
+            "(their_timeline(prefetch=1)) and divide the makespans."
+        )
+    passed(
+        f"Right: without prefetch the compute waits for every all-gather, {want:.0%} of the "
+        f"step. Issuing the next layer's gather before computing the current one hides "
+        f"them behind compute: {want_gain:.2f}x as fast, for one more gathered layer of memory."
+    )
