@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from course_utils.actions import Action
@@ -64,6 +64,7 @@ def _expected_device(name: str, stage: int, p: int) -> int:
 
 @settings(max_examples=80, deadline=None)
 @given(shapes(), st.floats(0.1, 3), st.floats(0.1, 3), st.floats(0, 1), st.floats(0, 0.5))
+@example(("dualpipe-v", 1, 2, 1), 1.0, 1.0, 0.0, 0.0)  # stage 0's I waits for stage 1's whole B
 def test_every_schedule_is_complete_and_runs_in_dependency_order(shape, fwd, bwd, wf, p2p):
     name, p, m, v = shape
     sched = make_schedule(name, p, m, v)
@@ -90,8 +91,11 @@ def test_every_schedule_is_complete_and_runs_in_dependency_order(shape, fwd, bwd
             needs = [Action(s - 1, "F", i)]
         elif a.kind in ("B", "I"):
             needs = [Action(s, "F", i)]
-            if s < last:
-                needs.append(Action(s + 1, a.kind, i))
+            if s < last:  # the gradient from the next stage, whole (B) or input-only (I):
+                # DualPipeV splits some backwards and keeps others whole on the same stage
+                after = [Action(s + 1, k, i) for k in ("B", "I") if Action(s + 1, k, i) in end]
+                assert len(after) == 1, f"stage {s + 1} needs one backward of micro-batch {i}"
+                needs += after
         elif a.kind == "W":
             needs = [Action(s, "I", i)]
         for n in needs:
