@@ -16,7 +16,6 @@ vector, padded with zeros to a multiple of N and cut into N equal contiguous sha
 
 from __future__ import annotations
 
-import math
 import random
 
 from course_utils.checks import (
@@ -53,27 +52,22 @@ def given_1(v: Variant = DEFAULT) -> dict:
     return {"params": v.pick("1p", 1.5e9, [1e9, 3e9, 7e9]), "N": v.pick("1n", 8, [4, 16, 64])}
 
 
-def _zero(psi: float, n: int, stage: int, p: float = 4, g: float = 4, k: float = 8) -> float:
-    return {
-        0: (p + g + k) * psi,
-        1: (p + g) * psi + k * psi / n,
-        2: p * psi + (g + k) * psi / n,
-        3: (p + g + k) * psi / n,
-    }[stage]
+def _zero(psi: float, n: int, stage: int, precision: str = "fp32") -> float:
+    """Model-state bytes per worker: the planner's ZeRO formula (fp32 Adam: 4 + 4 + 8)."""
+    from course_utils.plan import model_state_bytes
+
+    return sum(model_state_bytes(psi, precision, zero=stage, dp=n).values())
 
 
 def exercise_1(stage1, stage2, stage3, v: Variant = DEFAULT) -> None:
     """Model-state bytes per worker for ZeRO stages 1, 2 and 3 (fp32 Adam, 16 bytes/param)."""
-    from course_utils.parallel.fsdp import zero_memory_bytes
-
     g = given_1(v)
     psi, n = g["params"], g["N"]
     for value, name in ((stage1, "stage1"), (stage2, "stage2"), (stage3, "stage3")):
         require(value, name)
     for stage, value in ((1, stage1), (2, stage2), (3, stage3)):
         name = f"stage{stage}"
-        want = sum(zero_memory_bytes([int(psi)], n, stage, 4).values())
-        assert math.isclose(want, _zero(psi, n, stage))  # the planner's formula, spelled out
+        want = _zero(psi, n, stage)
         got = expect_number(value, want, name, unit="bytes")
         if is_right(got, want):
             continue
@@ -85,7 +79,7 @@ def exercise_1(stage1, stage2, stage3, v: Variant = DEFAULT) -> None:
                 )
         if is_right(got, _zero(psi, n, 0)):
             fail(f"`{name}` is plain data parallelism: 16 bytes per parameter, nothing sharded.")
-        if is_right(got, _zero(psi, n, stage, p=2, g=2, k=12)):
+        if is_right(got, _zero(psi, n, stage, "bf16-mixed")):
             fail(
                 f"`{name}` uses the paper's mixed-precision counts (2 + 2 + 12 bytes). Here "
                 "everything is fp32: parameters 4, gradients 4, Adam's two states 8."
@@ -115,8 +109,14 @@ def cases_2(v: Variant = DEFAULT) -> dict[str, list[tuple]]:
     return {"shard": cases}
 
 
+def _shard_size(flat: list[float], workers: int) -> int:
+    from course_utils.parallel.fsdp import padded_shard_numels
+
+    return padded_shard_numels([len(flat)], workers)[0]
+
+
 def _shard(flat: list[float], workers: int, rank: int) -> list[float]:
-    size = -(-len(flat) // workers)
+    size = _shard_size(flat, workers)
     padded = list(flat) + [0.0] * (size * workers - len(flat))
     return padded[rank * size : (rank + 1) * size]
 
@@ -131,7 +131,7 @@ def exercise_2(shard, v: Variant = DEFAULT) -> None:
         want = _shard(flat, workers, rank)
         if got == want:
             continue
-        size = -(-len(flat) // workers)
+        size = _shard_size(flat, workers)
         if got == flat[rank * size : (rank + 1) * size] and len(got) < size:
             fail(
                 f"{shown} returned {got}: the last shard is short. Pad the vector with zeros to "
