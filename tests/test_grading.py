@@ -207,6 +207,53 @@ def test_killing_the_grader_or_the_kernel_earns_nothing(tmp_path):
     assert passed(results["kill-self"]) == [] and passed(results["exit"]) == []
 
 
+SLOW_START = """\
+import os, runpy, sys, time
+marker, rest = sys.argv[1], sys.argv[2:]
+if marker == "never" or not os.path.exists(marker):
+    open(os.devnull if marker == "never" else marker, "w").close()
+    time.sleep(300)  # never answers: the grader must give up on this kernel and kill it
+sys.argv = ["ipykernel_launcher", *rest]
+runpy.run_module("ipykernel_launcher", run_name="__main__", alter_sys=True)
+"""
+
+
+def slow_kernel_spec(monkeypatch, tmp_path: Path, marker: str) -> None:
+    """Kernels start through SLOW_START: the first start (or every one) never answers."""
+    import sys
+
+    from course_utils.grading import notebook_tools, sandbox
+
+    script = tmp_path / "slow_start.py"
+    script.write_text(SLOW_START)
+    plain = sandbox._kernel_spec
+
+    def spec(folder: Path) -> Path:
+        found = plain(folder)
+        kernel = found / "course-grader" / "kernel.json"
+        spec = json.loads(kernel.read_text())
+        spec["argv"] = [sys.executable, "-I", str(script), marker, "-f", "{connection_file}"]
+        kernel.write_text(json.dumps(spec))
+        return found
+
+    monkeypatch.setattr(sandbox, "_kernel_spec", spec)
+    monkeypatch.setattr(notebook_tools, "KERNEL_STARTUP_SECONDS", 8)
+
+
+def test_a_kernel_that_never_starts_is_retried_once_then_reported(monkeypatch, tmp_path):
+    # Seen in CI: on a fresh, busy machine a grading kernel did not answer in time. No learner
+    # code has run then, so a fresh kernel is safe; if that fails too, the row says why.
+    marker = tmp_path / "first-start-happened"
+    slow_kernel_spec(monkeypatch, tmp_path, str(marker))
+    result = grade(solved())
+    assert marker.exists() and result.problem is None
+    assert passed(result) == ALL
+    slow_kernel_spec(monkeypatch, tmp_path, "never")
+    result = grade(solved())
+    assert result.problem and "the grading kernel did not start (2 tries" in result.problem
+    assert result.exercises == [] and result.score == 0
+
+
 def test_shadowing_imports_from_the_submission_folder_earns_nothing(tmp_path):
     fake = tmp_path / "class"
     fake.mkdir()

@@ -35,7 +35,7 @@ from course_utils.errors import CourseInputError
 from course_utils.grading.judge import cases_for, judge
 from course_utils.grading.make_exercises import STUDENT_LINE
 from course_utils.grading.notebook_tools import SOLUTIONS, is_check_cell, tags
-from course_utils.grading.sandbox import Exercise, check_calls, run_submission
+from course_utils.grading.sandbox import Exercise, KernelStartError, check_calls, run_submission
 
 IMPORT = re.compile(r"course_utils\.checks import l(\d+)")
 HEADING = re.compile(r"^#+\s*Exercise\s+(\d+)\.\d+", re.M)
@@ -185,15 +185,19 @@ def grade_notebook(
             e: [encode(tuple(c)) for c in cs] for e, cs in cases_for(module, ex.k, learner).items()
         }
     result.tampering = tampering(submission, solution, result.variant)
-    run = run_submission(
-        submission,
-        folder_files or {},
-        result.lesson,
-        exercises,
-        cell_timeout,
-        total_timeout,
-        call_timeout,
-    )
+    try:
+        run = run_submission(
+            submission,
+            folder_files or {},
+            result.lesson,
+            exercises,
+            cell_timeout,
+            total_timeout,
+            call_timeout,
+        )
+    except KernelStartError as exc:
+        result.problem = str(exc)
+        return result
     result.notes += run.notes
     result.seconds = run.seconds
     for ex in exercises:

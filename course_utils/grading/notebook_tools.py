@@ -26,6 +26,7 @@ BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
 CODE_STUB = ("# YOUR CODE HERE", "raise NotImplementedError()")
 ANSWER_STUB = "YOUR ANSWER HERE"
+KERNEL_STARTUP_SECONDS = 180
 
 
 def notebook_client(nb: nbformat.NotebookNode, **kwargs):
@@ -36,9 +37,13 @@ def notebook_client(nb: nbformat.NotebookNode, **kwargs):
     cell "runs" until its timeout (nbclient issue #312; we measured 15 stalls in 60 runs of
     a cell with `widgets.interact` on a busy core). Graders and test runners do not need
     live widgets, so none are imitated: their output stays in the cell's outputs.
+
+    A kernel gets `KERNEL_STARTUP_SECONDS` to answer its first message, not nbclient's 60 s:
+    on a fresh machine busy with other kernels the first start (cold caches) took longer.
     """
     from nbclient import NotebookClient
 
+    kwargs.setdefault("startup_timeout", KERNEL_STARTUP_SECONDS)
     client = NotebookClient(nb, **kwargs)
     client.widget_registry = {}
     return client

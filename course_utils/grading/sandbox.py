@@ -58,7 +58,12 @@ def __course_capture__(k, expressions, cases, limit):
     return "\\x1ecourse-answers" + json.dumps({"exercise": k, "found": found})
 """
 MARK = "\x1ecourse-answers"
+KERNEL_STARTS = 2  # a kernel that never became ready ran nothing: one fresh start is safe
 MAX_ANSWER_CHARS = 5_000_000  # an answer bigger than this is not read
+
+
+class KernelStartError(RuntimeError):
+    """The learner's kernel never became ready: the submission could not be graded."""
 
 
 @dataclass
@@ -211,49 +216,66 @@ def run_submission(
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
         specs = _kernel_spec(Path(tmp) / "kernels")
-        # nbclient drives the kernel from its event loop: a synchronous manager cannot
-        # interrupt a cell that runs too long there (the interrupt silently never comes).
-        km = AsyncKernelManager(
-            kernel_name="course-grader",
-            kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(specs)]),
-        )
-        client = notebook_client(
-            nb,
-            km=km,
-            timeout=cell_timeout,
-            allow_errors=True,
-            interrupt_on_timeout=True,
-            error_on_timeout={"ename": "CellTimeout", "evalue": f"ran past {cell_timeout:g} s"},
-            resources={"metadata": {"path": str(work)}},
-        )
 
-        def execute(source: str) -> nbformat.NotebookNode:
-            cell = nbformat.v4.new_code_cell(source)
-            client.nb.cells.append(cell)
-            client.execute_cell(cell, len(client.nb.cells) - 1)
-            return cell
+        def run_all(client) -> None:
+            def execute(source: str) -> nbformat.NotebookNode:
+                cell = nbformat.v4.new_code_cell(source)
+                client.nb.cells.append(cell)
+                client.execute_cell(cell, len(client.nb.cells) - 1)
+                return cell
+
+            execute(PRELUDE)
+            for index, cell in enumerate(cells):
+                where = owner[index]
+                if cell.cell_type == "code" and cell.source.strip() not in skip:
+                    if time.monotonic() - started > total_timeout:
+                        note = f"the notebook ran past its {total_timeout:g} s limit"
+                        if note not in run.notes:
+                            run.notes.append(note)
+                    else:
+                        _run_learner_cell(client, cell, index, where, cell_timeout, run)
+                for k in points.get(index, []):
+                    _capture(execute, by_k[k], call_timeout, run)
+            for ex in exercises:  # answers defined later than their exercise still count
+                if any("missing" in found for found in run.answers.get(ex.k, {}).values()):
+                    _capture(execute, ex, call_timeout, run)
 
         cells = list(nb.cells)  # the learner's; captures are appended after them
-        try:
-            # The kernel's own output goes nowhere: it must not reach the grader's streams.
-            with client.setup_kernel(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL):
-                execute(PRELUDE)
-                for index, cell in enumerate(cells):
-                    where = owner[index]
-                    if cell.cell_type == "code" and cell.source.strip() not in skip:
-                        if time.monotonic() - started > total_timeout:
-                            note = f"the notebook ran past its {total_timeout:g} s limit"
-                            if note not in run.notes:
-                                run.notes.append(note)
-                        else:
-                            _run_learner_cell(client, cell, index, where, cell_timeout, run)
-                    for k in points.get(index, []):
-                        _capture(execute, by_k[k], call_timeout, run)
-                for ex in exercises:  # answers defined later than their exercise still count
-                    if any("missing" in found for found in run.answers.get(ex.k, {}).values()):
-                        _capture(execute, ex, call_timeout, run)
-        except DeadKernelError:
-            run.notes.append("the kernel died (the notebook crashed or exited)")
+        for attempt in range(1, KERNEL_STARTS + 1):
+            # nbclient drives the kernel from its event loop: a synchronous manager cannot
+            # interrupt a cell that runs too long there (the interrupt silently never comes).
+            km = AsyncKernelManager(
+                kernel_name="course-grader",
+                kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(specs)]),
+            )
+            client = notebook_client(
+                nb,
+                km=km,
+                timeout=cell_timeout,
+                allow_errors=True,
+                interrupt_on_timeout=True,
+                error_on_timeout={"ename": "CellTimeout", "evalue": f"ran past {cell_timeout:g} s"},
+                resources={"metadata": {"path": str(work)}},
+            )
+            ready = False
+            try:
+                # The kernel's own output goes nowhere: it must not reach the grader's streams.
+                with client.setup_kernel(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL):
+                    ready = True
+                    run_all(client)
+            except DeadKernelError:
+                run.notes.append("the kernel died (the notebook crashed or exited)")
+            except RuntimeError as exc:
+                # Raised while the kernel starts, before any learner code ran: the machine's
+                # fault, not the submission's, so a fresh kernel is safe. After that, and after
+                # the last try, it is the grading's problem (a row without a score), not a zero.
+                if ready:
+                    raise
+                if attempt == KERNEL_STARTS:
+                    why = f"the grading kernel did not start ({attempt} tries: {exc})"
+                    raise KernelStartError(why) from exc
+                continue
+            break
         shutil.rmtree(work, ignore_errors=True)
     run.seconds = time.monotonic() - started
     return run
