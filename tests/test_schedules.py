@@ -167,7 +167,7 @@ ZB_COSTS = [(1, 1, 1), (1, 1.5, 0.5), (2, 1, 1), (1, 0.5, 0.5), (2, 3, 1), (3, 2
 @pytest.mark.parametrize("f, i, w", ZB_COSTS)
 @pytest.mark.parametrize("p", [1, 2, 4, 7])
 def test_zb_h1_reaches_the_papers_bubble_when_w_is_at_most_f_and_i(f, i, w, p):
-    # Qi et al. 2023: bubble (p-1)(F + I - W). It holds exactly when m >= p and W <= min(F, I):
+    # Qi et al. 2024: bubble (p-1)(F + I - W). It holds exactly when m >= p and W <= min(F, I):
     # then the delayed W's fit in the gaps they are meant to fill.
     for m in (p, p + 1, 3 * p):
         makespan = simulate(zb_h1(p, m), CostModel(f, i + w, w / (i + w))).makespan

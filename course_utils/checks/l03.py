@@ -5,7 +5,7 @@ Each `exercise_K` is called by the check cell of Exercise 3.K in
 exercise's numbers (the default student gets the course's own), and every expected answer
 is computed from them, here or by the simulator. `cases_2(v)` are the inputs a Build
 exercise's function is tried on. The bubble formula is GPipe's with equal stages
-(Huang et al. 2019, arXiv 1811.06965): (p - 1) / (m + p - 1), the idle share of the step.
+(Huang et al. 2018, arXiv 1811.06965): (p - 1) / (m + p - 1), the idle share of the step.
 """
 
 from __future__ import annotations

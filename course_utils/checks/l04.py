@@ -4,7 +4,7 @@ Each `exercise_K` is called by the check cell of Exercise 4.K in
 `exercises/04_1f1b_zero_bubble.ipynb`, with the learner's variant `v`: `given_K(v)` draws the
 exercise's numbers (the default student gets the course's own), and every expected answer
 is computed from them, here or by the simulator. `cases_2(v)` are the inputs the Build
-exercise's function is tried on. 1F1B is PipeDream-Flush (Narayanan et al. 2021,
+exercise's function is tried on. 1F1B is PipeDream-Flush (Narayanan et al. 2020,
 arXiv 2006.09503); ZB-H1 is from "Zero Bubble Pipeline Parallelism" (Qi et al., ICLR 2024,
 arXiv 2401.10241). The reference orders come from `course_utils.pipeline.schedules`.
 """

@@ -7,7 +7,7 @@ answer is computed from them; the Build exercises (7.1, 7.5) are tried on inputs
 `v.cases(...)`. Sources: the column/row split of the
 Megatron-LM MLP (Shoeybi et al. 2019, arXiv 1909.08053), the ring all-reduce's
 2(N-1)/N bytes per device (Patarasuk & Yuan 2009), ZeRO's model-state formulas
-(Rajbhandari et al. 2020, arXiv 1910.02054), 3D layouts (Narayanan et al. 2021,
+(Rajbhandari et al. 2019, arXiv 1910.02054), 3D layouts (Narayanan et al. 2021,
 arXiv 2104.04473) and activation recomputation (Chen et al. 2016, arXiv 1604.06174).
 torch is imported lazily, only by the checks that need it.
 """

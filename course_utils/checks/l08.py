@@ -9,7 +9,7 @@ exercise's function is tried on.
 
 Conventions shared with the lesson: Adam in fp32 keeps 4 bytes of parameters, 4 of gradient
 and 8 of optimizer state per parameter (16 in all); ZeRO stage 1 shards the optimizer state,
-stage 2 also the gradients, stage 3 also the parameters (Rajbhandari et al. 2020, arXiv
+stage 2 also the gradients, stage 3 also the parameters (Rajbhandari et al. 2019, arXiv
 1910.02054); stage 3 is FSDP (Zhao et al. 2023, arXiv 2304.11277). A layer is one flat
 vector, padded with zeros to a multiple of N and cut into N equal contiguous shards.
 """

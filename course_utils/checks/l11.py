@@ -11,7 +11,7 @@ Conventions shared with the lesson: p devices hold 2p stages; in a V device d ho
 (its down chunk) and stage 2p-1-d (its up chunk); F, I and W are the costs of one
 micro-batch through one chunk (one stage), B = I + W; stages, devices and micro-batches are
 numbered from 0 and actions are written like PyTorch's: `3F0` is stage 3's forward of
-micro-batch 0. ZB-V: Qi et al. 2023, arXiv 2401.10241; DualPipeV: DeepSeek-AI 2024, arXiv
+micro-batch 0. ZB-V: Qi et al. 2024, arXiv 2401.10241; DualPipeV: DeepSeek-AI 2024, arXiv
 2412.19437.
 """
 

@@ -9,7 +9,7 @@ looping schedules, a V for ZB-V and DualPipeV, where device d holds stages d and
        post the output in the next stage's mailbox
     B  backward: gradient of the loss (last stage) or of the output received from the next
        stage; accumulates parameter gradients and posts the input gradient backwards
-    I  zero-bubble input gradient only (Qi et al., 2023, arXiv:2401.10241): posts the input
+    I  zero-bubble input gradient only (Qi et al. 2024, arXiv 2401.10241): posts the input
        gradient backwards early and keeps the graph for W
     W  zero-bubble weight gradient: each module's parameter gradients, from the output
        gradients I kept (like torch.distributed.pipelining's stage_backward_weight)

@@ -6,9 +6,9 @@ d, d + p, d + 2p, ... The simulator (`course_utils.pipeline.simulate`) turns a s
 timeline; the thread executor runs the same lists on a real model.
 
     naive          model parallelism without micro-batches (the whole batch, stage by stage)
-    gpipe          all forwards, then all backwards (Huang et al. 2019, arXiv 1811.06965)
+    gpipe          all forwards, then all backwards (Huang et al. 2018, arXiv 1811.06965)
     1f1b           PipeDream-Flush: warm-up, one forward one backward, cool-down
-                   (Narayanan et al. 2021, arXiv 2006.09503)
+                   (Narayanan et al. 2020, arXiv 2006.09503)
     interleaved    Megatron-LM's interleaved 1F1B with v chunks per device
                    (Narayanan et al. 2021, arXiv 2104.04473)
     breadth-first  all micro-batches through one local stage before the next
@@ -326,7 +326,7 @@ SCHEDULES: dict[str, ScheduleInfo] = {
             bubble=_FILL_DRAIN,
             peak=_ALL_M,
             pytorch="ScheduleGPipe",
-            source="Huang et al. 2019, arXiv 1811.06965",
+            source="Huang et al. 2018, arXiv 1811.06965",
         ),
         ScheduleInfo(
             "1f1b",
@@ -336,7 +336,7 @@ SCHEDULES: dict[str, ScheduleInfo] = {
             bubble=_FILL_DRAIN,
             peak=_ONE_F_ONE_B_PEAK,
             pytorch="Schedule1F1B",
-            source="Narayanan et al. 2021, arXiv 2006.09503",
+            source="Narayanan et al. 2020, arXiv 2006.09503",
         ),
         ScheduleInfo(
             "interleaved",

@@ -17,7 +17,7 @@ plain 1F1B's 2(p-1), since every boundary is crossed once per chunk). The V also
 memory: a device's down chunk keeps its activations long (its backward comes last) and its
 up chunk keeps them briefly, and every device has one of each, so with enough micro-batches
 every device peaks at the same 2p chunks, one chunk being half of the device's layers, which
-is p micro-batches' worth of its layers: 1F1B's peak on its busiest device (Qi et al. 2023,
+is p micro-batches' worth of its layers: 1F1B's peak on its busiest device (Qi et al. 2024,
 arXiv 2401.10241, the ZB-V schedule; their repository's README table gives "activation
 memory 1x" and "communication volume 2x" against 1F1B). And the input and the loss are on
 the same device, device 0. Where the remaining bubble comes from: the first micro-batch
@@ -178,7 +178,7 @@ def _zb_v_order(p: int, d: int, m: int) -> list[Action]:
 
 
 def zb_v(p: int, m: int) -> Schedule:
-    """ZB-V (Qi et al. 2023, arXiv 2401.10241): zero-bubble I/W split on a V of 2p stages.
+    """ZB-V (Qi et al. 2024, arXiv 2401.10241): zero-bubble I/W split on a V of 2p stages.
 
     Each device runs F, I and W of its down chunk and of its up chunk. With equal costs and
     m >= 2p-1 no device has a gap between its first and its last action, and every device
@@ -341,7 +341,7 @@ def dualpipe_v_idle(p: int, F: float, I: float, W: float) -> float:  # noqa: E74
     """Idle time of every device in one DualPipeV step with F&B as F then B:
     (p-1)(F + I - W) (when `dualpipe_v_formula_holds`).
 
-    The same expression as ZB-H1's bubble (Qi et al. 2023), but in chunk costs: each chunk
+    The same expression as ZB-H1's bubble (Qi et al. 2024), but in chunk costs: each chunk
     is half of a device's layers.
     """
     _check_int("devices", p)

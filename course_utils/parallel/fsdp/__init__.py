@@ -2,7 +2,7 @@
 
 Plain data parallelism keeps a full copy of everything on every worker: parameters,
 gradients and optimizer state, 16 bytes per parameter with Adam in fp32. ZeRO
-(Rajbhandari et al. 2020, arXiv 1910.02054) notices that the copies are redundant and
+(Rajbhandari et al. 2019, arXiv 1910.02054) notices that the copies are redundant and
 cuts each of them into N shards, one per worker:
 
     stage 1 (P_os)       shard the optimizer state        params Psi + grads Psi + optim K Psi / N
