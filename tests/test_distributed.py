@@ -155,6 +155,15 @@ def test_pytorch_pipeline_schedules_match_one_process(schedule, cluster):
     first = {e.action: e for e in tl.events}
     last_stage = 2 * stages_per_rank - 1
     assert first[Action(last_stage, "F", 0)].start >= first[Action(0, "F", 0)].end
+    # PyTorch ran the course's order, action for action, on every rank (lesson 13 says so).
+    assert run_order(tl) == run_order(result.extra["executor_timeline"])
+
+
+def run_order(timeline) -> dict[int, list[str]]:
+    by_device: dict[int, list[str]] = {}
+    for event in sorted(timeline.events, key=lambda e: e.start):
+        by_device.setdefault(event.device, []).append(str(event.action))
+    return by_device
 
 
 @pytest.mark.slow
