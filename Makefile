@@ -36,9 +36,10 @@ unit: setup
 	$(PY) -m pytest -m "not browser and not constrained"
 
 # The quick loop while editing: the unit tests without the slow ones (real processes: notebook
-# kernels, nbval and grader runs, torch.distributed ranks, make) and without the browser.
+# kernels, nbval and grader runs, torch.distributed ranks, make, one CLI smoke test per command),
+# without the browser and without the constrained runs (every lesson twice: make test-constrained).
 test-fast: setup
-	$(PY) -m pytest -m "not slow and not browser"
+	$(PY) -m pytest -m "not slow and not browser and not constrained"
 
 # Every lesson, run top to bottom with nbval (outputs are not compared). The solutions run
 # once, in tests/test_exercises.py (part of unit): every cell without error, every check passed.

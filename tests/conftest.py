@@ -81,3 +81,15 @@ def run_module(*args: object, timeout: float = 300, **kwargs) -> subprocess.Comp
         timeout=timeout,
         **kwargs,
     )
+
+
+@pytest.fixture
+def ctrl_c_delivered():
+    """Python's own Ctrl-C handler while the test runs. A shell starts background jobs
+    (`make test-fast &`, nohup) with SIGINT ignored, and then `_thread.interrupt_main` does
+    nothing: the interrupt tests would wait and fail for a reason that is not ours."""
+    import signal
+
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)

@@ -186,6 +186,7 @@ def test_cli_json(_cli):
     assert {e["action"] for e in out["events"]} == {"0F0", "0B0", "0REDUCE_GRAD"}
 
 
+@pytest.mark.slow
 def test_cli_smoke_in_a_subprocess():
     ok = run_module("data-parallel", "--workers", "2", "--batch", "32", "--steps", "1")
     assert ok.returncode == 0, ok.stderr

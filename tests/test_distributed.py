@@ -335,6 +335,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signal_name", ["SIGKILL", "SIGTERM"])
 def test_killing_the_parent_leaves_no_process_behind(signal_name):
     import signal as signals

@@ -225,7 +225,7 @@ def test_incomplete_or_misplaced_schedules_are_rejected_before_running():
         PipelineExecutor(partition(model, 3), 2)
 
 
-def test_keyboard_interrupt_stops_the_workers():
+def test_keyboard_interrupt_stops_the_workers(ctrl_c_delivered):
     class Slow(nn.Linear):
         def forward(self, x):
             time.sleep(0.05)
@@ -274,6 +274,7 @@ def test_cli_fail_at_and_bad_input_are_one_line(cli):
     assert out.returncode == 2 and out.stderr.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_cli_smoke_in_a_subprocess():
     ok = run_module("run", "gpipe", "--stages", "2", "--microbatches", "2", "--model", "mlp")
     assert ok.returncode == 0, ok.stderr

@@ -148,6 +148,7 @@ def test_check_reports_missing_stale_and_orphan_files(folders):
     assert problem.startswith(f"{exercises / '98_gone.ipynb'}: has no solution notebook")
 
 
+@pytest.mark.slow
 def test_command_line_check_exit_codes(folders):
     solutions, exercises = folders
 
@@ -180,6 +181,7 @@ def test_command_line_check_exit_codes(folders):
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--solutions" in bad.stderr
 
 
+@pytest.mark.slow
 def test_unbalanced_solution_is_a_one_line_error(folders):
     solutions, exercises = folders
     nb = nbformat.read(solutions / "99_sample.ipynb", as_version=4)

@@ -640,6 +640,7 @@ def test_cli_context_and_expert_parallel_layouts(cli):
     assert data["config"]["ep"] == 8 and data["config"]["cp"] == 2 and "fits" in data
 
 
+@pytest.mark.slow
 def test_cli_smoke_in_a_subprocess():
     ok = run_module("plan", "memory", "--params", "7.5e9", "--dp", "64", "--zero", "3", timeout=120)
     assert ok.returncode == 0, ok.stderr

@@ -130,6 +130,7 @@ def test_cli_bad_input_is_one_line_exit_2(_cli, args):
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_cli_smoke_in_a_subprocess():
     ok = run_module("tensor-parallel", "--workers", "2")
     assert ok.returncode == 0, ok.stderr

@@ -89,7 +89,7 @@ def test_close_joins_threads_and_forgotten_pools_are_cleaned_up():
     assert not any(t.is_alive() for t in threads)
 
 
-def test_keyboard_interrupt_in_caller_stops_workers():
+def test_keyboard_interrupt_in_caller_stops_workers(ctrl_c_delivered):
     import _thread
 
     with DeviceThreads(2) as pool:
