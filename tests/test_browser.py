@@ -1,9 +1,10 @@
 """JupyterLab in a real browser: headless Debian Chromium driven by Playwright.
 
 Run with `make test-browser` (CI installs Debian's chromium with apt; no browser download).
-Opens the course index, the pipeline explorer lesson and the lessons 08-11, runs all cells,
-checks there is no error output, that the charts are visible, and that moving the micro-batch
-slider changes the chart and the bubble %. Screenshots go to `screenshots/` (git-ignored).
+Opens the course index, the pipeline explorer lesson, the capstone and the lessons 08-11, runs
+all cells, checks there is no error output, that the charts are visible, that moving the
+micro-batch slider changes the chart and the bubble %, and that the planner redraws.
+Screenshots go to `screenshots/` (git-ignored).
 """
 
 from __future__ import annotations
@@ -155,6 +156,31 @@ def test_explorer_slider_changes_chart_and_bubble(browser, lab):
     bubble_after = _bubble_percent(page)
     assert bubble_after != bubble_before, (bubble_before, bubble_after)
     assert chart.evaluate("img => img.complete && img.naturalWidth > 200")
+    assert _error_outputs(page) == []
+    page.close()
+
+
+def test_the_planner_redraws_its_chart_and_text_in_the_browser(browser, lab):
+    # Lesson 12's planner is a `picker`: a PNG in an Image widget and a text, no Output widget.
+    page = _open_and_run_all(browser, lab, "notebooks/12_capstone_planning.ipynb")
+    assert _error_outputs(page) == []
+    planner = page.locator(".course-picker").first
+    planner.scroll_into_view_if_needed()
+    chart = planner.locator(".course-picker-chart").first
+    assert chart.evaluate("img => img.complete && img.naturalWidth > 200")
+    text_before = planner.locator(".course-picker-text").first.inner_text()
+    src_before = chart.get_attribute("src")
+    planner.locator("select").first.select_option("70B")
+    page.wait_for_function(
+        "([before]) => { const img = document.querySelector('.course-picker-chart');"
+        " return img && img.src !== before; }",
+        arg=[src_before],
+        timeout=30_000,
+    )
+    text_after = planner.locator(".course-picker-text").first.inner_text()
+    assert text_after != text_before, text_after[:200]
+    assert chart.evaluate("img => img.complete && img.naturalWidth > 200")
+    page.screenshot(path=str(SHOTS / "planner_after.png"), full_page=False)
     assert _error_outputs(page) == []
     page.close()
 

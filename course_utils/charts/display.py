@@ -33,6 +33,87 @@ class WithFallback:
         return self.text
 
 
+def figure_png(fig) -> bytes:
+    """A Matplotlib figure as PNG bytes, on white, at the course's resolution."""
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", facecolor="white", bbox_inches="tight")
+    return buf.getvalue()
+
+
+def picker(controls: dict, draw=None, describe=None, box=None) -> WithFallback:
+    """Controls and what they show, redrawn whenever one of them moves.
+
+    `controls` maps each keyword of `draw`/`describe` to its widget; `draw(**values)` returns
+    a Figure (shown as a PNG) or None (no chart for these values, e.g. an invalid layout),
+    `describe(**values)` a text (shown under it). Give one or both. `box` lays the controls
+    out (default: one column).
+
+    Nothing goes through an Output widget: nothing depends on a front end capturing output
+    (nbclient's imitation of Output widgets can stall a cell, nbclient #312), and where
+    widgets are not rendered (nbval, nbconvert, GitHub, a printout) the chart and text at
+    the controls' first values show instead. Each Figure is closed once painted, so pyplot
+    does not show it a second time.
+    """
+    import html
+
+    import ipywidgets as widgets
+    import matplotlib.pyplot as plt
+
+    if draw is None and describe is None:
+        raise TypeError("picker needs draw, describe or both")
+
+    def values() -> dict:
+        return {name: control.value for name, control in controls.items()}
+
+    def paint() -> bytes | None:
+        fig = draw(**values())
+        if fig is None:
+            return None
+        try:
+            return figure_png(fig)
+        finally:
+            plt.close(fig)
+
+    def words() -> str:
+        return describe(**values())
+
+    def pre(text: str) -> str:
+        return f"<pre style='margin: 0'>{html.escape(text)}</pre>"
+
+    parts = [box if box is not None else widgets.VBox(list(controls.values()))]
+    first_png = first_text = None
+    if draw is not None:
+        first_png = paint()
+        chart = widgets.Image(value=first_png or b"", format="png")
+        chart.layout.display = None if first_png else "none"
+        parts.append(chart)
+    if describe is not None:
+        first_text = words()
+        caption = widgets.HTML(pre(first_text))
+        parts.append(caption)
+
+    def update(_change) -> None:
+        if draw is not None:
+            png = paint()
+            chart.value = png or b""
+            chart.layout.display = None if png else "none"  # no chart: no empty frame
+        if describe is not None:
+            caption.value = pre(words())
+
+    for control in controls.values():
+        control.observe(update, names="value")
+    text = first_text or "(the chart at its first settings; move the controls in JupyterLab)"
+    shown = widgets.VBox(parts)
+    shown.add_class("course-picker")  # for the browser test
+    chart_or_text = "course-picker-chart" if draw is not None else "course-picker-text"
+    parts[1].add_class(chart_or_text)
+    if describe is not None:
+        caption.add_class("course-picker-text")
+    return WithFallback(shown, text, first_png)
+
+
 def show_source(obj) -> None:
     """Show the source code of a function, method or class of the course, highlighted.
 

@@ -88,13 +88,13 @@ def describe(estimate: Estimate, hardware: Hardware = Hardware()) -> str:
 
 def planner_widget(global_batch: int = 512, hardware: Hardware | None = None):
     """Sliders for model size, GPU type and count, and parallel degrees; a stacked memory
-    bar and step time. Prints the same numbers as text, so the notebook reads well without a
-    widget frontend. `hardware` fixes the GPU (else a drop-down of the presets)."""
+    bar and step time, with the same numbers as text under them. Where widgets are not
+    rendered, the chart and text of the starting values show instead. `hardware` fixes the
+    GPU (else a drop-down of the presets)."""
     import ipywidgets as widgets
-    import matplotlib.pyplot as plt
     from IPython.display import display
 
-    from course_utils.charts.display import WithFallback
+    from course_utils.charts.display import picker
     from course_utils.charts.style import use_course_style
 
     use_course_style()
@@ -125,38 +125,35 @@ def planner_widget(global_batch: int = 512, hardware: Hardware | None = None):
     controls = (size, gpu, gpus, tp, cp, pp, ep, b, schedule, zero, recompute, precision)
     for w in controls:
         w.style = style
-    out = widgets.Output()
 
-    def current():
-        hw = hardware if hardware is not None else HARDWARE_PRESETS[gpu.value]
+    def current(**values):
+        hw = hardware if hardware is not None else HARDWARE_PRESETS[values["gpu"]]
         return hw, estimate_from_sliders(
-            size.value, gpus.value, tp.value, pp.value, b.value, schedule.value, zero.value,
-            recompute.value, precision.value, global_batch, hw, cp=cp.value, ep=ep.value,
+            values["size"], values["gpus"], values["tp"], values["pp"], values["b"],
+            values["schedule"], values["zero"], values["recompute"], values["precision"],
+            global_batch, hw, cp=values["cp"], ep=values["ep"],
         )  # fmt: skip
 
-    def update(*_) -> None:
-        with out:
-            out.clear_output(wait=True)
-            try:
-                hw, estimate = current()
-            except CourseInputError as exc:
-                print(f"not a valid layout: {exc}")
-                return
-            fig = draw_plan(estimate, hw)
-            plt.show(fig)
-            print(describe(estimate, hw))
+    def draw(**values):
+        try:
+            hw, estimate = current(**values)
+        except CourseInputError:
+            return None  # describe() says why
+        return draw_plan(estimate, hw)
 
-    for w in controls:
-        w.observe(update, names="value")
-    ui = widgets.VBox([widgets.HBox([widgets.VBox(controls[:6]), widgets.VBox(controls[6:])]), out])
-    try:
-        hw, estimate = current()
-        text = "Planner at its starting values (widgets not shown here):\n" + describe(estimate, hw)
-    except CourseInputError as exc:
-        text = f"Planner (widgets not shown here): not a valid layout: {exc}"
-    display(WithFallback(ui, text))
-    update()
-    return ui
+    def words(**values) -> str:
+        try:
+            hw, estimate = current(**values)
+        except CourseInputError as exc:
+            return f"not a valid layout: {exc}"
+        return describe(estimate, hw)
+
+    names = ("size", "gpu", "gpus", "tp", "cp", "pp", "ep", "b", "schedule", "zero", "recompute",
+             "precision")  # fmt: skip
+    columns = widgets.HBox([widgets.VBox(controls[:6]), widgets.VBox(controls[6:])])
+    shown = picker(dict(zip(names, controls, strict=True)), draw, words, box=columns)
+    display(shown)
+    return shown.widget
 
 
 def estimate_from_sliders(
@@ -268,27 +265,34 @@ def layout_explorer(
     **config,
 ):
     """Drop-downs for the number of GPUs and GPUs per node, sliders for tp and pp: the
-    memory and communication of that layout, drawn and printed (text everywhere else)."""
+    memory and communication of that layout, drawn and described (where widgets are not
+    rendered, the chart and text of the starting layout)."""
     import ipywidgets as widgets
-    import matplotlib.pyplot as plt
     from IPython.display import display
 
-    from course_utils.charts.display import WithFallback
+    from course_utils.charts.display import picker
     from course_utils.charts.style import use_course_style
 
     use_course_style()
 
-    def show(gpus: int, per_node: int, tp: int, pp: int) -> None:
+    def estimate(gpus: int, per_node: int, tp: int, pp: int) -> tuple[Estimate, Hardware]:
         hardware = Hardware(gpus_per_node=per_node)
+        return layout(model, gpus, tp, pp, global_batch, hardware, **config), hardware
+
+    def draw(gpus: int, per_node: int, tp: int, pp: int):
         try:
-            estimate = layout(model, gpus, tp, pp, global_batch, hardware, **config)
+            shown, hardware = estimate(gpus, per_node, tp, pp)
+        except CourseInputError:
+            return None  # words() says why
+        title = f"{name} on {gpus} GPUs, nodes of {per_node}: {shown.config.short()}"
+        return draw_layout(shown, hardware, title.strip())
+
+    def words(gpus: int, per_node: int, tp: int, pp: int) -> str:
+        try:
+            shown, hardware = estimate(gpus, per_node, tp, pp)
         except CourseInputError as exc:
-            print(f"not a valid layout: {exc}")
-            return
-        title = f"{name} on {gpus} GPUs, nodes of {per_node}: {estimate.config.short()}"
-        draw_layout(estimate, hardware, title.strip())
-        plt.show()
-        print(describe_layout(estimate, hardware))
+            return f"not a valid layout: {exc}"
+        return describe_layout(shown, hardware)
 
     g, n, t, p = start
     controls = {
@@ -297,20 +301,9 @@ def layout_explorer(
         "tp": widgets.SelectionSlider(options=list(degrees), value=t, description="tensor (tp)"),
         "pp": widgets.SelectionSlider(options=list(degrees), value=p, description="pipeline (pp)"),
     }
-    out = widgets.interactive_output(show, controls)
-    ui = widgets.VBox([widgets.HBox(list(controls.values())), out])
-    try:
-        text = describe_layout(
-            layout(model, g, t, p, global_batch, Hardware(gpus_per_node=n), **config)
-        )
-    except CourseInputError as exc:
-        text = f"not a valid layout: {exc}"
-    display(
-        WithFallback(
-            ui, f"Layout explorer at its starting values (widgets not shown here):\n{text}"
-        )
-    )
-    return ui
+    explorer = picker(controls, draw, words, box=widgets.HBox(list(controls.values())))
+    display(explorer)
+    return explorer.widget
 
 
 # --------------------------------------------------------------------------- the cluster
