@@ -150,3 +150,39 @@ def test_every_entry_exports_to_pytorchs_csv_and_back(name, tmp_path):
     back = from_pytorch_csv(path)
     computed = [[a for a in acts if a.is_compute] for acts in schedule.devices]
     assert [list(acts) for acts in back.devices] == computed
+
+
+def test_schedule_names_are_written_only_in_the_registry():
+    # Outside the registry a schedule is named through it (SCHEDULES, RECOMMENDED): a name
+    # written out elsewhere is a second place to change when a schedule is renamed. Docstring
+    # examples and the lessons' checks (which ask about a named schedule, like the notebooks)
+    # may name one.
+    import ast
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[1] / "course_utils"
+    registry = {"pipeline/schedules.py", "pipeline/vshape.py"}
+    other_meaning = {("parallel/costs.py", "naive")}  # the naive all-reduce, not the schedule
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        where = path.relative_to(package).as_posix()
+        if where in registry or where.startswith("checks/"):
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)
+        }
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Constant)
+                and node.value in SCHEDULES
+                and id(node) not in docstrings
+                and (where, node.value) not in other_meaning
+            ):
+                found.append(f"{where}:{node.lineno} {node.value!r}")
+    assert found == []
