@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from course_utils.actions import Action, Schedule
@@ -234,6 +234,8 @@ def dualpipe_v_case(draw):
 
 @SETTINGS
 @given(dualpipe_v_case())
+# On the boundary (p-1) I = p F, F = (p-1) I / p rounds one step past it (found in CI):
+@example((5, 10, 0.3260871094439587, 0.4076088868049484, 0.0))
 def test_dualpipe_v_idle_and_bubble_match_the_simulator_inside_the_condition(case):
     p, m, F, I, W = case  # noqa: E741
     assert dualpipe_v_formula_holds(p, m, F, I, W)

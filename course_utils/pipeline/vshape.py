@@ -190,6 +190,12 @@ def zb_v(p: int, m: int) -> Schedule:
     return Schedule("zb-v", 2 * p, m, devices)
 
 
+def _at_most(a: float, b: float) -> bool:
+    """a <= b, allowing for rounding: on a condition's boundary the formula is still exact,
+    and costs computed to sit there (F = (p-1) I / p) may land one rounding step past it."""
+    return a <= b + 1e-9 * max(1.0, abs(a), abs(b))
+
+
 def zb_v_formula_holds(p: int, m: int, F: float, I: float, W: float) -> bool:  # noqa: E741
     """Whether `zb_v_idle` is exact: m >= 2p-1, F <= I <= 2W, and W <= I when p >= 3.
 
@@ -203,7 +209,7 @@ def zb_v_formula_holds(p: int, m: int, F: float, I: float, W: float) -> bool:  #
     _check_costs(F=F, I=I, W=W)
     if p == 1:
         return True
-    return m >= 2 * p - 1 and F <= I <= 2 * W and (W <= I or p == 2)
+    return m >= 2 * p - 1 and _at_most(F, I) and _at_most(I, 2 * W) and (_at_most(W, I) or p == 2)
 
 
 def zb_v_idle(p: int, F: float, I: float, W: float) -> float:  # noqa: E741
@@ -334,7 +340,7 @@ def dualpipe_v_formula_holds(p: int, m: int, F: float, I: float, W: float) -> bo
     _check_costs(F=F, I=I, W=W)
     if p == 1:
         return m >= 2
-    return m >= 2 * p and W <= I and (p - 1) * I <= p * F and F <= I + W
+    return m >= 2 * p and _at_most(W, I) and _at_most((p - 1) * I, p * F) and _at_most(F, I + W)
 
 
 def dualpipe_v_idle(p: int, F: float, I: float, W: float) -> float:  # noqa: E741
