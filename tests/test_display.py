@@ -25,15 +25,26 @@ def test_bundle_keeps_the_widget_and_adds_text_and_png():
 
 def test_planner_widget_shows_its_starting_plan_as_text(monkeypatch):
     from course_utils import plan
+    from course_utils.plan import widget as planner
 
-    shown = []
+    shown, estimated = [], []
     monkeypatch.setattr(IPython.display, "display", lambda *objs, **kw: shown.extend(objs))
-    plan.planner_widget(global_batch=256)
+    real = planner.estimate_from_sliders
+    monkeypatch.setattr(
+        planner, "estimate_from_sliders", lambda *a, **k: estimated.append(a) or real(*a, **k)
+    )
+    ui = plan.planner_widget(global_batch=256)
     fallbacks = [o for o in shown if isinstance(o, WithFallback)]
     assert len(fallbacks) == 1
     bundle = fallbacks[0]._repr_mimebundle_()
     assert "tp=8" in bundle["text/plain"] and "total" in bundle["text/plain"]
     assert base64.b64decode(bundle["image/png"]).startswith(b"\x89PNG")  # the chart too
+    # The chart and the text of one setting come from one estimate.
+    assert len(estimated) == 1
+    tp = ui.children[0].children[0].children[3]
+    assert tp.description == "tensor (tp)"
+    tp.value = 4
+    assert len(estimated) == 2 and "tp=4" in ui.children[2].value
 
 
 def test_layout_explorer_says_why_a_layout_is_invalid_and_draws_no_chart(monkeypatch):

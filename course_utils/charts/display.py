@@ -76,41 +76,35 @@ def picker(controls: dict, draw=None, describe=None, box=None) -> WithFallback:
         finally:
             plt.close(fig)
 
-    def words() -> str:
-        return describe(**values())
-
-    def pre(text: str) -> str:
-        return f"<pre style='margin: 0'>{html.escape(text)}</pre>"
-
+    chart: widgets.Image | None = None
+    caption: widgets.HTML | None = None
     parts = [box if box is not None else widgets.VBox(list(controls.values()))]
-    first_png = first_text = None
     if draw is not None:
-        first_png = paint()
-        chart = widgets.Image(value=first_png or b"", format="png")
-        chart.layout.display = None if first_png else "none"
+        chart = widgets.Image(format="png")
+        chart.add_class("course-picker-chart")  # the classes are for the browser test
         parts.append(chart)
     if describe is not None:
-        first_text = words()
-        caption = widgets.HTML(pre(first_text))
+        caption = widgets.HTML()
+        caption.add_class("course-picker-text")
         parts.append(caption)
 
-    def update(_change) -> None:
-        if draw is not None:
+    def refresh(_change=None) -> tuple[bytes | None, str | None]:
+        png = text = None
+        if chart is not None:
             png = paint()
             chart.value = png or b""
             chart.layout.display = None if png else "none"  # no chart: no empty frame
-        if describe is not None:
-            caption.value = pre(words())
+        if caption is not None:
+            text = describe(**values())
+            caption.value = f"<pre style='margin: 0'>{html.escape(text)}</pre>"
+        return png, text
 
+    first_png, first_text = refresh()
     for control in controls.values():
-        control.observe(update, names="value")
-    text = first_text or "(the chart at its first settings; move the controls in JupyterLab)"
+        control.observe(refresh, names="value")
     shown = widgets.VBox(parts)
-    shown.add_class("course-picker")  # for the browser test
-    chart_or_text = "course-picker-chart" if draw is not None else "course-picker-text"
-    parts[1].add_class(chart_or_text)
-    if describe is not None:
-        caption.add_class("course-picker-text")
+    shown.add_class("course-picker")
+    text = first_text or "(the chart at its first settings; move the controls in JupyterLab)"
     return WithFallback(shown, text, first_png)
 
 

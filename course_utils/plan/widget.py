@@ -4,6 +4,8 @@ and a drawing of the cluster (nodes with an NVSwitch, NICs to the network)."""
 
 from __future__ import annotations
 
+import functools
+
 from course_utils.errors import CourseInputError
 from course_utils.pipeline.schedules import RECOMMENDED
 from course_utils.plan.gpu_memory import MEMORY_KEYS
@@ -100,45 +102,47 @@ def planner_widget(global_batch: int = 512, hardware: Hardware | None = None):
     use_course_style()
 
     style = {"description_width": "110px"}
-    size = widgets.Dropdown(options=list(MODEL_PRESETS), value="30B", description="model")
-    gpu = widgets.Dropdown(
-        options=list(HARDWARE_PRESETS) if hardware is None else ["as given"],
-        value=DEFAULT_GPU if hardware is None else "as given",
-        description="GPU",
-    )
-    gpus = widgets.SelectionSlider(
-        options=[8, 16, 32, 64, 128, 256, 512], value=8, description="GPUs"
-    )
-    tp = widgets.SelectionSlider(options=[1, 2, 4, 8], value=8, description="tensor (tp)")
-    cp = widgets.SelectionSlider(options=[1, 2, 4, 8], value=1, description="context (cp)")
-    pp = widgets.SelectionSlider(options=[1, 2, 4, 8, 16], value=1, description="pipeline (pp)")
-    ep = widgets.SelectionSlider(options=[1, 2, 4, 8], value=1, description="expert (ep)")
-    b = widgets.SelectionSlider(options=list(MICROBATCH_SIZES), value=1, description="micro-batch")
-    schedule = widgets.Dropdown(options=list(SCHEDULES), value=RECOMMENDED, description="schedule")
-    zero = widgets.IntSlider(value=1, min=0, max=3, description="ZeRO stage")
-    recompute = widgets.Dropdown(
-        options=list(RECOMPUTE), value="selective", description="recompute"
-    )
-    precision = widgets.Dropdown(
-        options=list(PRECISIONS), value="bf16-mixed", description="precision"
-    )
-    controls = (size, gpu, gpus, tp, cp, pp, ep, b, schedule, zero, recompute, precision)
-    for w in controls:
+    slider = widgets.SelectionSlider
+    controls = {
+        "size": widgets.Dropdown(options=list(MODEL_PRESETS), value="30B", description="model"),
+        "gpu": widgets.Dropdown(
+            options=list(HARDWARE_PRESETS) if hardware is None else ["as given"],
+            value=DEFAULT_GPU if hardware is None else "as given",
+            description="GPU",
+        ),
+        "gpus": slider(options=[8, 16, 32, 64, 128, 256, 512], value=8, description="GPUs"),
+        "tp": slider(options=[1, 2, 4, 8], value=8, description="tensor (tp)"),
+        "cp": slider(options=[1, 2, 4, 8], value=1, description="context (cp)"),
+        "pp": slider(options=[1, 2, 4, 8, 16], value=1, description="pipeline (pp)"),
+        "ep": slider(options=[1, 2, 4, 8], value=1, description="expert (ep)"),
+        "b": slider(options=list(MICROBATCH_SIZES), value=1, description="micro-batch"),
+        "schedule": widgets.Dropdown(
+            options=list(SCHEDULES), value=RECOMMENDED, description="schedule"
+        ),
+        "zero": widgets.IntSlider(value=1, min=0, max=3, description="ZeRO stage"),
+        "recompute": widgets.Dropdown(
+            options=list(RECOMPUTE), value="selective", description="recompute"
+        ),
+        "precision": widgets.Dropdown(
+            options=list(PRECISIONS), value="bf16-mixed", description="precision"
+        ),
+    }
+    for w in controls.values():
         w.style = style
 
-    def current(**values):
-        hw = hardware if hardware is not None else HARDWARE_PRESETS[values["gpu"]]
+    @functools.lru_cache(maxsize=1)  # draw and words ask for the same setting in turn
+    def current(size, gpu, gpus, tp, cp, pp, ep, b, schedule, zero, recompute, precision):
+        hw = hardware if hardware is not None else HARDWARE_PRESETS[gpu]
         return hw, estimate_from_sliders(
-            values["size"], values["gpus"], values["tp"], values["pp"], values["b"],
-            values["schedule"], values["zero"], values["recompute"], values["precision"],
-            global_batch, hw, cp=values["cp"], ep=values["ep"],
+            size, gpus, tp, pp, b, schedule, zero, recompute, precision, global_batch, hw,
+            cp=cp, ep=ep,
         )  # fmt: skip
 
     def draw(**values):
         try:
             hw, estimate = current(**values)
         except CourseInputError:
-            return None  # describe() says why
+            return None  # words() says why
         return draw_plan(estimate, hw)
 
     def words(**values) -> str:
@@ -148,10 +152,9 @@ def planner_widget(global_batch: int = 512, hardware: Hardware | None = None):
             return f"not a valid layout: {exc}"
         return describe(estimate, hw)
 
-    names = ("size", "gpu", "gpus", "tp", "cp", "pp", "ep", "b", "schedule", "zero", "recompute",
-             "precision")  # fmt: skip
-    columns = widgets.HBox([widgets.VBox(controls[:6]), widgets.VBox(controls[6:])])
-    shown = picker(dict(zip(names, controls, strict=True)), draw, words, box=columns)
+    column = list(controls.values())
+    columns = widgets.HBox([widgets.VBox(column[:6]), widgets.VBox(column[6:])])
+    shown = picker(controls, draw, words, box=columns)
     display(shown)
     return shown.widget
 
@@ -275,6 +278,7 @@ def layout_explorer(
 
     use_course_style()
 
+    @functools.lru_cache(maxsize=1)  # draw and words ask for the same layout in turn
     def estimate(gpus: int, per_node: int, tp: int, pp: int) -> tuple[Estimate, Hardware]:
         hardware = Hardware(gpus_per_node=per_node)
         return layout(model, gpus, tp, pp, global_batch, hardware, **config), hardware
