@@ -30,6 +30,7 @@ class Kind:
     name: str
     compute: bool
     backward: bool = False
+    p2p: bool = False  # a point-to-point transfer: the sender goes on while it travels
 
 
 # The one table of action kinds. Compute kinds and PyTorch's communication kinds print as in
@@ -42,10 +43,10 @@ KINDS: dict[str, Kind] = {
         Kind("B", "backward", compute=True, backward=True),
         Kind("I", "input-gradient backward", compute=True, backward=True),
         Kind("W", "weight-gradient backward", compute=True, backward=True),
-        Kind("SEND_F", "send activations", compute=False),
-        Kind("RECV_F", "receive activations", compute=False),
-        Kind("SEND_B", "send gradients", compute=False),
-        Kind("RECV_B", "receive gradients", compute=False),
+        Kind("SEND_F", "send activations", compute=False, p2p=True),
+        Kind("RECV_F", "receive activations", compute=False, p2p=True),
+        Kind("SEND_B", "send gradients", compute=False, p2p=True),
+        Kind("RECV_B", "receive gradients", compute=False, p2p=True),
         Kind("REDUCE_GRAD", "gradient all-reduce", compute=False),
         Kind("UNSHARD", "all-gather of sharded parameters", compute=False),
         Kind("RESHARD", "free gathered parameters", compute=False),
@@ -99,6 +100,10 @@ class Action:
     @property
     def is_backward(self) -> bool:
         return KINDS[self.kind].backward
+
+    @property
+    def is_p2p(self) -> bool:
+        return KINDS[self.kind].p2p
 
     @classmethod
     def parse(cls, text: str | Action) -> Action:

@@ -88,11 +88,16 @@ def test_one_step_matches_unsplit_model(kind, name, chunks):
     tl = result.timeline
     assert tl.source == "measured" and tl.unit == "s"
     computed = sorted(str(a) for acts in schedule.devices for a in acts if a.is_compute)
-    assert sorted(str(e.action) for e in tl.events) == computed
+    assert sorted(str(e.action) for e in tl.events if e.action.is_compute) == computed
     for d in range(P):  # each device ran its actions in the schedule's order, one at a time
-        events = tl.device_events(d)
+        events = [e for e in tl.device_events(d) if e.action.is_compute]
         assert [e.action for e in events] == [a for a in schedule.devices[d] if a.is_compute]
         assert all(e.start <= e.end <= f.start for e, f in zip(events, events[1:], strict=False))
+    # on the virtual clock every message between devices is a transfer on the links
+    owner = schedule.device_of_stage()
+    crossings = sum(owner[s] != owner[s + 1] for s in range(schedule.stages - 1))
+    sends = [e for e in tl.events if e.action.kind in ("SEND_F", "SEND_B")]
+    assert len(sends) == 2 * crossings * -(-M // schedule.batch_scale)
     # memory as the simulator counts it, but measured
     assert tl.peak_activations == simulated_from_measured(result, schedule).peak_activations
 
@@ -259,7 +264,8 @@ def test_cli_json_figures(cli, tmp_path):
     assert data["schedule"] == "1f1b"
     assert data["ideal_speedup"] == pytest.approx(2 * 4 / (4 + 2 - 1))
     assert data["max_grad_diff"] <= 1e-5
-    assert len(data["events"]) == 16
+    assert len([e for e in data["events"] if "SEND" not in e["action"]]) == 16
+    assert len([e for e in data["events"] if "SEND" in e["action"]]) == 8  # 4 each way
     assert set(data["events"][0]) == {"device", "action", "start", "end"}
     assert png.stat().st_size > 10_000  # measured vs simulated chart
 
@@ -340,10 +346,11 @@ class Sleepy(nn.Module):
 
 def test_a_slow_stage_is_not_a_deadlock():
     # Device 1 waits 6 s for device 0's first message: slow, not stuck (no message is
-    # missing for good), so the step completes.
+    # missing for good), so the step completes. (Sleeping takes no CPU time: only the wall
+    # clock sees it.)
     stages = [Sleepy(6.0), nn.Linear(4, 2)]
     x, y = torch.randn(2, 4), torch.tensor([0, 1])
-    with PipelineExecutor(stages, 2, loss_fn) as ex:
+    with PipelineExecutor(stages, 2, loss_fn, clock="wall") as ex:
         result = ex.step(make_schedule("gpipe", 2, 1), x, y)
     assert result.loss > 0 and result.timeline.device_events(1)[0].start >= 6.0
 

@@ -447,8 +447,9 @@ def test_real_executor_step_drawn_and_compared_with_the_simulation():
 
     ax = chart(measured).axes[0]
     assert Counter(bar_key(b, 3) for b in bars(ax, "compute")) == Counter(
-        event_key(e, measured.start, 1000.0, 3) for e in measured.events
+        event_key(e, measured.start, 1000.0, 3) for e in measured.events if e.action.is_compute
     )
+    assert len(bars(ax, "comm")) == 8  # each micro-batch's activation and gradient transfer
     assert f"bubble {100 * measured.bubble_fraction:.1f}%" in ax.get_title(loc="left")
 
     simulated = simulate(schedule)

@@ -428,12 +428,15 @@ def test_v_schedules_on_threads_match_the_unsplit_model(name, p, m):
     assert abs(result.loss - ref_loss.item()) <= 1e-5
     assert max_grad_diff(model, ref) <= 1e-5
     tl = result.timeline
-    assert {e.action.stage: e.device for e in tl.events} == sched.device_of_stage()
+    computed = [e for e in tl.events if e.action.is_compute]
+    assert {e.action.stage: e.device for e in computed} == sched.device_of_stage()
     for d in range(p):
-        assert [e.action for e in tl.device_events(d)] == list(sched.devices[d])
+        assert [e.action for e in tl.device_events(d) if e.action.is_compute] == list(
+            sched.devices[d]
+        )
     assert tl.peak_activations == simulate(sched).peak_activations
     predicted = simulated_from_measured(result, sched)
-    assert predicted.num_devices == p and len(predicted.events) == len(tl.events)
+    assert predicted.num_devices == p and len(predicted.events) == len(computed)
     assert gantt.compare(predicted, tl).axes
 
 

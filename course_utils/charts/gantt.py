@@ -213,9 +213,10 @@ def _draw_one(
     if show_bubble:
         # Idle time is the pipeline's bubble, except while the device's own communication
         # runs: then it waits for a collective (e.g. a gradient all-reduce), drawn apart.
+        # A point-to-point transfer holds nobody up: the sender could compute meanwhile.
         comm_by_device: list[list[tuple[float, float]]] = [[] for _ in range(p)]
         for e in timeline.events:
-            if not e.action.is_compute and 0 <= e.device < p:
+            if not e.action.is_compute and not e.action.is_p2p and 0 <= e.device < p:
                 comm_by_device[e.device].append(
                     ((e.start - start) * scale, (e.end - start) * scale)
                 )

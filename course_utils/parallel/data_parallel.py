@@ -13,9 +13,12 @@ all-reduce sums. Shards may therefore be uneven (B not divisible by N is fine: t
 first B % N replicas get one extra sample) and the result is still exact; with even
 shards this is the usual "average the gradients".
 
-`DataParallel.step` also records a measured `Timeline` (real `perf_counter_ns` times):
-per replica a forward `0F0`, a backward `0B0` and the all-reduce `0REDUCE_GRAD`
-(labelled "all-reduce"), drawn by `course_utils.charts.gantt.draw` like every other timeline.
+`DataParallel.step` also records a measured `Timeline`: per replica a forward `0F0`, a
+backward `0B0` and the all-reduce `0REDUCE_GRAD` (labelled "all-reduce"), drawn by
+`course_utils.charts.gantt.draw` like every other timeline. On the virtual clock (the
+default) each replica computes for its own CPU time and the all-reduce's messages cross the
+emulated links (`course_utils.threads.links`: replicas 0-7 share a node, 8-15 the next);
+on the wall clock the timeline holds the real timestamps.
 
 `dp_speedup_model` is the back-of-the-envelope model for the lesson: why adding workers
 stops paying off once the all-reduce costs as much as the shrinking compute.
@@ -24,7 +27,6 @@ stops paying off once the all-reduce costs as much as the shrinking compute.
 from __future__ import annotations
 
 import copy
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -37,7 +39,9 @@ from course_utils.models import loss_fn
 from course_utils.parallel.costs import ring_allreduce_time
 from course_utils.threads.collectives import ThreadGroup, check_options
 from course_utils.threads.devices import DeviceThreads
-from course_utils.timeline import Event, Timeline
+from course_utils.threads.links import Links
+from course_utils.threads.trace import Recorder, check_clock, on
+from course_utils.timeline import Timeline
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
@@ -60,11 +64,21 @@ def shard_sizes(batch: int, workers: int) -> list[int]:
 
 @dataclass
 class DPStepResult:
-    """One data-parallel step: whole-batch loss, measured timeline, bytes each replica sent."""
+    """One data-parallel step: whole-batch loss, measured timeline, bytes each replica sent.
+
+    `trace` is the recording behind the timeline (`trace.timeline("wall")` draws the same
+    step on the other clock).
+    """
 
     loss: float
     timeline: Timeline
     bytes_sent: list[int]
+    trace: Recorder | None = None
+
+    @property
+    def step_s(self) -> float:
+        """The step's time on the timeline's clock."""
+        return self.timeline.makespan
 
 
 class DataParallel:
@@ -84,10 +98,13 @@ class DataParallel:
         loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = loss_fn,
         optimizer: OptimizerFactory | None = None,
         timeout: float = 120.0,
+        clock: str = "virtual",
+        links: Links | None = None,
     ) -> None:
         if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
             raise CourseInputError(f"workers must be an integer >= 1, got {workers!r}")
         check_options("sum", algorithm)
+        self.clock, self.links = check_clock(clock), links
         self.workers = workers
         self.algorithm = algorithm
         self.loss_fn = loss_fn
@@ -114,51 +131,41 @@ class DataParallel:
         sizes = shard_sizes(batch, self.workers)
         xs, ys = inputs.split(sizes), targets.split(sizes)
         self.group.reset_counters()
-        t0 = time.perf_counter_ns()
+        trace = Recorder()
 
-        def replica_step(rank: int) -> Callable[[], tuple[float, list[Event]]]:
-            def work() -> tuple[float, list[Event]]:
+        def replica_step(rank: int) -> Callable[[], float]:
+            stream = trace.stream(rank)
+
+            def work() -> float:
                 model, opt = self.replicas[rank], self.optimizers[rank]
-                comm = self.group.comm(rank)
-                events = []
-
-                def record(kind: str, start: int, label: str | None = None) -> int:
-                    end = time.perf_counter_ns()
-                    action = Action(0, kind, None if kind == "REDUCE_GRAD" else 0)
-                    events.append(Event(rank, action, (start - t0) / 1e9, (end - t0) / 1e9, label))
-                    return end
-
                 opt.zero_grad(set_to_none=False)
-                start = time.perf_counter_ns()
-                # the shard's mean loss, weighted by its share of the batch (see module doc)
-                loss = self.loss_fn(model(xs[rank]), ys[rank]) * (sizes[rank] / batch)
-                start = record("F", start)
-                loss.backward()
-                start = record("B", start)
+                with stream.compute(Action(0, "F", 0)):
+                    # the shard's mean loss, weighted by its share of the batch (module doc)
+                    loss = self.loss_fn(model(xs[rank]), ys[rank]) * (sizes[rank] / batch)
+                with stream.compute(Action(0, "B", 0)):
+                    loss.backward()
                 grads = [_grad(p) for p in _trainable(model)]
-                comm.all_reduce(grads, op="sum", algorithm=self.algorithm)
-                record("REDUCE_GRAD", start, "all-reduce")
+                with stream.span(Action(0, "REDUCE_GRAD"), "all-reduce"):
+                    self.group.comm(rank).all_reduce(grads, op="sum", algorithm=self.algorithm)
                 opt.step()  # same summed gradient everywhere -> same update everywhere
-                return loss.item(), events
+                return loss.item()
 
-            return work
+            return on(stream, work)
 
         try:
-            results = self.threads.run([replica_step(r) for r in range(self.workers)])
+            with trace:
+                losses = self.threads.run([replica_step(r) for r in range(self.workers)])
         except Exception:
             self.group.reset()  # drop half-delivered messages so the next step starts clean
             raise
-        events = [e for _, evs in results for e in evs]
-        timeline = Timeline(
-            events,
-            self.workers,
+        timeline = trace.timeline(
+            self.clock,
+            self.links,
+            num_devices=self.workers,
             name=f"data parallel, {self.workers} workers ({self.algorithm} all-reduce)",
-            source="measured",
-            unit="s",
             meta={"shard_sizes": sizes, "algorithm": self.algorithm},
         )
-        loss = sum(weighted for weighted, _ in results)
-        return DPStepResult(loss, timeline, list(self.group.bytes_sent))
+        return DPStepResult(sum(losses), timeline, list(self.group.bytes_sent), trace)
 
     def max_replica_diff(self) -> float:
         """Largest parameter difference between replica 0 and any other (0.0 when in sync)."""

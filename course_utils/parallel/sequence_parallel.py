@@ -41,7 +41,6 @@ bit for bit). Activations kept for the backward are measured with
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -63,25 +62,21 @@ from course_utils.threads.collectives import (
     ring_reduce_scatter_bytes,
 )
 from course_utils.threads.devices import DeviceThreads
-from course_utils.timeline import Event, Timeline
+from course_utils.threads.links import Links
+from course_utils.threads.trace import Recorder, check_clock, on, traced
+from course_utils.timeline import Timeline
 
 MAX_WORKERS = 16
 MAX_ELEMENTS = 2**22  # per activation tensor [s, b, h] or [s, b, f]
 LN_EPS = 1e-5
 
-CommLog = list  # of (kind, label, start_ns, end_ns), or (label, start_ns, end_ns) all-reduces
-
-
 R = TypeVar("R")
 
 
-def _logged(log: CommLog | None, kind: str, label: str, run: Callable[[], R]) -> R:
-    """run(), its start and end logged as one communication of `kind`."""
-    start = time.perf_counter_ns()
-    result = run()
-    if log is not None:
-        log.append((kind, label, start, time.perf_counter_ns()))
-    return result
+def _traced(kind: str, label: str, run: Callable[[], R]) -> R:
+    """run(), drawn as one communication bar of `kind` on the calling thread's stream."""
+    with traced(Action(0, kind), label):
+        return run()
 
 
 # -- the two sequence-parallel communication operators -------------------------------------------
@@ -92,20 +87,19 @@ class GatherSequence(torch.autograd.Function):
     reduce-scatter it backward (each device keeps the summed gradient of its tokens)."""
 
     @staticmethod
-    def forward(ctx, x_shard: torch.Tensor, comm: Communicator, sizes: list[int], log=None):
-        ctx.comm, ctx.sizes, ctx.log = comm, sizes, log
-        return _logged(log, "ALL_GATHER", "all-gather (g)", lambda: comm.all_gather(x_shard))
+    def forward(ctx, x_shard: torch.Tensor, comm: Communicator, sizes: list[int]):
+        ctx.comm, ctx.sizes = comm, sizes
+        return _traced("ALL_GATHER", "all-gather (g)", lambda: comm.all_gather(x_shard))
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         comm, sizes = ctx.comm, ctx.sizes
-        shard = _logged(
-            ctx.log,
+        shard = _traced(
             "REDUCE_SCATTER",
             "reduce-scatter (g backward)",
             lambda: comm.reduce_scatter(grad.contiguous(), sizes=sizes),
         )
-        return shard, None, None, None
+        return shard, None, None
 
 
 class ReduceScatterSequence(torch.autograd.Function):
@@ -113,10 +107,9 @@ class ReduceScatterSequence(torch.autograd.Function):
     all-gather the gradient backward. Replaces tensor parallelism's all-reduce."""
 
     @staticmethod
-    def forward(ctx, partial: torch.Tensor, comm: Communicator, sizes: list[int], log=None):
-        ctx.comm, ctx.log = comm, log
-        return _logged(
-            log,
+    def forward(ctx, partial: torch.Tensor, comm: Communicator, sizes: list[int]):
+        ctx.comm = comm
+        return _traced(
             "REDUCE_SCATTER",
             "reduce-scatter (g-bar)",
             lambda: comm.reduce_scatter(partial.contiguous(), sizes=sizes),
@@ -125,10 +118,8 @@ class ReduceScatterSequence(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         comm = ctx.comm
-        full = _logged(
-            ctx.log, "ALL_GATHER", "all-gather (g-bar backward)", lambda: comm.all_gather(grad)
-        )
-        return full, None, None, None
+        full = _traced("ALL_GATHER", "all-gather (g-bar backward)", lambda: comm.all_gather(grad))
+        return full, None, None
 
 
 class GatherThenLinear(torch.autograd.Function):
@@ -142,29 +133,26 @@ class GatherThenLinear(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x_shard, weight, bias, comm: Communicator, sizes: list[int], log=None):
+    def forward(ctx, x_shard, weight, bias, comm: Communicator, sizes: list[int]):
         ctx.save_for_backward(x_shard, weight)
-        ctx.comm, ctx.sizes, ctx.log, ctx.has_bias = comm, sizes, log, bias is not None
-        x = _logged(log, "ALL_GATHER", "all-gather (g)", lambda: comm.all_gather(x_shard))
+        ctx.comm, ctx.sizes, ctx.has_bias = comm, sizes, bias is not None
+        x = _traced("ALL_GATHER", "all-gather (g)", lambda: comm.all_gather(x_shard))
         return F.linear(x, weight, bias)
 
     @staticmethod
     def backward(ctx, grad_z: torch.Tensor):
         x_shard, weight = ctx.saved_tensors
         comm = ctx.comm
-        x = _logged(
-            ctx.log, "ALL_GATHER", "all-gather again (for dA)", lambda: comm.all_gather(x_shard)
-        )
+        x = _traced("ALL_GATHER", "all-gather again (for dA)", lambda: comm.all_gather(x_shard))
         grad_partial = grad_z @ weight  # [s, b, h]: this device's share of dX
         grad_weight = grad_z.reshape(-1, grad_z.shape[-1]).t() @ x.reshape(-1, x.shape[-1])
         grad_bias = grad_z.sum(dim=(0, 1)) if ctx.has_bias else None
-        grad_shard = _logged(
-            ctx.log,
+        grad_shard = _traced(
             "REDUCE_SCATTER",
             "reduce-scatter (g backward)",
             lambda: comm.reduce_scatter(grad_partial.contiguous(), sizes=ctx.sizes),
         )
-        return grad_shard, grad_weight, grad_bias, None, None, None
+        return grad_shard, grad_weight, grad_bias, None, None
 
 
 # -- the block, unsplit (the reference) ----------------------------------------------------------
@@ -264,6 +252,7 @@ class SPResult:
     bytes_backward: list[int]
     bytes_param_grads: list[int]
     timeline: Timeline
+    trace: Recorder | None = None  # draws the same run on the other clock
 
 
 class SequenceParallelMLP:
@@ -281,7 +270,10 @@ class SequenceParallelMLP:
         sequence_parallel: bool = True,
         save_gathered_input: bool = False,
         timeout: float = 60.0,
+        clock: str = "virtual",
+        links: Links | None = None,
     ) -> None:
+        self.clock, self.links = check_clock(clock), links
         if (
             isinstance(workers, bool)
             or not isinstance(workers, int)
@@ -319,17 +311,18 @@ class SequenceParallelMLP:
         for norm in self.norms:
             norm.weight.grad = norm.bias.grad = None
         sent = self.group.bytes_sent
-        t0 = time.perf_counter_ns()
+        trace = Recorder()
 
         def work(rank: int):
+            stream = trace.stream(rank)
+
             def run():
-                log: CommLog = []
                 lo, hi = rows[rank] if self.sequence_parallel else (0, s)
                 # every device holds its own copy of its input, mask and output gradient
                 x_local = x[lo:hi].detach().clone().requires_grad_(True)
                 mask = None if dropped is None else dropped[lo:hi].clone()
                 dy = grad_output[lo:hi].detach().clone()
-                before, f_start = sent[rank], time.perf_counter_ns()
+                before = sent[rank]
                 saved: dict[int, int] = {}
                 params = self._param_storages(rank)
 
@@ -339,15 +332,17 @@ class SequenceParallelMLP:
                         saved[storage.data_ptr()] = storage.nbytes()
                     return t
 
-                with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                    y = self._forward_on(rank, x_local, mask, sizes, log)
-                middle, b_start = sent[rank], time.perf_counter_ns()
-                y.backward(dy)
-                after, b_end = sent[rank], time.perf_counter_ns()
+                # compute bars, cut around the collectives inside them
+                with stream.compute(Action(0, "F", 0)):
+                    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                        y = self._forward_on(rank, x_local, mask, sizes)
+                middle = sent[rank]
+                with stream.compute(Action(0, "B", 0)):
+                    y.backward(dy)
+                after = sent[rank]
                 param_bytes = 0
                 if self.sequence_parallel:  # each device saw only its tokens: sum their grads
-                    param_bytes = self._all_reduce_sequence_grads(rank, log)
-                events = _events(rank, t0, [("F", f_start, b_start), ("B", b_start, b_end)], log)
+                    param_bytes = self._all_reduce_sequence_grads(rank)
                 return (
                     y.detach(),
                     x_local.grad,
@@ -355,13 +350,13 @@ class SequenceParallelMLP:
                     middle - before,
                     after - middle,
                     param_bytes,
-                    events,
                 )
 
-            return run
+            return on(stream, run)
 
         try:
-            results = self.threads.run([work(r) for r in range(self.workers)])
+            with trace:
+                results = self.threads.run([work(r) for r in range(self.workers)])
         except Exception:
             self.group.reset()
             raise
@@ -379,41 +374,35 @@ class SequenceParallelMLP:
             bytes_forward=[r[3] for r in results],
             bytes_backward=[r[4] for r in results],
             bytes_param_grads=[r[5] for r in results],
-            timeline=Timeline(
-                [e for r in results for e in r[6]],
-                self.workers,
+            timeline=trace.timeline(
+                self.clock,
+                self.links,
+                num_devices=self.workers,
                 name=f"MLP block, {mode} parallel on {self.workers} threads",
-                source="measured",
-                unit="s",
                 meta={"microbatches": 1, "chunks": 1},
             ),
+            trace=trace,
         )
 
-    def _forward_on(self, rank, x, dropped, sizes, log) -> torch.Tensor:
+    def _forward_on(self, rank, x, dropped, sizes) -> torch.Tensor:
         col, row = self.shards[rank]
         comm, norm, p = self.group.comm(rank), self.norms[rank], self.block.dropout
         h = norm(x)
         if not self.sequence_parallel:  # Megatron tensor parallelism: f ... g
-            # tensor_parallel's layers log (label, start, end) into the list they are given;
-            # the backward's all-reduce (f) is logged there too, when it happens
-            col.comm_log = row.comm_log = log
-            out = row(F.gelu(col(h)))
-            col.comm_log = row.comm_log = None
-            return x + _dropout(out, dropped, p)
+            return x + _dropout(row(F.gelu(col(h))), dropped, p)
         if self.save_gathered_input:
-            z = F.linear(GatherSequence.apply(h, comm, sizes, log), col.weight, col.bias)
+            z = F.linear(GatherSequence.apply(h, comm, sizes), col.weight, col.bias)
         else:
-            z = GatherThenLinear.apply(h, col.weight, col.bias, comm, sizes, log)
+            z = GatherThenLinear.apply(h, col.weight, col.bias, comm, sizes)
         partial = F.linear(F.gelu(z), row.weight)  # no bias yet: it would be added t times
-        out = ReduceScatterSequence.apply(partial, comm, sizes, log) + row.bias
+        out = ReduceScatterSequence.apply(partial, comm, sizes) + row.bias
         return x + _dropout(out, dropped, p)
 
-    def _all_reduce_sequence_grads(self, rank: int, log: CommLog) -> int:
+    def _all_reduce_sequence_grads(self, rank: int) -> int:
         norm, (_, row) = self.norms[rank], self.shards[rank]
         grads = [_grad(norm.weight), _grad(norm.bias), _grad(row.bias)]
         before = self.group.bytes_sent[rank]
-        _logged(
-            log,
+        _traced(
             "REDUCE_GRAD",
             "all-reduce LN + bias grads",
             lambda: self.group.comm(rank).all_reduce(grads),
@@ -475,31 +464,6 @@ def _copy_norm(ln: nn.LayerNorm) -> nn.LayerNorm:
     norm = nn.LayerNorm(ln.normalized_shape, eps=ln.eps).to(ln.weight.dtype)
     norm.load_state_dict(ln.state_dict())
     return norm
-
-
-def _events(rank: int, t0: int, phases, comms: CommLog) -> list[Event]:
-    """Cut each phase (kind, start, end) into compute events around the collectives in it."""
-    events = []
-
-    def event(action, start, end, label=None):
-        return Event(rank, action, (start - t0) / 1e9, (end - t0) / 1e9, label)
-
-    # entries from course_utils.parallel.tensor_parallel are (label, start, end) all-reduces
-    comms = [c if len(c) == 4 else ("ALL_REDUCE", *c) for c in comms]
-    for kind, start, end in phases:
-        cursor = start
-        for comm_kind, label, c_start, c_end in comms:
-            if start <= c_start < end:
-                if c_start > cursor:
-                    events.append(event(Action(0, kind, 0), cursor, c_start))
-                events.append(event(Action(0, comm_kind), c_start, c_end, label))
-                cursor = c_end
-        if end > cursor:
-            events.append(event(Action(0, kind, 0), cursor, end))
-    events += [
-        event(Action(0, kind), a, b, label) for kind, label, a, b in comms if a >= phases[-1][2]
-    ]
-    return events
 
 
 # -- formulas: activation memory (Korthikanti et al. 2022) and bytes moved -----------------------

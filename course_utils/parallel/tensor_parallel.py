@@ -25,7 +25,6 @@ every device all-reduces one tensor the size of the MLP's output (tokens x d_mod
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -44,46 +43,46 @@ from course_utils.threads.collectives import (
     ring_bytes_per_rank,
 )
 from course_utils.threads.devices import DeviceThreads
-from course_utils.timeline import Event, Timeline
+from course_utils.threads.links import Links
+from course_utils.threads.trace import Recorder, check_clock, on, traced
+from course_utils.timeline import Timeline
 
 # -- Megatron's f and g -------------------------------------------------------------------
 
 
-def _all_reduce(comm: Communicator, tensor: torch.Tensor, algorithm: str, log, label: str):
-    """Sum `tensor` over the group in place; append (label, start_ns, end_ns) to `log` if given."""
-    start = time.perf_counter_ns()
-    comm.all_reduce(tensor, op="sum", algorithm=algorithm)
-    if log is not None:
-        log.append((label, start, time.perf_counter_ns()))
+def _all_reduce(comm: Communicator, tensor: torch.Tensor, algorithm: str, label: str):
+    """Sum `tensor` over the group in place, drawn as one ALL_REDUCE bar when recorded."""
+    with traced(Action(0, "ALL_REDUCE"), label):
+        comm.all_reduce(tensor, op="sum", algorithm=algorithm)
 
 
 class CopyToParallel(torch.autograd.Function):
     """f: the input goes to every device unchanged; its gradients are summed on the way back."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, comm: Communicator, algorithm: str, log=None):
-        ctx.comm, ctx.algorithm, ctx.log = comm, algorithm, log
+    def forward(ctx, x: torch.Tensor, comm: Communicator, algorithm: str):
+        ctx.comm, ctx.algorithm = comm, algorithm
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         grad = grad.contiguous().clone()
-        _all_reduce(ctx.comm, grad, ctx.algorithm, ctx.log, "all-reduce (f)")
-        return grad, None, None, None
+        _all_reduce(ctx.comm, grad, ctx.algorithm, "all-reduce (f)")
+        return grad, None, None
 
 
 class ReduceFromParallel(torch.autograd.Function):
     """g: the partial outputs are summed over devices; the gradient passes through unchanged."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, comm: Communicator, algorithm: str, log=None):
+    def forward(ctx, x: torch.Tensor, comm: Communicator, algorithm: str):
         out = x.contiguous().clone()
-        _all_reduce(comm, out, algorithm, log, "all-reduce (g)")
+        _all_reduce(comm, out, algorithm, "all-reduce (g)")
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return grad, None, None, None
+        return grad, None, None
 
 
 # -- the two sharded layers ---------------------------------------------------------------
@@ -103,10 +102,9 @@ class ColumnParallelLinear(nn.Module):
         self.weight = nn.Parameter(weight.detach().clone())
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone())
         self.comm, self.algorithm = comm, algorithm
-        self.comm_log: list | None = None  # when a list: all-reduce times are appended to it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = CopyToParallel.apply(x, self.comm, self.algorithm, self.comm_log)
+        x = CopyToParallel.apply(x, self.comm, self.algorithm)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -124,11 +122,10 @@ class RowParallelLinear(nn.Module):
         self.weight = nn.Parameter(weight.detach().clone())
         self.bias = None if bias is None else nn.Parameter(bias.detach().clone())
         self.comm, self.algorithm = comm, algorithm
-        self.comm_log: list | None = None  # when a list: all-reduce times are appended to it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         partial = F.linear(x, self.weight)  # no bias here: it would be added N times
-        out = ReduceFromParallel.apply(partial, self.comm, self.algorithm, self.comm_log)
+        out = ReduceFromParallel.apply(partial, self.comm, self.algorithm)
         return out if self.bias is None else out + self.bias
 
 
@@ -192,6 +189,7 @@ class TPResult:
     bytes_forward: list[int]
     bytes_backward: list[int]
     timeline: Timeline | None = None
+    trace: Recorder | None = None  # draws the same run on the other clock
 
     @property
     def output(self) -> torch.Tensor:
@@ -217,10 +215,13 @@ class TensorParallelMLP:
         activation: Callable[[torch.Tensor], torch.Tensor] = F.gelu,
         algorithm: str = "ring",
         timeout: float = 60.0,
+        clock: str = "virtual",
+        links: Links | None = None,
     ) -> None:
         if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
             raise CourseInputError(f"workers must be an integer >= 1, got {workers!r}")
         check_options("sum", algorithm)
+        self.clock, self.links = check_clock(clock), links
         self.workers = workers
         self.activation = activation
         self.threads = DeviceThreads(workers, name="tp")
@@ -261,35 +262,34 @@ class TensorParallelMLP:
             for p in (*col.parameters(), *row.parameters()):
                 p.grad = None
         sent = self.group.bytes_sent  # each rank only ever adds to its own entry
-        t0 = time.perf_counter_ns()
+        trace = Recorder()
 
         def work(rank: int):
-            def run():
-                col, row = self.shards[rank]
-                col.comm_log = row.comm_log = log = []
-                x_local = x.detach().clone().requires_grad_(True)  # X is replicated
-                before, f_start = sent[rank], time.perf_counter_ns()
-                y = self._forward_on(rank, x_local)
-                middle, b_start = sent[rank], time.perf_counter_ns()
-                y.backward(torch.ones_like(y) if grad_output is None else grad_output)
-                b_end = time.perf_counter_ns()
-                col.comm_log = row.comm_log = None
-                events = _events(rank, t0, [("F", f_start, b_start), ("B", b_start, b_end)], log)
-                return y.detach(), x_local.grad, middle - before, sent[rank] - middle, events
+            stream = trace.stream(rank)
 
-            return run
+            def run():
+                x_local = x.detach().clone().requires_grad_(True)  # X is replicated
+                before = sent[rank]
+                with stream.compute(Action(0, "F", 0)):  # cut around the all-reduce (g)
+                    y = self._forward_on(rank, x_local)
+                middle = sent[rank]
+                with stream.compute(Action(0, "B", 0)):  # ... and around (f)
+                    y.backward(torch.ones_like(y) if grad_output is None else grad_output)
+                return y.detach(), x_local.grad, middle - before, sent[rank] - middle
+
+            return on(stream, run)
 
         try:
-            results = self.threads.run([work(r) for r in range(self.workers)])
+            with trace:
+                results = self.threads.run([work(r) for r in range(self.workers)])
         except Exception:
             self.group.reset()  # drop half-delivered messages so the next call starts clean
             raise
-        timeline = Timeline(
-            [e for r in results for e in r[4]],
-            self.workers,
+        timeline = trace.timeline(
+            self.clock,
+            self.links,
+            num_devices=self.workers,
             name=f"tensor-parallel MLP on {self.workers} threads",
-            source="measured",
-            unit="s",
         )
         return TPResult(
             timeline=timeline,
@@ -298,6 +298,7 @@ class TensorParallelMLP:
             grads=self.gathered_grads(),
             bytes_forward=[r[2] for r in results],
             bytes_backward=[r[3] for r in results],
+            trace=trace,
         )
 
     def gathered_grads(self) -> dict[str, torch.Tensor]:
@@ -322,26 +323,6 @@ class TensorParallelMLP:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
-
-
-def _events(rank: int, t0: int, phases, comms) -> list[Event]:
-    """Cut each phase (kind, start, end) into compute events around the all-reduces in it."""
-    events = []
-    for kind, start, end in phases:
-        cursor = start
-        for label, c_start, c_end in comms:
-            if start <= c_start < end:
-                if c_start > cursor:
-                    events.append(_event(rank, Action(0, kind, 0), cursor, c_start, t0))
-                events.append(_event(rank, Action(0, "ALL_REDUCE"), c_start, c_end, t0, label))
-                cursor = c_end
-        if end > cursor:
-            events.append(_event(rank, Action(0, kind, 0), cursor, end, t0))
-    return events
-
-
-def _event(rank, action, start_ns, end_ns, t0, label=None) -> Event:
-    return Event(rank, action, (start_ns - t0) / 1e9, (end_ns - t0) / 1e9, label)
 
 
 def unsplit_forward_backward(

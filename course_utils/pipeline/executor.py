@@ -37,6 +37,8 @@ from course_utils.actions import KIND_NAMES, Action, Schedule
 from course_utils.errors import CourseInputError, ScheduleError, WorkerError
 from course_utils.pipeline.simulate import structure_problems
 from course_utils.threads.devices import Aborted, DeviceThreads
+from course_utils.threads.links import Links
+from course_utils.threads.trace import Recorder, Stream, check_clock
 from course_utils.timeline import Event, Timeline
 
 _POLL_S = 0.02  # how often a waiting device re-checks abort and deadlock
@@ -56,13 +58,26 @@ class StageCosts:
 
 @dataclass
 class StepResult:
-    """One step: the full-batch mean loss, what each device did when, and stage costs."""
+    """One step: the full-batch mean loss, what each device did when, and stage costs.
+
+    `timeline` is on the executor's clock; `trace` is the recording it came from, so the
+    same step can be drawn on the other clock too (`trace.timeline("wall")`). `message_bytes`
+    is the mean size of a message between stages, per micro-batch.
+    """
 
     loss: float
     timeline: Timeline
     stage_costs: StageCosts
     microbatch_losses: list[float] = field(default_factory=list)
     wall_time_s: float = 0.0
+    trace: Recorder | None = None
+    links: Links | None = None
+    message_bytes: float = 0.0
+
+    @property
+    def step_s(self) -> float:
+        """The step's time on the timeline's clock (its makespan)."""
+        return self.timeline.makespan
 
 
 # --------------------------------------------------------------------------- mailboxes
@@ -134,7 +149,14 @@ class PipelineExecutor:
         num_devices: int,
         loss_fn=None,
         step_timeout: float | None = 300.0,
+        clock: str = "virtual",
+        links: Links | None = None,
     ) -> None:
+        check_clock(clock)
+        if links is not None and not isinstance(links, Links):
+            raise CourseInputError(
+                f"links must be a Links (course_utils.threads.links), got {links!r}"
+            )
         if not stages:
             raise CourseInputError("stages must be a non-empty list of modules")
         if not isinstance(num_devices, int) or num_devices < 1:
@@ -156,6 +178,12 @@ class PipelineExecutor:
         self.num_devices = num_devices
         self.loss_fn = loss_fn
         self.step_timeout = step_timeout
+        self.clock = clock
+        if links is None and clock == "virtual":
+            from course_utils.threads.clock import default_links
+
+            links = default_links()
+        self.links = links
         self.pool = DeviceThreads(num_devices, name="device")
 
     def parameters(self):
@@ -201,7 +229,8 @@ class PipelineExecutor:
         fns = [lambda d=d: run.device(d) for d in range(self.num_devices)]
         t0 = time.perf_counter()
         try:
-            self.pool.run(fns, timeout=self.step_timeout)
+            with run.trace:
+                self.pool.run(fns, timeout=self.step_timeout)
         except WorkerError as err:
             if isinstance(err.__cause__, ScheduleError):
                 raise ScheduleError(str(err.__cause__)) from err.__cause__
@@ -256,13 +285,15 @@ class _Run:
         self.last = len(ex.stages) - 1
         self.scale = 1.0 / len(xs)  # mean over micro-batches = full-batch mean loss
         self.mail = Mailboxes(ex.num_devices, ex.pool.abort)
-        self.events: list[list[Event]] = [[] for _ in range(ex.num_devices)]
+        self.trace = Recorder()
+        self.streams = [self.trace.stream(d) for d in range(ex.num_devices)]
+        self.owner = schedule.device_of_stage()
+        self.sent_bytes: list[int] = []  # every message between devices (any thread appends)
         self.peaks = [0] * ex.num_devices
         self.current: list[Action | None] = [None] * ex.num_devices  # what each device runs
         self.losses: dict[int, float] = {}
         # record module outputs during F only when the schedule splits backward into I and W
         self.split = any(a.kind == "I" for acts in schedule.devices for a in acts)
-        self.t0 = time.perf_counter_ns()
 
     # Each device thread runs this over its own action list.
     def device(self, d: int) -> None:
@@ -275,8 +306,7 @@ class _Run:
                 if not action.is_compute:
                     continue  # communication is implicit: F/B post and take their messages
                 self.current[d] = action
-                start, end = self._do(d, action, saved)
-                self.events[d].append(Event(d, action, start, end))
+                self._do(d, action, saved)
                 if action.kind == "F":
                     held += 1
                     self.peaks[d] = max(self.peaks[d], held)
@@ -297,29 +327,29 @@ class _Run:
             for d, a in enumerate(self.current)
         )
 
-    def _do(self, d: int, a: Action, saved: dict) -> tuple[float, float]:
+    def _do(self, d: int, a: Action, saved: dict) -> None:
         s, mb = a.stage, a.microbatch
         assert mb is not None  # only compute actions (F, B, I, W) are done here
+        stream = self.streams[d]
         try:
             inputs = self._receive(d, a, saved)  # waiting is idle time, not part of the action
-            start = time.perf_counter_ns()
-            if a == self.fail:
-                raise RuntimeError(f"deliberate failure injected at {a} (fail_at)")
-            if a.kind == "F":
-                message = self._forward(s, mb, inputs, saved)
-            elif a.kind == "B":
-                message = self._backward(s, mb, inputs, saved)
-            elif a.kind == "I":
-                message = self._backward_input(s, mb, inputs, saved)
-            else:
-                self._backward_weight(s, mb, saved)  # W sends nothing
-                message = None
             # The bar ends when the work does, before the hand-over: once the message is
             # posted the receiver may take the core (and the GIL) before this thread could
             # read the clock, and the bar would run on into the receiver's work.
-            end = time.perf_counter_ns()
+            with stream.compute(a):
+                if a == self.fail:
+                    raise RuntimeError(f"deliberate failure injected at {a} (fail_at)")
+                if a.kind == "F":
+                    message = self._forward(s, mb, inputs, saved)
+                elif a.kind == "B":
+                    message = self._backward(s, mb, inputs, saved)
+                elif a.kind == "I":
+                    message = self._backward_input(s, mb, inputs, saved)
+                else:
+                    self._backward_weight(s, mb, saved)  # W sends nothing
+                    message = None
             if message is not None:
-                self.mail.put(*message)
+                self._post(stream, message)
         except (Aborted, ScheduleError):
             raise
         except Exception as exc:
@@ -328,7 +358,24 @@ class _Run:
             raise WorkerError(
                 f"device {d} failed in {a} ({what}): {type(exc).__name__}: {first_line}"
             ) from exc
-        return (start - self.t0) / 1e9, (end - self.t0) / 1e9
+
+    def _post(self, stream: Stream, message: Message) -> None:
+        """Hand a message to the stage it is for; on another device it crosses a link."""
+        key, tensor = message
+        kind, stage, mb = key
+        to_device = self.owner[stage]
+        nbytes = tensor.numel() * tensor.element_size()
+        if to_device != stream.device:
+            self.sent_bytes.append(nbytes)
+            send = Action(
+                stage - 1 if kind == "act" else stage + 1,
+                "SEND_F" if kind == "act" else "SEND_B",
+                mb,
+            )
+            stream.send(key, to_device, nbytes, send)
+        else:
+            stream.send(key, to_device, nbytes)
+        self.mail.put(key, tensor)
 
     def _receive(self, d: int, a: Action, saved: dict):
         """The message this action needs from another stage (None if it needs none)."""
@@ -339,14 +386,14 @@ class _Run:
         if a.kind == "W" and "record_grads" not in saved[(s, mb)]:
             raise ScheduleError(f"device {d} runs {a} before {s}I{mb}, which it needs")
         if a.kind == "F" and s > 0:
-            return self.mail.get(
-                ("act", s, mb), d, f"the activations of stage {s - 1} micro-batch {mb} for {a}"
-            )
-        if a.kind in ("B", "I") and s < self.last:
-            return self.mail.get(
-                ("grad", s, mb), d, f"the gradient from stage {s + 1} micro-batch {mb} for {a}"
-            )
-        return None
+            key, what = ("act", s, mb), f"the activations of stage {s - 1} micro-batch {mb}"
+        elif a.kind in ("B", "I") and s < self.last:
+            key, what = ("grad", s, mb), f"the gradient from stage {s + 1} micro-batch {mb}"
+        else:
+            return None
+        message = self.mail.get(key, d, f"{what} for {a}")
+        self.streams[d].recv(key)
+        return message
 
     def _forward(self, s: int, mb: int, received, saved: dict) -> Message | None:
         x = self.xs[mb] if s == 0 else received
@@ -415,25 +462,27 @@ class _Run:
 
     def result(self, wall: float) -> StepResult:
         sched = self.schedule
-        events = sorted((e for evs in self.events for e in evs), key=lambda e: (e.start, e.device))
-        timeline = Timeline(
-            events=events,
+        timeline = self.trace.timeline(
+            self.ex.clock,
+            self.ex.links,
             num_devices=self.ex.num_devices,
             name=sched.name,
-            source="measured",
-            unit="s",
             peak_activations=[p * sched.batch_scale for p in self.peaks],
             stages=sched.stages,
             microbatches=sched.microbatches,
             chunks=sched.chunks,
         )
         loss = sum(self.losses[mb] for mb in sorted(self.losses)) * self.scale
+        sent = self.sent_bytes
         return StepResult(
             loss=loss,
             timeline=timeline,
-            stage_costs=_stage_costs(events, sched),
+            stage_costs=_stage_costs(timeline.events, sched),
             microbatch_losses=[self.losses[mb] for mb in sorted(self.losses)],
             wall_time_s=wall,
+            trace=self.trace,
+            links=self.ex.links,
+            message_bytes=sum(sent) / len(sent) / sched.batch_scale if sent else 0.0,
         )
 
 
@@ -462,7 +511,8 @@ def _forward_recording(stage: nn.Module, x: torch.Tensor):
 def _stage_costs(events: list[Event], schedule: Schedule) -> StageCosts:
     total: dict[tuple[int, str], list[float]] = defaultdict(list)
     for e in events:
-        total[(e.action.stage, e.action.kind)].append(e.duration / schedule.batch_scale)
+        if e.action.is_compute:
+            total[(e.action.stage, e.action.kind)].append(e.duration / schedule.batch_scale)
 
     def mean(stage: int, kind: str) -> float:
         values = total.get((stage, kind), [])
@@ -485,31 +535,41 @@ def _stage_costs(events: list[Event], schedule: Schedule) -> StageCosts:
 
 
 def simulated_from_measured(result: StepResult, schedule: Schedule) -> Timeline:
-    """The simulator's prediction for `schedule` using the measured per-stage costs (s)."""
+    """The simulator's prediction for `schedule` from the step's measured per-stage costs (s)
+    and, on the virtual clock, the time its links take for one message between stages."""
     from course_utils.pipeline.simulate import CostModel, simulate
 
     costs = result.stage_costs
+    p2p = 0.0
+    if result.timeline.meta.get("clock") == "virtual" and result.links is not None:
+        p2p = result.links.transfer_time(0, 1, result.message_bytes)
     model = CostModel(
         weight_fraction=0.5 if costs.weight_fraction is None else costs.weight_fraction,
         stage_forward=costs.forward,
         stage_backward=costs.backward,
+        p2p=p2p,
     )
     timeline = simulate(schedule, model)
     timeline.unit = "s"
     return timeline
 
 
-def unsplit_step_time(model: nn.Module, loss_fn, x, y, repeats: int = 3) -> float:
-    """Best-of-`repeats` seconds of forward+backward of the whole batch on this thread."""
+def unsplit_step_time(
+    model: nn.Module, loss_fn, x, y, repeats: int = 3, clock: str = "virtual"
+) -> float:
+    """Best-of-`repeats` seconds of forward+backward of the whole batch on this thread:
+    its CPU time on the virtual clock (what one device computes), wall time on the wall clock."""
+    check_clock(clock)
+    now = time.thread_time if clock == "virtual" else time.perf_counter
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         best = float("inf")
         for i in range(repeats + 1):  # the first run is a warm-up
-            t0 = time.perf_counter()
+            t0 = now()
             loss_fn(model(x), y).backward()
             if i:
-                best = min(best, time.perf_counter() - t0)
+                best = min(best, now() - t0)
         model.zero_grad(set_to_none=True)
         return best
     finally:

@@ -40,6 +40,7 @@ thread, recording who holds what after every step), are in `threads.ring`.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -47,8 +48,10 @@ from collections.abc import Sequence
 
 import torch
 
+from course_utils.actions import Action
 from course_utils.errors import CourseInputError, WorkerError
 from course_utils.parallel.costs import ALGORITHMS
+from course_utils.threads import trace
 from course_utils.threads.devices import Aborted
 from course_utils.threads.ring import (  # re-exported: the lessons import them from here
     RingStep,
@@ -87,6 +90,12 @@ __all__ = [
 
 OPS = ("sum", "mean")
 _POLL_S = 0.02  # how often a blocked recv looks at the abort event
+
+
+def _burst():
+    """Compute inside a collective (the additions): timed on the calling thread's stream."""
+    stream = trace.current()
+    return stream.burst() if stream is not None else contextlib.nullcontext()
 
 
 class CommError(WorkerError):
@@ -134,6 +143,7 @@ class ThreadGroup:
         world_size: int,
         abort: threading.Event | None = None,
         timeout: float = 60.0,
+        devices: Sequence[int] | None = None,
     ) -> None:
         if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
             raise CourseInputError(f"world_size must be an integer >= 1, got {world_size!r}")
@@ -142,7 +152,17 @@ class ThreadGroup:
         self.world_size = world_size
         self.abort = abort if abort is not None else threading.Event()
         self.timeout = timeout
-        self._mailboxes: dict[tuple[int, int], queue.SimpleQueue[torch.Tensor]] = {
+        if devices is None:
+            devices = range(world_size)
+        self.devices = [int(d) for d in devices]  # the device rank r stands for (its links)
+        if len(self.devices) != world_size or min(self.devices) < 0:
+            raise CourseInputError(
+                f"devices must give one device number >= 0 per rank ({world_size}), got {devices!r}"
+            )
+        # Every message carries its sender's running number, so a receive names exactly the
+        # message it took (the virtual clock matches sends and receives by it).
+        self._sent: dict[tuple[int, int], int] = {}
+        self._mailboxes: dict[tuple[int, int], queue.SimpleQueue[tuple[int, torch.Tensor]]] = {
             (src, dst): queue.SimpleQueue()
             for src in range(world_size)
             for dst in range(world_size)
@@ -175,6 +195,7 @@ class ThreadGroup:
         for box in self._mailboxes.values():
             while not box.empty():
                 box.get_nowait()
+        self._sent.clear()
         with self._cond:
             self._arrived = 0
             self._generation += 1
@@ -202,12 +223,31 @@ class Communicator:
 
     # -- point to point --
 
-    def send(self, dst: int, tensor: torch.Tensor) -> None:
-        """Put a copy of `tensor` in the (self.rank, dst) mailbox; never blocks."""
+    def send(
+        self,
+        dst: int,
+        tensor: torch.Tensor,
+        *,
+        action: Action | None = None,
+        label: str | None = None,
+    ) -> None:
+        """Put a copy of `tensor` in the (self.rank, dst) mailbox; never blocks.
+
+        `action` (e.g. `Action(0, "SEND_F", 2)`) draws the message's transfer as a bar of
+        the recorded timeline, labelled `label`.
+        """
         self._check_peer(dst, "dst")
+        g = self.group
         message = tensor.detach().clone()  # a message is a copy: the sender may keep editing
-        self.group._count(self.rank, message.numel() * message.element_size())
-        self.group._mailboxes[(self.rank, dst)].put(message)
+        nbytes = message.numel() * message.element_size()
+        g._count(self.rank, nbytes)
+        pair = (self.rank, dst)
+        number = g._sent.get(pair, 0)  # only this rank's thread sends on this pair
+        g._sent[pair] = number + 1
+        stream = trace.current()
+        if stream is not None:
+            stream.send((id(g), *pair, number), g.devices[dst], nbytes, action, label)
+        g._mailboxes[pair].put((number, message))
 
     def recv(self, src: int) -> torch.Tensor:
         """Take the next message from `src`; give up on abort or after the group's timeout."""
@@ -216,11 +256,14 @@ class Communicator:
         deadline = time.monotonic() + self.group.timeout
         while True:
             try:
-                message = box.get(timeout=_POLL_S)
+                number, message = box.get(timeout=_POLL_S)
             except queue.Empty:
                 pass
             else:
                 self.group._count_received(self.rank, message.numel() * message.element_size())
+                stream = trace.current()
+                if stream is not None:
+                    stream.recv((id(self.group), src, self.rank, number))
                 return message
             if self.group.abort.is_set():
                 raise CommAborted(f"rank {self.rank}: gave up waiting for rank {src} (aborted)")
@@ -236,6 +279,13 @@ class Communicator:
         deadline = time.monotonic() + g.timeout
         with g._cond:
             generation = g._generation
+            stream = trace.current()
+            if stream is not None:  # on the virtual clock: a zero-byte message to everybody
+                others = [r for r in range(self.world_size) if r != self.rank]
+                for r in others:
+                    stream.send(("barrier", id(g), generation, self.rank, r), g.devices[r], 0)
+                for r in others:
+                    stream.recv(("barrier", id(g), generation, r, self.rank))
             g._arrived += 1
             if g._arrived == self.world_size:  # the last one in lets everybody go
                 g._arrived = 0
@@ -284,7 +334,8 @@ class Communicator:
         else:
             self._naive_all_reduce(flat)
         if op == "mean":
-            flat /= self.world_size
+            with _burst():
+                flat /= self.world_size
         offset = 0
         with torch.no_grad():
             for t in tensors:
@@ -298,7 +349,9 @@ class Communicator:
             return
         if self.rank == 0:
             for src in range(1, self.world_size):  # always the same order: deterministic sum
-                flat += self.recv(src)
+                incoming = self.recv(src)
+                with _burst():
+                    flat += incoming
             for dst in range(1, self.world_size):
                 self.send(dst, flat)
         else:
@@ -318,7 +371,8 @@ class Communicator:
             r0, r1 = bounds[recv_idx]
             incoming = self.recv(left)
             if phase == "reduce-scatter":
-                flat[r0:r1] += incoming  # add the left neighbour's partial sum
+                with _burst():
+                    flat[r0:r1] += incoming  # add the left neighbour's partial sum
             else:
                 flat[r0:r1] = incoming  # a finished chunk: just keep it
 
@@ -405,9 +459,11 @@ class Communicator:
         for k in range(n - 1):
             self.send(right, chunks[(self.rank - k - 1) % n] if k == 0 else running)
             running = self.recv(left)  # a fresh copy: safe to add into
-            running += chunks[(self.rank - k - 2) % n]
+            with _burst():
+                running += chunks[(self.rank - k - 2) % n]
         if op == "mean":
-            running /= n
+            with _burst():
+                running /= n
         return running
 
     # -- all-to-all --

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -33,7 +34,9 @@ from course_utils.parallel.context_parallel.layout import (
 )
 from course_utils.threads.collectives import ThreadGroup
 from course_utils.threads.devices import Aborted, DeviceThreads
-from course_utils.timeline import Event, Timeline
+from course_utils.threads.links import Links
+from course_utils.threads.trace import Recorder, check_clock, current, on
+from course_utils.timeline import Timeline
 
 # -- the ring, as run by one worker -------------------------------------------------------
 
@@ -62,12 +65,34 @@ class Record(NamedTuple):
     elements: int = 0
 
 
-def _send(comm: PointToPoint, dst: int, tensors, kind: str, owner: int, label: str, trace):
+def _send(comm: PointToPoint, dst: int, pair, kind: str, owner: int, label: str, trace):
+    """Send two same-shaped blocks (K and V, or dK and dV) as one message, as ring
+    attention kernels do with one buffer: one transfer per step."""
     start = time.perf_counter_ns()
-    for t in tensors:
-        comm.send(dst, t)
+    both = torch.stack(pair)
+    if current() is not None:  # on threads: the transfer is drawn on the virtual clock
+        comm.send(dst, both, action=Action(0, kind, owner), label=label)  # type: ignore[call-arg]
+    else:
+        comm.send(dst, both)
     if trace is not None:
         trace.append(Record(kind, owner, label, start, time.perf_counter_ns()))
+
+
+def _recv(comm: PointToPoint, src: int) -> tuple[torch.Tensor, torch.Tensor]:
+    first, second = comm.recv(src).unbind(0)
+    return first, second
+
+
+def _adding() -> AbstractContextManager:
+    """CPU time on the calling thread's stream without a bar (the dK/dV accumulation)."""
+    stream = current()
+    return stream.burst() if stream else nullcontext()
+
+
+def _computing(kind: str, owner: int, label: str) -> AbstractContextManager:
+    """A compute bar on the calling thread's stream, when one records (threads)."""
+    stream = current()
+    return stream.compute(Action(0, kind, owner), label) if stream else nullcontext()
 
 
 def ring_attention_forward(
@@ -98,14 +123,15 @@ def ring_attention_forward(
             _send(comm, right, (k, v), "SEND_F", owner, f"kv{owner}→{right}", trace)
         start = time.perf_counter_ns()
         products = block_products(rank, owner, n, zigzag, causal, chunk)
-        for p in products:
-            mask = diagonal_mask if p.diagonal else None
-            block_out, block_lse = _block_attention(
-                q[..., p.q_rows, :], k[..., p.kv_rows, :], v[..., p.kv_rows, :], mask
-            )
-            out[..., p.q_rows, :], lse[..., p.q_rows] = _merge(
-                out[..., p.q_rows, :], lse[..., p.q_rows], block_out, block_lse
-            )
+        with _computing("F", owner, f"q{rank}·kv{owner}") if products else nullcontext():
+            for p in products:
+                mask = diagonal_mask if p.diagonal else None
+                block_out, block_lse = _block_attention(
+                    q[..., p.q_rows, :], k[..., p.kv_rows, :], v[..., p.kv_rows, :], mask
+                )
+                out[..., p.q_rows, :], lse[..., p.q_rows] = _merge(
+                    out[..., p.q_rows, :], lse[..., p.q_rows], block_out, block_lse
+                )
         if trace is not None and products:
             elements = sum(p.elements() for p in products)
             label = f"q{rank}·kv{owner}"
@@ -113,7 +139,7 @@ def ring_attention_forward(
                 Record("F", owner, label, start, time.perf_counter_ns(), len(products), elements)
             )
         if step < n - 1:
-            k, v = comm.recv(left), comm.recv(left)
+            k, v = _recv(comm, left)
     return out, lse
 
 
@@ -148,22 +174,23 @@ def ring_attention_backward(
         if step < n - 1:
             _send(comm, right, (k, v), "SEND_F", owner, f"kv{owner}→{right}", trace)
         start = time.perf_counter_ns()
-        dk_part, dv_part = torch.zeros_like(k), torch.zeros_like(v)
         products = block_products(rank, owner, n, zigzag, causal, chunk)
-        for p in products:
-            qr, kr = p.q_rows, p.kv_rows
-            dq_p, dk_p, dv_p = _block_backward(
-                q[..., qr, :],
-                k[..., kr, :],
-                v[..., kr, :],
-                dout[..., qr, :],
-                lse[..., qr],
-                delta[..., qr],
-                diagonal_mask if p.diagonal else None,
-            )
-            dq[..., qr, :] += dq_p
-            dk_part[..., kr, :] += dk_p
-            dv_part[..., kr, :] += dv_p
+        with _computing("B", owner, f"q{rank}·kv{owner}") if products else nullcontext():
+            dk_part, dv_part = torch.zeros_like(k), torch.zeros_like(v)
+            for p in products:
+                qr, kr = p.q_rows, p.kv_rows
+                dq_p, dk_p, dv_p = _block_backward(
+                    q[..., qr, :],
+                    k[..., kr, :],
+                    v[..., kr, :],
+                    dout[..., qr, :],
+                    lse[..., qr],
+                    delta[..., qr],
+                    diagonal_mask if p.diagonal else None,
+                )
+                dq[..., qr, :] += dq_p
+                dk_part[..., kr, :] += dk_p
+                dv_part[..., kr, :] += dv_p
         if trace is not None and products:
             elements = sum(p.elements() for p in products)
             label = f"q{rank}·kv{owner}"
@@ -173,16 +200,17 @@ def ring_attention_backward(
         if step == 0:
             dk_acc, dv_acc = dk_part, dv_part  # our own block: we are the first to add to it
         else:
-            dk_acc, dv_acc = comm.recv(left), comm.recv(left)
-            dk_acc += dk_part
-            dv_acc += dv_part
+            dk_acc, dv_acc = _recv(comm, left)
+            with _adding():  # compute too, but no bar of its own
+                dk_acc += dk_part
+                dv_acc += dv_part
         if n > 1:
             _send(comm, right, (dk_acc, dv_acc), "SEND_B", owner, f"dkv{owner}→{right}", trace)
         if step < n - 1:
-            k, v = comm.recv(left), comm.recv(left)
+            k, v = _recv(comm, left)
     if n == 1:
         return dq, dk_acc, dv_acc
-    return dq, comm.recv(left), comm.recv(left)  # our own block's dK, dV, complete
+    return (dq, *_recv(comm, left))  # our own block's dK, dV, complete
 
 
 # -- running it on threads ----------------------------------------------------------------
@@ -210,6 +238,7 @@ class RingResult:
     elements_forward: list[int]
     elements_backward: list[int]
     timeline: Timeline
+    trace: Recorder | None = None  # draws the same run on the other clock
 
     @property
     def compute_seconds(self) -> list[float]:
@@ -227,8 +256,15 @@ class RingAttention:
     """
 
     def __init__(
-        self, workers: int, causal: bool = False, zigzag: bool = False, timeout: float = 60.0
+        self,
+        workers: int,
+        causal: bool = False,
+        zigzag: bool = False,
+        timeout: float = 60.0,
+        clock: str = "virtual",
+        links: Links | None = None,
     ) -> None:
+        self.clock, self.links = check_clock(clock), links
         _check_workers(workers)
         if not isinstance(timeout, int | float) or not 0 < timeout < math.inf:
             raise CourseInputError(
@@ -277,7 +313,11 @@ class RingAttention:
         sent = self.group.bytes_sent  # each worker only adds to its own entry
         opts = {"causal": self.causal, "zigzag": self.zigzag}
 
+        recorder = Recorder()
+
         def work(rank: int):
+            stream = recorder.stream(rank)
+
             def run():
                 comm, trace, doing = self.group.comm(rank), [], "forward"
                 qr, kr, vr = split["q"][rank], split["k"][rank], split["v"][rank]
@@ -300,17 +340,17 @@ class RingAttention:
                     ) from exc
                 return out, lse, grads, after_forward, sent[rank] - after_forward, trace
 
-            return run
+            return on(stream, run)
 
-        t0 = time.perf_counter_ns()
         try:
-            results = self.threads.run([work(r) for r in range(self.workers)])
+            with recorder:
+                results = self.threads.run([work(r) for r in range(self.workers)])
         except Exception:
             self.group.reset()  # drop half-delivered messages so the next run starts clean
             raise
-        return self._result(results, t0, dout is not None)
+        return self._result(results, recorder, dout is not None)
 
-    def _result(self, results, t0: int, backward: bool) -> RingResult:
+    def _result(self, results, recorder: Recorder, backward: bool) -> RingResult:
         layout = sequence_chunks(self.workers, self.zigzag)
 
         def gather(i: int, j: int | None = None, dim: int = -2):
@@ -323,12 +363,11 @@ class RingAttention:
 
         split = "zig-zag" if self.zigzag else "plain"
         mask = "causal" if self.causal else "full"
-        timeline = Timeline(
-            [_event(rank, rec, t0) for rank, t in enumerate(traces) for rec in t],
-            self.workers,
+        timeline = recorder.timeline(
+            self.clock,
+            self.links,
+            num_devices=self.workers,
             name=f"ring attention ({split} split, {mask}), p={self.workers}",
-            source="measured",
-            unit="s",
             meta={"zigzag": self.zigzag, "causal": self.causal},
         )
         return RingResult(
@@ -344,6 +383,7 @@ class RingAttention:
             elements_forward=count("F", "elements"),
             elements_backward=count("B", "elements"),
             timeline=timeline,
+            trace=recorder,
         )
 
     def close(self) -> None:
@@ -354,8 +394,3 @@ class RingAttention:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
-
-
-def _event(rank: int, rec: Record, t0: int) -> Event:
-    action = Action(0, rec.kind, rec.owner)  # "micro-batch" = whose K/V block: its colour
-    return Event(rank, action, (rec.start_ns - t0) / 1e9, (rec.end_ns - t0) / 1e9, rec.label)

@@ -42,7 +42,9 @@ from course_utils.parallel.fsdp.program import (
 from course_utils.parallel.fsdp.shards import FlatLayout, adam, adam_update
 from course_utils.threads.collectives import ThreadGroup
 from course_utils.threads.devices import Aborted, DeviceThreads
-from course_utils.timeline import Event, Timeline
+from course_utils.threads.links import Links
+from course_utils.threads.trace import Recorder, Stream, check_clock, on
+from course_utils.timeline import Timeline
 
 DTYPES = (torch.float32, torch.float64)
 _POLL_S = 0.02  # how often a waiting thread looks at the abort event
@@ -152,7 +154,11 @@ class _Worker:
 
 @dataclass
 class FSDPStepResult:
-    """One step: whole-batch loss, measured timeline, per-worker bytes sent and memory."""
+    """One step: whole-batch loss, measured timeline, per-worker bytes sent and memory.
+
+    `step_time_s` is the step on the timeline's clock (virtual: CPU time and emulated
+    links; wall: real seconds); `trace` draws the same step on the other clock.
+    """
 
     loss: float
     timeline: Timeline
@@ -160,6 +166,8 @@ class FSDPStepResult:
     bytes_reduce_scatter: list[int]
     memory: list[MemoryReport]
     step_time_s: float
+    trace: Recorder | None = None
+    wall_time_s: float = 0.0
 
     @property
     def bytes_sent(self) -> list[int]:
@@ -190,7 +198,10 @@ class ShardedDataParallel:
         eps: float = 1e-8,
         loss_fn: LossFn = loss_fn,
         timeout: float = 60.0,
+        clock: str = "virtual",
+        links: Links | None = None,
     ) -> None:
+        self.clock, self.links = check_clock(clock), links
         _check_int(workers, "workers", 1, MAX_WORKERS)
         _check_choice(stage, "stage", STAGES)
         _check_int(prefetch, "prefetch", 0, MAX_PREFETCH)
@@ -246,23 +257,24 @@ class ShardedDataParallel:
             state.meter.sample()
         streams = [_CommStream(self.threads.abort, self.timeout, w) for w in range(self.workers)]
         sent = {"UNSHARD": [0] * self.workers, "REDUCE_GRAD": [0] * self.workers}
-        comm_events: list[list[Event]] = [[] for _ in range(self.workers)]
         self.steps_done += 1
-        t0 = time.perf_counter_ns()
+        trace = Recorder()
+        # each worker is one device with two streams: compute, and communication beside it
+        computing = [trace.stream(w, "compute") for w in range(self.workers)]
+        talking = [trace.stream(w, "communication") for w in range(self.workers)]
 
         def compute(w: int):
             return lambda: self._compute(
-                w, pieces[w], weights[w], streams[w], comm_events[w], sent, t0
+                w, pieces[w], weights[w], streams[w], computing[w], talking[w], sent
             )
 
-        def communicate(w: int):
-            return streams[w].serve
-
+        start = time.perf_counter_ns()
         try:
-            results = self.threads.run(
-                [compute(w) for w in range(self.workers)]
-                + [communicate(w) for w in range(self.workers)]
-            )
+            with trace:
+                results = self.threads.run(
+                    [compute(w) for w in range(self.workers)]
+                    + [on(talking[w], streams[w].serve) for w in range(self.workers)]
+                )
         except Exception:
             # Drop half-delivered messages and gathered copies. The shards may be half
             # updated: after a failed step, start again from a new ShardedDataParallel.
@@ -274,14 +286,12 @@ class ShardedDataParallel:
                         _free_storage(full)
                 state.meter.transient.clear()
             raise
-        step_time = (time.perf_counter_ns() - t0) / 1e9
-        events = [e for w in range(self.workers) for e in results[w][1] + comm_events[w]]
-        timeline = Timeline(
-            events,
-            self.workers,
+        wall = (time.perf_counter_ns() - start) / 1e9
+        timeline = trace.timeline(
+            self.clock,
+            self.links,
+            num_devices=self.workers,
             name=f"ZeRO-{self.stage}, {self.workers} workers, prefetch {self.prefetch}",
-            source="measured",
-            unit="s",
             meta={"microbatches": self.microbatches, "chunks": 1, "stage": self.stage},
         )
         memory = [
@@ -289,12 +299,14 @@ class ShardedDataParallel:
             for s in self.states
         ]
         return FSDPStepResult(
-            loss=sum(r[0] for r in results[: self.workers]),
+            loss=sum(results[: self.workers]),
             timeline=timeline,
             bytes_all_gather=sent["UNSHARD"],
             bytes_reduce_scatter=sent["REDUCE_GRAD"],
             memory=memory,
-            step_time_s=step_time,
+            step_time_s=timeline.makespan if self.clock == "virtual" else wall,
+            trace=trace,
+            wall_time_s=wall,
         )
 
     def _split(self, inputs, targets):
@@ -326,19 +338,19 @@ class ShardedDataParallel:
                 weights[w][mb] = sizes[w] / batch  # mean loss of the shard x its share
         return pieces, weights
 
-    def _compute(self, w, pieces, weights, stream, comm_events, sent, t0):
-        """Worker w's compute thread: run the program; return (weighted loss, events)."""
+    def _compute(self, w, pieces, weights, stream, computing: Stream, talking: Stream, sent):
+        """Worker w's compute thread: run the program; return its weighted loss.
+
+        `computing` records this thread; `talking` the communication thread, which runs the
+        closures `collective` makes (the issue and done tokens order the two streams).
+        """
         state, layouts, last = self.states[w], self.layouts, len(self.layouts) - 1
         comm = self.group.comm(w)
-        events: list[Event] = []
         inputs: dict[tuple[int, int], torch.Tensor] = {}  # (layer, mb) -> layer input
         outputs: dict[tuple[int, int], torch.Tensor] = {}  # (layer, mb) -> output (or loss)
         input_grads: dict[tuple[int, int], torch.Tensor] = {}
         pending_grad: dict[int, torch.Tensor] = {}  # layer -> full gradient to reduce-scatter
         loss_total = 0.0
-
-        def stamp(action: Action, start: int, end: int, label=None) -> Event:
-            return Event(w, action, (start - t0) / 1e9, (end - t0) / 1e9, label)
 
         def collective(index: int) -> Callable[[], None]:
             """The closure the communication thread runs for comms[index]."""
@@ -349,30 +361,32 @@ class ShardedDataParallel:
                 key = ("grad", op.layer, op.microbatch)
 
             def run() -> None:
-                before, start = self.group.bytes_sent[w], time.perf_counter_ns()
+                before = self.group.bytes_sent[w]
+                talking.recv(("issue", w, index))  # not before the compute stream issued it
                 try:
-                    if op.kind == "UNSHARD" and self.stage == 3:
-                        _alloc_storage(full)  # the gathered layer comes back to life
-                        state.meter.sample()
-                        comm.all_gather(state.param_shards[op.layer], out=full.data)
-                    elif op.kind == "UNSHARD":  # stage 1/2: spread the updated slices
-                        comm.all_gather(state.param_shards[op.layer], out=full.data)
-                    else:
-                        reduced = comm.reduce_scatter(grad, sizes=[layout.shard] * self.workers)
-                        if self.stage == 1:
-                            state.grad_shards[op.layer].copy_(reduced)
+                    with talking.span(Action(op.layer, op.kind, op.microbatch), op.label):
+                        if op.kind == "UNSHARD" and self.stage == 3:
+                            _alloc_storage(full)  # the gathered layer comes back to life
+                            state.meter.sample()
+                            comm.all_gather(state.param_shards[op.layer], out=full.data)
+                        elif op.kind == "UNSHARD":  # stage 1/2: spread the updated slices
+                            comm.all_gather(state.param_shards[op.layer], out=full.data)
                         else:
-                            state.grad_shards[op.layer].add_(reduced)  # accumulate micro-batches
-                            state.meter.release(key)
+                            sizes = [layout.shard] * self.workers
+                            reduced = comm.reduce_scatter(grad, sizes=sizes)
+                            with talking.burst():
+                                if self.stage == 1:
+                                    state.grad_shards[op.layer].copy_(reduced)
+                                else:  # accumulate micro-batches
+                                    state.grad_shards[op.layer].add_(reduced)
+                            if self.stage != 1:
+                                state.meter.release(key)
                 except (Aborted, WorkerError):
                     raise
                 except Exception as exc:
                     raise WorkerError(f"worker {w}: {op.label} failed: {exc}") from exc
-                end = time.perf_counter_ns()
+                talking.send(("done", w, index), w, 0)
                 sent[op.kind][w] += self.group.bytes_sent[w] - before
-                comm_events.append(
-                    stamp(Action(op.layer, op.kind, op.microbatch), start, end, op.label)
-                )
 
             return run
 
@@ -380,52 +394,48 @@ class ShardedDataParallel:
             for instr in self.program:
                 layer, mb = instr.layer, instr.microbatch
                 if instr.op == "issue":
+                    computing.send(("issue", w, instr.comm), w, 0)
                     stream.issue(instr.comm, collective(instr.comm))
                 elif instr.op == "wait":
                     stream.wait(instr.comm, self.comms[instr.comm].label)
+                    computing.recv(("done", w, instr.comm))
                 elif instr.op == "F":
-                    start = time.perf_counter_ns()
-                    x, y = pieces[mb]
-                    x_in = (
-                        x if layer == 0 else outputs[(layer - 1, mb)].detach().requires_grad_(True)
-                    )
-                    out = functional_call(
-                        state.skeletons[layer], layouts[layer].views(state.full[layer]), (x_in,)
-                    )
-                    if layer == last:
-                        out = self.loss_fn(out, y) * weights[mb]
-                        loss_total += out.item()
-                    inputs[(layer, mb)], outputs[(layer, mb)] = x_in, out
-                    events.append(
-                        stamp(Action(layer, "F", mb), start, time.perf_counter_ns(), f"L{layer}")
-                    )
+                    with computing.compute(Action(layer, "F", mb), f"L{layer}"):
+                        x, y = pieces[mb]
+                        x_in = (
+                            x
+                            if layer == 0
+                            else outputs[(layer - 1, mb)].detach().requires_grad_(True)
+                        )
+                        views = layouts[layer].views(state.full[layer])
+                        out = functional_call(state.skeletons[layer], views, (x_in,))
+                        if layer == last:
+                            out = self.loss_fn(out, y) * weights[mb]
+                            loss_total += out.item()
+                        inputs[(layer, mb)], outputs[(layer, mb)] = x_in, out
                 elif instr.op == "B":
-                    start = time.perf_counter_ns()
-                    out, x_in = outputs.pop((layer, mb)), inputs.pop((layer, mb))
-                    wrt = [state.full[layer]] + ([x_in] if layer > 0 else [])
-                    grad_out = None if layer == last else input_grads.pop((layer + 1, mb))
-                    grads = torch.autograd.grad(
-                        out, wrt, grad_out, allow_unused=True, materialize_grads=True
-                    )
-                    if layer > 0:
-                        input_grads[(layer, mb)] = grads[1]
-                    del out, x_in, grad_out
-                    if self.stage == 1:  # accumulate into the full gradient buffer we keep
-                        state.meter.hold(("grad", layer, mb), grads[0])
-                        state.grad_full[layer].add_(grads[0])
-                        state.meter.release(("grad", layer, mb))
-                    else:  # kept only until its reduce-scatter is done
-                        pending_grad[layer] = grads[0]
-                        state.meter.hold(("grad", layer, mb), grads[0])
-                    del grads
-                    events.append(
-                        stamp(Action(layer, "B", mb), start, time.perf_counter_ns(), f"L{layer}")
-                    )
+                    with computing.compute(Action(layer, "B", mb), f"L{layer}"):
+                        out, x_in = outputs.pop((layer, mb)), inputs.pop((layer, mb))
+                        wrt = [state.full[layer]] + ([x_in] if layer > 0 else [])
+                        grad_out = None if layer == last else input_grads.pop((layer + 1, mb))
+                        grads = torch.autograd.grad(
+                            out, wrt, grad_out, allow_unused=True, materialize_grads=True
+                        )
+                        if layer > 0:
+                            input_grads[(layer, mb)] = grads[1]
+                        del out, x_in, grad_out
+                        if self.stage == 1:  # accumulate into the full gradient buffer we keep
+                            state.meter.hold(("grad", layer, mb), grads[0])
+                            state.grad_full[layer].add_(grads[0])
+                            state.meter.release(("grad", layer, mb))
+                        else:  # kept only until its reduce-scatter is done
+                            pending_grad[layer] = grads[0]
+                            state.meter.hold(("grad", layer, mb), grads[0])
+                        del grads
                 elif instr.op == "free":
-                    now = time.perf_counter_ns()
-                    _free_storage(state.full[layer])
-                    state.meter.sample()
-                    events.append(stamp(Action(layer, "RESHARD", mb), now, now, f"free L{layer}"))
+                    with computing.span(Action(layer, "RESHARD", mb), f"free L{layer}"):
+                        _free_storage(state.full[layer])
+                        state.meter.sample()
                 elif instr.op == "optimizer":
                     self._optimizer_step(state)
         except (Aborted, WorkerError):
@@ -436,7 +446,7 @@ class ShardedDataParallel:
             ) from exc
         finally:
             stream.stop()
-        return loss_total, events
+        return loss_total
 
     def _optimizer_step(self, state: _Worker) -> None:
         with torch.no_grad():

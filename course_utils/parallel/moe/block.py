@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -161,6 +162,7 @@ class MoEStep:
     routed: list[list[int]]
     bytes_sent: dict[str, list[int]] = field(default_factory=dict)
     timeline: Timeline | None = None
+    trace: Any = None  # the recording behind the timeline (draws it on the other clock)
 
 
 def reference_step(

@@ -20,7 +20,6 @@ with `gantt.draw(timeline, colour="expert")`.
 from __future__ import annotations
 
 import copy
-import time
 from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -40,7 +39,8 @@ from course_utils.parallel.moe.limits import (
 from course_utils.parallel.moe.routing import experts_of_worker, route
 from course_utils.threads.collectives import ThreadGroup, chunk_bounds
 from course_utils.threads.devices import Aborted, DeviceThreads
-from course_utils.timeline import Event, Timeline
+from course_utils.threads.links import Links
+from course_utils.threads.trace import Recorder, Stream, check_clock, on
 
 
 @dataclass
@@ -62,7 +62,15 @@ class ExpertParallel:
     manager, or call `close()`, to stop the threads.
     """
 
-    def __init__(self, moe: MoE, workers: int, timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        moe: MoE,
+        workers: int,
+        timeout: float = 60.0,
+        clock: str = "virtual",
+        links: Links | None = None,
+    ) -> None:
+        self.clock, self.links = check_clock(clock), links
         _check_int("workers", workers, 1, MAX_WORKERS)
         if moe.num_experts % workers:
             raise CourseInputError(
@@ -104,27 +112,26 @@ class ExpertParallel:
             for p in _shard_params(shard):
                 p.grad = None
         self.group.reset_counters()
-        t0 = time.perf_counter_ns()
+        trace = Recorder()
         jobs = [
-            _WorkerStep(self, w, flat[lo:hi], dy[lo:hi], aux_weight / self.workers, t0)
+            _WorkerStep(self, w, flat[lo:hi], dy[lo:hi], aux_weight / self.workers, trace.stream(w))
             for w, (lo, hi) in enumerate(bounds)
         ]
         try:
-            results = self.threads.run([job.run for job in jobs])
+            with trace:
+                results = self.threads.run([on(job.stream, job.run) for job in jobs])
         except Exception:
             self.group.reset()  # drop half-delivered messages so the next step starts clean
             raise
-        return self._gather(results, x.shape)
+        return self._gather(results, x.shape, trace)
 
-    def _gather(self, results: list[dict], shape: torch.Size) -> MoEStep:
-        events = [e for r in results for e in r["events"]]
+    def _gather(self, results: list[dict], shape: torch.Size, trace: Recorder) -> MoEStep:
         routed = [r["routed"] for r in results]
-        timeline = Timeline(
-            events,
-            self.workers,
+        timeline = trace.timeline(
+            self.clock,
+            self.links,
+            num_devices=self.workers,
             name=f"expert parallel: E={self.num_experts} experts on p={self.workers} workers",
-            source="measured",
-            unit="s",
             meta={"received_per_expert": _sum_lists(routed), "routed": routed},
         )
         phases = results[0]["bytes"].keys()
@@ -140,6 +147,7 @@ class ExpertParallel:
             routed=routed,
             bytes_sent={p: [r["bytes"][p] for r in results] for p in phases},
             timeline=timeline,
+            trace=trace,
         )
 
     def gathered_grads(self) -> dict[str, torch.Tensor]:
@@ -196,20 +204,23 @@ class ExpertParallel:
 class _WorkerStep:
     """One worker's part of one step, written top to bottom as the phases happen."""
 
-    def __init__(self, ep: ExpertParallel, rank: int, x, dy, aux_weight: float, t0: int):
-        self.ep, self.rank, self.t0 = ep, rank, t0
+    def __init__(self, ep: ExpertParallel, rank: int, x, dy, aux_weight: float, stream: Stream):
+        self.ep, self.rank, self.stream = ep, rank, stream
         self.x, self.dy, self.aux_weight = x, dy, aux_weight
         self.shard = ep.shards[rank]
         self.comm = ep.group.comm(rank)
-        self.events: list[Event] = []
         self.bytes: dict[str, int] = {}
 
     @contextmanager
     def phase(self, kind: str, label: str, expert: int | None = None):
-        """Time a phase as one Event, and name the phase in the error if it fails."""
-        start = time.perf_counter_ns()
+        """Record a phase as one bar (compute, or a collective), and name the phase in the
+        error if it fails."""
+        compute = kind in ("F", "B")
+        action = Action(0, kind, expert) if compute else Action(0, kind)
+        bar = self.stream.compute(action, label) if compute else self.stream.span(action, label)
         try:
-            yield
+            with bar:
+                yield
         except (Aborted, CourseInputError):
             raise  # a peer failed first, or bad input: the message already says what
         except Exception as exc:
@@ -217,11 +228,6 @@ class _WorkerStep:
             raise WorkerError(
                 f"device {self.rank} failed during {label} ({doing}): {type(exc).__name__}: {exc}"
             ) from exc
-        end = time.perf_counter_ns()
-        action = Action(0, kind, expert) if kind in ("F", "B") else Action(0, kind)
-        self.events.append(
-            Event(self.rank, action, (start - self.t0) / 1e9, (end - self.t0) / 1e9, label)
-        )
 
     def all_to_all(self, label: str, chunks: list[torch.Tensor]) -> list[torch.Tensor]:
         """`comm.all_to_all`, adding the bytes this worker sent to `self.bytes[label]`."""
@@ -324,7 +330,6 @@ class _WorkerStep:
             "routed": [len(p[0]) for p in picks],
             "dropped": routing.dropped,
             "capacity": routing.capacity,
-            "events": self.events,
             "bytes": self.bytes,
         }
 

@@ -1,0 +1,182 @@
+"""The virtual clock: a recorded run replayed with one clock per device and emulated links.
+
+This is how HPC studies a program for a thousand GPUs on a laptop (SimGrid's SMPI, online
+simulation: Degomme et al. 2017, "Simulating MPI applications: the SMPI approach"): the real
+program runs, its compute bursts are timed, the network is modelled. Here the real program
+is the course's threads doing real torch work; `course_utils.threads.trace` recorded, per
+thread and in program order, each compute burst's CPU time and each message. The replay:
+
+- every stream (a device's compute, or its communication engine) has its own clock;
+- a compute burst advances it by the burst's measured CPU time;
+- a message leaves when the sender's clock says so and occupies the sender's send port
+  and the receiver's receive port for `latency + bytes / bandwidth` (`Links`); a port
+  serves one message at a time, so two messages through one port go one after the other;
+- a receive waits until the message has arrived: the receiver's clock jumps to the arrival;
+- a device's streams share its ports but not their clocks, so a communication engine
+  moves bytes while the compute stream computes (FSDP's prefetch, ring attention).
+
+Ports serve messages in the order of their virtual send times, never in the order the
+threads happened to reach them in real time: the replay always advances the stream whose
+clock is earliest, as SMPI runs its actors in virtual-time order. The program's behaviour
+does not depend on timing (every receive names its message), so replaying the recorded
+order is the same as running it on the virtual clock.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+from dataclasses import dataclass
+
+from course_utils.actions import Action
+from course_utils.errors import WorkerError
+from course_utils.threads.links import Links
+from course_utils.threads.trace import BEGIN, CPU, END, RECV, SEND, Recorder, Stream, check_clock
+from course_utils.timeline import Event, Timeline
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One message on the emulated links: `src` -> `dst`, when it held their ports."""
+
+    src: int
+    dst: int
+    nbytes: int
+    start: float
+    end: float
+
+
+@dataclass
+class Replay:
+    """Virtual (start, end) of every recorded event, per stream; the transfers; the end."""
+
+    times: list[list[tuple[float, float]]]
+    transfers: list[Transfer]
+    end: float
+
+
+def replay(streams: list[Stream], links: Links) -> Replay:
+    """Run the recorded streams on virtual clocks over `links` (see the module docstring)."""
+    n = len(streams)
+    clock = [0.0] * n
+    pos = [0] * n
+    times: list[list[list[float]]] = [[[0.0, 0.0] for _ in s.events] for s in streams]
+    arrival: dict = {}  # message key -> virtual arrival time
+    waiting: dict = {}  # message key -> the stream blocked on it
+    send_free: dict[int, float] = defaultdict(float)  # device -> when its send port is free
+    recv_free: dict[int, float] = defaultdict(float)
+    transfers: list[Transfer] = []
+    heap = [(0.0, i) for i in range(n) if streams[i].ops]
+    heapq.heapify(heap)
+    while heap:
+        _, i = heapq.heappop(heap)
+        ops, device = streams[i].ops, streams[i].device
+        while pos[i] < len(ops):
+            op = ops[pos[i]]
+            kind = op[0]
+            if kind == CPU:
+                clock[i] += op[1] / 1e9
+            elif kind == BEGIN:
+                times[i][op[1]][0] = clock[i]
+            elif kind == END:
+                times[i][op[1]][1] = clock[i]
+            elif kind == SEND:
+                _, key, dst, nbytes, event = op
+                if dst == device:  # stays on the device: no link involved
+                    start = end = clock[i]
+                else:
+                    start = max(clock[i], send_free[device], recv_free[dst])
+                    end = start + links.transfer_time(device, dst, nbytes)
+                    send_free[device] = recv_free[dst] = end
+                    transfers.append(Transfer(device, dst, nbytes, start, end))
+                if event >= 0:
+                    times[i][event] = [start, end]
+                arrival[key] = end
+                blocked = waiting.pop(key, None)
+                if blocked is not None:
+                    clock[blocked] = max(clock[blocked], end)
+                    heapq.heappush(heap, (clock[blocked], blocked))
+            else:  # RECV
+                key = op[1]
+                if key not in arrival:
+                    waiting[key] = i  # woken by the SEND of `key`
+                    break
+                clock[i] = max(clock[i], arrival.pop(key))
+            pos[i] += 1
+            # Let an earlier stream go first: ports must see sends in virtual-time order.
+            if kind in (CPU, RECV) and heap and clock[i] > heap[0][0]:
+                heapq.heappush(heap, (clock[i], i))
+                break
+    stuck = [
+        f"device {s.device} ({s.name}) waits for message {s.ops[pos[i]][1]!r}"
+        for i, s in enumerate(streams)
+        if pos[i] < len(s.ops)
+    ]
+    if stuck:
+        raise WorkerError("virtual clock: a receive has no matching send: " + "; ".join(stuck))
+    ends = [clock[i] for i in range(n)] + [t.end for t in transfers]
+    return Replay(
+        times=[[(s, e) for s, e in per_stream] for per_stream in times],
+        transfers=transfers,
+        end=max(ends, default=0.0),
+    )
+
+
+def timeline(recorder: Recorder, clock: str, links: Links | None = None, **fields) -> Timeline:
+    """The recorded run as a `Timeline` in seconds, on the virtual or the wall clock.
+
+    Events come from every stream's recorded events, drawn on their stream's device.
+    `fields` are passed on to `Timeline` (name, stages, meta, ...); `meta` gains "clock" and,
+    on the virtual clock, "links" (the line that says what was modelled).
+    """
+    check_clock(clock)
+    meta = dict(fields.pop("meta", None) or {})
+    meta["clock"] = clock
+    streams = recorder.streams
+    events: list[Event] = []
+    if clock == "wall":
+        t0 = recorder.t0
+        for s in streams:  # a transfer has no wall-clock length of its own: not drawn
+            for action, label, start, end, transfer in s.events:
+                if not transfer:
+                    events.append(
+                        Event(s.device, action, (start - t0) / 1e9, (end - t0) / 1e9, label)
+                    )
+    else:
+        links = links if links is not None else default_links()
+        result = replay(streams, links)
+        for s, times in zip(streams, result.times, strict=True):
+            for (action, label, *_), (start, end) in zip(s.events, times, strict=True):
+                events.append(Event(s.device, action, start, end, label))
+        meta["links"] = links.describe()
+        meta["transfers"] = len(result.transfers)
+    events.sort(key=lambda e: (e.start, e.device))
+    num_devices = fields.pop("num_devices", None)
+    if num_devices is None:
+        num_devices = 1 + max((s.device for s in streams), default=0)
+    return Timeline(events, num_devices, source="measured", unit="s", meta=meta, **fields)
+
+
+def default_links() -> Links:
+    """The course's cluster: the planner's default GPU preset, scaled to this machine."""
+    from course_utils.threads.links import cluster_links
+
+    return cluster_links()
+
+
+def compute_seconds(recorder: Recorder, kinds: tuple[str, ...] | None = None) -> list[float]:
+    """Per device, the CPU seconds its compute events took (optionally only some kinds)."""
+    devices = 1 + max((s.device for s in recorder.streams), default=0)
+    busy = [0.0] * devices
+    for s in recorder.streams:
+        index_action = {i: ev[0] for i, ev in enumerate(s.events)}
+        current: Action | None = None
+        for op in s.ops:
+            if op[0] == BEGIN:
+                current = index_action[op[1]]
+            elif op[0] == END:
+                current = None
+            elif op[0] == CPU and current is not None:
+                if kinds is None or current.kind in kinds:
+                    busy[s.device] += op[1] / 1e9
+    return busy
