@@ -1,0 +1,168 @@
+"""The virtual clock: recorded streams replayed over emulated links (threads/trace, clock)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from course_utils.actions import Action
+from course_utils.errors import CourseInputError, WorkerError
+from course_utils.threads.clock import replay, timeline
+from course_utils.threads.collectives import ThreadGroup
+from course_utils.threads.devices import DeviceThreads
+from course_utils.threads.links import Links, cluster_links, instant_links, machine_flops
+from course_utils.threads.trace import CPU, Recorder, check_clock, on
+
+MS = 1_000_000  # nanoseconds
+F = Action(0, "F", 0)
+
+
+def links(bandwidth: float = 1e6, latency: float = 0.0, per_node: int = 8, inter=None) -> Links:
+    return Links(per_node, bandwidth, inter or bandwidth, latency)
+
+
+def burst(stream, ms: float) -> None:
+    """A compute bar of exactly `ms` milliseconds of CPU time (written into the trace)."""
+    index = stream._begin(F, None)
+    stream.ops.append((CPU, int(ms * MS)))
+    stream._end(index)
+
+
+def test_a_transfer_beside_compute_takes_the_longer_of_the_two_not_the_sum():
+    rec = Recorder()
+    a, b = rec.stream(0), rec.stream(1)
+    a.send("x", 1, 10_000, Action(0, "SEND_F", 0))  # 10 ms on a 1 MB/s link
+    burst(a, 4.0)  # device 0 computes meanwhile
+    b.recv("x")
+    burst(b, 1.0)
+    t = timeline(rec, "virtual", links())
+    compute = [e for e in t.events if e.action.is_compute]
+    send = next(e for e in t.events if e.action.kind == "SEND_F")
+    assert (send.start, send.end) == pytest.approx((0.0, 0.010))
+    assert compute[0].end == pytest.approx(0.004)  # not delayed by its own send
+    assert [e.start for e in compute if e.device == 1] == pytest.approx([0.010])
+    assert t.makespan == pytest.approx(0.011)  # max(4, 10) + 1, not 4 + 10 + 1
+
+
+def test_two_messages_through_one_port_go_one_after_the_other():
+    rec = Recorder()
+    a, b, c = rec.stream(0), rec.stream(1), rec.stream(2)
+    a.send("to1", 1, 5_000)
+    a.send("to2", 2, 5_000)  # same send port: waits for the first
+    b.recv("to1")
+    c.recv("to2")
+    result = replay(rec.streams, links())
+    assert [t for x in result.transfers for t in (x.start, x.end)] == pytest.approx(
+        [0.0, 0.005, 0.005, 0.010]
+    )
+    # ... and two senders into one receive port serialize too
+    rec = Recorder()
+    a, b, c = rec.stream(0), rec.stream(1), rec.stream(2)
+    a.send("x", 2, 5_000)
+    b.send("y", 2, 5_000)
+    c.recv("x")
+    c.recv("y")
+    assert replay(rec.streams, links()).end == pytest.approx(0.010)
+
+
+def test_ports_serve_messages_in_virtual_time_order_not_in_recording_order():
+    # Device 1 sends at t=6 ms, device 2 at t=1 ms, both to device 0; device 1's stream
+    # comes first in the list (as if its thread had reached the port first in real time).
+    rec = Recorder()
+    late, early, sink = rec.stream(1), rec.stream(2), rec.stream(0)
+    burst(late, 6.0)
+    late.send("late", 0, 3_000)
+    burst(early, 1.0)
+    early.send("early", 0, 3_000)
+    sink.recv("late")
+    sink.recv("early")
+    transfers = sorted((x.start, x.end, x.src) for x in replay(rec.streams, links()).transfers)
+    assert [x[2] for x in transfers] == [2, 1]  # the earlier send first, wherever it was listed
+    assert [t for x in transfers for t in x[:2]] == pytest.approx([0.001, 0.004, 0.006, 0.009])
+
+
+def test_latency_and_the_two_levels_of_links():
+    two = Links(2, 1e6, 1e5, latency=1e-4)  # devices 0-1 share a node, 2-3 the next
+    assert two.transfer_time(0, 1, 1000) == pytest.approx(1e-4 + 1e-3)
+    assert two.transfer_time(1, 2, 1000) == pytest.approx(1e-4 + 1e-2)
+    rec = Recorder()
+    a, b = rec.stream(0), rec.stream(0, "communication")  # two streams of one device
+    a.send("token", 0, 10**9)  # stays on the device: no link, no time
+    b.recv("token")
+    burst(b, 2.0)
+    assert replay(rec.streams, two).end == pytest.approx(0.002)
+
+
+def test_a_receive_without_its_send_is_reported_not_hung():
+    rec = Recorder()
+    rec.stream(3).recv(("act", 1, 0))
+    with pytest.raises(WorkerError, match="device 3 .*waits for message \\('act', 1, 0\\)"):
+        replay(rec.streams, links())
+
+
+def test_a_collective_inside_compute_cuts_the_compute_bar():
+    rec = Recorder()
+    s = rec.stream(0)
+    with s.compute(F):
+        with s.span(Action(0, "ALL_REDUCE"), "g"):
+            pass
+    kinds = [e.action.kind for e in timeline(rec, "virtual", links()).events]
+    assert kinds == ["F", "ALL_REDUCE", "F"]
+
+
+@pytest.mark.parametrize("workers, per_node", [(4, 8), (16, 8)])
+def test_ring_all_reduce_on_threads_takes_the_formula_time(workers, per_node):
+    """2(N-1) steps, each one chunk of S/N bytes over the slowest link of the ring."""
+    nbytes, latency = 4 * 262_144, 2e-4
+    net = Links(per_node, 50e6, 10e6, latency)
+    with DeviceThreads(workers) as pool:
+        group = ThreadGroup(workers, abort=pool.abort)
+        data = [torch.randn(nbytes // 4) for _ in range(workers)]
+        rec = Recorder()
+        streams = [rec.stream(r) for r in range(workers)]
+
+        def work(r: int):
+            def run():
+                with streams[r].span(Action(0, "REDUCE_GRAD")):
+                    group.comm(r).all_reduce(data[r])
+
+            return on(streams[r], run)
+
+        with rec:
+            pool.run([work(r) for r in range(workers)])
+    bandwidth = net.inter_bandwidth if workers > per_node else net.intra_bandwidth
+    formula = 2 * (workers - 1) * (latency + nbytes / (workers * bandwidth))
+    measured = timeline(rec, "virtual", net).makespan
+    assert measured == pytest.approx(formula, rel=0.02)  # the additions are all that is left
+    assert torch.allclose(data[0], data[-1])
+
+
+def test_cluster_links_scale_the_preset_to_this_machine():
+    fast = cluster_links("A100-80GB", compute_rate=1e11)
+    assert fast.scale == pytest.approx(1e11 / (312e12 * 0.5))
+    assert fast.intra_bandwidth == pytest.approx(300e9 * fast.scale)
+    assert fast.inter_bandwidth == pytest.approx(25e9 * fast.scale)
+    assert fast.latency == pytest.approx(5e-6)  # not scaled (see the module docstring)
+    assert "A100-80GB" in fast.describe() and "scaled to this machine" in fast.describe()
+    changed = cluster_links("H100-80GB", gpus_per_node=4, inter_node_gbs=12.5, compute_rate=1e11)
+    assert changed.gpus_per_node == 4 and changed.hardware_gbs == (450.0, 12.5)
+    assert 1e9 < machine_flops() < 1e14
+    assert math.isinf(instant_links().intra_bandwidth)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: check_clock("cpu"), "clock must be one of virtual, wall"),
+        (lambda: Links(0, 1.0, 1.0), "gpus_per_node"),
+        (lambda: Links(8, -1.0, 1.0), "intra_bandwidth"),
+        (lambda: Links(8, 1.0, 1.0, latency=math.inf), "latency"),
+        (lambda: cluster_links(compute_rate=0), "compute_rate"),
+        (lambda: cluster_links("V100"), "GPU must be one of"),
+    ],
+)
+def test_bad_clock_and_link_settings_are_one_line_errors(call, message):
+    with pytest.raises(CourseInputError, match=message):
+        call()
