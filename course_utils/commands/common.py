@@ -149,3 +149,80 @@ def schedule_from_args(args: argparse.Namespace):
     for flag in ("--stages", "--microbatches", "--chunks"):
         int_flag(args, flag)
     return make_schedule(args.name, args.stages, args.microbatches, args.chunks)
+
+
+# -- the clock and the emulated cluster (run, data-parallel, tensor-parallel, fsdp, ...) ------
+
+
+def add_network_arguments(group) -> None:
+    """The cluster's network flags, shared by the planner and the commands that run threads."""
+    from course_utils.plan.inputs import DEFAULT_GPU, HARDWARE_PRESETS
+
+    group.add_argument(
+        "--gpu",
+        choices=list(HARDWARE_PRESETS),
+        default=DEFAULT_GPU,
+        help="GPU preset: memory, peak FLOP/s, NVLink and network per GPU",
+    )
+    group.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (NVSwitch)")
+    group.add_argument(
+        "--intra-node-gbs", type=float, default=None, help="GB/s per GPU per direction in a node"
+    )
+    group.add_argument(
+        "--inter-node-gbs",
+        type=float,
+        default=None,
+        help="GB/s per GPU per direction between nodes",
+    )
+    group.add_argument("--latency-us", type=float, default=None, help="microseconds per message")
+
+
+def network_changes(args: argparse.Namespace) -> dict:
+    """The preset's numbers the network flags change (each checked, naming its flag)."""
+    changes: dict = {}
+    if args.gpus_per_node is not None:
+        changes["gpus_per_node"] = int_flag(args, "--gpus-per-node", 1, 1024)
+    for flag, key in (
+        ("--intra-node-gbs", "intra_node_gbs"),
+        ("--inter-node-gbs", "inter_node_gbs"),
+    ):
+        if getattr(args, key) is not None:
+            changes[key] = number_flag(args, flag, 0.0, 1e6, strict=True)
+    if args.latency_us is not None:
+        changes["latency_us"] = number_flag(args, "--latency-us", 0.0, 1e6)
+    return changes
+
+
+def add_clock_arguments(parser: argparse.ArgumentParser) -> None:
+    """--clock and the emulated cluster it runs on (the planner's hardware presets)."""
+    from course_utils.threads.trace import CLOCKS
+
+    group = parser.add_argument_group(
+        "the clock and the emulated cluster",
+        "virtual (default): each device computes for its own measured CPU time and messages "
+        "cross emulated links of the GPU preset below, scaled to this machine (so ratios are "
+        "the cluster's on any computer); wall: real timestamps on this machine's cores",
+    )
+    group.add_argument(
+        "--clock", choices=CLOCKS, default="virtual", help="which clock times the run"
+    )
+    add_network_arguments(group)
+
+
+def links_from_args(args: argparse.Namespace):
+    """The emulated links the flags describe. Call it after the command's other checks:
+    the flags are checked first, then this machine's compute rate is measured (torch)."""
+    from course_utils.threads.links import cluster_links
+
+    changes = network_changes(args)
+    return cluster_links(args.gpu, **changes)
+
+
+def clock_figures(args: argparse.Namespace, links, measured_s: float, simulated_s: float) -> dict:
+    """The keys every timed command reports in --json, whatever it runs."""
+    return {
+        "clock": args.clock,
+        "links": links.to_dict() if args.clock == "virtual" else None,
+        "measured_step_s": measured_s,
+        "simulated_step_s": simulated_s,
+    }

@@ -12,6 +12,7 @@ import math
 from dataclasses import asdict, replace
 from typing import Any
 
+from course_utils.commands.common import add_network_arguments, network_changes
 from course_utils.errors import CourseInputError
 from course_utils.pipeline.schedules import RECOMMENDED
 from course_utils.plan import (
@@ -78,8 +79,7 @@ def _add_hardware_args(parser: argparse.ArgumentParser) -> None:
         "the hardware", f"a named GPU (default {DEFAULT_GPU}); any flag below overrides one "
         "of its numbers"
     )  # fmt: skip
-    hw.add_argument("--gpu", choices=list(HARDWARE_PRESETS), default=DEFAULT_GPU,
-                    help="GPU preset: memory, peak FLOP/s, NVLink and network per GPU")  # fmt: skip
+    add_network_arguments(hw)  # --gpu, --gpus-per-node, the links (shared with the runners)
     hw.add_argument("--gpu-memory-gib", type=float, default=None, help="GiB per GPU")
     hw.add_argument(
         "--reserve-gib", type=float, default=None,
@@ -87,17 +87,12 @@ def _add_hardware_args(parser: argparse.ArgumentParser) -> None:
         f"allocator fragmentation (default {RESERVE_FIXED_GIB:g} GiB + "
         f"{100 * RESERVE_FRACTION:g}%% of the GPU's memory)",
     )  # fmt: skip
-    hw.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (NVSwitch)")
     hw.add_argument("--peak-tflops", type=float, default=None,
                     help="dense bf16 peak TFLOP/s per GPU")  # fmt: skip
     hw.add_argument(
         "--efficiency", type=float, default=None,
         help="share of peak reached on all FLOPs executed (HFU), in (0, 1]",
     )  # fmt: skip
-    hw.add_argument("--intra-node-gbs", type=float, default=None,
-                    help="GB/s per GPU per direction inside a node")  # fmt: skip
-    hw.add_argument("--inter-node-gbs", type=float, default=None,
-                    help="GB/s per GPU per direction between nodes")  # fmt: skip
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -199,17 +194,16 @@ def _shape_from_args(args) -> ModelShape | int:
 
 def _hardware_from_args(args) -> Hardware:
     preset = HARDWARE_PRESETS[args.gpu]
-    changes: dict[str, Any] = {}
-    for flag, key in (("--gpu-memory-gib", "gpu_memory_gib"), ("--peak-tflops", "peak_tflops_bf16"),
-                      ("--intra-node-gbs", "intra_node_gbs"),
-                      ("--inter-node-gbs", "inter_node_gbs")):  # fmt: skip
+    changes: dict[str, Any] = network_changes(args)
+    for flag, key in (
+        ("--gpu-memory-gib", "gpu_memory_gib"),
+        ("--peak-tflops", "peak_tflops_bf16"),
+    ):
         value = getattr(args, flag.lstrip("-").replace("-", "_"))
         if value is not None:
             changes[key] = _positive(value, flag, 1e9)
     if args.efficiency is not None:
         changes["efficiency"] = _positive(args.efficiency, "--efficiency", 1.0)
-    if args.gpus_per_node is not None:
-        changes["gpus_per_node"] = _limited(args.gpus_per_node, "--gpus-per-node", 1024)
     memory_gib = changes.get("gpu_memory_gib", preset.gpu_memory_gib)
     if args.reserve_gib is not None:
         r = args.reserve_gib

@@ -225,6 +225,18 @@ def max_param_diff(a: nn.Module, b: nn.Module) -> float:
     )
 
 
+def simulated_step_s(result: DPStepResult, grad_bytes: int, links: Links | None = None) -> float:
+    """The simulator's prediction of a measured step: the slowest replica's measured forward
+    and backward, then the ring all-reduce of `grad_bytes` by its formula over the slowest
+    link of the ring (`links`; None: links at their fastest, as on the wall clock)."""
+    timeline = result.timeline
+    n = timeline.num_devices
+    compute = max(timeline.busy_per_device())
+    if n == 1 or links is None or links.instant:
+        return compute
+    return compute + ring_allreduce_time(grad_bytes, n, links.ring_bandwidth(n), links.latency)
+
+
 # -- the scaling model for the lesson -----------------------------------------------------
 
 

@@ -70,6 +70,11 @@ class Links:
         same = self.node(src) == self.node(dst)
         return self.intra_bandwidth if same else self.inter_bandwidth
 
+    def ring_bandwidth(self, workers: int) -> float:
+        """The slowest link of a ring over devices 0..workers-1 (it leaves the node when
+        the ring is longer than a node)."""
+        return self.intra_bandwidth if workers <= self.gpus_per_node else self.inter_bandwidth
+
     def transfer_time(self, src: int, dst: int, nbytes: int) -> float:
         """Seconds a message of `nbytes` holds the sender's and receiver's ports."""
         return self.latency + nbytes / self.bandwidth(src, dst)
