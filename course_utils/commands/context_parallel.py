@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from course_utils.commands.common import add_clock_arguments, clock_figures, links_from_args
 from course_utils.errors import CourseInputError
 
 HELP = "ring attention (context parallelism) on threads vs one device"
@@ -52,6 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--causal", action="store_true", help="causal mask (decoder attention)")
     parser.add_argument("--dtype", default="float64", help=f"one of {', '.join(DTYPES)}")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_clock_arguments(parser)
 
 
 def _int_arg(args: argparse.Namespace, flag: str, low: int, high: int) -> int:
@@ -89,6 +91,8 @@ def compare(
     causal: bool = False,
     dtype: str = "float64",
     seed: int = 0,
+    clock: str = "virtual",
+    links=None,
 ) -> dict:
     """Run ring attention on threads and attention on one device; return the report as a dict."""
     import torch
@@ -104,7 +108,7 @@ def compare(
     reference = cp.attention(leaves[0], leaves[1], leaves[2], causal=causal)
     reference.backward(dout)
 
-    with cp.RingAttention(workers, causal=causal, zigzag=zigzag) as ring:
+    with cp.RingAttention(workers, causal=causal, zigzag=zigzag, clock=clock, links=links) as ring:
         ring.forward_backward(q, k, v, dout)  # warm-up: first-call allocations, thread start
         runs = [ring.forward_backward(q, k, v, dout) for _ in range(REPEATS)]
     result = min(runs, key=lambda r: r.timeline.makespan)
@@ -117,7 +121,7 @@ def compare(
         for g, leaf in zip((result.dq, result.dk, result.dv), leaves, strict=True)
     )
     element_size = q.element_size()
-    costs = cp.measured_costs(result, seq)
+    costs = cp.measured_costs(result, seq, links if clock == "virtual" else None)
     simulated = {
         overlap: cp.simulate_ring(
             workers, zigzag, causal, backward=True, overlap=overlap, unit="s", **costs
@@ -147,7 +151,7 @@ def compare(
         "scores_formula": cp.score_elements(seq, workers, zigzag, causal),
         "compute_s_per_worker": result.compute_seconds,
         "measured_step_s": result.timeline.makespan,
-        "simulated_step_s_overlap": simulated[True],
+        "simulated_step_s": simulated[True],
         "simulated_step_s_no_overlap": simulated[False],
         "calibrated_costs_s": costs,
         "activation_bytes_per_worker": cp.attention_activation_bytes(
@@ -158,9 +162,19 @@ def compare(
 
 def run(args: argparse.Namespace) -> int:
     check_arguments(args)
+    links = links_from_args(args)
     result = compare(
-        args.workers, args.seq, args.heads, args.dim, args.zigzag, args.causal, args.dtype
+        args.workers,
+        args.seq,
+        args.heads,
+        args.dim,
+        args.zigzag,
+        args.causal,
+        args.dtype,
+        clock=args.clock,
+        links=links,
     )
+    result.update(clock_figures(args, links, result["measured_step_s"], result["simulated_step_s"]))
     if args.json:
         print(json.dumps(result, indent=2, allow_nan=False))
         return 0
@@ -194,7 +208,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"  measured compute per worker (ms): {row(ms, '{:.2f}')}")
     print(
         f"  step time (forward + backward): measured {1e3 * result['measured_step_s']:.2f} ms; "
-        f"simulated {1e3 * result['simulated_step_s_overlap']:.2f} ms with overlap, "
+        f"simulated {1e3 * result['simulated_step_s']:.2f} ms with overlap, "
         f"{1e3 * result['simulated_step_s_no_overlap']:.2f} ms without"
     )
     print(

@@ -1,6 +1,6 @@
 """`python -m course_utils moe`: expert parallelism on threads, checked against one device.
 
-Builds a small MoE block (d_model 16, expert hidden 32), spreads its experts over
+Builds a small MoE block (d_model 32, expert hidden 128), spreads its experts over
 `--workers` threads and runs one forward + backward step there and on one device (routed
 in the same groups, so even dropped tokens match). Prints the largest output and gradient
 differences, what the router did (tokens per expert, dropped assignments), the bytes each
@@ -14,11 +14,12 @@ import argparse
 import json
 import math
 
+from course_utils.commands.common import add_clock_arguments, clock_figures, links_from_args
 from course_utils.errors import CourseInputError
 
 HELP = "expert-parallel MoE step on threads vs one device"
 
-D_MODEL, HIDDEN = 16, 32
+D_MODEL, HIDDEN = 32, 128
 MAX_WORKERS, MAX_EXPERTS, MAX_TOKENS = 8, 64, 4096
 MAX_CAPACITY_FACTOR, MAX_SKEW = 64.0, 10.0
 
@@ -61,6 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="random seed, 0..2**31-1")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_clock_arguments(parser)
 
 
 def validate(args) -> None:
@@ -91,7 +93,7 @@ def validate(args) -> None:
         )
 
 
-def compare(args) -> dict:
+def compare(args, links=None) -> dict:
     """Run the step on threads and on one device; return the figures the command prints."""
     import torch
 
@@ -112,15 +114,19 @@ def compare(args) -> dict:
     dy = torch.randn(args.tokens, D_MODEL, generator=gen)
     aux_weight = 0.01  # Switch's alpha
     ref = reference_step(moe, x, dy, aux_weight, groups=args.workers)
-    with ExpertParallel(moe, args.workers) as ep:
+    clock = getattr(args, "clock", "virtual")
+    with ExpertParallel(moe, args.workers, clock=clock, links=links) as ep:
         ep.step(x, dy, aux_weight)  # warm-up: first calls allocate and initialise
-        got = ep.step(x, dy, aux_weight)
+        got = min(
+            (ep.step(x, dy, aux_weight) for _ in range(3)),
+            key=lambda r: r.timeline.makespan if r.timeline else 0.0,
+        )
     grad_diff = max((got.grads[n] - g).abs().max().item() for n, g in ref.grads.items())
     grad_diff = max(grad_diff, (got.input_grad - ref.input_grad).abs().max().item())
     replicated = sum(
         p.numel() * p.element_size() for p in (*moe.norm.parameters(), *moe.router.parameters())
     )
-    costs = fit_costs(got)
+    costs = fit_costs(got, links if clock == "virtual" else None)
     tokens_per_worker = [hi - lo for lo, hi in chunk_bounds(args.tokens, args.workers)]
     simulated = simulate_moe(
         got.routed,
@@ -159,7 +165,9 @@ def compare(args) -> dict:
 
 def run(args) -> int:
     validate(args)
-    result = compare(args)
+    links = links_from_args(args)
+    result = compare(args, links)
+    result.update(clock_figures(args, links, result["measured_step_s"], result["simulated_step_s"]))
     if args.json:
         print(json.dumps(result, indent=2, allow_nan=False))
         return 0

@@ -1,64 +1,104 @@
 """`python -m course_utils tensor-parallel --workers N`: the Megatron-split MLP on N threads
-against the unsplit MLP: outputs, gradients and bytes each worker sends."""
+against the unsplit MLP: outputs, gradients, bytes each worker sends, and the step timed on
+the virtual (or wall) clock beside the simulator's prediction."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
-from course_utils.commands.common import int_flag
+from course_utils.commands.common import (
+    add_clock_arguments,
+    clock_figures,
+    int_flag,
+    links_from_args,
+)
 from course_utils.errors import CourseInputError
 from course_utils.parallel.costs import ALGORITHMS
 
 HELP = "tensor-parallel MLP on threads vs unsplit"
-SHAPE = (64, 256, 4, 16)  # d_model, hidden, batch, sequence
-
-
 MAX_WORKERS = 8  # threads on a laptop
+MAX_D_MODEL, MAX_TOKENS = 1024, 4096  # an MLP of d -> 4d -> d on at most this many tokens
+D_MODEL, TOKENS = 64, 512
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        f"{HELP}. Limits: at most {MAX_WORKERS} workers, --d-model {MAX_D_MODEL} and "
+        f"{MAX_TOKENS} tokens."
+    )
     parser.add_argument(
         "--workers", type=int, default=2, help=f"tensor-parallel devices (limit: 1-{MAX_WORKERS})"
     )
     parser.add_argument(
         "--allreduce", default="ring", help=f"all-reduce algorithm: {', '.join(ALGORITHMS)}"
     )
+    parser.add_argument(
+        "--d-model", type=int, default=D_MODEL, help=f"the MLP is d -> 4d -> d (default {D_MODEL})"
+    )
+    parser.add_argument(
+        "--tokens", type=int, default=TOKENS, help=f"tokens in the batch (default {TOKENS})"
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_clock_arguments(parser)
 
 
-def compare(workers: int, algorithm: str = "ring", seed: int = 0) -> dict:
-    """Run a GPT-sized-down MLP (64 -> 256 -> 64) split over `workers` threads vs unsplit."""
+def compare(
+    workers: int,
+    algorithm: str = "ring",
+    seed: int = 0,
+    d_model: int = D_MODEL,
+    tokens: int = TOKENS,
+    clock: str = "virtual",
+    links=None,
+) -> dict:
+    """Run an MLP d -> 4d -> d split over `workers` threads vs unsplit; time both."""
     import torch
     from torch import nn
 
     from course_utils.parallel.tensor_parallel import (
         TensorParallelMLP,
         max_diff,
+        simulated_step_s,
         unsplit_forward_backward,
+        unsplit_step_s,
     )
 
-    d_model, hidden, batch, seq = SHAPE
+    hidden = 4 * d_model
     torch.manual_seed(seed)
     linear1, linear2 = nn.Linear(d_model, hidden), nn.Linear(hidden, d_model)
     gen = torch.Generator().manual_seed(seed + 1)
-    x = torch.randn(batch, seq, d_model, generator=gen)
-    dy = torch.randn(batch, seq, d_model, generator=gen)
+    x = torch.randn(tokens, d_model, generator=gen)
+    dy = torch.randn(tokens, d_model, generator=gen)
     y_ref, dx_ref, grads_ref = unsplit_forward_backward(linear1, linear2, x, dy)
-    with TensorParallelMLP(linear1, linear2, workers, algorithm=algorithm) as tp:
-        result = tp.forward_backward(x, dy)
+    with TensorParallelMLP(
+        linear1, linear2, workers, algorithm=algorithm, clock=clock, links=links
+    ) as tp:
+        tp.forward_backward(x, dy)  # warm-up: first calls allocate and initialise
+        result = min(
+            (tp.forward_backward(x, dy) for _ in range(3)),
+            key=lambda r: r.timeline.makespan,
+        )
     out_diff = max(max_diff(y, y_ref) for y in result.outputs)
     grad_diffs = [max_diff(dx, dx_ref) for dx in result.input_grads]
     grad_diffs += [max_diff(result.grads[k], g) for k, g in grads_ref.items()]
+    unsplit = unsplit_step_s(linear1, linear2, x, dy, clock=clock)
+    assert result.timeline is not None
+    measured = result.timeline.makespan
     return {
         "workers": workers,
         "allreduce": algorithm,
-        "shape": [batch, seq, d_model],
+        "tokens": tokens,
+        "d_model": d_model,
         "hidden": hidden,
         "max_output_diff": out_diff,
         "max_grad_diff": max(grad_diffs),
         "bytes_forward_per_worker": result.bytes_forward,
         "bytes_backward_per_worker": result.bytes_backward,
+        "measured_step_s": measured,
+        "simulated_step_s": simulated_step_s(result, links if clock == "virtual" else None),
+        "unsplit_step_s": unsplit,
+        "speedup": unsplit / measured,
     }
 
 
@@ -68,18 +108,39 @@ def run(args: argparse.Namespace) -> int:
         raise CourseInputError(
             f"--allreduce must be one of {', '.join(ALGORITHMS)}, got {args.allreduce!r}"
         )
-    result = compare(workers, args.allreduce)
+    d_model = int_flag(args, "--d-model", 1, MAX_D_MODEL)
+    tokens = int_flag(args, "--tokens", 1, MAX_TOKENS)
+    if (4 * d_model) % workers:
+        raise CourseInputError(
+            f"--workers must divide the hidden size 4 x --d-model = {4 * d_model}, got {workers}"
+        )
+    links = links_from_args(args)
+    result = compare(
+        workers, args.allreduce, d_model=d_model, tokens=tokens, clock=args.clock, links=links
+    )
+    result.update(clock_figures(args, links, result["measured_step_s"], result["simulated_step_s"]))
     if args.json:
         print(json.dumps(result, indent=2, allow_nan=False))
         return 0
-    b, s, d = result["shape"]
+    d = result["d_model"]
     print(
         f"tensor-parallel MLP {d} -> {result['hidden']} -> {d} on {result['workers']} threads, "
-        f"input {b}x{s}x{d}, {result['allreduce']} all-reduce"
+        f"{result['tokens']} tokens, {result['allreduce']} all-reduce"
     )
     print(f"  max |output diff| vs unsplit:   {result['max_output_diff']:.2e}")
     print(f"  max |gradient diff| vs unsplit: {result['max_grad_diff']:.2e}")
     fwd = ", ".join(str(x) for x in result["bytes_forward_per_worker"])
     bwd = ", ".join(str(x) for x in result["bytes_backward_per_worker"])
     print(f"  bytes sent per worker: forward [{fwd}], backward [{bwd}]")
+    clock = (
+        f"virtual clock: measured compute, {links.describe()}"
+        if args.clock == "virtual"
+        else "wall clock: real timestamps on this machine's cores"
+    )
+    print(
+        f"  forward + backward: {1e3 * result['measured_step_s']:.2f} ms vs "
+        f"{1e3 * result['unsplit_step_s']:.2f} ms unsplit -> speed-up {result['speedup']:.2f}x; "
+        f"simulated {1e3 * result['simulated_step_s']:.2f} ms"
+    )
+    print(f"  ({clock})")
     return 0

@@ -25,6 +25,7 @@ every device all-reduces one tensor the size of the MLP's output (tokens x d_mod
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -34,6 +35,7 @@ from torch import nn
 
 from course_utils.actions import Action
 from course_utils.errors import CourseInputError
+from course_utils.parallel.costs import ring_allreduce_time
 from course_utils.threads.collectives import (
     Communicator,
     ThreadGroup,
@@ -360,6 +362,43 @@ def tp_mlp_comm_bytes(
     per_pass = ring_bytes_per_rank if algorithm == "ring" else naive_bytes_per_rank
     sent = per_pass(tokens * d_model, workers, element_size)
     return {"forward": sent, "backward": list(sent)}
+
+
+def simulated_step_s(result: TPResult, links: Links | None = None) -> float:
+    """The simulator's prediction of a measured forward + backward: the slowest device's
+    measured compute, plus two ring all-reduces of the output (forward g, backward f) by
+    the formula over the ring's slowest link (`links`; None: links at their fastest)."""
+    assert result.timeline is not None  # forward_backward always records one
+    n = result.timeline.num_devices
+    compute = max(result.timeline.busy_per_device())
+    if n == 1 or links is None or links.instant:
+        return compute
+    out = result.outputs[0]
+    nbytes = out.numel() * out.element_size()
+    return compute + 2 * ring_allreduce_time(nbytes, n, links.ring_bandwidth(n), links.latency)
+
+
+def unsplit_step_s(
+    linear1: nn.Linear,
+    linear2: nn.Linear,
+    x: torch.Tensor,
+    grad_output: torch.Tensor | None = None,
+    repeats: int = 3,
+    clock: str = "virtual",
+) -> float:
+    """Best-of-`repeats` seconds of the unsplit forward + backward on one thread: CPU time
+    on the virtual clock (what one device computes), wall time on the wall clock."""
+    from course_utils.models import single_thread
+
+    now = time.thread_time if check_clock(clock) == "virtual" else time.perf_counter
+    best = float("inf")
+    with single_thread():
+        for i in range(repeats + 1):  # the first run is a warm-up
+            start = now()
+            unsplit_forward_backward(linear1, linear2, x, grad_output)
+            if i:
+                best = min(best, now() - start)
+    return best
 
 
 def _grad(param: torch.Tensor | None) -> torch.Tensor:

@@ -17,6 +17,7 @@ from course_utils.parallel.context_parallel.checks import (
 )
 from course_utils.parallel.context_parallel.layout import block_products, sequence_chunks
 from course_utils.parallel.context_parallel.ring import RingResult
+from course_utils.threads.links import Links
 from course_utils.timeline import Event, Timeline
 
 FLASH_BACKWARD_FACTOR = 2.5  # backward / forward matmuls: 5 (S, dV, dP, dQ, dK) over 2 (S, PV)
@@ -219,12 +220,13 @@ def simulate_ring(
     )
 
 
-def measured_costs(result: RingResult, seq: int) -> dict[str, float]:
+def measured_costs(result: RingResult, seq: int, links: Links | None = None) -> dict[str, float]:
     """The cost model `simulate_ring` needs, read off a measured run (in seconds).
 
     block_time: forward compute per full (L/N) x (L/N) block, from all workers' F time;
     backward_factor: backward time per score over forward time per score;
-    transfer_time: the mean time of one K/V send (on threads: the copy into the mailbox).
+    transfer_time: one K/V block over `links` (the virtual clock's), or without links the
+    mean time of one K/V send as measured (on threads: the copy into the mailbox).
     """
     workers = len(result.bytes_forward)
     block = (seq // workers) ** 2
@@ -244,5 +246,20 @@ def measured_costs(result: RingResult, seq: int) -> dict[str, float]:
             if backward_scores and forward_per_score > 0
             else FLASH_BACKWARD_FACTOR
         ),
-        "transfer_time": sum(sends) / len(sends) if sends else 0.0,
+        "transfer_time": (
+            _block_transfer_time(result, links)
+            if links is not None
+            else sum(sends) / len(sends)
+            if sends
+            else 0.0
+        ),
     }
+
+
+def _block_transfer_time(result: RingResult, links: Links) -> float:
+    """One K/V block (one message per ring step) over the ring's slowest link."""
+    workers = len(result.bytes_forward)
+    if workers == 1:
+        return 0.0
+    per_step = result.bytes_forward[0] / (workers - 1)
+    return links.latency + per_step / links.ring_bandwidth(workers)

@@ -15,6 +15,7 @@ from course_utils.actions import Action
 from course_utils.errors import CourseInputError
 from course_utils.parallel.fsdp.program import STAGES, _check_choice, _check_int, fsdp_program
 from course_utils.parallel.fsdp.shards import padded_shard_numels
+from course_utils.threads.links import Links
 from course_utils.threads.ring import ring_bytes_per_rank
 from course_utils.timeline import Event, Timeline
 
@@ -177,13 +178,19 @@ def simulate_fsdp(
 
 
 def costs_from_timeline(
-    timeline: Timeline, layer_numels: Sequence[int], workers: int, element_size: int = 4
+    timeline: Timeline,
+    layer_numels: Sequence[int],
+    workers: int,
+    element_size: int = 4,
+    links: Links | None = None,
 ) -> FSDPCosts:
-    """Per-layer compute times and an effective bandwidth read off a measured timeline.
+    """Per-layer compute times read off a measured timeline, and the link they crossed.
 
-    Forward and backward costs are the mean duration of each layer's F and B events. The
-    bandwidth is the collectives' bytes per worker divided by their time (which includes
-    waiting for the slowest peer, so it is an effective bandwidth, not the link's).
+    Forward and backward costs are the mean duration of each layer's F and B events. With
+    `links` (a run on the virtual clock) the collectives cross the ring's slowest link with
+    its latency per step; without, the bandwidth is the collectives' bytes per worker divided
+    by their time (which includes waiting for the slowest peer, so it is an effective
+    bandwidth, not the link's).
     """
     n = len(layer_numels)
     durations: dict[tuple[str, int], list[float]] = {}
@@ -202,10 +209,14 @@ def costs_from_timeline(
         return sum(values) / len(values) if values else 0.0
 
     bandwidth = comm_bytes / comm_time if comm_bytes > 0 and comm_time > 0 else float("inf")
+    latency = 0.0
+    if links is not None:
+        bandwidth, latency = links.ring_bandwidth(workers), links.latency
     return FSDPCosts(
         forward=tuple(mean("F", i) for i in range(n)),
         backward=tuple(mean("B", i) for i in range(n)),
         layer_numels=tuple(layer_numels),
         bandwidth=bandwidth,
+        latency=latency,
         element_size=element_size,
     )

@@ -26,6 +26,7 @@ from course_utils.parallel.moe.limits import (
     _check_top_k,
 )
 from course_utils.parallel.moe.routing import experts_of_worker
+from course_utils.threads.links import Links
 from course_utils.timeline import Event, Timeline
 
 
@@ -157,13 +158,17 @@ def simulate_moe(
     )
 
 
-def fit_costs(measured: MoEStep) -> MoECosts:
+def fit_costs(measured: MoEStep, links: Links | None = None) -> MoECosts:
     """Per-token costs (seconds) read off a measured step, for `simulate_moe(..., costs)`.
 
-    Each compute cost is total time over total tokens of that phase on all workers. An
-    all-to-all's measured time includes waiting for the slowest worker, so the latency is
-    taken from the quickest exchange seen (the last worker to arrive hardly waits); on
-    threads a message is a memory copy, so per_byte is left at 0.
+    Each compute cost is total time over total tokens of that phase on all workers. With
+    `links` (a run on the virtual clock) an exchange costs what the emulated links charge:
+    a worker's N-1 messages leave one after the other through its port, each paying the
+    latency, so latency = (N-1) x the link's and per_byte = 1 / the slowest link's
+    bandwidth. Without links (the wall clock) an all-to-all's measured time includes
+    waiting for the slowest worker, so the latency is taken from the quickest exchange
+    seen (the last worker to arrive hardly waits), and per_byte is 0: on threads a message
+    is a memory copy.
     """
     timeline = measured.timeline
     if timeline is None or timeline.source != "measured":
@@ -191,6 +196,11 @@ def fit_costs(measured: MoEStep) -> MoECosts:
         for e in timeline.events
         if e.action.kind == "ALL_TO_ALL" and e.label != "dispatch"
     ]
+    latency, per_byte = min(exchanges, default=0.0), 0.0
+    if links is not None:
+        workers = timeline.num_devices
+        latency = (workers - 1) * links.latency
+        per_byte = 1.0 / links.ring_bandwidth(workers)
     return MoECosts(
         router=per(total("F", "router"), tokens),
         router_backward=per(total("B", "router"), tokens),
@@ -198,8 +208,8 @@ def fit_costs(measured: MoEStep) -> MoECosts:
         expert_backward=per(total("B", experts=True), computed),
         combine=per(total("F", "weighted sum"), assignments),
         combine_backward=per(total("B", "weighted sum"), assignments),
-        latency=min(exchanges, default=0.0),
-        per_byte=0.0,
+        latency=latency,
+        per_byte=per_byte,
     )
 
 
