@@ -166,3 +166,50 @@ def test_cluster_links_scale_the_preset_to_this_machine():
 def test_bad_clock_and_link_settings_are_one_line_errors(call, message):
     with pytest.raises(CourseInputError, match=message):
         call()
+
+
+# -- the commands that run threads: one clock flag, one set of JSON keys ----------------------
+
+TIMED = {
+    "run": ["gpipe", "--stages", "2", "--microbatches", "2"],
+    "data-parallel": ["--workers", "2", "--batch", "64", "--steps", "1"],
+    "tensor-parallel": ["--workers", "2", "--tokens", "32"],
+    "fsdp": ["--workers", "2", "--steps", "2"],
+    "context-parallel": ["--workers", "2", "--seq", "16", "--heads", "1", "--dim", "4"],
+    "moe": ["--workers", "2", "--tokens", "32"],
+}
+
+
+@pytest.mark.parametrize("command", TIMED)
+@pytest.mark.parametrize("clock", ["virtual", "wall"])
+def test_every_timed_command_reports_the_same_keys_on_either_clock(run_cli, command, clock):
+    import json
+
+    out = run_cli(command, *TIMED[command], "--clock", clock, "--json", "--gpus-per-node", "4")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["clock"] == clock
+    assert data["measured_step_s"] > 0 and data["simulated_step_s"] > 0
+    if clock == "virtual":
+        assert data["links"]["gpus_per_node"] == 4 and data["links"]["name"] == "A100-80GB"
+    else:
+        assert data["links"] is None
+    for old in ("measured_makespan_s", "step_time_measured_s", "step_time_s"):
+        assert old not in data
+
+
+@pytest.mark.parametrize("command", TIMED)
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--clock", "cpu"], "--clock"),
+        (["--gpus-per-node", "0"], "--gpus-per-node"),
+        (["--intra-node-gbs", "-1"], "--intra-node-gbs"),
+        (["--latency-us", "nan"], "--latency-us"),
+        (["--gpu", "V100"], "--gpu"),
+    ],
+)
+def test_clock_and_network_flags_are_checked_in_one_line(run_cli, command, flags, named):
+    out = run_cli(command, *TIMED[command], *flags)
+    assert out.returncode == 2 and named in out.stderr
+    assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr

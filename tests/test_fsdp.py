@@ -421,7 +421,8 @@ def test_cli_json_is_valid_and_consistent(capsys):
     assert result["bytes_reduce_scatter_per_worker"] == [formula["reduce_scatter"]] * 3
     measured = sum(result["memory_measured_per_worker"][0].values())
     assert abs(measured / sum(result["memory_formula_per_worker"].values()) - 1) < 0.10
-    assert result["step_time_measured_s"] > 0 and result["step_time_simulated_s"] > 0
+    assert result["measured_step_s"] > 0 and result["simulated_step_s"] > 0
+    assert result["clock"] == "virtual" and result["links"]["gpus_per_node"] == 8
 
 
 @pytest.mark.parametrize(

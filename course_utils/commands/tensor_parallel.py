@@ -110,10 +110,6 @@ def run(args: argparse.Namespace) -> int:
         )
     d_model = int_flag(args, "--d-model", 1, MAX_D_MODEL)
     tokens = int_flag(args, "--tokens", 1, MAX_TOKENS)
-    if (4 * d_model) % workers:
-        raise CourseInputError(
-            f"--workers must divide the hidden size 4 x --d-model = {4 * d_model}, got {workers}"
-        )
     links = links_from_args(args)
     result = compare(
         workers, args.allreduce, d_model=d_model, tokens=tokens, clock=args.clock, links=links
