@@ -542,7 +542,7 @@ def simulated_from_measured(result: StepResult, schedule: Schedule) -> Timeline:
     costs = result.stage_costs
     p2p = 0.0
     if result.timeline.meta.get("clock") == "virtual" and result.links is not None:
-        p2p = result.links.transfer_time(0, 1, result.message_bytes)
+        p2p = result.links.transfer_time(0, 1, round(result.message_bytes))
     model = CostModel(
         weight_fraction=0.5 if costs.weight_fraction is None else costs.weight_fraction,
         stage_forward=costs.forward,

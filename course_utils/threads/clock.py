@@ -65,48 +65,56 @@ def replay(streams: list[Stream], links: Links) -> Replay:
     waiting: dict = {}  # message key -> the stream blocked on it
     send_free: dict[int, float] = defaultdict(float)  # device -> when its send port is free
     recv_free: dict[int, float] = defaultdict(float)
-    transfers: list[Transfer] = []
+    transfers: list[tuple[int, int, int, float, float]] = []
+    per_node, latency = links.gpus_per_node, links.latency
+    intra, inter = links.intra_bandwidth, links.inter_bandwidth
     heap = [(0.0, i) for i in range(n) if streams[i].ops]
     heapq.heapify(heap)
+    push, pop = heapq.heappush, heapq.heappop
     while heap:
-        _, i = heapq.heappop(heap)
-        ops, device = streams[i].ops, streams[i].device
-        while pos[i] < len(ops):
-            op = ops[pos[i]]
+        _, i = pop(heap)
+        ops, device, t = streams[i].ops, streams[i].device, clock[i]
+        k, end_of_ops = pos[i], len(streams[i].ops)
+        while k < end_of_ops:
+            op = ops[k]
             kind = op[0]
             if kind == CPU:
-                clock[i] += op[1] / 1e9
+                t += op[1] * 1e-9
             elif kind == BEGIN:
-                times[i][op[1]][0] = clock[i]
+                times[i][op[1]][0] = t
             elif kind == END:
-                times[i][op[1]][1] = clock[i]
+                times[i][op[1]][1] = t
             elif kind == SEND:
                 _, key, dst, nbytes, event = op
                 if dst == device:  # stays on the device: no link involved
-                    start = end = clock[i]
+                    start = end = t
                 else:
-                    start = max(clock[i], send_free[device], recv_free[dst])
-                    end = start + links.transfer_time(device, dst, nbytes)
+                    start = max(t, send_free[device], recv_free[dst])
+                    bandwidth = intra if device // per_node == dst // per_node else inter
+                    end = start + latency + nbytes / bandwidth
                     send_free[device] = recv_free[dst] = end
-                    transfers.append(Transfer(device, dst, nbytes, start, end))
+                    transfers.append((device, dst, nbytes, start, end))
                 if event >= 0:
                     times[i][event] = [start, end]
                 arrival[key] = end
                 blocked = waiting.pop(key, None)
                 if blocked is not None:
                     clock[blocked] = max(clock[blocked], end)
-                    heapq.heappush(heap, (clock[blocked], blocked))
+                    push(heap, (clock[blocked], blocked))
             else:  # RECV
                 key = op[1]
                 if key not in arrival:
                     waiting[key] = i  # woken by the SEND of `key`
                     break
-                clock[i] = max(clock[i], arrival.pop(key))
-            pos[i] += 1
+                arrived = arrival.pop(key)
+                if arrived > t:
+                    t = arrived
+            k += 1
             # Let an earlier stream go first: ports must see sends in virtual-time order.
-            if kind in (CPU, RECV) and heap and clock[i] > heap[0][0]:
-                heapq.heappush(heap, (clock[i], i))
+            if (kind == CPU or kind == RECV) and heap and t > heap[0][0]:
+                push(heap, (t, i))
                 break
+        pos[i], clock[i] = k, t
     stuck = [
         f"device {s.device} ({s.name}) waits for message {s.ops[pos[i]][1]!r}"
         for i, s in enumerate(streams)
@@ -114,11 +122,10 @@ def replay(streams: list[Stream], links: Links) -> Replay:
     ]
     if stuck:
         raise WorkerError("virtual clock: a receive has no matching send: " + "; ".join(stuck))
-    ends = [clock[i] for i in range(n)] + [t.end for t in transfers]
     return Replay(
-        times=[[(s, e) for s, e in per_stream] for per_stream in times],
-        transfers=transfers,
-        end=max(ends, default=0.0),
+        times=[[(a, b) for a, b in per_stream] for per_stream in times],
+        transfers=[Transfer(*x) for x in transfers],
+        end=max([*clock, *(x[4] for x in transfers)], default=0.0),
     )
 
 

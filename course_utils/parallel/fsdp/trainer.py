@@ -392,13 +392,14 @@ class ShardedDataParallel:
 
         try:
             for instr in self.program:
-                layer, mb = instr.layer, instr.microbatch
+                # issue/wait name a collective, F/B/free a layer (fsdp_program builds them so)
+                layer, mb, c = instr.layer or 0, instr.microbatch or 0, instr.comm or 0
                 if instr.op == "issue":
-                    computing.send(("issue", w, instr.comm), w, 0)
-                    stream.issue(instr.comm, collective(instr.comm))
+                    computing.send(("issue", w, c), w, 0)
+                    stream.issue(c, collective(c))
                 elif instr.op == "wait":
-                    stream.wait(instr.comm, self.comms[instr.comm].label)
-                    computing.recv(("done", w, instr.comm))
+                    stream.wait(c, self.comms[c].label)
+                    computing.recv(("done", w, c))
                 elif instr.op == "F":
                     with computing.compute(Action(layer, "F", mb), f"L{layer}"):
                         x, y = pieces[mb]
