@@ -21,6 +21,7 @@ imports torch.
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import replace
 from pathlib import Path
 
@@ -42,6 +43,7 @@ TITLE_H = 0.42  # above each chart
 XAXIS_H = 0.55  # tick labels and axis label under the last chart
 LEGEND_H = 0.38  # one legend row at the bottom
 TOP_PAD = 0.08
+NOTE_H = 0.17  # a line of the clock's note, above the charts
 MAX_PLOT_H = 4.8  # per chart: p=16 gets 0.3 inch per device row
 ROW_H = 0.55
 MIN_PLOT_H = 0.9
@@ -111,10 +113,28 @@ def title_for(timeline: Timeline, prefix: str | None = None, colour: str = "micr
     # A pipeline's idle time is its bubble; elsewhere (data or expert parallelism) the
     # devices idle mostly while they wait for a collective, so the title says "idle".
     idle = "bubble" if colour == "micro-batch" else "idle"
+    clock = timeline.meta.get("clock") if timeline.source == "measured" else None
     return (
         f"{prefix} — makespan {_number(makespan * scale)} {unit}, "
-        f"{idle} {100 * bubble_fraction(timeline):.1f}%"
+        f"{idle} {100 * bubble_fraction(timeline):.1f}%" + (f" [{clock} clock]" if clock else "")
     )
+
+
+def clock_note(timelines: list[Timeline]) -> str | None:
+    """What the measured timelines' clocks measure and model, for a line under the chart."""
+    notes = []
+    for t in timelines:
+        clock = t.meta.get("clock") if t.source == "measured" else None
+        if clock == "virtual":
+            links = t.meta.get("links", "emulated links")
+            note = f"virtual clock: measured compute (CPU time), {links}"
+        elif clock == "wall":
+            note = "wall clock: real timestamps on this machine's cores"
+        else:
+            continue
+        if note not in notes:
+            notes.append(note)
+    return "; ".join(notes) or None
 
 
 def _idle_segments(intervals: list[tuple[float, float]], end: float) -> list[tuple[float, float]]:
@@ -407,7 +427,12 @@ def draw(
         return fig
 
     plot_hs = [min(MAX_PLOT_H, max(MIN_PLOT_H, ROW_H * max(1, t.num_devices))) for t in timelines]
+    note = clock_note(timelines)
+    if note:  # about 14 characters of the small font per inch of axes
+        note = textwrap.fill(note, width=int(14 * (width - LEFT - RIGHT)))
+    lines = note.count("\n") + 1 if note else 0
     height = TOP_PAD + sum(TITLE_H + h for h in plot_hs) + XAXIS_H + (LEGEND_H if legend else 0)
+    height += NOTE_H * lines
     if not share_x:
         height += XAXIS_H * (len(timelines) - 1)
     fig = _new_figure(width, height, pyplot)
@@ -415,6 +440,9 @@ def draw(
     axes_w = width - LEFT - RIGHT
     present = set()
     top = height - TOP_PAD
+    if note:  # what the clock measured and what it modelled, above the charts
+        top -= NOTE_H * lines
+        fig.text(LEFT / width, (top + 0.08) / height, note, fontsize=8, color="#555555")
     axes: list[Axes] = []
     for i, (t, h) in enumerate(zip(timelines, plot_hs, strict=True)):
         top -= TITLE_H
@@ -451,6 +479,22 @@ def draw(
             alignment="left",
         )
     return fig
+
+
+def beside_reference(
+    mine: dict[str, Timeline], reference: dict[str, Timeline] | None = None, **kwargs
+) -> Figure:
+    """This machine's measured timelines, then the reference recording's, titled as such.
+
+    `mine` maps a title ("naive", "GPipe") to a timeline; `reference` has the same keys
+    (a recording's `timelines`) or is None when the course has no recording of them.
+    """
+    charts = [*mine.values()]
+    titles = [f"This machine: {name}" for name in mine]
+    if reference and all(name in reference for name in mine):
+        charts += [reference[name] for name in mine]
+        titles += [f"Reference: {name}" for name in mine]
+    return draw(charts, title=titles, **kwargs)
 
 
 def compare(simulated: Timeline, measured: Timeline, **kwargs) -> Figure:

@@ -268,3 +268,39 @@ def slowdown(
         f". The measurement was {gap:.0%} above the prediction: costs the model leaves out "
         "(messages, waking threads, other programs)."
     )
+
+
+def clocks_agree(virtual_s: float, wall_s: float, capacity: Capacity) -> str:
+    """One run drawn on both clocks: whether they agree, and why (from the capacity probe).
+
+    The virtual clock counts each device's own compute; the wall clock what the machine's
+    cores did. They can only agree when every device thread had a core of its own.
+    """
+    apart = wall_s / virtual_s - 1 if virtual_s > 0 else float("inf")
+    text = (
+        f"The same step took {1e3 * virtual_s:.1f} ms on the virtual clock and "
+        f"{1e3 * wall_s:.1f} ms on the wall clock"
+    )
+    if abs(apart) <= NOISE:
+        text += f": they agree within {abs(apart):.0%}"
+        if capacity.regime == "two free cores":
+            return text + ", as they should with two free cores for two devices."
+        return text + (
+            ", although the probe found the cores busy: the other program must have "
+            "paused while this step ran."
+        )
+    text += f" ({wall_s / virtual_s:.2f}x as long on the wall)"
+    if capacity.regime == "one core":
+        return text + (
+            ": the two threads took turns on one core, so the wall clock measured the "
+            "machine; the virtual clock still says what two devices would do."
+        )
+    if capacity.regime == "shared cores":
+        return text + (
+            ": another program shared a core, so the threads partly took turns; the "
+            "virtual clock does not count that time."
+        )
+    return text + (
+        ": with two free cores the rest is what the virtual clock leaves out (waking "
+        "threads, Python's lock that lets one thread at a time run Python code)."
+    )

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from course_utils.errors import CourseInputError
+from course_utils.measure.headline import Headline
 from course_utils.timeline import Timeline
 
 FOLDER = Path(__file__).resolve().parents[1] / "data" / "reference"
@@ -76,6 +77,8 @@ class Recording:
     machine: dict
     timelines: dict[str, Timeline] = field(default_factory=dict)
     figures: dict = field(default_factory=dict)
+    clock: str = "wall"  # recordings made before the virtual clock were timed on the wall
+    headline: dict | None = None  # Headline.to_dict() of the section's one ratio
 
     def describe(self) -> str:
         """'reference: idle 2-core machine (Intel ..., torch 2.13.0), recorded 2026-11-23'."""
@@ -90,6 +93,8 @@ class Recording:
         return {
             "name": self.name,
             "machine": self.machine,
+            "clock": self.clock,
+            "headline": self.headline,
             "timelines": {k: t.to_dict() for k, t in self.timelines.items()},
             "figures": self.figures,
         }
@@ -97,7 +102,14 @@ class Recording:
     @classmethod
     def from_dict(cls, data: dict) -> Recording:
         timelines = {k: Timeline.from_dict(t) for k, t in data.get("timelines", {}).items()}
-        return cls(data["name"], data.get("machine", {}), timelines, data.get("figures", {}))
+        return cls(
+            data["name"],
+            data.get("machine", {}),
+            timelines,
+            data.get("figures", {}),
+            clock=data.get("clock", "wall"),
+            headline=data.get("headline"),
+        )
 
 
 def path(name: str) -> Path:
@@ -127,14 +139,30 @@ def twin(
     timelines: dict[str, Timeline] | None = None,
     figures: dict | None = None,
     capacity=None,
+    headline: Headline | None = None,
 ) -> Recording | None:
     """The reference twin of the measurement just made (see the module docstring).
 
     When recording, the measurement becomes the reference and is returned; otherwise the
-    stored reference is returned (None if there is none, so a lesson still runs).
+    stored reference is returned (None if there is none, so a lesson still runs). The
+    section's `headline` is stored with it (and logged for the tests: `Headline.log`).
     """
+    if headline is not None:
+        headline.log(name)
     if recording():
-        rec = Recording(name, this_machine(capacity), dict(timelines or {}), dict(figures or {}))
+        rec = Recording(
+            name,
+            this_machine(capacity),
+            dict(timelines or {}),
+            dict(figures or {}),
+            clock=headline.clock if headline is not None else _clock_of(timelines),
+            headline=headline.to_dict() if headline is not None else None,
+        )
         save(rec)
         return rec
     return load(name)
+
+
+def _clock_of(timelines: dict[str, Timeline] | None) -> str:
+    clocks = {t.meta.get("clock", "wall") for t in (timelines or {}).values()}
+    return clocks.pop() if len(clocks) == 1 else "wall"

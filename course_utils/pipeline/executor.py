@@ -73,6 +73,7 @@ class StepResult:
     trace: Recorder | None = None
     links: Links | None = None
     message_bytes: float = 0.0
+    schedule: Schedule | None = None  # the schedule this step ran
 
     @property
     def step_s(self) -> float:
@@ -483,6 +484,7 @@ class _Run:
             trace=self.trace,
             links=self.ex.links,
             message_bytes=sum(sent) / len(sent) / sched.batch_scale if sent else 0.0,
+            schedule=sched,
         )
 
 
@@ -534,10 +536,15 @@ def _stage_costs(events: list[Event], schedule: Schedule) -> StageCosts:
     return StageCosts(forward, backward, fraction)
 
 
-def simulated_from_measured(result: StepResult, schedule: Schedule) -> Timeline:
-    """The simulator's prediction for `schedule` from the step's measured per-stage costs (s)
-    and, on the virtual clock, the time its links take for one message between stages."""
+def simulated_from_measured(result: StepResult, schedule: Schedule | None = None) -> Timeline:
+    """The simulator's prediction for `schedule` (default: the one the step ran) from the
+    step's measured per-stage costs (s) and, on the virtual clock, the time its links take
+    for one message between stages."""
     from course_utils.pipeline.simulate import CostModel, simulate
+
+    schedule = schedule if schedule is not None else result.schedule
+    if schedule is None:
+        raise CourseInputError("schedule is needed: this result does not say which one ran")
 
     costs = result.stage_costs
     p2p = 0.0

@@ -192,6 +192,10 @@ class Recorder:
         self.t0 = time.perf_counter_ns()
         self._lock = threading.Lock()
         self._gc_was_enabled = False
+        # what the run's first timeline was called and which links it used: the same step
+        # drawn later on the other clock (`timeline("wall")`) keeps them
+        self.fields: dict = {}
+        self.links: Links | None = None
 
     def stream(self, device: int, name: str = "compute") -> Stream:
         with self._lock:
@@ -200,10 +204,17 @@ class Recorder:
         return stream
 
     def timeline(self, clock: str, links: Links | None = None, **fields) -> Timeline:
-        """The run on `clock` ("virtual": over `links`, default the course's cluster)."""
+        """The run on `clock` ("virtual": over `links`, default the course's cluster).
+
+        `fields` (name, stages, meta, ...) and `links` are remembered for later calls, so
+        `result.trace.timeline("wall")` draws the same step, named alike, on the wall clock.
+        """
         from course_utils.threads.clock import timeline
 
-        return timeline(self, clock, links, **fields)
+        self.fields.update(fields)
+        if links is not None:
+            self.links = links
+        return timeline(self, clock, self.links, **self.fields)
 
     def __enter__(self) -> Recorder:
         self._gc_was_enabled = gc.isenabled()
