@@ -88,7 +88,8 @@ def trend(
     if rise:
         return f"{on} {y_name} only rose over the range measured: {peak}."
     if ys[0] - ys[-1] > NOISE * top:
-        return f"{on} {y_name} only fell as {x_name} grew: {peak}, the first point."
+        where = "the first point" if best == 0 else "within noise of the first point"
+        return f"{on} {y_name} only fell as {x_name} grew: {peak}, {where}."
     return f"{on} {y_name} stayed flat within noise over the range measured."
 
 

@@ -57,9 +57,11 @@ class Headline:
 
     def sentence(self) -> str:
         """The measurement against its prediction, in words computed from the numbers."""
+        # the prediction in the measurement's direction: "as fast" above 1, "as long" below
+        said = self.predicted if self.measured >= 1 else 1 / self.predicted
         text = (
             f"On the {self.clock} clock {as_fast(self.what, self.baseline, self.measured)}; "
-            f"the simulator, given this run's measured costs, predicted {self.predicted:.2f}x. "
+            f"the simulator, given this run's measured costs, predicted {said:.2f}x. "
         )
         if self.agrees:
             return text + (
@@ -81,8 +83,8 @@ class Headline:
         verdict = close if abs(apart) <= TOLERANCE else f"{abs(apart):.0%} away from it"
         where = f" ({describe})" if describe else ""
         return (
-            f"The reference machine{where} measured {ref:.2f}x (predicted "
-            f"{float(reference_headline['predicted']):.2f}x); this run's {self.measured:.2f}x "
+            f"The reference machine{where} measured a ratio of {ref:.2f} (predicted "
+            f"{float(reference_headline['predicted']):.2f}); this run's {self.measured:.2f} "
             f"is {verdict}."
         )
 
