@@ -305,3 +305,29 @@ def clocks_agree(virtual_s: float, wall_s: float, capacity: Capacity) -> str:
         ": with two free cores the rest is what the virtual clock leaves out (waking "
         "threads, Python's lock that lets one thread at a time run Python code)."
     )
+
+
+def step_table(measured: dict, predicted: dict, timings: dict | None = None) -> str:
+    """A table: per variant its measured step and idle time per device, the simulator's, and
+    (with `timings`, from `timing.compare`) how many runs were timed and their spread.
+
+    `measured` and `predicted` map a name to a Timeline in seconds.
+    """
+
+    def idle_ms(timeline) -> float:
+        devices = range(timeline.num_devices)
+        return 1e3 * sum(timeline.idle(d) for d in devices) / max(1, timeline.num_devices)
+
+    width = max(len(str(name)) for name in measured)
+    lines = [f"{'':>{width}}  step (ms)  idle/device   simulated: step, idle    runs, spread"]
+    for name, tl in measured.items():
+        sim = predicted[name]
+        row = (
+            f"{name!s:>{width}}  {1e3 * tl.makespan:9.2f}  {idle_ms(tl):11.2f}"
+            f"   {1e3 * sim.makespan:15.2f}, {idle_ms(sim):5.2f}"
+        )
+        if timings is not None:
+            t = timings[name]
+            row += f"    {len(t.samples):4d}, {t.spread:.0%}"
+        lines.append(row)
+    return "\n".join(lines)
