@@ -14,6 +14,8 @@ message that will never come can give up, waits for everybody, and raises a
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import queue
 import threading
 import time
@@ -93,6 +95,38 @@ def _stop_threads(
     for t in threads:
         if t is not threading.current_thread():
             t.join(timeout=ABORT_GRACE_S)
+    release_memory()
+
+
+def release_memory() -> None:
+    """Give the memory malloc keeps for reuse back to the system (glibc's malloc_trim).
+
+    Freed tensors stay with the allocator, ready for the next step of the same size; a
+    closed pool's next step never comes, so closing a pool returns its share. (Calling it
+    between steps would cost the next step its page faults again.)
+    """
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+@functools.cache
+def _few_malloc_arenas() -> None:
+    """Let all device threads share two malloc arenas (what MALLOC_ARENA_MAX=2 does).
+
+    glibc gives each new thread its own arena, and each arena keeps memory it has freed:
+    16 device threads training on a large batch held about 1.5x the memory they needed.
+    Only arenas made after the call are affected, so it runs before the first pool's
+    threads start. Elsewhere than glibc on Linux this does nothing.
+    """
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(_M_ARENA_MAX, 2)
+    except (OSError, AttributeError):
+        pass
+
+
+_M_ARENA_MAX = -8  # glibc's mallopt parameter number
 
 
 class DeviceThreads:
@@ -101,6 +135,7 @@ class DeviceThreads:
     def __init__(self, num_devices: int, name: str = "device") -> None:
         if not isinstance(num_devices, int) or isinstance(num_devices, bool) or num_devices < 1:
             raise CourseInputError(f"num_devices must be an integer >= 1, got {num_devices!r}")
+        _few_malloc_arenas()
         self.num_devices = num_devices
         self.name = name
         self.abort = threading.Event()
