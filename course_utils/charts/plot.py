@@ -61,3 +61,33 @@ def lines_chart(
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     ax.legend()
     return fig
+
+
+def grouped_bars(
+    categories: Sequence[str],
+    panels: dict[str, dict[str, Sequence[float]]],
+    title: str = "",
+    ylabel: str = "",
+) -> Figure:
+    """Side-by-side panels (e.g. "This machine", "Reference"), each with one group of bars
+    per category and one bar per series: `panels[panel][series][k]` is category k's value."""
+    if not panels or any(
+        len(values) != len(categories) for series in panels.values() for values in series.values()
+    ):
+        raise CourseInputError("panels must map series to one value per category")
+    use_course_style()
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(6 * len(panels), 3.6), sharey=True, squeeze=False
+    )
+    for ax, (where, series) in zip(axes[0], panels.items(), strict=True):
+        width = 0.8 / len(series)
+        for k, (label, values) in enumerate(series.items()):
+            offsets = [i - 0.4 + width * (k + 0.5) for i in range(len(categories))]
+            ax.bar(offsets, values, width, color=PALETTE[k % len(PALETTE)], label=label)
+        ax.set_xticks(range(len(categories)), list(categories))
+        ax.set_title(where)
+        ax.legend(fontsize=8)
+    axes[0][0].set_ylabel(ylabel)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig

@@ -109,11 +109,15 @@ def follows(
     first = close.index(False)
     worst = max(range(len(gaps)), key=lambda i: abs(gaps[i]))
     side = "above" if gaps[worst] > 0 else "below"
-    within = (
-        f"stayed within {tolerance:g} of the formula up to {x_name} = {xs[first - 1]:g}, then"
-        if first
-        else "left the formula from the first point and"
-    )
+    if first == 0:
+        within = "left the formula from the first point and"
+    elif first == 1:
+        within = f"stayed within {tolerance:g} of the formula only at {x_name} = {xs[0]:g}, then"
+    else:
+        within = (
+            f"stayed within {tolerance:g} of the formula up to {x_name} = {xs[first - 1]:g}, then"
+        )
+
     return (
         f"The measured {what} {within} was {abs(gaps[worst]):.2f} {side} it at "
         f"{x_name} = {xs[worst]:g}."
