@@ -116,11 +116,16 @@ def attention_activation_bytes(
 # -- predicting the timeline --------------------------------------------------------------
 
 
-def _step_cost(rank: int, owner: int, workers: int, zigzag: bool, causal: bool) -> float:
-    """Compute of one ring step, in full (L/N) x (L/N) blocks (diagonal blocks count whole)."""
+def _step_cost(
+    rank: int, owner: int, workers: int, zigzag: bool, causal: bool, diagonal_factor: float = 1.0
+) -> float:
+    """Compute of one ring step, in full (L/N) x (L/N) blocks; a masked diagonal product
+    counts `diagonal_factor` times its scores (1: whole, as the course's count; 0.5: a
+    kernel that skips the masked half; a CPU that computes the mask too may pay more)."""
     per_worker = len(sequence_chunks(workers, zigzag)[rank])
     products = block_products(rank, owner, workers, zigzag, causal, chunk=1)
-    return sum(p.elements() for p in products) / per_worker**2
+    weight = {True: diagonal_factor, False: 1.0}
+    return sum(p.elements() * weight[p.diagonal] for p in products) / per_worker**2
 
 
 def simulate_ring(
@@ -133,6 +138,7 @@ def simulate_ring(
     backward: bool = False,
     backward_factor: float = FLASH_BACKWARD_FACTOR,
     unit: str = "units",
+    diagonal_factor: float = 1.0,
 ) -> Timeline:
     """Predict a ring-attention timeline (forward, and backward if asked) from a cost model.
 
@@ -152,6 +158,7 @@ def simulate_ring(
         "block_time": block_time,
         "transfer_time": transfer_time,
         "backward_factor": backward_factor,
+        "diagonal_factor": diagonal_factor,
     }.items():
         if (
             isinstance(value, bool)
@@ -187,7 +194,8 @@ def simulate_ring(
             next_kv, next_dkv = [0.0] * n, [0.0] * n
             for rank in range(n):
                 owner, right = (rank - step) % n, (rank + 1) % n
-                cost = factor * block_time * _step_cost(rank, owner, n, zigzag, causal)
+                cost = block_time * _step_cost(rank, owner, n, zigzag, causal, diagonal_factor)
+                cost *= factor
                 ready = max(free[rank], kv_arrival[rank])
                 last = step == n - 1
                 if overlap:
@@ -230,20 +238,15 @@ def measured_costs(result: RingResult, seq: int, links: Links | None = None) -> 
     """
     workers = len(result.bytes_forward)
     block = (seq // workers) ** 2
-    busy = {"F": 0.0, "B": 0.0}
-    sends = []
-    for e in result.timeline.events:
-        if e.action.kind in busy:
-            busy[e.action.kind] += e.duration
-        elif e.action.kind == "SEND_F":
-            sends.append(e.duration)
-    forward_per_score = busy["F"] / max(1, sum(result.elements_forward))
-    backward_scores = sum(result.elements_backward)
+    sends = [e.duration for e in result.timeline.events if e.action.kind == "SEND_F"]
+    forward_full, forward_diagonal = _per_score(result, "F", seq)
+    backward_full, _ = _per_score(result, "B", seq)
     return {
-        "block_time": forward_per_score * block,
+        "block_time": forward_full * block,
+        "diagonal_factor": forward_diagonal / forward_full if forward_full > 0 else 1.0,
         "backward_factor": (
-            busy["B"] / backward_scores / forward_per_score
-            if backward_scores and forward_per_score > 0
+            backward_full / forward_full
+            if backward_full and forward_full > 0
             else FLASH_BACKWARD_FACTOR
         ),
         "transfer_time": (
@@ -254,6 +257,34 @@ def measured_costs(result: RingResult, seq: int, links: Links | None = None) -> 
             else 0.0
         ),
     }
+
+
+def _per_score(result: RingResult, kind: str, seq: int) -> tuple[float, float]:
+    """Seconds per score of full and of masked diagonal products, fitted to the run's
+    `kind` events (least squares: an event lasts full scores x a + diagonal scores x b)."""
+    workers = len(result.bytes_forward)
+    zigzag, causal = result.timeline.meta["zigzag"], result.timeline.meta["causal"]
+    chunk = seq // workers // len(sequence_chunks(workers, zigzag)[0])  # tokens per chunk
+    rows = []  # (full scores, diagonal scores, seconds) per compute event
+    for e in result.timeline.events:
+        if e.action.kind != kind or e.label is None or "·" not in e.label:
+            continue
+        products = block_products(
+            e.device, e.action.microbatch or 0, workers, zigzag, causal, chunk
+        )
+        full = sum(p.elements() for p in products if not p.diagonal)
+        rows.append((full, sum(p.elements() for p in products) - full, e.duration))
+    sxx = sum(f * f for f, _, _ in rows)
+    syy = sum(d * d for _, d, _ in rows)
+    sxy = sum(f * d for f, d, _ in rows)
+    sxt = sum(f * t for f, _, t in rows)
+    syt = sum(d * t for _, d, t in rows)
+    det = sxx * syy - sxy * sxy
+    if det > 1e-9 * max(sxx * syy, 1.0):
+        return (sxt * syy - syt * sxy) / det, (syt * sxx - sxt * sxy) / det
+    total = sum(f + d for f, d, _ in rows)  # one kind of product only: one cost per score
+    per = sum(t for _, _, t in rows) / total if total else 0.0
+    return per, per
 
 
 def _block_transfer_time(result: RingResult, links: Links) -> float:
