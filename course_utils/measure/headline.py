@@ -59,8 +59,9 @@ class Headline:
         """The measurement against its prediction, in words computed from the numbers."""
         # the prediction in the measurement's direction: "as fast" above 1, "as long" below
         said = self.predicted if self.measured >= 1 else 1 / self.predicted
+        ran = as_fast(self.what, self.baseline, self.measured)
         text = (
-            f"On the {self.clock} clock {as_fast(self.what, self.baseline, self.measured)}; "
+            f"{ran[0].upper()}{ran[1:]} on the {self.clock} clock; "
             f"the simulator, given this run's measured costs, predicted {said:.2f}x. "
         )
         if self.agrees:
