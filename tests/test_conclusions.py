@@ -15,12 +15,14 @@ from hypothesis import strategies as st
 
 from course_utils.measure.capacity import Capacity
 from course_utils.measure.conclusions import (
+    clocks_agree,
     follows,
     gain,
     overlap,
     ratio,
     slowdown,
     speedup,
+    step_table,
     trend,
 )
 
@@ -246,3 +248,48 @@ def test_speedup_names_the_machine_it_ran_on():
     assert "2 threads ran 1.93x as fast as 1 on the reference machine" in text
     assert "this machine" not in text
     assert "on this machine" in speedup("GPipe", 1.42, 1.6, IDLE)
+
+
+def test_trend_calls_only_the_first_point_the_first_point():
+    # m = 2 highest, within noise of m = 1: not "the first point" (lesson 03's old slip)
+    text = trend([1, 2, 4, 8], [100, 104, 80, 60], "m", "throughput")
+    assert "highest at m = 2, within noise of the first point" in text
+    first = trend([1, 2, 4, 8], [104, 100, 80, 60], "m", "throughput")
+    assert "highest at m = 1, the first point" in first
+
+
+def test_follows_says_only_at_when_just_the_first_point_matched():
+    text = follows([0, 2, 4, 8], [1.0, 1.4, 1.5, 1.6], [1.0, 1.1, 1.2, 1.3], "segments", "t", 0.15)
+    assert "only at segments = 0" in text and "up to segments = 0" not in text
+
+
+@pytest.mark.parametrize(
+    "capacity, words",
+    [
+        (IDLE, "as they should with two free cores"),
+        (ONE_CORE, "the two threads took turns on one core"),
+        (SHARED, "another program shared a core"),
+    ],
+)
+def test_clocks_agree_says_why_from_the_probe(capacity, words):
+    apart = 1.0 if capacity is IDLE else 1.8
+    text = clocks_agree(0.070, 0.070 * apart, capacity)
+    assert "70.0 ms on the virtual clock" in text and words in text
+    if capacity is not IDLE:
+        assert f"{apart:.2f}x as long on the wall" in text
+
+
+def test_step_table_lists_measured_and_simulated_steps():
+    from course_utils.actions import Action
+    from course_utils.measure.timing import Timing
+    from course_utils.timeline import Event, Timeline
+
+    tl = Timeline(
+        [Event(0, Action(0, "F", 0), 0, 0.01), Event(1, Action(1, "F", 0), 0.01, 0.02)], 2
+    )
+    sim = Timeline(
+        [Event(0, Action(0, "F", 0), 0, 0.01), Event(1, Action(1, "F", 0), 0.01, 0.021)], 2
+    )
+    table = step_table({"gpipe": tl}, {"gpipe": sim}, {"gpipe": Timing("gpipe", [0.02, 0.022])})
+    row = table.splitlines()[1]
+    assert row.split()[:3] == ["gpipe", "20.00", "10.00"] and "21.00" in row and "2, 10%" in row
