@@ -7,7 +7,7 @@ import pytest
 
 from course_utils.checks import CheckFailed, NotAnswered, Variant
 from course_utils.checks import l02 as check
-from course_utils.pipeline import make_schedule, simulate
+from course_utils.pipeline import CostModel, make_schedule, simulate
 from course_utils.pipeline.simulate import validate
 
 
@@ -22,6 +22,7 @@ RIGHT = {
     4: (33, 96 / 33),
     5: ("a", "b"),
     6: (0.25,),
+    7: (1.0, 32.0),  # 0.1 ms + 450 kB / 500 MB/s; (4 + 1)(2 + 4) + 2 x 1
 }
 
 
@@ -67,6 +68,17 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (6, (4,), "below 1"),
     (6, (25,), "below 1"),
     (6, ("0.25",), "without quotes"),
+    (7, (0.9, 32.0), "leaves out the latency"),
+    (7, (100.9, 32.0), "mixes units"),
+    (7, (0.1, 32.0), "only the latency"),
+    (7, (900.1, 32.0), "kilobytes"),
+    (7, (7.3, 32.0), "kilobytes"),
+    (7, (3.0, 32.0), "latency + bytes / bandwidth"),
+    (7, (1.0, 30.0), "leaves the links out"),
+    (7, (1.0, 38.0), "not every transfer adds"),
+    (7, (1.0, 31.0), "the backward needs one too"),
+    (7, (1.0, 50.0), "naive schedule"),
+    (7, (1.0, 40.0), "Draw the chart"),
 ]
 
 
@@ -157,7 +169,7 @@ def other_student():
     """A student whose numbers differ from the default's in the numeric exercises."""
     for name in (f"s{i}" for i in range(200)):
         v = Variant(name)
-        given = [getattr(check, f"given_{k}") for k in (1, 2, 4, 6)]
+        given = [getattr(check, f"given_{k}") for k in (1, 2, 4, 6, 7)]
         if all(numbers(v) != numbers() for numbers in given):
             return v
     raise AssertionError("no student with all-different numbers")
@@ -174,7 +186,11 @@ def test_another_students_answers_come_from_their_numbers(capsys):
     makespan = (g4["m"] + g4["p"] - 1) * (g4["F"] + g4["B"])
     check.exercise_4(makespan, g4["p"] * g4["m"] * (g4["F"] + g4["B"]) / makespan, v=v)
     check.exercise_6(1 / g6["m"], v=v)
-    assert capsys.readouterr().out.count("✅") == 4
-    for k in (1, 2, 4, 6):  # the default student's answers fail for them
+    g7 = check.given_7(v)
+    transfer = g7["latency_us"] / 1000 + g7["message_kb"] / g7["bandwidth_mb_s"]
+    costs = CostModel(forward=g7["F_ms"], backward=g7["B_ms"], p2p=transfer)
+    check.exercise_7(transfer, simulate(make_schedule("gpipe", 2, g7["m"]), costs).makespan, v=v)
+    assert capsys.readouterr().out.count("✅") == 5
+    for k in (1, 2, 4, 6, 7):  # the default student's answers fail for them
         with pytest.raises(CheckFailed):
             getattr(check, f"exercise_{k}")(*RIGHT[k], v=v)

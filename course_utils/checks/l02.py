@@ -409,4 +409,85 @@ def exercise_6(scale, v: Variant = DEFAULT) -> None:
     )
 
 
-__all__ = [f"exercise_{k}" for k in range(1, 7)]
+# --------------------------------------------------------------------------- 2.7
+
+
+def given_7(v: Variant = DEFAULT) -> dict:
+    return {
+        "m": v.pick("7m", 4, [3, 5, 6]),
+        "F_ms": v.pick("7f", 2.0, [1.5, 2.5, 3.0]),
+        "B_ms": v.pick("7b", 4.0, [3.0, 5.0, 6.0]),
+        "latency_us": v.pick("7l", 100, [50, 200, 400]),
+        "bandwidth_mb_s": v.pick("7w", 500, [250, 400, 800]),
+        "message_kb": v.pick("7s", 450, [300, 600, 900]),
+    }
+
+
+def _virtual_step(m: int, forward: float, backward: float, p2p: float) -> float:
+    from course_utils.pipeline.schedules import make_schedule
+    from course_utils.pipeline.simulate import CostModel, simulate
+
+    costs = CostModel(forward=forward, backward=backward, p2p=p2p)
+    return simulate(make_schedule("gpipe", 2, m), costs).makespan
+
+
+def exercise_7(transfer_ms, step_ms, v: Variant = DEFAULT) -> None:
+    """2-device GPipe on the virtual clock: one transfer's time, then the step's makespan."""
+    g = given_7(v)
+    m, f, b = g["m"], g["F_ms"], g["B_ms"]
+    wire_ms = g["message_kb"] / g["bandwidth_mb_s"]  # kB / (MB/s) = ms
+    want_t = g["latency_us"] / 1000 + wire_ms
+    t = as_number(transfer_ms, "transfer_ms")
+    if not is_right(t, want_t):
+        if is_right(t, wire_ms):
+            fail(
+                "`transfer_ms` leaves out the latency: every message pays it once, however "
+                "small, before its bytes arrive."
+            )
+        if is_right(t, g["latency_us"] + wire_ms):
+            fail("`transfer_ms` mixes units: the latency is in microseconds, 1 ms = 1000 us.")
+        if is_right(t, g["latency_us"] / 1000):
+            fail("`transfer_ms` is only the latency: the message's bytes take their time too.")
+        if any(is_right(t, g["latency_us"] / 1000 + wire_ms * k) for k in (1000, 1e-3, 8)):
+            fail(
+                "`transfer_ms`: check the bytes' time. 1 kB at 1 MB/s takes 1 ms, and the "
+                "message size is in kilobytes (not kilobits)."
+            )
+        expect_number(t, want_t, "transfer_ms")  # a too-rounded answer is told so
+        fail("`transfer_ms` is not right: a message takes latency + bytes / bandwidth.")
+    want = _virtual_step(m, f, b, want_t)
+    step = as_number(step_ms, "step_ms")
+    if is_right(step, want):
+        passed(
+            f"Right: {want:.3g} ms. Of the {2 * m} messages each way, only the first "
+            "activation and the first gradient lie on the critical path; the others travel "
+            "while the devices compute."
+        )
+        return
+    if is_right(step, _virtual_step(m, f, b, 0.0)):
+        fail(
+            "`transfer_ms` is right, `step_ms` leaves the links out. Device 1 cannot start "
+            "before the first activation has arrived, nor device 0 its backward before the "
+            "first gradient."
+        )
+    if is_right(step, _virtual_step(m, f, b, 0.0) + 2 * m * want_t):
+        fail(
+            "`transfer_ms` is right, but not every transfer adds to the step: a device sends "
+            "and goes straight on to its next micro-batch while the bytes travel. Which "
+            "transfers does nothing hide?"
+        )
+    if is_right(step, _virtual_step(m, f, b, 0.0) + want_t):
+        fail("`transfer_ms` is right. One transfer is counted, but the backward needs one too.")
+    if is_right(step, 2 * m * (f + b) + 2 * want_t):
+        fail(
+            "`transfer_ms` is right. That is the naive schedule's step (each stage on the whole "
+            "batch in turn); with GPipe the two devices overlap on different micro-batches."
+        )
+    expect_number(step, want, "step_ms")
+    fail(
+        "`transfer_ms` is right, `step_ms` is not. Draw the chart: device 1's first forward "
+        "waits for 0F0 plus one transfer, device 0's first backward for 1B0 plus one."
+    )
+
+
+__all__ = [f"exercise_{k}" for k in range(1, 8)]
