@@ -20,6 +20,18 @@ threads happened to reach them in real time: the replay always advances the stre
 clock is earliest, as SMPI runs its actors in virtual-time order. The program's behaviour
 does not depend on timing (every receive names its message), so replaying the recorded
 order is the same as running it on the virtual clock.
+
+What could still make a virtual figure wrong, and what is done about it:
+- first calls (allocating memory, choosing kernels) are slow: runners and lessons time
+  steps after a warm-up step;
+- Python's garbage collector could run inside some action and lengthen it: it is paused
+  while a step is recorded (`Recorder` as a context manager);
+- freeing and page faults are real CPU work inside an action (a new large tensor is
+  faulted in page by page): allocators keep freed memory for the next step of the same size,
+  so steady-state steps pay little of it; a closed pool returns its memory;
+- caches and the CPU's clock frequency vary from run to run, and another program on the
+  same core evicts caches: a variant's runs differ by a few percent, so figures are the
+  best of a few runs, taken in turns, with their spread printed.
 """
 
 from __future__ import annotations
