@@ -130,12 +130,14 @@ def reference_pipeline(setup: Setup, num_stages: int) -> tuple[float, dict]:
 
 
 def executor_pipeline(setup: Setup, schedule: Schedule) -> tuple[float, dict, Timeline]:
-    """The course's thread executor on the same model, batch and schedule."""
+    """The course's thread executor on the same model, batch and schedule, on the wall clock
+    (as the processes it is compared with are timed)."""
     from course_utils.pipeline.executor import PipelineExecutor
 
     pieces = split_stages(build_model(setup), setup, schedule.stages)
     x, y = make_batch(setup)
-    with PipelineExecutor(pieces, schedule.num_devices, loss_fn=loss_fn(setup)) as ex:
+    devices, loss = schedule.num_devices, loss_fn(setup)
+    with PipelineExecutor(pieces, devices, loss_fn=loss, clock="wall") as ex:
         result = ex.step(schedule, x, y)
     loss = float(result.loss)
     return loss, {s: _grads(p) for s, p in enumerate(pieces)}, result.timeline
