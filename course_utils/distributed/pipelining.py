@@ -34,7 +34,9 @@ from course_utils.distributed.setup import (
 from course_utils.errors import CourseInputError
 from course_utils.pipeline.schedules import BASELINE, SCHEDULES, make_schedule
 from course_utils.timeline import Timeline
+from course_utils.versions import require
 
+TORCH_SCHEDULES = "torch.distributed.pipelining.schedules"
 # The course schedules PyTorch has a class for, run natively (the rest go through the CSV).
 PIPELINES = tuple(name for name, info in SCHEDULES.items() if info.pytorch)
 
@@ -202,6 +204,11 @@ def run_pipeline(
         )
     payload["m"] = microbatches
     payload["placement"] = course.device_of_stage()
+    if isinstance(schedule, Schedule):
+        require(TORCH_SCHEDULES, "_PipelineScheduleRuntime", "a course schedule as PyTorch CSV")
+    else:
+        pytorch_name = str(SCHEDULES[schedule].pytorch)  # set: schedule is one of PIPELINES
+        require(TORCH_SCHEDULES, pytorch_name, f"the {schedule} pipeline ({pytorch_name})")
     try:
         start = time.perf_counter()
         outs = _run_job(cluster, _pipeline_worker, workers, payload, port, timeout)
