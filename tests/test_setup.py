@@ -296,3 +296,28 @@ def test_gitignore_covers_venv_and_caches():
 
 def test_requirements_pin_the_torch_the_course_is_recorded_with():
     assert "torch==2.13.0" in (ROOT / "requirements.txt").read_text()
+
+
+def test_binder_learners_are_told_their_work_is_lost_and_how_to_keep_it():
+    welcome = nbformat.read(ROOT / "notebooks" / "00_welcome.ipynb", as_version=4)
+    lesson = "\n".join(c.source for c in welcome.cells)
+    quick = (ROOT / "README.md").read_text().split("### On Binder", 1)[1].split("\n### ", 1)[0]
+    for text in (lesson, quick):
+        flat = " ".join(text.split())
+        assert re.search(r"lost when the session ends|Nothing is kept when the session ends", flat)
+        assert "File > Download" in flat
+        assert "`exercises/`" in flat and "instructor" in flat
+
+
+def test_set_up_check_tells_a_binder_learner_to_download(monkeypatch, capsys):
+    from course_utils.measure import setup_check
+
+    monkeypatch.setattr(setup_check, "concurrency_speedup", lambda: 1.9)
+    for name in setup_check.BINDER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    setup_check.check_setup(attempts=1)
+    assert "Binder" not in capsys.readouterr().out
+    monkeypatch.setenv("BINDER_REPO_URL", "https://github.com/parallel-training-course/course")
+    setup_check.check_setup(attempts=1)
+    out = capsys.readouterr().out
+    assert "You are on Binder: nothing is kept" in out and "File > Download" in out
