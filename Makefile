@@ -14,7 +14,7 @@ PIP := $(PY) -m pip --disable-pip-version-check --quiet
 TORCH_INDEX ?=
 # `make test-compat`: the oldest PyTorch the course supports (docs/environment.md), in a venv
 # kept outside the checkout so that its download (about 3 GB from PyPI) is made once.
-COMPAT_TORCH ?= 2.9.0
+COMPAT_TORCH ?= 2.10.0
 COMPAT_VENV ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/course-compat/torch-$(COMPAT_TORCH)
 COMPAT_PY := $(COMPAT_VENV)/bin/python
 

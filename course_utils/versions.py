@@ -1,6 +1,6 @@
 """The PyTorch releases the course supports, and what an older one lacks, said in one line.
 
-The course supports PyTorch 2.9 to 2.13 (docs/environment.md: the first release of each API,
+The course supports PyTorch 2.10 to 2.13 (docs/environment.md: the first release of each API,
 read from the wheels; `make test-compat` runs the oldest). On an older torch the thread
 lessons still run; a run that needs a newer API stops with a `CourseInputError` naming the
 API and the release that brought it, instead of an ImportError inside a worker process.
@@ -10,19 +10,24 @@ from __future__ import annotations
 
 from course_utils.errors import CourseInputError
 
-OLDEST_TORCH = "2.9.0"  # the first release with ScheduleDualPipeV; make test-compat's torch
+OLDEST_TORCH = "2.10.0"  # the first release whose pipelining runs on gloo; make test-compat
 NEWEST_TESTED_TORCH = "2.13.0"  # requirements.txt's pin
 
-# (module, name) -> the first PyTorch release that has it
+PIPELINING = "torch.distributed.pipelining.schedules"
+# (module, name) -> the first PyTorch release where the course can use it
 FIRST_RELEASE = {
-    ("torch.distributed.pipelining.schedules", "ScheduleGPipe"): "2.4",
-    ("torch.distributed.pipelining.schedules", "Schedule1F1B"): "2.4",
-    ("torch.distributed.pipelining.schedules", "ScheduleLoopedBFS"): "2.4",
-    ("torch.distributed.pipelining.schedules", "ScheduleInterleaved1F1B"): "2.4",
-    ("torch.distributed.pipelining.schedules", "_PipelineScheduleRuntime"): "2.5",
-    ("torch.distributed.pipelining.schedules", "ScheduleZBVZeroBubble"): "2.6",
-    ("torch.distributed.pipelining.schedules", "ScheduleDualPipeV"): "2.9",
+    (PIPELINING, "ScheduleGPipe"): "2.4",
+    (PIPELINING, "Schedule1F1B"): "2.4",
+    (PIPELINING, "ScheduleLoopedBFS"): "2.4",
+    (PIPELINING, "ScheduleInterleaved1F1B"): "2.4",
+    (PIPELINING, "_PipelineScheduleRuntime"): "2.5",
+    (PIPELINING, "ScheduleZBVZeroBubble"): "2.6",
+    (PIPELINING, "ScheduleDualPipeV"): "2.9",
     ("torch.distributed.fsdp", "fully_shard"): "2.6",
+    # Every pipeline on CPU processes: the stages' first handshake in 2.9.x sends an int64
+    # where the neighbour receives a float32 (PipelineStage._get_init_p2p_neighbors_ops), which
+    # gloo refuses by aborting both processes; 2.10.0 sends and receives float32.
+    ("torch.distributed.pipelining.stage", "PipelineStage on gloo"): "2.10",
 }
 
 
@@ -52,9 +57,9 @@ def support_note(version: str) -> str | None:
         return (
             f"PyTorch {version} is older than {OLDEST_TORCH}, the oldest release this course "
             "is tested with: the lessons on threads run, but lessons 11 and 13 run PyTorch's "
-            "ScheduleDualPipeV (2.9), ScheduleZBVZeroBubble and FSDP2's fully_shard (2.6) on "
-            f"processes, which stop with a message here. `make lab` installs "
-            f"{NEWEST_TESTED_TORCH}. ⚠️"
+            "pipelines (2.10 on CPU processes), ScheduleDualPipeV (2.9) and FSDP2's "
+            "fully_shard (2.6) on processes, which stop with a message here. `make lab` "
+            f"installs {NEWEST_TESTED_TORCH}. ⚠️"
         )
     if release(version) > release(NEWEST_TESTED_TORCH):
         return (

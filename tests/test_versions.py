@@ -57,10 +57,19 @@ def test_run_pipeline_stops_before_spawning_on_an_older_torch(monkeypatch):
         run_pipeline("zb-v", workers=2)
 
 
+def test_pipelines_need_2_10_on_gloo(monkeypatch):
+    """2.9.x aborts both processes in the stages' first handshake on gloo (int64 vs float32)."""
+    from course_utils.distributed import run_pipeline
+
+    monkeypatch.setattr(torch, "__version__", "2.9.1+cu128")
+    with pytest.raises(CourseInputError, match=r"CPU processes \(gloo\) needs PyTorch 2\.10"):
+        run_pipeline("1f1b", workers=2)
+
+
 def test_support_note():
     assert versions.support_note(versions.OLDEST_TORCH) is None
     assert versions.support_note(versions.NEWEST_TESTED_TORCH + "+cpu") is None
     old = versions.support_note("2.6.0")
-    assert old and "older than 2.9.0" in old and "⚠️" in old
+    assert old and "older than 2.10.0" in old and "⚠️" in old
     assert "newer than 2.13.0" in versions.support_note("2.14.1")
     assert re.search(r"lessons 11 and 13", old)

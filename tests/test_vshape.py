@@ -113,7 +113,7 @@ def torch_order(schedule_class, p: int, m: int) -> tuple[list[list[str]], list[l
             if a.sub_actions:  # OVERLAP_F_B
                 overlapped.append(tuple(str(s) for s in a.sub_actions))
                 order += [str(s) for s in a.sub_actions]
-            elif a.computation_type.name in COMPUTE:  # by name: the values changed after 2.9
+            elif a.computation_type.name in COMPUTE:  # by name: the values changed after 2.10
                 order.append(str(a))
         orders.append(order)
         pairs.append(overlapped)

@@ -209,6 +209,11 @@ def run_pipeline(
     else:
         pytorch_name = str(SCHEDULES[schedule].pytorch)  # set: schedule is one of PIPELINES
         require(TORCH_SCHEDULES, pytorch_name, f"the {schedule} pipeline ({pytorch_name})")
+    require(
+        "torch.distributed.pipelining.stage",
+        "PipelineStage on gloo",
+        "a pipeline on CPU processes (gloo)",
+    )
     try:
         start = time.perf_counter()
         outs = _run_job(cluster, _pipeline_worker, workers, payload, port, timeout)
