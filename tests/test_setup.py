@@ -56,7 +56,7 @@ def _conda_specs() -> dict[str, str]:
 
 
 def _range(spec: str) -> SpecifierSet:
-    """A conda range such as ">=2.9,<2.14" as a PEP 440 specifier (same meaning here)."""
+    """A conda range such as ">=2.10,<2.14" as a PEP 440 specifier (same meaning here)."""
     assert re.fullmatch(r">=\d+(\.\d+)*,<\d+(\.\d+)*", spec), (
         f"{spec!r}: write a range, >=LOW,<HIGH (repo2docker's own Jupyter must fit in it)"
     )
@@ -281,10 +281,15 @@ def test_setup_check_busy_machine_is_a_warning_not_an_error(monkeypatch, capsys)
 
 def test_makefile_targets_and_ci_script():
     makefile = (ROOT / "Makefile").read_text()
-    for target in ("lab:", "test:", "test-fast:", "lint:", "exercises:", "bench:", "test-browser:"):
+    targets = ("lab:", "test:", "test-fast:", "lint:", "exercises:", "bench:", "test-browser:")
+    for target in (*targets, "test-compat:"):
         assert re.search(rf"^{target}", makefile, re.M), target
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "make test" in ci
+    assert re.search(r"^make test$", ci, re.M) and re.search(r"^make test-compat$", ci, re.M)
+    # The compat venv lives outside the checkout (a clean clone must not carry GBs of torch).
+    assert re.search(
+        r"^COMPAT_VENV \?= \$\(or \$\(XDG_CACHE_HOME\),\$\(HOME\)/\.cache\)/", makefile, re.M
+    )
     assert os.access(ROOT / ".ci" / "run", os.X_OK)
 
 
@@ -321,3 +326,28 @@ def test_set_up_check_tells_a_binder_learner_to_download(monkeypatch, capsys):
     setup_check.check_setup(attempts=1)
     out = capsys.readouterr().out
     assert "You are on Binder: nothing is kept" in out and "File > Download" in out
+
+
+@pytest.mark.slow
+def test_setup_remakes_a_half_built_venv(tmp_path):
+    """An interrupted first `make` leaves .venv without pip: the next one starts it again."""
+    lines = subprocess.run(
+        ["make", "-n", "-B", "--no-print-directory", ".venv/.installed"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    first = lines[0]
+    assert "-m pip --version" in first and "-m venv .venv" in first, first
+    broken = tmp_path / ".venv" / "bin"
+    broken.mkdir(parents=True)
+    (broken / "python").symlink_to("/bin/false")  # a venv whose python cannot run pip
+    (tmp_path / ".venv" / "left-over").write_text("from the interrupted run")
+    subprocess.run(["bash", "-c", first], cwd=tmp_path, check=True, timeout=300)
+    pip = subprocess.run([str(tmp_path / ".venv/bin/python"), "-m", "pip", "--version"])
+    assert pip.returncode == 0
+    assert not (tmp_path / ".venv" / "left-over").exists()
+    (tmp_path / ".venv" / "installed-packages").write_text("a healthy venv is kept")
+    subprocess.run(["bash", "-c", first], cwd=tmp_path, check=True, timeout=300)
+    assert (tmp_path / ".venv" / "installed-packages").exists()
