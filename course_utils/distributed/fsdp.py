@@ -132,7 +132,7 @@ def run_fsdp(
     if batch % workers:
         raise CourseInputError(f"batch must be a multiple of workers ({workers}), got {batch}")
     setup = Setup(_check_model(model), batch, seed)
-    require("torch.distributed.fsdp", "fully_shard", "FSDP2")
+    require("fully_shard")
     payload = {"setup": setup, "steps": steps, "lr": lr}
     start = time.perf_counter()
     outs = _run_job(cluster, _fsdp2_worker, workers, payload, port, timeout)
