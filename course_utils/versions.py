@@ -30,7 +30,7 @@ FIRST_RELEASE = {
     # 2.10 and 2.11: the same handshake makes a process that holds two adjacent stages (the
     # turn of a V) send to itself, which gloo refuses ("Pair is not connected"). 2.12 replaced
     # that start-up (read in its source; run here on 2.13, not on 2.12, a CUDA 13 build).
-    "V placement on gloo": ("2.12", "two adjacent stages on one CPU process (a V schedule)"),
+    "V placement on gloo": ("2.12", "a V schedule on CPU processes (two adjacent stages on one)"),
 }
 
 

@@ -60,7 +60,7 @@ def test_an_older_torch_gets_one_line_naming_the_release(monkeypatch):
     [
         ("2.5.1", "zb-v", r"ScheduleZBVZeroBubble needs PyTorch 2\.6"),
         ("2.9.1+cu128", "1f1b", r"CPU processes \(gloo\) needs PyTorch 2\.10"),
-        ("2.10.0+cu128", "zb-v", r"adjacent stages on one CPU process .* needs PyTorch 2\.12"),
+        ("2.10.0+cu128", "zb-v", r"V schedule on CPU processes .* needs PyTorch 2\.12"),
         ("2.11.0", "dualpipe-v", r"needs PyTorch 2\.12"),
     ],
 )
