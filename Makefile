@@ -9,14 +9,25 @@ LAB_FLAGS ?=
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 PIP := $(PY) -m pip --disable-pip-version-check --quiet
 
-.PHONY: setup lab test test-fast lint format unit notebooks exercises bench test-browser \
-	test-constrained record-reference clean
+# Linux without a GPU: `make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu` installs
+# PyTorch's CPU build (a few hundred MB) instead of PyPI's CUDA build (several GB).
+TORCH_INDEX ?=
+# `make test-compat`: the oldest PyTorch the course supports (docs/environment.md), in a venv
+# kept outside the checkout so that its download (about 3 GB from PyPI) is made once.
+COMPAT_TORCH ?= 2.10.0
+COMPAT_VENV ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/course-compat/torch-$(COMPAT_TORCH)
+COMPAT_PY := $(COMPAT_VENV)/bin/python
 
-# Set-up: a venv with the pinned dependencies and course_utils (editable). Re-runs only
-# when requirements.txt or pyproject.toml change, so a second `make` takes seconds.
-$(STAMP): requirements.txt pyproject.toml
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -r requirements.txt
+.PHONY: setup lab test test-fast lint format unit notebooks exercises bench test-browser \
+	test-constrained test-compat record-reference clean
+
+# Set-up: a venv with the pinned dependencies, the test tools and course_utils (editable).
+# Re-runs only when the requirements or pyproject.toml change, so a second `make` takes
+# seconds. A venv left half-built (an interrupted first run) is made again from scratch.
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml
+	@$(PY) -m pip --version >/dev/null 2>&1 || { rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
+	$(if $(TORCH_INDEX),$(PIP) install --index-url $(TORCH_INDEX) "$$(grep '^torch==' requirements.txt)")
+	$(PIP) install -r requirements.txt -r requirements-dev.txt
 	$(PIP) install --no-deps -e .
 	@# No "get notified about Jupyter news?" pop-up over the lessons (it is a network feature).
 	$(VENV)/bin/jupyter labextension disable --level=sys_prefix \
@@ -74,6 +85,24 @@ test-browser: setup
 	@command -v chromium >/dev/null 2>&1 || { echo "make test-browser needs Debian's chromium: \
 	sudo apt-get install chromium fonts-noto-color-emoji (.ci/run installs them)" >&2; exit 2; }
 	$(PY) -m pytest -m browser -p no:cacheprovider
+
+# The oldest supported PyTorch: the unit tests without the slow ones, the slow tests of the
+# version-dependent APIs (torch.distributed.pipelining, FSDP2) and lessons 08, 11 and 13.
+# The learner's pins and the test runners from requirements*.txt, with torch replaced.
+COMPAT_SLOW_TESTS := tests/test_distributed.py
+COMPAT_LESSONS := notebooks/08_sharded_data_parallelism.ipynb \
+	notebooks/11_v_shaped_schedules.ipynb notebooks/13_beyond_one_machine.ipynb
+test-compat:
+	@$(COMPAT_PY) -m pip --version >/dev/null 2>&1 || \
+		{ rm -rf $(COMPAT_VENV) && $(PYTHON) -m venv $(COMPAT_VENV); }
+	$(COMPAT_PY) -m pip --disable-pip-version-check --quiet install "torch==$(COMPAT_TORCH)" \
+		$$(grep -v -e '^torch==' -e '^\s*#' requirements.txt) \
+		$$(grep -E '^(pytest|nbval|hypothesis|pyyaml)==' requirements-dev.txt)
+	$(COMPAT_PY) -m pip --disable-pip-version-check --quiet install --no-deps --force-reinstall -e .
+	$(COMPAT_PY) -c "import torch; assert torch.__version__.split('+')[0] == '$(COMPAT_TORCH)', torch.__version__"
+	$(COMPAT_PY) -m pytest -p no:cacheprovider -m "not slow and not browser and not constrained"
+	$(COMPAT_PY) -m pytest -p no:cacheprovider -m "slow" $(COMPAT_SLOW_TESTS)
+	$(COMPAT_PY) -m pytest -p no:cacheprovider --nbval-lax --nbval-current-env $(COMPAT_LESSONS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .hypothesis artifacts screenshots

@@ -7,6 +7,7 @@ The vocabulary, shared by everything:
 - `timeline`   what each device did when: the `Timeline` of simulated and measured runs
 - `models`     tiny real PyTorch models (MLP, character-level GPT), their data, partitioning
 - `errors`     the errors the course raises on purpose
+- `versions`   the PyTorch releases the course supports, and what an older one lacks
 
 The families:
 - `pipeline/`     schedules and their registry, the simulator, the thread executor, the export

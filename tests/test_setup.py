@@ -8,67 +8,146 @@ import re
 import subprocess
 import sys
 import time
+from urllib.parse import parse_qs, urlparse
 
 import nbformat
 import pytest
 import yaml
 from conftest import ROOT
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
-# pip name -> conda-forge name where they differ
-CONDA_NAMES = {"torch": "pytorch-cpu"}
+# pip name -> conda-forge name where they differ: `torch` is not a conda-forge package and
+# `pytorch` may be a CUDA build; `matplotlib` adds Qt (pyside6), `matplotlib-base` does not.
+CONDA_NAMES = {"torch": "pytorch-cpu", "matplotlib": "matplotlib-base"}
+# Names that are a mistake in environment.yml, and why.
+WRONG_CONDA_NAMES = {
+    "torch": "not a conda-forge package: use pytorch-cpu",
+    "pytorch": "may resolve to the CUDA build: use pytorch-cpu",
+    "matplotlib": "pulls in Qt (pyside6): use matplotlib-base",
+    "playwright": "on conda-forge the Node.js tool, not the Python package (and a test tool)",
+}
+# What only `make test` needs: never in the learner's requirements.txt or Binder image.
+TEST_TOOLS = {"pytest", "nbval", "hypothesis", "ruff", "mypy", "playwright", "pyyaml"}
 
 
-def _pip_pins() -> dict[str, str]:
+def _pins(path) -> dict[str, str]:
+    """{pip name: version} of a requirements file where every line is NAME==VERSION."""
     pins = {}
-    for line in (ROOT / "requirements.txt").read_text().splitlines():
+    for line in (ROOT / path).read_text().splitlines():
         line = line.split("#")[0].strip()
         if not line:
             continue
         name, _, version = line.partition("==")
-        assert version, f"requirements.txt: {line!r} is not pinned with =="
-        pins[CONDA_NAMES.get(name.lower(), name.lower())] = version
+        assert version, f"{path}: {line!r} is not pinned with =="
+        pins[name.lower()] = version
     return pins
 
 
-def _conda_pins() -> tuple[dict[str, str], dict]:
+def _conda_specs() -> dict[str, str]:
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
-    pins = {}
+    assert env["channels"] == ["conda-forge"]
+    specs = {}
     for dep in env["dependencies"]:
         assert isinstance(dep, str), "environment.yml must not have a pip: section (Binder caching)"
-        name, _, version = dep.partition("=")
-        pins[name.lower()] = version
-    return pins, env
+        name, spec = re.fullmatch(r"([A-Za-z0-9_.-]+)\s*(.*)", dep).groups()
+        specs[name.lower()] = spec.strip()
+    return specs
 
 
-def test_environment_yml_matches_requirements():
-    pip_pins = _pip_pins()
-    conda_pins, env = _conda_pins()
-    python = conda_pins.pop("python")
-    assert python == "3.11"
-    assert env["channels"] == ["conda-forge"]
-    assert set(conda_pins) == set(pip_pins), (
-        f"only in environment.yml: {sorted(set(conda_pins) - set(pip_pins))}; "
-        f"only in requirements.txt: {sorted(set(pip_pins) - set(conda_pins))}"
+def _range(spec: str) -> SpecifierSet:
+    """A conda range such as ">=2.10,<2.14" as a PEP 440 specifier (same meaning here)."""
+    assert re.fullmatch(r">=\d+(\.\d+)*,<\d+(\.\d+)*", spec), (
+        f"{spec!r}: write a range, >=LOW,<HIGH (repo2docker's own Jupyter must fit in it)"
     )
-    for name, version in pip_pins.items():
-        # conda's "=X.Y" means X.Y.*: the same family as pip's exact pin, not one patch release
-        family = ".".join(version.split(".")[:2])
-        assert conda_pins[name] == family, f"{name}: {conda_pins[name]} vs {family} ({version})"
-    assert pip_pins["pytorch-cpu"] == "2.13.0"
-    assert pip_pins["jupyterlab"].startswith("4.") and pip_pins["ipywidgets"].startswith("8.")
+    return SpecifierSet(spec)
+
+
+def _checked_on_conda_forge() -> dict[str, str]:
+    """docs/environment.md's table: {conda-forge name: newest version checked for 3.11}."""
+    text = (ROOT / "docs" / "environment.md").read_text()
+    rows = re.findall(
+        r"^\| `([a-z0-9-]+)` \| `[^`]*` \| [^|]* \| ([0-9.]+) \| [^|]*\d{4}-\d\d-\d\d", text, re.M
+    )
+    return dict(rows)
+
+
+def test_learner_requirements_hold_no_test_tool():
+    learner, dev = _pins("requirements.txt"), _pins("requirements-dev.txt")
+    assert not TEST_TOOLS & set(learner), (
+        f"test tools in requirements.txt: {TEST_TOOLS & set(learner)}"
+    )
+    assert set(dev) == TEST_TOOLS, f"requirements-dev.txt: {sorted(dev)}"
+    assert not set(learner) & set(dev), "a package pinned in both requirements files"
+
+
+def test_environment_yml_lists_the_learner_requirements_under_conda_forge_names():
+    learner = _pins("requirements.txt")
+    specs = _conda_specs()
+    assert specs.pop("python") == "=3.11"
+    for name in specs:
+        assert name not in WRONG_CONDA_NAMES, f"environment.yml: {name}: {WRONG_CONDA_NAMES[name]}"
+        assert name not in TEST_TOOLS, (
+            f"environment.yml: {name} is a test tool (requirements-dev.txt)"
+        )
+    expected = {CONDA_NAMES.get(name, name) for name in learner}
+    assert set(specs) == expected, (
+        f"only in environment.yml: {sorted(set(specs) - expected)}; "
+        f"only in requirements.txt: {sorted(expected - set(specs))}"
+    )
+
+
+def test_every_conda_range_holds_the_pin_and_what_conda_forge_has():
+    learner = _pins("requirements.txt")
+    specs = _conda_specs()
+    checked = _checked_on_conda_forge()
+    assert set(checked) == set(specs), (
+        f"docs/environment.md checks {sorted(checked)}; environment.yml has {sorted(specs)}"
+    )
+    for pip_name, version in learner.items():
+        name = CONDA_NAMES.get(pip_name, pip_name)
+        allowed = _range(specs[name])
+        assert version in allowed, f"{name} {specs[name]} excludes the pin {pip_name}=={version}"
+        assert checked[name] in allowed, (
+            f"{name} {specs[name]} excludes {checked[name]}, the newest on conda-forge "
+            "(docs/environment.md): Binder could not solve it"
+        )
+    assert checked["python"].startswith("3.11.")
+
+
+def test_pytorch_range_runs_from_the_oldest_tested_to_the_pinned_release():
+    """Binder may get any release in the range: both ends are tested, nothing newer."""
+    torch = _pins("requirements.txt")["torch"]
+    oldest = re.search(r"^COMPAT_TORCH \?= (\S+)$", (ROOT / "Makefile").read_text(), re.M).group(1)
+    major, minor = map(int, torch.split(".")[:2])
+    low = ".".join(oldest.split(".")[:2])
+    assert _conda_specs()["pytorch-cpu"] == f">={low},<{major}.{minor + 1}"
+    assert Version(oldest) < Version(torch)
+    docs = (ROOT / "docs" / "environment.md").read_text()
+    assert f"**{oldest} is the oldest PyTorch the course supports**" in docs
+    readme = (ROOT / "README.md").read_text()
+    assert f"PyTorch {low} to {major}.{minor}" in readme
 
 
 def test_binder_files():
     post_build = ROOT / "postBuild"
     assert os.access(post_build, os.X_OK), "postBuild must be executable"
-    assert "pip install --no-deps -e ." in post_build.read_text()
+    installs = [line for line in post_build.read_text().splitlines() if "pip install" in line]
+    # The course package alone: its dependencies come from environment.yml (a cached layer).
+    assert installs == ["pip install --no-deps -e ."], installs
     assert not (ROOT / "binder").exists(), "a binder/ folder would hide the root files"
+
+
+def test_binder_badge_opens_the_course_index():
     readme = (ROOT / "README.md").read_text()
-    badge = re.search(
-        r"\(https://mybinder\.org/v2/gh/[^)]*urlpath=lab/tree/(notebooks/[^)&]+)\)", readme
-    )
-    assert badge, "README needs a Binder badge opening JupyterLab on the course index"
-    assert (ROOT / badge.group(1)).exists(), badge.group(1)
+    badges = re.findall(r"\]\((https://mybinder\.org/v2/gh/[^)]*)\)", readme)
+    assert badges, "README needs a Binder badge"
+    for url in badges:
+        parsed = urlparse(url)
+        assert parsed.query == "urlpath=lab/tree/notebooks/00_welcome.ipynb", url
+        assert re.fullmatch(r"/v2/gh/[\w.-]+/[\w.-]+/[\w.-]+", parsed.path), url
+    path = parse_qs(urlparse(badges[0]).query)["urlpath"][0].removeprefix("lab/tree/")
+    assert (ROOT / path).is_file(), path
 
 
 def test_readme_quick_start_is_two_commands():
@@ -202,10 +281,15 @@ def test_setup_check_busy_machine_is_a_warning_not_an_error(monkeypatch, capsys)
 
 def test_makefile_targets_and_ci_script():
     makefile = (ROOT / "Makefile").read_text()
-    for target in ("lab:", "test:", "test-fast:", "lint:", "exercises:", "bench:", "test-browser:"):
+    targets = ("lab:", "test:", "test-fast:", "lint:", "exercises:", "bench:", "test-browser:")
+    for target in (*targets, "test-compat:"):
         assert re.search(rf"^{target}", makefile, re.M), target
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "make test" in ci
+    assert re.search(r"^make test$", ci, re.M) and re.search(r"^make test-compat$", ci, re.M)
+    # The compat venv lives outside the checkout (a clean clone must not carry GBs of torch).
+    assert re.search(
+        r"^COMPAT_VENV \?= \$\(or \$\(XDG_CACHE_HOME\),\$\(HOME\)/\.cache\)/", makefile, re.M
+    )
     assert os.access(ROOT / ".ci" / "run", os.X_OK)
 
 
@@ -215,5 +299,55 @@ def test_gitignore_covers_venv_and_caches():
         assert entry in ignored
 
 
-def test_requirements_pin_cpu_torch():
+def test_requirements_pin_the_torch_the_course_is_recorded_with():
     assert "torch==2.13.0" in (ROOT / "requirements.txt").read_text()
+
+
+def test_binder_learners_are_told_their_work_is_lost_and_how_to_keep_it():
+    welcome = nbformat.read(ROOT / "notebooks" / "00_welcome.ipynb", as_version=4)
+    lesson = "\n".join(c.source for c in welcome.cells)
+    quick = (ROOT / "README.md").read_text().split("### On Binder", 1)[1].split("\n### ", 1)[0]
+    for text in (lesson, quick):
+        flat = " ".join(text.split())
+        assert re.search(r"lost when the session ends|Nothing is kept when the session ends", flat)
+        assert "File > Download" in flat
+        assert "`exercises/`" in flat and "instructor" in flat
+
+
+def test_set_up_check_tells_a_binder_learner_to_download(monkeypatch, capsys):
+    from course_utils.measure import setup_check
+
+    monkeypatch.setattr(setup_check, "concurrency_speedup", lambda: 1.9)
+    for name in setup_check.BINDER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    setup_check.check_setup(attempts=1)
+    assert "Binder" not in capsys.readouterr().out
+    monkeypatch.setenv("BINDER_REPO_URL", "https://github.com/parallel-training-course/course")
+    setup_check.check_setup(attempts=1)
+    out = capsys.readouterr().out
+    assert "You are on Binder: nothing is kept" in out and "File > Download" in out
+
+
+@pytest.mark.slow
+def test_setup_remakes_a_half_built_venv(tmp_path):
+    """An interrupted first `make` leaves .venv without pip: the next one starts it again."""
+    lines = subprocess.run(
+        ["make", "-n", "-B", "--no-print-directory", ".venv/.installed"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    first = lines[0]
+    assert "-m pip --version" in first and "-m venv .venv" in first, first
+    broken = tmp_path / ".venv" / "bin"
+    broken.mkdir(parents=True)
+    (broken / "python").symlink_to("/bin/false")  # a venv whose python cannot run pip
+    (tmp_path / ".venv" / "left-over").write_text("from the interrupted run")
+    subprocess.run(["bash", "-c", first], cwd=tmp_path, check=True, timeout=300)
+    pip = subprocess.run([str(tmp_path / ".venv/bin/python"), "-m", "pip", "--version"])
+    assert pip.returncode == 0
+    assert not (tmp_path / ".venv" / "left-over").exists()
+    (tmp_path / ".venv" / "installed-packages").write_text("a healthy venv is kept")
+    subprocess.run(["bash", "-c", first], cwd=tmp_path, check=True, timeout=300)
+    assert (tmp_path / ".venv" / "installed-packages").exists()

@@ -7,7 +7,7 @@ the runtime order by running `_step_microbatches` on a stand-in stage that only 
 which micro-batch it is asked to forward or backward.
 
 Where they differ (see docs/schedules.md):
-- torch 2.13's table for Schedule1F1B is off by one on the last rank (it starts with F1
+- the table of torch 2.10 to 2.13 for Schedule1F1B is off by one on the last rank (it starts with F1
   and names a micro-batch M that does not exist); its runtime order is right and equals ours.
 - Our interleaved schedule requires M to be a multiple of P (Megatron-LM's rule); PyTorch
   relaxes that. For the M we accept, the orders are identical.
@@ -30,14 +30,16 @@ from torch.distributed.pipelining.stage import PipelineStage  # noqa: E402
 
 from course_utils.pipeline.schedules import make_schedule  # noqa: E402
 
-COMPUTE = {"F", "B", "I", "W"}
+# Compute actions by their enum names: the values changed between releases (2.10: 1, 10, ...;
+# 2.13: "F", "B", ...), the names did not.
+COMPUTE = {"FORWARD", "FULL_BACKWARD", "BACKWARD_INPUT", "BACKWARD_WEIGHT"}
 
 
 def table_order(schedule_class, p: int, m: int, v: int | None = None) -> list[list[str]]:
     """PyTorch's order table, as our action strings, without idle slots and communication."""
     ops = get_schedule_ops(schedule_class, p, m, num_stages_per_rank=v)
     return [
-        [str(a) for a in rank if a is not None and a.computation_type.value in COMPUTE]
+        [str(a) for a in rank if a is not None and a.computation_type.name in COMPUTE]
         for rank in ops
     ]
 
@@ -78,7 +80,7 @@ def test_1f1b_matches_pytorch_runtime(p, m):
 
 @pytest.mark.parametrize("p, m", SHAPES)
 def test_pytorch_1f1b_table_is_off_by_one_on_the_last_rank(p, m):
-    # Documented discrepancy (torch 2.13): `Schedule1F1B._get_pipeline_order` starts the
+    # Documented discrepancy (torch 2.10 to 2.13): `Schedule1F1B._get_pipeline_order` starts the
     # last rank's steady state at F1 (its forward counter starts at 0 and is bumped before
     # use when there is no warm-up), so the table skips F0 and names F{m}, which does not
     # exist. All other ranks agree with the runtime order and with ours.

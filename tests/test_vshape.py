@@ -113,13 +113,14 @@ def torch_order(schedule_class, p: int, m: int) -> tuple[list[list[str]], list[l
             if a.sub_actions:  # OVERLAP_F_B
                 overlapped.append(tuple(str(s) for s in a.sub_actions))
                 order += [str(s) for s in a.sub_actions]
-            elif a.computation_type.value in ("F", "B", "I", "W"):
+            elif a.computation_type.name in COMPUTE:  # by name: the values changed after 2.10
                 order.append(str(a))
         orders.append(order)
         pairs.append(overlapped)
     return orders, pairs
 
 
+COMPUTE = {"FORWARD", "FULL_BACKWARD", "BACKWARD_INPUT", "BACKWARD_WEIGHT"}
 SHAPES = [(1, 2), (2, 1), (2, 3), (2, 4), (2, 7), (3, 2), (3, 5), (3, 6), (3, 9), (4, 8), (4, 11)]
 
 

@@ -65,6 +65,13 @@ def run(args: argparse.Namespace) -> int:
     if args.lesson is not None and not 1 <= args.lesson <= 99:
         raise CourseInputError(f"--lesson must be a lesson number from 1 to 99, got {args.lesson}")
     if not args.solutions.is_dir():
+        from course_utils.grading import SOLUTIONS
+
+        if args.solutions == SOLUTIONS:  # the default: course_utils is an installed package
+            raise CourseInputError(
+                "--solutions DIR is needed: the solved notebooks are not part of the installed "
+                "course_utils package; give the solutions/ folder of a course checkout"
+            )
         raise CourseInputError(f"--solutions {str(args.solutions)!r} is not a folder")
     if args.csv is not None:
         if args.csv.is_dir():

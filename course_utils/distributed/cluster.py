@@ -109,6 +109,10 @@ def _die_with_parent(parent: int) -> None:
 def _child(rank: int, world: int, port: int, inbox, outbox, timeout: float, parent: int) -> None:
     """Body of every spawned process: join the group once, then run jobs until told to stop."""
     _die_with_parent(parent)
+    # A rank's stdout is the parent's, where `distributed --json` writes its result: send
+    # what a rank prints to stderr (gloo in torch 2.10 prints "[Gloo] Rank 0 is connected
+    # to 1 peer ranks" from C++ on every rendezvous).
+    os.dup2(2, 1)
     torch.set_num_threads(1)  # one process = one device = one core's worth of work
     loopback = {"linux": "lo", "darwin": "lo0"}.get(sys.platform)
     if loopback:  # stay on loopback: a hostname resolving to a LAN address can hang gloo

@@ -30,6 +30,7 @@ from course_utils.distributed.setup import (
     one_process_training,
 )
 from course_utils.errors import CourseInputError
+from course_utils.versions import require
 
 
 def _units(model: Any) -> list[torch.nn.Module]:
@@ -131,6 +132,7 @@ def run_fsdp(
     if batch % workers:
         raise CourseInputError(f"batch must be a multiple of workers ({workers}), got {batch}")
     setup = Setup(_check_model(model), batch, seed)
+    require("fully_shard")
     payload = {"setup": setup, "steps": steps, "lr": lr}
     start = time.perf_counter()
     outs = _run_job(cluster, _fsdp2_worker, workers, payload, port, timeout)

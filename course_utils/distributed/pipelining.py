@@ -34,9 +34,20 @@ from course_utils.distributed.setup import (
 from course_utils.errors import CourseInputError
 from course_utils.pipeline.schedules import BASELINE, SCHEDULES, make_schedule
 from course_utils.timeline import Timeline
+from course_utils.versions import require
 
 # The course schedules PyTorch has a class for, run natively (the rest go through the CSV).
 PIPELINES = tuple(name for name, info in SCHEDULES.items() if info.pytorch)
+
+
+def _pytorch(name: str) -> str:
+    """The PyTorch class of one of PIPELINES."""
+    return str(SCHEDULES[name].pytorch)
+
+
+def v_placement(placement: dict[int, int]) -> bool:
+    """True when a rank holds two adjacent stages, s and s + 1 (the turn of a V)."""
+    return any(placement[s] == placement.get(s + 1) for s in placement)
 
 
 def _timed_stage(stage, records: list) -> None:
@@ -94,9 +105,7 @@ def _pipeline_worker(rank: int, world: int, payload: dict) -> dict:
         )
         sched._load_csv(payload["csv"], format="compute_only")
     else:  # PyTorch's own class for this schedule, named in the registry
-        pytorch_name = SCHEDULES[kind].pytorch
-        assert pytorch_name is not None  # kind is one of PIPELINES (checked by run_pipeline)
-        cls = getattr(torch_schedules, pytorch_name)
+        cls = getattr(torch_schedules, _pytorch(kind))  # kind is one of PIPELINES
         single = issubclass(cls, torch_schedules.PipelineScheduleSingle)
         sched = cls(stages[0] if single else stages, n_microbatches=m, loss_fn=criterion)
     x, y = make_batch(setup)
@@ -204,6 +213,11 @@ def run_pipeline(
         )
     payload["m"] = microbatches
     payload["placement"] = course.device_of_stage()
+    # Stop before any process starts when this torch cannot run it (course_utils.versions).
+    require("_PipelineScheduleRuntime" if isinstance(schedule, Schedule) else _pytorch(schedule))
+    require("pipelines on gloo")
+    if v_placement(payload["placement"]):
+        require("V placement on gloo")
     try:
         start = time.perf_counter()
         outs = _run_job(cluster, _pipeline_worker, workers, payload, port, timeout)

@@ -17,11 +17,21 @@ low one is reported as a warning, not an error.
 
 from __future__ import annotations
 
+import os
 import platform
 import threading
 import time
 
 from course_utils.measure.capacity import available_cores, probe
+from course_utils.versions import support_note
+
+# BinderHub sets these in every session it starts (and nothing else does).
+BINDER_VARIABLES = ("BINDER_REPO_URL", "BINDER_LAUNCH_HOST")
+
+
+def on_binder() -> bool:
+    """True inside a Binder session (its work is lost when the session ends)."""
+    return any(os.environ.get(name) for name in BINDER_VARIABLES)
 
 
 def _long_op() -> None:
@@ -75,6 +85,14 @@ def check_setup(min_speedup: float = 1.3, attempts: int = 3) -> dict:
     cores = available_cores()
     info = {"python": platform.python_version(), "torch": torch.__version__, "cores": cores}
     print(f"Python {info['python']}, torch {info['torch']}, {cores} core(s) available")
+    note = support_note(torch.__version__)
+    if note:
+        print(note)
+    if on_binder():
+        print(
+            "You are on Binder: nothing is kept after this session ends. To keep a notebook, "
+            "use File > Download (or right-click it in the file browser > Download)."
+        )
     runs = max(python_runs_during_torch() for _ in range(2))
     info["python_runs_during_torch"] = runs
     if runs == 0:
