@@ -12,12 +12,15 @@ PIP := $(PY) -m pip --disable-pip-version-check --quiet
 .PHONY: setup lab test test-fast lint format unit notebooks exercises bench test-browser \
 	test-constrained record-reference clean
 
-# Set-up: a venv with the pinned dependencies and course_utils (editable). Re-runs only
-# when requirements.txt or pyproject.toml change, so a second `make` takes seconds.
-$(STAMP): requirements.txt pyproject.toml
+# Set-up: a venv with the pinned dependencies and course_utils (editable), and the
+# instructors' pytest plugin (`pytest --course-grade`, see INSTRUCTORS.md; Binder leaves it
+# out). Re-runs only when requirements.txt or a pyproject.toml change, so a second `make`
+# takes seconds.
+$(STAMP): requirements.txt pyproject.toml instructor_tools/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -r requirements.txt
 	$(PIP) install --no-deps -e .
+	$(PIP) install --no-deps -e instructor_tools
 	@# No "get notified about Jupyter news?" pop-up over the lessons (it is a network feature).
 	$(VENV)/bin/jupyter labextension disable --level=sys_prefix \
 		"@jupyterlab/apputils-extension:announcements" >/dev/null 2>&1
