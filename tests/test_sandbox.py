@@ -10,7 +10,7 @@ as a class at `-j 2` beside an honest neighbour, who must keep full marks:
   its answers;
 - kill the neighbour's kernel, the worker, the grader;
 - leave processes (a detached `sleep`, a double-forked daemon) and files (/tmp, /dev/shm,
-  home) behind;
+  home) behind, or fill the one folder outside its sandbox it can write to (its sockets');
 - hand back the check module's own reference function as a Build answer.
 
 After the batch: no process of the attacks runs, no file they wrote exists outside their
@@ -116,6 +116,14 @@ for place in ('/tmp', '/dev/shm', os.path.expanduser('~'), '/var/tmp'):
     except OSError:
         pass
 """
+FILL_SOCKETS = """
+import os, pathlib, sys
+folder = pathlib.Path(sys.argv[sys.argv.index('-f') + 1]).parent  # the one writable folder
+for i in range(COUNT):
+    (folder / f'junk{i}').write_bytes(bytes(SIZE))
+import time
+time.sleep(5)  # the watch takes a moment
+"""
 REFERENCE = {
     "the-reference": "gpipe_bubble = l03._bubble",
     "a-call-to-it": "def gpipe_bubble(p, m):\n    return l03._bubble(p, m)",
@@ -186,6 +194,8 @@ def test_a_hostile_class_scores_nothing_leaves_nothing_and_its_neighbours_keep_f
         "kill-late": attacker(KILL, "answer-03-4"),
         "leave-behind": attacker(LEAVE_BEHIND),
         "leave-behind-late": attacker(LEAVE_BEHIND, "answer-03-5"),
+        "fill-sockets": attacker(FILL_SOCKETS.replace("COUNT", "1").replace("SIZE", "4 << 20")),
+        "fill-sockets-many": attacker(FILL_SOCKETS.replace("COUNT", "40").replace("SIZE", "1")),
     }
     honest = {"a-honest": solved(), "z-honest": solved()}  # graded first and last
     results = grade_class(tmp_path, {**honest, **attacks})
@@ -195,6 +205,8 @@ def test_a_hostile_class_scores_nothing_leaves_nothing_and_its_neighbours_keep_f
         assert passed(results[name]) == ALL and results[name].problem is None, name
     # The blank notebook graded after the one that appended to the check modules: still 0.
     assert results["change-package-twice"].score == 0
+    for name in ("fill-sockets", "fill-sockets-many"):  # stopped: files beside its sockets
+        assert any("beside its sockets" in n for n in results[name].notes), results[name].notes
     time.sleep(1)  # a process being killed may take a moment to leave /proc
     assert processes_with(MARK) == [] and processes_with("4242") == []
     places = (temporary, Path("/tmp"), Path("/dev/shm"), Path.home(), Path("/var/tmp"), tmp_path)
