@@ -93,6 +93,7 @@ def test_a_roster_is_read_with_its_problems_named(tmp_path):
         # Moodle, in folders and flat
         ("Alice Smith_1001_assignsubmission_file_/03_bubble_tradeoff.ipynb", "alice"),
         ("José Núñez_1003_assignsubmission_file_03_bubble_tradeoff.ipynb", "jose"),
+        ("Jose\u0301 Nu\u0301n\u0303ez_9_assignsubmission_file_/x.ipynb", "jose"),  # NFD
         ("Bob Jones_2002_assignsubmission_file_/03_bubble_tradeoff.ipynb", "bob"),  # by name
         # Canvas: login-like name, Canvas id, submission id, the file's name (-1: resubmitted)
         ("smithalice_1001_55501_03_bubble_tradeoff.ipynb", "alice"),

@@ -87,8 +87,8 @@ def _whose(path: Path, relative: Path, roster: list[Student] | None, root) -> Su
     if roster is None:
         return Submission(path, said.text, root=root)
     student = match(said, roster)
-    if student is None:
-        return Submission(path, said.text, root=root, flags=["not on the roster"])
+    if student is None:  # graded all the same, under the name its place in the download gives
+        return Submission(path, said.text, said.text, root, ["not on the roster"])
     return Submission(path, student.id, student.name, root)
 
 

@@ -147,6 +147,7 @@ class Label:
 
 def label(relative: Path) -> Label:
     """Whose `relative` (a notebook's path inside the folder given to `grade`) seems to be."""
+    relative = Path(unicodedata.normalize("NFC", str(relative)))  # macOS writes names as NFD
     if len(relative.parts) > 1:  # in a folder of its own: the folder says
         if found := MOODLE.fullmatch(relative.parts[0]):
             return Label(found["name"], found["number"], "moodle")
