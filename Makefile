@@ -21,14 +21,16 @@ COMPAT_PY := $(COMPAT_VENV)/bin/python
 .PHONY: setup lab test test-fast lint format unit notebooks exercises bench test-browser \
 	test-constrained test-compat record-reference clean
 
-# Set-up: a venv with the pinned dependencies, the test tools and course_utils (editable).
-# Re-runs only when the requirements or pyproject.toml change, so a second `make` takes
-# seconds. A venv left half-built (an interrupted first run) is made again from scratch.
-$(STAMP): requirements.txt requirements-dev.txt pyproject.toml
+# Set-up: a venv with the pinned dependencies, the test tools, course_utils (editable) and the
+# instructors' pytest plugin (`pytest --course-grade`, see INSTRUCTORS.md; Binder leaves it
+# out). Re-runs only when the requirements or a pyproject.toml change, so a second `make`
+# takes seconds. A venv left half-built (an interrupted first run) is made again from scratch.
+$(STAMP): requirements.txt requirements-dev.txt pyproject.toml instructor_tools/pyproject.toml
 	@$(PY) -m pip --version >/dev/null 2>&1 || { rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
 	$(if $(TORCH_INDEX),$(PIP) install --index-url $(TORCH_INDEX) "$$(grep '^torch==' requirements.txt)")
 	$(PIP) install -r requirements.txt -r requirements-dev.txt
 	$(PIP) install --no-deps -e .
+	$(PIP) install --no-deps -e instructor_tools
 	@# No "get notified about Jupyter news?" pop-up over the lessons (it is a network feature).
 	$(VENV)/bin/jupyter labextension disable --level=sys_prefix \
 		"@jupyterlab/apputils-extension:announcements" >/dev/null 2>&1

@@ -3,8 +3,9 @@
 Run with `make test-browser` (CI installs Debian's chromium with apt; no browser download).
 Opens the course index, the pipeline explorer lesson, the capstone and the lessons 08-11, runs
 all cells, checks there is no error output, that the charts are visible, that moving the
-micro-batch slider changes the chart and the bubble %, and that the planner redraws.
-Screenshots go to `screenshots/` (git-ignored).
+micro-batch slider changes the chart and the bubble %, that the planner redraws, and that an
+exercise notebook's locked cells can be neither edited nor deleted. Screenshots go to
+`screenshots/` (git-ignored).
 """
 
 from __future__ import annotations
@@ -205,4 +206,58 @@ def test_new_dimension_lessons_run_in_the_browser(browser, lab, path):
     images = page.locator(".jp-OutputArea-output img")
     assert images.count() >= 1
     assert images.first.evaluate("img => img.complete && img.naturalWidth > 100")
+    page.close()
+
+
+def test_locked_cells_cannot_be_edited_or_deleted_in_jupyterlab(browser, lab):
+    # A copy of an exercise notebook (JupyterLab may autosave it), as a learner opens it.
+    copy = SHOTS / "locked" / "03_bubble_tradeoff.ipynb"
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(ROOT / "exercises" / copy.name, copy)
+    base, token = lab
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.set_default_timeout(60_000)
+    page.goto(f"{base}/lab/tree/{copy.relative_to(ROOT)}?token={token}&reset")
+    cells_js = "window.jupyterapp.shell.currentWidget.content.widgets"
+    page.wait_for_function(  # the whole notebook, not the empty cell shown while it loads
+        f"() => {{ try {{ return {cells_js}.some(c => c.model.id === 'check-03-6'); }}"
+        " catch (e) { return false; } }"
+    )
+
+    def index(cell_id: str) -> int:
+        return page.evaluate(f"() => {cells_js}.findIndex(c => c.model.id === '{cell_id}')")
+
+    def source(cell_id: str) -> str:
+        return page.evaluate(
+            f"() => {cells_js}.find(c => c.model.id === '{cell_id}').model.sharedModel.getSource()"
+        )
+
+    def type_into(cell_id: str) -> None:
+        editor = page.locator(".jp-Notebook .jp-Cell").nth(index(cell_id)).locator(".cm-content")
+        editor.scroll_into_view_if_needed()
+        editor.click()
+        page.keyboard.press("End")
+        page.keyboard.type("  # changed")
+
+    def delete(cell_id: str) -> None:
+        page.evaluate(
+            f"() => {{ const w = window.jupyterapp.shell.currentWidget;"
+            f" w.content.activeCellIndex = {index(cell_id)}; w.content.mode = 'command';"
+            " return window.jupyterapp.commands.execute('notebook:delete-cell'); }"
+        )
+
+    count = "() => window.jupyterapp.shell.currentWidget.content.widgets.length"
+    before = page.evaluate(count)
+    for locked in ("check-03-1", "s03-code-02", "given-03-1"):
+        text = source(locked)
+        type_into(locked)
+        delete(locked)
+        assert source(locked) == text and index(locked) >= 0, locked
+    type_into("answer-03-1")  # an answer cell takes the learner's typing...
+    assert "# changed" in source("answer-03-1")
+    delete("answer-03-1")  # ...but is not deleted (as nbgrader does)
+    assert index("answer-03-1") >= 0 and page.evaluate(count) == before
+    delete("s03-md-03")  # a plain markdown cell can be deleted: the deletions did run
+    assert index("s03-md-03") < 0 and page.evaluate(count) == before - 1
+    page.screenshot(path=str(SHOTS / "locked_cells.png"))
     page.close()

@@ -8,7 +8,6 @@ seconds), so submissions are graded in batches where they can be.
 
 from __future__ import annotations
 
-import copy
 import csv
 import json
 import math
@@ -16,6 +15,19 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from gradingkit import (
+    ALL,
+    BLANK,
+    ROOT,
+    SOLVED,
+    cell,
+    data,
+    grade_folder,
+    passed,
+    solved,
+    with_code,
+    wrong_answers,
+)
 
 from course_utils.checks import Variant
 from course_utils.checks import l03 as checks
@@ -23,59 +35,11 @@ from course_utils.cli import main
 from course_utils.grading.batch import grade_all
 from course_utils.grading.grader import detect_lesson, grade_notebook
 
-ROOT = Path(__file__).resolve().parents[1]
-SOLVED = nbformat.read(ROOT / "solutions" / "03_bubble_tradeoff.ipynb", as_version=4)
-BLANK = nbformat.read(ROOT / "exercises" / "03_bubble_tradeoff.ipynb", as_version=4)
-ALL = [f"3.{k}" for k in range(1, 7)]
-
 pytestmark = pytest.mark.slow
-
-
-def solved() -> nbformat.NotebookNode:
-    return copy.deepcopy(SOLVED)
-
-
-def cell(nb, cell_id: str):
-    return next(c for c in nb.cells if c.get("id") == cell_id)
-
-
-def with_code(nb, cell_id: str, code: str, before: bool = False):
-    """Add learner code to a cell (after its own code, or before it)."""
-    c = cell(nb, cell_id)
-    c.source = f"{code}\n{c.source}" if before else f"{c.source}\n{code}"
-    return nb
-
-
-def wrong_answers(nb):
-    """Every answer of the solution replaced by a wrong one (a Build function included)."""
-    cell(nb, "answer-03-1").source = "bubble_fraction = 0.5"
-    cell(nb, "answer-03-2").source = "def gpipe_bubble(p, m):\n    return 0.5"
-    cell(nb, "answer-03-3").source = "microbatches = 2"
-    cell(nb, "answer-03-4").source = "max_microbatches = 1\nbubble_at_max = 0.9"
-    cell(nb, "answer-03-5").source = 'left_cause = "d"\nright_cause = "d"'
-    cell(nb, "answer-03-6").source = "efficiency = 0.1\nbusiest_device = 0"
-    return nb
-
-
-def data(nb) -> bytes:
-    return nbformat.writes(nb).encode()
 
 
 def grade(nb, **kwargs):
     return grade_notebook(data(nb), "sub.ipynb", student="tester", **kwargs)
-
-
-def passed(result) -> list[str]:
-    return [e.id for e in result.exercises if e.passed]
-
-
-def grade_folder(tmp_path: Path, submissions: dict[str, nbformat.NotebookNode], **kwargs):
-    """Grade {student: notebook} as a class (each in its own sub-folder), 2 at a time."""
-    for student, nb in submissions.items():
-        (tmp_path / student).mkdir(parents=True, exist_ok=True)
-        (tmp_path / student / "03_bubble_tradeoff.ipynb").write_bytes(data(nb))
-    results = grade_all([tmp_path], jobs=2, **kwargs)
-    return {r.student: r for r in results}
 
 
 # --------------------------------------------------------------------------- honest work
@@ -195,15 +159,16 @@ def test_silencing_errors_patching_checks_and_forging_output_earn_nothing(tmp_pa
         assert passed(result) == [], (name, [(e.id, e.message) for e in result.exercises])
 
 
-def test_killing_the_grader_or_the_kernel_earns_nothing(tmp_path):
+def test_a_kernel_that_ends_itself_earns_nothing_and_cannot_end_the_grader(tmp_path):
+    # Its parent is the sandbox's first process, not the grader: killing it does nothing, so
+    # honest answers beside the attempt still count (tests/test_sandbox.py tries harder).
     kill_parent = with_code(solved(), "answer-03-1", "import os, signal\nos.kill(os.getppid(), 9)")
     kill_self = with_code(wrong_answers(solved()), "answer-03-1", "import os\nos._exit(0)")
     exit_early = with_code(wrong_answers(solved()), "answer-03-1", "import sys\nsys.exit(0)")
     results = grade_folder(
         tmp_path, {"kill-parent": kill_parent, "kill-self": kill_self, "exit": exit_early}
     )
-    assert results["kill-parent"].score == 0 and results["kill-parent"].problem
-    assert "ended with code" in results["kill-parent"].problem
+    assert passed(results["kill-parent"]) == ALL and results["kill-parent"].problem is None
     assert passed(results["kill-self"]) == [] and passed(results["exit"]) == []
 
 
@@ -219,24 +184,16 @@ runpy.run_module("ipykernel_launcher", run_name="__main__", alter_sys=True)
 
 
 def slow_kernel_spec(monkeypatch, tmp_path: Path, marker: str) -> None:
-    """Kernels start through SLOW_START: the first start (or every one) never answers."""
+    """Kernels (without a sandbox: the script lives in tmp_path) start through SLOW_START:
+    the first start (or every one) never answers."""
     import sys
 
     from course_utils.grading import notebook_tools, sandbox
 
     script = tmp_path / "slow_start.py"
     script.write_text(SLOW_START)
-    plain = sandbox._kernel_spec
-
-    def spec(folder: Path) -> Path:
-        found = plain(folder)
-        kernel = found / "course-grader" / "kernel.json"
-        spec = json.loads(kernel.read_text())
-        spec["argv"] = [sys.executable, "-I", str(script), marker, "-f", "{connection_file}"]
-        kernel.write_text(json.dumps(spec))
-        return found
-
-    monkeypatch.setattr(sandbox, "_kernel_spec", spec)
+    argv = [sys.executable, "-I", str(script), marker, "-f", "{connection_file}"]
+    monkeypatch.setattr(sandbox, "_plain_argv", lambda: argv)
     monkeypatch.setattr(notebook_tools, "KERNEL_STARTUP_SECONDS", 8)
 
 
@@ -245,11 +202,11 @@ def test_a_kernel_that_never_starts_is_retried_once_then_reported(monkeypatch, t
     # code has run then, so a fresh kernel is safe; if that fails too, the row says why.
     marker = tmp_path / "first-start-happened"
     slow_kernel_spec(monkeypatch, tmp_path, str(marker))
-    result = grade(solved())
+    result = grade(solved(), sandbox=False)
     assert marker.exists() and result.problem is None
     assert passed(result) == ALL
     slow_kernel_spec(monkeypatch, tmp_path, "never")
-    result = grade(solved())
+    result = grade(solved(), sandbox=False)
     assert result.problem and "the grading kernel did not start (2 tries" in result.problem
     assert result.exercises == [] and result.score == 0
 

@@ -1,8 +1,11 @@
 """`python -m course_utils grade SUBMISSION.ipynb|FOLDER ...`: grade exercise notebooks.
 
-Each notebook runs apart, in its own kernel and scratch folder; its answers are judged in
-the grader's process (see `course_utils.grading` and INSTRUCTORS.md). A table per notebook,
-or `--json` (always a list), and `--csv` (one row per notebook).
+Each notebook runs apart, in its own kernel inside a sandbox of its own; its answers are
+judged in the grader's process (see `course_utils.grading` and INSTRUCTORS.md). A table per
+notebook, or `--json` (always a list), and for the class: `--csv` (one row per notebook,
+written as each finishes: a rerun grades only what is missing), `--roster`, `--gradebook`,
+`--feedback`, `--stats`, `--similarity`. `grade FILE --student NAME` regrades one notebook on
+that student's numbers.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from pathlib import Path
 
 from course_utils.errors import CourseInputError
 
-HELP = "grade exercise notebooks (run apart, judged outside the learner's kernel)"
+HELP = "grade exercise notebooks (each in a sandbox, judged outside the learner's kernel)"
 MAX_JOBS = 8
 
 
@@ -25,14 +28,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "submissions", nargs="+", type=Path, help="submitted .ipynb files or folders of them"
     )
-    parser.add_argument("--csv", type=Path, help="write one row per notebook here")
+    parser.add_argument(
+        "--csv", type=Path, help="one row per notebook, written as each finishes (resumable)"
+    )
     parser.add_argument("--json", action="store_true", help="print the results as a JSON list")
     parser.add_argument("--solutions", type=Path, default=SOLUTIONS, help="folder of solutions")
     parser.add_argument("--lesson", type=int, default=None, help="grade as this lesson (1-99)")
     parser.add_argument(
         "--variants",
         action="store_true",
-        help="each learner's own numbers: their student name is the seed (see make_exercises)",
+        help="each learner's own numbers: their student id is the seed (see make_exercises)",
+    )
+    parser.add_argument(
+        "--student",
+        default=None,
+        metavar="NAME",
+        help="regrade one notebook as NAME's, on NAME's numbers (implies --variants)",
+    )
+    parser.add_argument(
+        "--roster", type=Path, help="CSV with id,name[,lms_id]: whose each file is (Moodle, Canvas)"
+    )
+    parser.add_argument(
+        "--gradebook", type=Path, help="CSV, one row per student, for Canvas or Moodle"
+    )
+    parser.add_argument(
+        "--feedback", type=Path, metavar="DIR", help="write one HTML feedback page per notebook"
+    )
+    parser.add_argument(
+        "--stats", type=Path, metavar="PNG", help="class statistics: bar chart (and .csv beside)"
+    )
+    parser.add_argument(
+        "--similarity",
+        nargs="?",
+        const=True,
+        default=None,
+        metavar="CSV",
+        help="report answer cells identical (or after renaming) across students; CSV optional",
+    )
+    parser.add_argument(
+        "--no-sandbox",
+        action="store_true",
+        help="run learners' code WITHOUT a sandbox, with your permissions (only if you must)",
     )
     parser.add_argument(
         "-j", "--jobs", type=int, default=1, help=f"notebooks graded at once (1-{MAX_JOBS})"
@@ -57,7 +93,19 @@ def _seconds(value: float, flag: str) -> float:
     return value
 
 
-def run(args: argparse.Namespace) -> int:
+def _output_file(path: Path | None, flag: str) -> None:
+    if path is None:
+        return
+    if path.is_dir():
+        raise CourseInputError(f"{flag} {str(path)!r} is a folder: give a file name")
+    if not path.parent.is_dir():
+        raise CourseInputError(f"{flag} {str(path)!r}: folder {str(path.parent)!r} is missing")
+
+
+def _check(args: argparse.Namespace) -> None:
+    """Every argument, before anything slow is imported or any notebook is run."""
+    from course_utils.grading.roster import check_name, read_roster
+
     for flag in ("--timeout", "--cell-timeout", "--call-timeout"):
         _seconds(getattr(args, flag.lstrip("-").replace("-", "_")), flag)
     if not 1 <= args.jobs <= MAX_JOBS:
@@ -73,29 +121,49 @@ def run(args: argparse.Namespace) -> int:
                 "course_utils package; give the solutions/ folder of a course checkout"
             )
         raise CourseInputError(f"--solutions {str(args.solutions)!r} is not a folder")
-    if args.csv is not None:
-        if args.csv.is_dir():
-            raise CourseInputError(f"--csv {str(args.csv)!r} is a folder: give a file name")
-        if not args.csv.parent.is_dir():
-            raise CourseInputError(
-                f"--csv {str(args.csv)!r}: folder {str(args.csv.parent)!r} is missing"
-            )
-
-    for path in args.submissions:  # bad paths: one line, before anything slow is imported
-        if not path.exists():
+    for flag in ("--csv", "--gradebook", "--stats"):
+        _output_file(getattr(args, flag.lstrip("-")), flag)
+    if isinstance(args.similarity, str):
+        args.similarity = Path(args.similarity)
+        _output_file(args.similarity, "--similarity")
+    if args.stats is not None and args.stats.suffix.lower() != ".png":
+        raise CourseInputError(f"--stats {str(args.stats)!r}: give a .png file name")
+    if args.feedback is not None and args.feedback.exists() and not args.feedback.is_dir():
+        raise CourseInputError(f"--feedback {str(args.feedback)!r} is a file: give a folder")
+    for path in args.submissions:
+        if not path.exists() and not path.is_symlink():
             raise CourseInputError(f"submission {str(path)!r} does not exist")
-        if path.is_file() and path.suffix != ".ipynb":
+        if not path.is_dir() and path.suffix != ".ipynb":
             raise CourseInputError(f"submission {str(path)!r} is not a notebook (.ipynb)")
+    if args.student is not None:
+        args.student = check_name(args.student, "--student")
+        if len(args.submissions) != 1 or args.submissions[0].is_dir():
+            raise CourseInputError("--student regrades one notebook: give exactly one .ipynb file")
+    args.roster = read_roster(args.roster) if args.roster is not None else None
 
-    from course_utils.grading.batch import find_submissions, grade_all, write_csv
+
+def run(args: argparse.Namespace) -> int:
+    _check(args)
+    from course_utils.grading import isolation
+
+    if not args.no_sandbox and (why := isolation.problem()):
+        raise CourseInputError(why)
+    from course_utils.grading.batch import find_submissions, grade_all
     from course_utils.grading.grader import table
 
     find_submissions(args.submissions)  # an empty folder: one line too
+    say = sys.stderr if args.json else sys.stdout
+    if args.no_sandbox:
+        print("warning: --no-sandbox: learners' code runs with your permissions", file=say)
+
+    graded_now = []
 
     def show(result) -> None:
+        graded_now.append(result)
         if not args.json:
             print(table(result), flush=True)
 
+    single = len(args.submissions) == 1 and not args.submissions[0].is_dir()
     results = grade_all(
         args.submissions,
         jobs=args.jobs,
@@ -106,12 +174,58 @@ def run(args: argparse.Namespace) -> int:
         total_timeout=args.timeout,
         call_timeout=args.call_timeout,
         on_result=show,
+        sandbox=not args.no_sandbox,
+        roster=args.roster,
+        journal=args.csv,
+        student=args.student,
+        trust_name_cell=single and args.student is None and not args.variants,
     )
     if args.json:
         print(json.dumps([r.to_dict() for r in results], indent=2, allow_nan=False))
-    if args.csv:
-        write_csv(results, args.csv)
-        print(
-            f"wrote {args.csv} ({len(results)} rows)", file=sys.stderr if args.json else sys.stdout
-        )
+    else:
+        for r in results:
+            if "missing" in r.flags:
+                print(f"{r.name or r.student} (student {r.student}): {r.problem}")
+            elif "not on the roster" in r.flags:
+                print(f"{r.notebook}: not on the roster (graded as {r.student!r})")
+    reused = sum(1 for r in results if r.notebook) - len(graded_now)
+    _class_outputs(args, results, say, reused)
     return 0
+
+
+def _class_outputs(args: argparse.Namespace, results, say, reused: int) -> None:
+    """The gradebook, feedback pages, statistics and similarity pairs, each if asked for."""
+    if args.csv:
+        print(f"wrote {args.csv} ({len(results)} rows) and {args.csv.with_suffix('.jsonl')}",
+              file=say)  # fmt: skip
+        if reused > 0:
+            print(f"  ({reused} rows kept from the earlier run: those notebooks are unchanged)",
+                  file=say)  # fmt: skip
+    if args.gradebook:
+        from course_utils.grading.gradebook import write_gradebook
+
+        rows = write_gradebook(results, args.gradebook, args.roster, args.solutions)
+        print(f"wrote {args.gradebook} ({rows} students)", file=say)
+    if args.feedback:
+        from course_utils.grading.feedback import write_feedback
+
+        pages = write_feedback(results, args.feedback, args.submissions, args.solutions)
+        print(f"wrote {len(pages)} feedback pages in {args.feedback}", file=say)
+    if args.stats:
+        from course_utils.grading.stats import class_statistics, stats_table, write_stats
+
+        stats = class_statistics(results)
+        print(stats_table(stats), file=say)
+        chart, table = write_stats(stats, args.stats)
+        print(f"wrote {chart} and {table}", file=say)
+    if args.similarity:
+        from course_utils.grading.similarity import pairs_table, similar_pairs, write_pairs
+
+        graded = [(r.student, r.notebook, r.lesson) for r in results if r.exercises]
+        pairs, common = similar_pairs(graded, args.solutions)
+        print(pairs_table(pairs), file=say)
+        for line in common:
+            print(f"  {line}", file=say)
+        if isinstance(args.similarity, Path):
+            write_pairs(pairs, args.similarity)
+            print(f"wrote {args.similarity} ({len(pairs)} pairs)", file=say)

@@ -1,8 +1,16 @@
 """For instructors: exercise notebooks generated from the solutions, and grading.
 
 - `notebook_tools`  reading notebooks, answer and check cells, solution blocks
-- `make_exercises`  exercises/ from solutions/ (`python -m course_utils.grading.make_exercises`)
-- `grader`          grade submissions (`python -m course_utils grade`, see INSTRUCTORS.md)
+- `make_exercises`  exercises/ from solutions/, and handouts per student (`--students`, `--roster`)
+- `grader`          grade one notebook: run it apart, judge its answers here (`judge`)
+- `sandbox`         run a notebook's cells in a kernel and capture its answers as data
+- `isolation`       the bubblewrap sandbox each kernel runs in (`kernel_start` sets its limits)
+- `stand_in`        the checks package as a sandboxed kernel sees it: numbers, no answers
+- `batch`, `worker` a class, each notebook in a worker process (`python -m course_utils grade`)
+- `roster`          students' names, the roster, whose file a Moodle/Canvas download is
+- `journal`         the per-notebook CSV, row by row, so a killed batch can be resumed
+- `gradebook`, `feedback`, `stats`, `similarity`  what an instructor takes away from a batch
+- `pytest_plugin`   `pytest --course-grade submissions/`: one test per exercise per student
 
 The learner-facing checks themselves live in `course_utils.checks`. Importing this package
 is cheap (the commands check their arguments before importing nbformat, which is slow).

@@ -1,72 +1,150 @@
 """Grade a whole class: every notebook in its own worker process, a row for every file.
 
-    results = grade_all([Path("submissions")], jobs=2, variants=True)
-    write_csv(results, Path("grades.csv"))
+    results = grade_all([Path("submissions")], jobs=2, variants=True,
+                        roster=read_roster(Path("roster.csv")), journal=Path("grades.csv"))
 
-All submissions are read into memory first, so nothing one submission does to the files
-around it (deleting a classmate's notebook, say) changes what the others are graded on.
-Each one is then graded by `python -m course_utils.grading.worker` in a process of its own,
-at most `jobs` at a time. A worker reports on a pipe the learner's kernel cannot see, with
-a token only it knows; a worker that is killed, hangs past its time limit or reports
-nonsense gives that submission a row with the reason and no marks, and the batch goes on.
+1. Find every notebook under the folders given and whose it is (`roster.label`, `match`):
+   with a roster, a notebook nobody on it owns is graded and flagged "not on the roster".
+   Only regular files are read: a link (to `/etc/passwd`, say) or a FIFO is a row saying
+   so, and so is a link beside a notebook (it is not copied into the sandbox).
+2. Read everything into memory first, so nothing one submission does to the files around it
+   (deleting a classmate's notebook, say) changes what the others are graded on.
+3. Grade each one in `python -I -m course_utils.grading.worker`, at most `jobs` at a time,
+   started in a private folder of its own (its working folder and TMPDIR: nothing there
+   comes from a submission), deleted when the worker ends, however it ends. Its kernel runs
+   in a sandbox (`isolation`). A worker reports on a pipe the learner's kernel cannot see,
+   with a token only it knows; a worker that is killed, hangs past its time limit or
+   reports nonsense gives that submission a row with the reason and no marks.
+4. With a `journal` (the per-notebook CSV), each row reaches the disk the moment its
+   notebook is graded; a rerun reuses the rows of notebooks that have not changed and
+   grades only the rest (`journal.py`).
+5. With a roster, each student with no notebook of a lesson in the batch gets a row
+   "missing" for it.
 """
 
 from __future__ import annotations
 
 import base64
-import csv
 import json
 import os
 import secrets
+import stat
 import subprocess
 import sys
+import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from course_utils.checks import DEFAULT_STUDENT
 from course_utils.errors import CourseInputError
 from course_utils.grading.grader import GradeResult
 from course_utils.grading.notebook_tools import SOLUTIONS
+from course_utils.grading.roster import Student, label, match
 
 MAX_FOLDER_BYTES = 50_000_000  # data files copied beside a notebook, at most
 
 
-def find_submissions(paths: list[Path]) -> list[tuple[Path, str]]:
-    """(notebook, student) pairs: `alice/03_x.ipynb` is alice's, `alice.ipynb` too."""
-    found: list[tuple[Path, str]] = []
+@dataclass
+class Submission:
+    path: Path
+    student: str  # the roster's id, else what the file's place says (folder, name, stem)
+    name: str = ""  # the roster's name for the student
+    root: Path | None = None  # the folder given to `grade` it was found in
+    flags: list[str] = field(default_factory=list)
+
+
+def _notebooks(folder: Path) -> list[Path]:
+    return sorted(
+        p
+        for p in folder.rglob("*.ipynb")
+        if not any(part.startswith(".") for part in p.relative_to(folder).parts)
+    )
+
+
+def find_submissions(paths: list[Path], roster: list[Student] | None = None) -> list[Submission]:
+    """Every notebook under `paths` and whose it is (see the module docstring)."""
+    found: list[Submission] = []
     for path in paths:
         if path.is_dir():
-            notebooks = sorted(
-                p
-                for p in path.rglob("*.ipynb")
-                if not any(part.startswith(".") for part in p.relative_to(path).parts)
-            )
+            notebooks = _notebooks(path)
             if not notebooks:
                 raise CourseInputError(f"submission folder {str(path)!r} has no .ipynb files")
             for nb in notebooks:
-                parts = nb.relative_to(path).parts
-                found.append((nb, parts[0] if len(parts) > 1 else nb.stem))
+                found.append(_whose(nb, nb.relative_to(path), roster, path))
         elif path.suffix != ".ipynb":
             raise CourseInputError(f"submission {str(path)!r} is not a notebook (.ipynb)")
-        elif not path.exists():
+        elif not path.exists() and not path.is_symlink():
             raise CourseInputError(f"submission {str(path)!r} does not exist")
         else:
-            found.append((path, path.stem))
+            found.append(_whose(path, Path(path.name), roster, None))
     return found
 
 
+def _whose(path: Path, relative: Path, roster: list[Student] | None, root) -> Submission:
+    said = label(relative)
+    if roster is None:
+        return Submission(path, said.text, root=root)
+    student = match(said, roster)
+    if student is None:  # graded all the same, under the name its place in the download gives
+        return Submission(path, said.text, said.text, root, ["not on the roster"])
+    return Submission(path, student.id, student.name, root)
+
+
+def _not_regular(path: Path) -> str | None:
+    """Why `path` is not read: it is a link, a FIFO, a device... (None: a regular file)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError as exc:
+        return f"could not read {path}: {exc.strerror or exc}"
+    if stat.S_ISREG(mode):
+        return None
+    kind = "a symbolic link" if stat.S_ISLNK(mode) else "a FIFO" if stat.S_ISFIFO(mode) else None
+    return f"{path} is not a regular file ({kind or 'not a file'}): not read"
+
+
 def _folder_files(notebook: Path) -> dict[str, str]:
-    """The other files beside a notebook (not notebooks), base64, up to MAX_FOLDER_BYTES."""
+    """The other regular files beside a notebook (not notebooks, not links), base64, up to
+    MAX_FOLDER_BYTES."""
     files, total = {}, 0
     for path in sorted(notebook.parent.iterdir()):
-        if path.is_file() and path.suffix != ".ipynb":
+        if path.suffix != ".ipynb" and _not_regular(path) is None:
             size = path.stat().st_size
             if total + size > MAX_FOLDER_BYTES:
                 break
             files[path.name] = base64.b64encode(path.read_bytes()).decode()
             total += size
     return files
+
+
+@dataclass
+class _Job:
+    submission: Submission
+    data: bytes | None
+    files: dict[str, str]
+    problem: str | None
+    variant: str
+    lesson: int | None  # the lesson it will be graded as (pinned, or what it looks like)
+
+
+def _read(sub: Submission, variant: str, lesson: int | None) -> _Job:
+    from course_utils.grading.grader import detect_lesson, read_submission
+
+    problem = _not_regular(sub.path)
+    data, files = None, {}
+    if problem is None:
+        try:
+            data, files = sub.path.read_bytes(), _folder_files(sub.path)
+        except OSError as exc:
+            problem = f"could not read {sub.path}: {exc.strerror or exc}"
+    seen = lesson
+    if data is not None and seen is None:
+        try:
+            seen = detect_lesson(read_submission(data, str(sub.path)))
+        except CourseInputError:
+            pass
+    return _Job(sub, data, files, problem, variant, seen)
 
 
 def grade_all(
@@ -79,73 +157,166 @@ def grade_all(
     total_timeout: float = 600.0,
     call_timeout: float = 20.0,
     on_result=None,
+    sandbox: bool = True,
+    roster: list[Student] | None = None,
+    journal: Path | None = None,
+    student: str | None = None,
+    trust_name_cell: bool = False,
 ) -> list[GradeResult]:
-    """Grade every notebook under `paths`; one result per file, in the order found."""
-    submissions = find_submissions(paths)
-    jobs_data = []
-    for path, student in submissions:  # read everything before any learner code runs
-        try:
-            data, files = path.read_bytes(), _folder_files(path)
-        except OSError as exc:
-            data, files = None, {}
-            reason = f"could not read {path}: {exc.strerror or exc}"
-        jobs_data.append((path, student, data, files, None if data is not None else reason))
-    results: list[GradeResult | None] = [None] * len(jobs_data)
+    """Grade every notebook under `paths`: one result per file, in the order found, then a
+    "missing" row per roster student and lesson without a notebook.
+
+    `student` grades the (single) notebook as that student's, on their numbers; with
+    `trust_name_cell` a notebook graded without `variants` is graded on the numbers of the
+    student its name cell names, flagged as not verified. `on_result(result)` is called as
+    each notebook finishes (not for rows reused from the journal)."""
+    import hashlib
+
+    from course_utils.grading import isolation
+    from course_utils.grading.journal import Journal, key
+
+    if sandbox and (why := isolation.problem()):
+        raise CourseInputError(why)
+    submissions = find_submissions(paths, roster)
+    work = []
+    for sub in submissions:  # read everything before any learner code runs
+        if student is not None:
+            sub.student = sub.name = student
+            if roster:
+                sub.name = next((s.name for s in roster if s.id == student), student)
+        variant = sub.student if variants or student is not None else DEFAULT_STUDENT
+        work.append(_read(sub, variant, lesson))
+    lessons = sorted({j.lesson for j in work if j.lesson})
+    book = Journal(journal) if journal else None
+    done = book.previous() if book else {}
+    results: list[GradeResult | None] = [None] * len(work)
+    todo = []
+    for i, job in enumerate(work):
+        sha = hashlib.sha256(job.data).hexdigest() if job.data is not None else ""
+        kept = done.get(key(str(job.submission.path), sha, job.variant, job.lesson))
+        if kept is not None:
+            kept.flags = [f for f in kept.flags if f != "not on the roster"]
+            kept.flags += job.submission.flags
+            kept.student, kept.name = job.submission.student, job.submission.name
+            results[i] = kept
+        else:
+            todo.append(i)
+    if book:
+        book.open(_exercise_ids(lessons, solutions), [r for r in results if r is not None])
     lock = threading.Lock()
 
-    def work(i: int) -> None:
-        path, student, data, files, reason = jobs_data[i]
-        if data is None:
-            result = GradeResult(notebook=str(path), student=student, problem=reason)
+    def grade(i: int) -> None:
+        job = work[i]
+        sub = job.submission
+        if job.data is None:
+            result = GradeResult(notebook=str(sub.path), student=sub.student, problem=job.problem)
         else:
-            job = {
-                "data": base64.b64encode(data).decode(),
-                "name": str(path),
-                "student": student,
-                "variant": student if variants else DEFAULT_STUDENT,
-                "lesson": lesson,
-                "solutions": str(solutions),
-                "folder_files": files,
-                "cell_timeout": cell_timeout,
-                "total_timeout": total_timeout,
-                "call_timeout": call_timeout,
-            }
-            result = _run_worker(job, total_timeout + 120)
+            result = _run_worker(
+                {
+                    "data": base64.b64encode(job.data).decode(),
+                    "name": str(sub.path),
+                    "student": sub.student,
+                    "variant": job.variant if job.variant != DEFAULT_STUDENT else None,
+                    "lesson": lesson,
+                    "solutions": str(solutions),
+                    "folder_files": job.files,
+                    "cell_timeout": cell_timeout,
+                    "total_timeout": total_timeout,
+                    "call_timeout": call_timeout,
+                    "sandbox": sandbox,
+                    "trust_name_cell": trust_name_cell and job.variant == DEFAULT_STUDENT,
+                },
+                total_timeout + 120,
+            )
+        result.name = sub.name
+        result.flags += sub.flags
+        if result.lesson is None:
+            result.lesson = job.lesson
         with lock:
             results[i] = result
+            if book:
+                book.add(result)
             if on_result:
                 on_result(result)
 
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        list(pool.map(work, range(len(jobs_data))))
-    return [r for r in results if r is not None]
+    finished: list[GradeResult] | None = None
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            list(pool.map(grade, todo))
+        finished = [r for r in results if r is not None]
+        finished += missing_rows(finished, roster or [], lessons)
+    finally:
+        if book:  # interrupted: the rows graded so far, in order
+            book.close(finished if finished is not None else [r for r in results if r])
+    return finished
+
+
+def _exercise_ids(lessons: list[int], solutions: Path) -> list[str]:
+    """The CSV's exercise columns, known before any notebook is graded: the solutions'."""
+    import nbformat
+
+    from course_utils.grading.grader import exercises_of, solution_for
+
+    ids = []
+    for lesson in lessons:
+        try:
+            solution = nbformat.read(solution_for(lesson, solutions), as_version=4)
+        except CourseInputError:
+            continue
+        ids += [f"{lesson}.{ex.k}" for ex in exercises_of(solution)]
+    return ids
+
+
+def missing_rows(
+    results: list[GradeResult], roster: list[Student], lessons: list[int]
+) -> list[GradeResult]:
+    """A "missing" row for each roster student and lesson with no notebook of theirs."""
+    have = {(r.student, r.lesson) for r in results}
+    rows = []
+    for lesson in lessons:
+        for s in roster:
+            if (s.id, lesson) not in have:
+                rows.append(
+                    GradeResult(
+                        notebook="",
+                        student=s.id,
+                        name=s.name,
+                        lesson=lesson,
+                        variant=s.id,
+                        problem=f"missing: no notebook of lesson {lesson:02d} was found",
+                        flags=["missing"],
+                    )
+                )
+    return rows
 
 
 def _run_worker(job: dict, limit: float) -> GradeResult:
     """Grade one job in a worker process; any failure of the worker is a row, not a crash."""
     token = secrets.token_hex(16)
     job["token"] = token
-    read_end, write_end = os.pipe()
-    command = [sys.executable, "-m", "course_utils.grading.worker", str(write_end)]
-    proc = subprocess.Popen(
-        command,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        pass_fds=(write_end,),
-        start_new_session=True,  # its own process group: a time-out kills the kernel too
-    )
-    os.close(write_end)
-    chunks: list[bytes] = []
-    reader = threading.Thread(target=_drain, args=(read_end, chunks))
-    reader.start()
-    try:
-        _, err = proc.communicate(json.dumps(job).encode(), timeout=limit)
-    except subprocess.TimeoutExpired:
-        _kill(proc)
-        reader.join(5)
-        return _failed(job, f"grading did not finish within {limit:g} s")
-    reader.join(10)
+    with tempfile.TemporaryDirectory(prefix="course-grade-") as private:
+        read_end, write_end = os.pipe()
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-m", "course_utils.grading.worker", str(write_end)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            pass_fds=(write_end,),
+            cwd=private,  # nothing in its working folder or TMPDIR comes from a submission
+            env={**os.environ, "TMPDIR": private},
+            start_new_session=True,  # its own process group: a time-out kills the kernel too
+        )
+        os.close(write_end)
+        chunks: list[bytes] = []
+        reader = threading.Thread(target=_drain, args=(read_end, chunks))
+        reader.start()
+        try:
+            _, err = proc.communicate(json.dumps(job).encode(), timeout=limit)
+        except subprocess.TimeoutExpired:
+            _kill(proc)
+            reader.join(5)
+            return _failed(job, f"grading did not finish within {limit:g} s")
+        reader.join(10)
     report = b"".join(chunks).decode(errors="replace")
     base = _failed(job, "")
     if proc.returncode != 0:
@@ -162,7 +333,7 @@ def _run_worker(job: dict, limit: float) -> GradeResult:
     if data.pop("token", None) != token:
         base.problem = "the grading result did not come from the grading process"
         return base
-    return _result_from_dict(data)
+    return GradeResult.from_dict(data)
 
 
 def _drain(fd: int, chunks: list[bytes]) -> None:
@@ -182,53 +353,6 @@ def _failed(job: dict, problem: str) -> GradeResult:
     return GradeResult(
         notebook=job["name"],
         student=job["student"],
-        variant=job["variant"],
+        variant=job["variant"] or DEFAULT_STUDENT,
         problem=problem or None,
     )
-
-
-def _result_from_dict(data: dict) -> GradeResult:
-    from course_utils.grading.grader import ExerciseResult
-
-    result = GradeResult(
-        notebook=data["notebook"],
-        student=data["student"],
-        lesson=data.get("lesson"),
-        variant=data.get("variant", DEFAULT_STUDENT),
-        exercises=[ExerciseResult(**e) for e in data.get("exercises", [])],
-        tampering=data.get("tampering", []),
-        problem=data.get("problem"),
-        notes=data.get("notes", []),
-        seconds=data.get("seconds", 0.0),
-    )
-    return result
-
-
-def write_csv(results: list[GradeResult], path: Path) -> None:
-    """One row per notebook: student, notebook, lesson, variant, score, total, a 1/0 column per
-    exercise, the locked cells changed or removed, and why a notebook was not graded."""
-    ids = sorted(
-        {e.id for r in results for e in r.exercises}, key=lambda s: tuple(map(int, s.split(".")))
-    )
-    with path.open("w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(
-            [
-                "student",
-                "notebook",
-                "lesson",
-                "variant",
-                "score",
-                "total",
-                *ids,
-                "tampered",
-                "problem",
-            ]
-        )
-        for r in results:
-            marks = {e.id: int(e.passed) for e in r.exercises}
-            tampered = "; ".join(f"{t['cell']} {t['status']}" for t in r.tampering)
-            writer.writerow(
-                [r.student, r.notebook, r.lesson or "", r.variant, r.score, r.total,
-                 *(marks.get(i, "") for i in ids), tampered, r.problem or ""]
-            )  # fmt: skip

@@ -7,11 +7,15 @@
 2. Which numbers: with `variant=` the learner's own (their seed, e.g. their name), else the
    course's default ones. The inputs for Build exercises are drawn here, fresh, and never
    leave the grader except as the arguments the learner's function is called with.
-3. Run it apart (`course_utils.grading.sandbox`): its own kernel, its own scratch folder,
-   nothing of the submission's folder on `sys.path`; answers come back as data.
+3. Run it apart (`course_utils.grading.sandbox`): its own kernel in a sandbox of its own
+   (`isolation`), which shows it the course's package without the checks (`stand_in`), its
+   own scratch folder, nothing of the submission's folder on `sys.path`; answers come back
+   as data.
 4. Judge here (`course_utils.grading.judge`): the lesson's check functions, in this process.
 5. Report tampering: every locked cell of the solution (check cells, cells tagged "locked")
-   is compared with the submission's; changed and missing ones are listed.
+   is compared with the submission's; changed and missing ones are listed. A name cell
+   (`lNN.for_student("...")`) that does not name the student graded is said so in `flags`:
+   "default numbers" (it says "default") or "name cell edited" (another name).
 
 Score = passed exercises / the solution's exercises. The batch runner (`batch.py`) grades
 many notebooks, each in its own worker process.
@@ -19,10 +23,13 @@ many notebooks, each in its own worker process.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import importlib
+import json
 import re
 import secrets
+import tempfile
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,6 +39,7 @@ import nbformat
 from course_utils.checks import DEFAULT_STUDENT, Variant
 from course_utils.checks.wire import encode
 from course_utils.errors import CourseInputError
+from course_utils.grading import stand_in
 from course_utils.grading.judge import cases_for, judge
 from course_utils.grading.make_exercises import STUDENT_LINE
 from course_utils.grading.notebook_tools import SOLUTIONS, is_check_cell, tags
@@ -59,6 +67,9 @@ class GradeResult:
     problem: str | None = None  # why the notebook could not be graded at all
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    flags: list[str] = field(default_factory=list)  # "default numbers", "missing", ...
+    name: str = ""  # the student's name on the roster
+    sha256: str = ""  # of the notebook's bytes: a rerun grades only what changed or is new
 
     @property
     def total(self) -> int:
@@ -81,14 +92,41 @@ class GradeResult:
             "problem": self.problem,
             "notes": self.notes,
             "seconds": round(self.seconds, 2),
+            "flags": self.flags,
+            "name": self.name,
+            "sha256": self.sha256,
         }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> GradeResult:
+        """The result `to_dict` wrote (a worker's report, a journal's line)."""
+        return cls(
+            notebook=data["notebook"],
+            student=data["student"],
+            lesson=data.get("lesson"),
+            variant=data.get("variant", DEFAULT_STUDENT),
+            exercises=[ExerciseResult(**e) for e in data.get("exercises", [])],
+            tampering=data.get("tampering", []),
+            problem=data.get("problem"),
+            notes=data.get("notes", []),
+            seconds=data.get("seconds", 0.0),
+            flags=data.get("flags", []),
+            name=data.get("name", ""),
+            sha256=data.get("sha256", ""),
+        )
 
 
 def read_submission(data: bytes, name: str) -> nbformat.NotebookNode:
     try:
         return nbformat.reads(data.decode("utf-8"), as_version=4)
     except Exception as exc:  # truncated JSON, not a notebook, bad encoding ...
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        # nbformat quotes the file's text when it is not JSON: say where, not what.
+        if isinstance(exc, json.JSONDecodeError):
+            first = f"not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        elif type(exc).__name__ == "NotJSONError":
+            first = "not JSON"
+        else:
+            first = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
         raise CourseInputError(f"{name} is not a readable notebook ({first})") from None
 
 
@@ -148,6 +186,53 @@ def tampering(
     return report
 
 
+def name_in_notebook(nb: nbformat.NotebookNode) -> str | None:
+    """The student its setup cell names (`check = l03.for_student("alice")`), if any."""
+    for cell in nb.cells:
+        if cell.cell_type != "code" or "for_student" not in cell.source:
+            continue
+        lines = cell.source.splitlines()
+        code = "\n".join(ln for ln in lines if not ln.lstrip().startswith(("%", "!")))
+        try:
+            tree = ast.parse(code)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute | ast.Name)
+                and getattr(node.func, "attr", getattr(node.func, "id", "")) == "for_student"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+            ):
+                return node.args[0].value
+    return None
+
+
+def _name_cell(result: GradeResult, named: str | None) -> None:
+    """Say in the result when the setup cell does not name the student graded."""
+    if result.variant == DEFAULT_STUDENT:
+        if named not in (None, DEFAULT_STUDENT):
+            result.notes.append(
+                f"its name cell says {named!r}: graded on the course's default numbers "
+                f"(grade with --variants or --student {named!r} for that student's own)"
+            )
+        return
+    if named == DEFAULT_STUDENT:
+        result.flags.append("default numbers")
+        result.notes.append(
+            f'worked on the course\'s default numbers: its name cell says "default", '
+            f"not {result.variant!r}; graded on {result.variant!r}'s numbers"
+        )
+    elif named is not None and named != result.variant:
+        result.flags.append("name cell edited")
+        result.notes.append(
+            f"its name cell was edited: it says {named!r}, not {result.variant!r}; "
+            f"graded on {result.variant!r}'s numbers"
+        )
+
+
 def grade_notebook(
     data: bytes,
     name: str,
@@ -159,14 +244,31 @@ def grade_notebook(
     cell_timeout: float = 120.0,
     total_timeout: float = 600.0,
     call_timeout: float = 20.0,
+    sandbox: bool = True,
+    trust_name_cell: bool = False,
 ) -> GradeResult:
-    """Grade one submitted notebook given as bytes (see the module docstring)."""
+    """Grade one submitted notebook given as bytes (see the module docstring).
+
+    `sandbox=False` runs the learner's kernel without a sandbox (`grade --no-sandbox`).
+    `trust_name_cell` (a single handout graded without a name): with no `variant`, grade on
+    the numbers of the student its setup cell names, and flag the name as not verified."""
     result = GradeResult(notebook=name, student=student, variant=variant or DEFAULT_STUDENT)
+    result.sha256 = hashlib.sha256(data).hexdigest()
     try:
         submission = read_submission(data, name)
     except CourseInputError as exc:
         result.problem = str(exc)
         return result
+    named = name_in_notebook(submission)
+    if trust_name_cell and variant is None and named not in (None, DEFAULT_STUDENT):
+        result.variant = result.student = str(named)
+        result.flags.append("name not verified")
+        result.notes.append(
+            f"graded on the numbers of {named!r}, the name in its first cell, which was not "
+            f"verified (grade it with --student NAME to be sure)"
+        )
+    else:
+        _name_cell(result, named)
     detected = detect_lesson(submission)
     result.lesson = lesson or detected
     if result.lesson is None:
@@ -185,19 +287,31 @@ def grade_notebook(
             e: [encode(tuple(c)) for c in cs] for e, cs in cases_for(module, ex.k, learner).items()
         }
     result.tampering = tampering(submission, solution, result.variant)
-    try:
-        run = run_submission(
-            submission,
-            folder_files or {},
-            result.lesson,
-            exercises,
-            cell_timeout,
-            total_timeout,
-            call_timeout,
-        )
-    except KernelStartError as exc:
-        result.problem = str(exc)
-        return result
+    checks_cells = frozenset(c.source.strip() for c in solution.cells if is_check_cell(c))
+    with tempfile.TemporaryDirectory(prefix="course-checks-") as tmp:
+        checks = None
+        if sandbox:
+            given = {
+                int(found.group(1)): encode(getattr(module, attr)(learner))
+                for attr in dir(module)
+                if (found := re.fullmatch(r"given_(\d+)", attr))
+            }
+            checks = stand_in.write(Path(tmp) / "checks", solutions, result.lesson, given)
+        try:
+            run = run_submission(
+                submission,
+                folder_files or {},
+                result.lesson,
+                exercises,
+                cell_timeout,
+                total_timeout,
+                call_timeout,
+                skip=checks_cells,
+                stand_in=checks,
+            )
+        except KernelStartError as exc:
+            result.problem = str(exc)
+            return result
     result.notes += run.notes
     result.seconds = run.seconds
     for ex in exercises:

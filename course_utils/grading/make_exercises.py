@@ -2,12 +2,20 @@
 
     python -m course_utils.grading.make_exercises          # (re)write exercises/*.ipynb
     python -m course_utils.grading.make_exercises --check  # exit 1 and list stale files
+    python -m course_utils.grading.make_exercises --students ana "José Núñez" --out handout/
+    python -m course_utils.grading.make_exercises --roster roster.csv --out handout/
 
 Each `### BEGIN SOLUTION` ... `### END SOLUTION` block (nbgrader's markers) becomes
 `# YOUR CODE HERE` + `raise NotImplementedError()` at the block's indentation (in markdown
 cells: "YOUR ANSWER HERE"); outputs and execution counts are cleared; cell ids and tags stay,
-so the grader can match check cells. The output is byte-for-byte deterministic and already
-`ruff format`-clean, which is what lets `--check` (and a test) catch a stale exercises/.
+so the grader can match check cells. Locked cells (check cells, cells tagged "locked") get
+JupyterLab's `editable: false` and `deletable: false`, answer cells `deletable: false`, as
+nbgrader does; the grader still compares their text. The output is byte-for-byte
+deterministic and already `ruff format`-clean, which is what lets `--check` (and a test)
+catch a stale exercises/.
+
+`--students`/`--roster` write OUT/<id>/*.ipynb for each student, on their own numbers (the
+id is the seed); every name is checked (`roster.check_name`) before anything is written.
 """
 
 from __future__ import annotations
@@ -24,12 +32,15 @@ from course_utils.errors import CourseInputError
 from course_utils.grading.notebook_tools import (
     EXERCISES,
     SOLUTIONS,
+    is_check_cell,
     notebook_text,
     read_notebook,
     ruff_format_notebook,
     ruff_problems,
     strip_solutions,
+    tags,
 )
+from course_utils.grading.roster import check_name, check_names, read_roster
 
 # Notebook metadata that only describes one run (widget state), not the exercise.
 RUN_METADATA = ("widgets",)
@@ -48,25 +59,37 @@ def exercise_notebook(solution: nbformat.NotebookNode, name: str = "notebook") -
             cell.outputs = []
             cell.execution_count = None
             cell.metadata.pop("execution", None)  # nbclient's timings
+        lock(cell)
     return ruff_format_notebook(notebook_text(nb), f"exercises/{name}")
+
+
+def lock(cell: nbformat.NotebookNode) -> None:
+    """JupyterLab's locks, as nbgrader sets them: a check or locked cell can be neither
+    edited nor deleted, an answer cell not deleted."""
+    if is_check_cell(cell) or "locked" in tags(cell):
+        cell.metadata["editable"] = False
+        cell.metadata["deletable"] = False
+    elif "answer" in tags(cell):
+        cell.metadata["deletable"] = False
 
 
 # In the notebook's JSON text the quotes are escaped (\"default\"); in a cell's source not.
 STUDENT_LINE = re.compile(r'for_student\((\\?)"default\1"\)')
-STUDENT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")
+ANY_STUDENT = re.compile(r'for_student\("[^"\n]*"\)')  # in a cell's source, any name
 
 
 def for_student(text: str, student: str) -> str:
-    """An exercise notebook's text with `student`'s numbers (their name is the seed)."""
-    if not STUDENT_NAME.fullmatch(student) or student == "default":
-        raise CourseInputError(
-            f"student must be a name of letters, digits and _.@- (up to 64), got {student!r}"
-        )
+    """An exercise notebook's text with `student`'s numbers (their name is the seed). The
+    name may be in any script; `check_name` says what it may not hold (no quotes or
+    backslashes, so it goes into the Python string and the JSON text as it is)."""
+    student = check_name(student)
     return STUDENT_LINE.sub(lambda m: f'for_student({m[1]}"{student}{m[1]}")', text)
 
 
 def write_for_students(students: list[str], out: Path, solutions: Path = SOLUTIONS) -> list[Path]:
-    """out/<student>/<lesson>.ipynb for every student and lesson: their own numbers."""
+    """out/<student>/<lesson>.ipynb for every student and lesson: their own numbers. Every
+    name is checked before anything is written."""
+    students = check_names(students)
     notebooks = {
         p.name: exercise_notebook(read_notebook(p), p.name)
         for p in sorted(solutions.glob("*.ipynb"))
@@ -144,16 +167,31 @@ def main(argv: list[str] | None = None) -> int:
         metavar="NAME",
         help="write OUT/NAME/*.ipynb for each student, with their own numbers",
     )
-    parser.add_argument("--out", type=Path, default=None, help="folder for --students")
+    parser.add_argument(
+        "--roster",
+        type=Path,
+        default=None,
+        help="a roster CSV (id,name[,lms_id]): write OUT/<id>/*.ipynb for each student",
+    )
+    parser.add_argument("--out", type=Path, default=None, help="folder for --students/--roster")
     args = parser.parse_args(argv)
     try:
         if not args.solutions.is_dir():
             raise CourseInputError(f"--solutions {str(args.solutions)!r} is not a folder")
-        if args.students is not None:
+        if args.students is not None or args.roster is not None:
+            if args.students is not None and args.roster is not None:
+                raise CourseInputError("give --students or --roster, not both")
             if args.out is None:
-                raise CourseInputError("--students needs --out FOLDER for the notebooks")
-            written = write_for_students(args.students, args.out, args.solutions)
-            print(f"wrote {len(written)} notebooks for {len(args.students)} students in {args.out}")
+                raise CourseInputError("--students and --roster need --out FOLDER")
+            if args.out.exists() and not args.out.is_dir():
+                raise CourseInputError(f"--out {str(args.out)!r} is a file: give a folder")
+            ids = (
+                [s.id for s in read_roster(args.roster)]
+                if args.roster is not None
+                else args.students
+            )
+            written = write_for_students(ids, args.out, args.solutions)
+            print(f"wrote {len(written)} notebooks for {len(ids)} students in {args.out}")
             return 0
         if args.check:
             problems = stale_files(args.solutions, args.exercises)

@@ -1,16 +1,21 @@
 """Run a submission in a kernel of its own and bring back its answers as data.
 
-The learner's code runs in a fresh, isolated kernel: a scratch copy of the notebook's
-folder is its working directory (the submission folder itself is never touched), and the
-kernel is started as `python -I`, so neither that folder nor PYTHONPATH nor the user's site
-packages are on `sys.path`: a `course_utils.py` or `sitecustomize.py` beside the notebook is
-never imported. The grader inserts a *capture* cell after each exercise; it evaluates the
+The learner's code runs in a fresh kernel inside a sandbox of its own (`isolation`: its own
+namespaces, read-only system and package without the checks, a memory-backed scratch copy of
+the notebook's folder as its working directory, limits), started as `python -I`, so neither
+that folder nor PYTHONPATH nor the user's site packages are on `sys.path`. It has no network:
+it talks to the grader over Jupyter's `ipc` transport, through sockets in a folder of the
+grader's that the sandbox can see (and that is watched: a kernel that stores anything else
+there is stopped). The grader inserts a *capture* cell after each exercise; it evaluates the
 expressions the solution's check cell passes to `check.exercise_K(...)` and returns them
 as data (`course_utils.checks.wire`). A function answer is called there, on the inputs
 the grader chose, each call under a time limit, and only its results come back.
 
 Nothing the kernel says is a verdict: the grader's own process judges the data
 (`course_utils.grading.judge`). The kernel can only misreport its own answers.
+
+Without a sandbox (`stand_in=None`, `grade --no-sandbox`) the kernel runs as the grader's
+user in a scratch folder on disk, still isolated from `sys.path`, and sees the real checks.
 """
 
 from __future__ import annotations
@@ -18,17 +23,22 @@ from __future__ import annotations
 import ast
 import copy
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
 
+from course_utils.grading import isolation
 from course_utils.grading.notebook_tools import notebook_client
+from course_utils.grading.stand_in import KEPT_BY_GRADER
 
 PRELUDE = """\
 def __course_capture__(k, expressions, cases, limit):
@@ -60,6 +70,8 @@ def __course_capture__(k, expressions, cases, limit):
 MARK = "\x1ecourse-answers"
 KERNEL_STARTS = 2  # a kernel that never became ready ran nothing: one fresh start is safe
 MAX_ANSWER_CHARS = 5_000_000  # an answer bigger than this is not read
+MAX_IPC_BYTES = 1 << 20  # sockets and the connection file; anything more is not Jupyter's
+MAX_IPC_ENTRIES = 16
 
 
 class KernelStartError(RuntimeError):
@@ -140,16 +152,55 @@ def _capture_points(nb: nbformat.NotebookNode, lesson: int, exercises: list[Exer
     return points
 
 
-def _kernel_spec(folder: Path) -> Path:
-    """A kernel spec that starts `python -I -m ipykernel_launcher` (isolated mode)."""
+def _kernel_spec(folder: Path, argv: list[str], sandboxed: bool) -> Path:
+    """A kernel spec named "course-grader" in `folder` that starts the kernel with `argv`.
+
+    In a sandbox the kernel is interrupted by a message (ipykernel then signals itself): a
+    signal from the grader would reach bwrap, not the kernel in its own PID namespace."""
     spec = folder / "course-grader"
     spec.mkdir(parents=True)
-    argv = [sys.executable, "-I", "-m", "ipykernel_launcher", "-f", "{connection_file}"]
-    env = {"MPLBACKEND": "Agg", "PYTHONNOUSERSITE": "1"}
-    (spec / "kernel.json").write_text(
-        json.dumps({"argv": argv, "display_name": "grader", "language": "python", "env": env})
-    )
+    kernel: dict[str, object] = {"argv": argv, "display_name": "grader", "language": "python"}
+    if sandboxed:
+        kernel["interrupt_mode"] = "message"
+    else:
+        kernel["env"] = {"MPLBACKEND": "Agg", "PYTHONNOUSERSITE": "1"}
+    (spec / "kernel.json").write_text(json.dumps(kernel))
     return folder
+
+
+def _plain_argv() -> list[str]:
+    """The kernel without a sandbox: `python -I -m ipykernel_launcher` (isolated mode)."""
+    return [sys.executable, "-I", "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+
+
+class _Watch:
+    """Stops the kernel if its socket folder holds more than sockets: the one folder outside
+    its sandbox it can write to, and only because the sockets must be made there."""
+
+    def __init__(self, folder: Path, kill) -> None:
+        self.folder, self.kill, self.tripped = folder, kill, False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> _Watch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.25):
+            try:
+                entries = list(os.scandir(self.folder))
+                size = sum(e.stat(follow_symlinks=False).st_size for e in entries)
+            except OSError:
+                continue
+            if len(entries) > MAX_IPC_ENTRIES or size > MAX_IPC_BYTES:
+                self.tripped = True
+                self.kill()
+                return
 
 
 def _error_text(cell) -> tuple[str, str] | None:
@@ -184,8 +235,10 @@ def run_submission(
     total_timeout: float = 600.0,
     call_timeout: float = 20.0,
     skip: frozenset[str] = frozenset(),
+    stand_in: Path | None = None,
+    limits: isolation.Limits | None = None,
 ) -> Run:
-    """Execute the submission's cells in an isolated kernel, capturing each exercise's answers.
+    """Execute the submission's cells in a sandboxed kernel, capturing each exercise's answers.
 
     `folder_files` are the other files of the submission's folder (name -> bytes), copied
     into the scratch folder the kernel works in. Cells run in order, each under
@@ -193,6 +246,8 @@ def run_submission(
     (the captures still run, so what was answered by then still counts). Cells whose text is
     in `skip` are not run: the solution's own check cells only give the learner feedback, and
     the verdict is the grader's (a learner's function that hangs would hang them too).
+    `stand_in` is the checks package the sandbox shows the kernel (`stand_in.write`); None
+    runs the kernel without a sandbox. `limits` default to `Limits.for_notebook`.
     """
     from jupyter_client.kernelspec import KernelSpecManager
     from jupyter_client.manager import AsyncKernelManager
@@ -207,15 +262,15 @@ def run_submission(
     points = _capture_points(nb, lesson, exercises)
     owner = _exercise_of_cells(nb, lesson)
     by_k = {ex.k: ex for ex in exercises}
+    sandboxed = stand_in is not None
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="course-grade-") as tmp:
-        work = Path(tmp) / "work"
-        work.mkdir()
+        handout = Path(tmp) / "handout"
+        handout.mkdir()
         for name, data in folder_files.items():
-            target = work / name
+            target = handout / name
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
-        specs = _kernel_spec(Path(tmp) / "kernels")
 
         def run_all(client) -> None:
             def execute(source: str) -> nbformat.NotebookNode:
@@ -242,11 +297,25 @@ def run_submission(
 
         cells = list(nb.cells)  # the learner's; captures are appended after them
         for attempt in range(1, KERNEL_STARTS + 1):
+            ipc = _socket_folder(Path(tmp), attempt)
+            if stand_in is not None:
+                argv = isolation.kernel_argv(
+                    ipc,
+                    handout,
+                    stand_in,
+                    limits or isolation.Limits.for_notebook(total_timeout),
+                    isolation.font_cache(),
+                )
+            else:
+                argv = _plain_argv()
+            specs = _kernel_spec(Path(tmp) / f"kernels{attempt}", argv, sandboxed)
             # nbclient drives the kernel from its event loop: a synchronous manager cannot
             # interrupt a cell that runs too long there (the interrupt silently never comes).
             km = AsyncKernelManager(
                 kernel_name="course-grader",
                 kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(specs)]),
+                transport="ipc",
+                connection_file=str(ipc / "kernel.json"),
             )
             client = notebook_client(
                 nb,
@@ -255,14 +324,17 @@ def run_submission(
                 allow_errors=True,
                 interrupt_on_timeout=True,
                 error_on_timeout={"ename": "CellTimeout", "evalue": f"ran past {cell_timeout:g} s"},
-                resources={"metadata": {"path": str(work)}},
+                # The folder the kernel starts in: in a sandbox its own scratch copy is in there.
+                resources={"metadata": {"path": tmp if sandboxed else str(handout)}},
             )
             ready = False
+            watch = _Watch(ipc, lambda km=km: _kill(km))
             try:
                 # The kernel's own output goes nowhere: it must not reach the grader's streams.
                 with client.setup_kernel(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL):
                     ready = True
-                    run_all(client)
+                    with watch:
+                        run_all(client)
             except DeadKernelError:
                 run.notes.append("the kernel died (the notebook crashed or exited)")
             except RuntimeError as exc:
@@ -275,10 +347,37 @@ def run_submission(
                     why = f"the grading kernel did not start ({attempt} tries: {exc})"
                     raise KernelStartError(why) from exc
                 continue
+            finally:
+                if ipc.parent != Path(tmp):
+                    shutil.rmtree(ipc.parent, ignore_errors=True)
+            if watch.tripped:
+                run.notes.append(
+                    "the kernel was stopped: it wrote files beside its sockets, "
+                    "the one folder outside its sandbox it can reach"
+                )
             break
-        shutil.rmtree(work, ignore_errors=True)
     run.seconds = time.monotonic() - started
     return run
+
+
+def _socket_folder(tmp: Path, attempt: int) -> Path:
+    """A fresh folder for one kernel's sockets; a Unix socket's path must stay short (107
+    bytes), so where the temporary folder's path is long it goes to /tmp instead."""
+    folder = tmp / f"ipc{attempt}"
+    if len(str(folder / "kernel-ipc-65535")) > 100:
+        folder = Path(tempfile.mkdtemp(prefix="cg-", dir="/tmp")) / "ipc"
+    folder.mkdir()
+    return folder
+
+
+def _kill(km) -> None:
+    """Kill the kernel's process (in a sandbox: bwrap, and with it everything inside)."""
+    process = getattr(km.provisioner, "process", None)
+    if process is not None:
+        try:
+            process.send_signal(signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
 
 
 def _run_learner_cell(client, cell, index: int, exercise: int | None, limit: float, run: Run):
@@ -292,6 +391,8 @@ def _run_learner_cell(client, cell, index: int, exercise: int | None, limit: flo
         run.problems.setdefault(exercise, []).append(f"a cell ran past {limit:g} s and was stopped")
     elif name in ("SyntaxError", "IndentationError", "TabError"):
         run.problems.setdefault(exercise, []).append(f"a cell has a {name}: {value}")
+    elif KEPT_BY_GRADER in value:  # it used what only the grader has: say so, kindly
+        run.problems.setdefault(exercise, []).append(f"a cell raised {name}: {value}")
 
 
 def _capture(execute, ex: Exercise, call_timeout: float, run: Run) -> None:

@@ -1,7 +1,10 @@
-"""One grading job in a process of its own: `python -m course_utils.grading.worker FD`.
+"""One grading job in a process of its own: `python -I -m course_utils.grading.worker FD`.
 
-The job (JSON) comes on stdin; the result (JSON, with the job's token) goes to the pipe
-`FD`, which the learner's kernel does not inherit. See `course_utils.grading.batch`.
+Started isolated (`-I`: neither its working folder nor PYTHONPATH nor user site packages are
+on `sys.path`) in a private folder the batch made for it, so nothing it imports can have been
+planted by a submission. The job (JSON) comes on stdin; the result (JSON, with the job's
+token) goes to the pipe `FD`, which the learner's kernel does not inherit. See
+`course_utils.grading.batch`.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ def main() -> int:
         cell_timeout=job["cell_timeout"],
         total_timeout=job["total_timeout"],
         call_timeout=job["call_timeout"],
+        sandbox=job.get("sandbox", True),
+        trust_name_cell=job.get("trust_name_cell", False),
     )
     report = {**result.to_dict(), "token": job["token"]}
     with os.fdopen(fd, "wb") as pipe:

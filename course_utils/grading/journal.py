@@ -1,0 +1,130 @@
+"""The per-notebook CSV, written row by row as notebooks finish, so a batch can be resumed.
+
+    journal = Journal(Path("grades.csv"))
+    done = journal.previous()            # {key: result} of an earlier, perhaps killed, run
+    journal.open(columns, kept)          # header + the rows kept from that run
+    journal.add(result)                  # one row, on disk as soon as the notebook is graded
+    journal.close(all_results)           # the whole table again, in the order found
+
+Beside `grades.csv` it keeps `grades.jsonl`: each row's full result (every exercise's
+message, the notes), one JSON object per line, which is what a rerun reads back to skip the
+notebooks already graded (same file, same bytes, same numbers, same lesson) and what the
+gradebook, the feedback and the statistics are made from. A row without a score (the
+grading failed: a kernel that never started, a worker that was killed) is graded again.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+from typing import TextIO
+
+from course_utils.grading.grader import GradeResult
+
+Key = tuple[str, str, str, int]
+
+
+def key(notebook: str, sha256: str, variant: str, lesson: int | None) -> Key:
+    return (notebook, sha256, variant, lesson or 0)
+
+
+def key_of(result: GradeResult) -> Key:
+    return key(result.notebook, result.sha256, result.variant, result.lesson)
+
+
+def header(exercise_ids: list[str]) -> list[str]:
+    return [
+        "student", "name", "notebook", "lesson", "variant", "status", "score", "total",
+        *exercise_ids, "tampered", "problem",
+    ]  # fmt: skip
+
+
+def status(result: GradeResult) -> str:
+    """'graded', 'not graded', or what is special about the row ('missing', 'default
+    numbers', 'name cell edited', 'not on the roster', ...)."""
+    if result.flags:
+        return "; ".join(result.flags)
+    return "not graded" if result.problem else "graded"
+
+
+def row(result: GradeResult, exercise_ids: list[str]) -> list[object]:
+    marks = {e.id: int(e.passed) for e in result.exercises}
+    tampered = "; ".join(f"{t['cell']} {t['status']}" for t in result.tampering)
+    return [
+        result.student, result.name, result.notebook, result.lesson or "", result.variant,
+        status(result), result.score, result.total, *(marks.get(i, "") for i in exercise_ids),
+        tampered, result.problem or "",
+    ]  # fmt: skip
+
+
+def exercise_order(ids: set[str]) -> list[str]:
+    return sorted(ids, key=lambda s: tuple(map(int, s.split("."))))
+
+
+def write_csv(results: list[GradeResult], path: Path, exercise_ids: list[str] | None = None):
+    """One row per notebook: student, name, notebook, lesson, variant, status, score, total,
+    a 1/0 column per exercise, the locked cells changed or removed, and why a notebook was
+    not graded. Written to a temporary file first, then renamed: never half a table."""
+    ids = exercise_ids or exercise_order({e.id for r in results for e in r.exercises})
+    partial = path.with_name(path.name + ".partial")
+    with partial.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(header(ids))
+        writer.writerows(row(r, ids) for r in results)
+    os.replace(partial, path)
+
+
+class Journal:
+    def __init__(self, csv_path: Path) -> None:
+        self.csv_path = csv_path
+        self.jsonl_path = csv_path.with_suffix(".jsonl")
+        self.ids: list[str] = []
+        self._csv: TextIO | None = None
+        self._jsonl: TextIO | None = None
+
+    def previous(self) -> dict[Key, GradeResult]:
+        """The rows with a score from an earlier run (a torn last line is ignored)."""
+        found: dict[Key, GradeResult] = {}
+        if not self.jsonl_path.is_file():
+            return found
+        for line in self.jsonl_path.read_text(encoding="utf-8").splitlines():
+            try:
+                result = GradeResult.from_dict(json.loads(line))
+            except (ValueError, KeyError, TypeError):
+                continue
+            if result.problem is None and result.sha256 and "missing" not in result.flags:
+                found[key_of(result)] = result
+        return found
+
+    def open(self, exercise_ids: list[str], kept: list[GradeResult]) -> None:
+        """Start both files afresh with the rows kept from the earlier run."""
+        self.ids = exercise_ids
+        write_csv(kept, self.csv_path, exercise_ids)
+        partial = self.jsonl_path.with_name(self.jsonl_path.name + ".partial")
+        partial.write_text("".join(json.dumps(r.to_dict()) + "\n" for r in kept), encoding="utf-8")
+        os.replace(partial, self.jsonl_path)
+        self._csv = self.csv_path.open("a", newline="", encoding="utf-8")
+        self._jsonl = self.jsonl_path.open("a", encoding="utf-8")
+
+    def add(self, result: GradeResult) -> None:
+        assert self._csv is not None and self._jsonl is not None, "open() the journal first"
+        csv.writer(self._csv).writerow(row(result, self.ids))
+        self._jsonl.write(json.dumps(result.to_dict()) + "\n")
+        for f in (self._csv, self._jsonl):
+            f.flush()
+            os.fsync(f.fileno())
+
+    def close(self, results: list[GradeResult]) -> None:
+        """The finished table, in the order the notebooks were found (then roster rows)."""
+        for f in (self._csv, self._jsonl):
+            if f is not None:
+                f.close()
+        self._csv = self._jsonl = None
+        write_csv(results, self.csv_path, self.ids or None)
+        partial = self.jsonl_path.with_name(self.jsonl_path.name + ".partial")
+        partial.write_text(
+            "".join(json.dumps(r.to_dict()) + "\n" for r in results), encoding="utf-8"
+        )
+        os.replace(partial, self.jsonl_path)

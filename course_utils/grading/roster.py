@@ -1,0 +1,185 @@
+"""Students: their names, the class roster, and whose notebook a downloaded file is.
+
+A student's *id* is the seed of their numbers (`lNN.for_student(id)`) and the name of their
+handout folder, so it must be a good folder name everywhere; it may be written in any script:
+
+    check_name("José Núñez")   # -> "José Núñez" (NFC-normalised, outer spaces dropped)
+    check_name("a/b")          # CourseInputError naming what is not allowed
+
+A roster is a CSV file with a header: `id`, `name` and, optionally, `lms_id` (the number
+Canvas or Moodle gives the student, as in their download's file names). `match` finds whose
+a submitted file is, from the layouts instructors get:
+
+- Moodle, "Download all submissions" (in folders, or flat):
+  `Alice Smith_12345_assignsubmission_file_/03_bubble_tradeoff.ipynb`,
+  `Alice Smith_12345_assignsubmission_file_03_bubble_tradeoff.ipynb`;
+- Canvas, "Download submissions": `smithalice_12345_67890_03_bubble_tradeoff.ipynb`
+  (`smithalice_LATE_12345_...` when late), 12345 being the student's Canvas id;
+- the course's own handouts (`make_exercises --roster`) and any plain layout:
+  `<id>/03_bubble_tradeoff.ipynb` or `<id>.ipynb`.
+
+The number is matched with the roster's `lms_id` where both have one, else the name (any
+case, any spacing), else the id.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+import unicodedata
+from dataclasses import dataclass
+from pathlib import Path
+
+from course_utils.errors import CourseInputError
+
+MAX_NAME = 64
+FORBIDDEN = set('/\\:*?"<>|')
+RESERVED = "default"  # the course's own numbers
+RULE = (
+    'a name is any text, in any script, up to 64 characters, without / \\ : * ? " < > |, '
+    "control characters or a leading '.', and not 'default'"
+)
+
+
+def check_name(name: str, where: str = "student name") -> str:
+    """`name` NFC-normalised and stripped, or CourseInputError saying what is wrong."""
+    if not isinstance(name, str):
+        raise CourseInputError(f"{where} must be text, got {name!r}")
+    clean = unicodedata.normalize("NFC", name).strip()
+    bad = sorted({c for c in clean if c in FORBIDDEN or unicodedata.category(c)[0] == "C"})
+    why = None
+    if not clean:
+        why = "it is empty"
+    elif len(clean) > MAX_NAME:
+        why = f"it has {len(clean)} characters"
+    elif bad:
+        why = "it contains " + ", ".join(repr(c) for c in bad)
+    elif clean.startswith("."):
+        why = "it starts with '.'"
+    elif clean.casefold() == RESERVED:
+        why = "'default' is the course's own numbers"
+    if why:
+        raise CourseInputError(f"{where} {name!r}: {why}; {RULE}")
+    return clean
+
+
+def check_names(names: list[str], where: str = "--students") -> list[str]:
+    """Every name checked before anything is written; no two alike (ignoring case, since
+    some file systems do)."""
+    clean = [check_name(n, f"{where}: name") for n in names]
+    seen: dict[str, str] = {}
+    for name in clean:
+        if name.casefold() in seen:
+            raise CourseInputError(
+                f"{where}: {seen[name.casefold()]!r} and {name!r} are the same folder name "
+                "(names must differ in more than upper and lower case)"
+            )
+        seen[name.casefold()] = name
+    return clean
+
+
+@dataclass(frozen=True)
+class Student:
+    id: str
+    name: str
+    lms_id: str = ""
+
+
+def _key(text: str) -> str:
+    return re.sub(r"[\s_.\-]+", " ", unicodedata.normalize("NFC", text)).strip().casefold()
+
+
+def read_roster(path: Path) -> list[Student]:
+    """The students of a roster CSV (header `id,name[,lms_id]`), or one line saying what is
+    wrong with it."""
+    if not path.is_file():
+        raise CourseInputError(f"--roster {str(path)!r} is not a file")
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as f:  # Excel writes a BOM
+            rows = list(csv.reader(f))
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise CourseInputError(f"--roster {str(path)!r} is not a UTF-8 CSV file ({exc})") from None
+    if not rows:
+        raise CourseInputError(f"--roster {str(path)!r} is empty: give a header id,name[,lms_id]")
+    header = [_key(h).replace(" ", "_") for h in rows[0]]
+    if "id" not in header or "name" not in header:
+        raise CourseInputError(
+            f"--roster {str(path)!r}: the header must name the columns id and name "
+            f"(and optionally lms_id), found {rows[0]}"
+        )
+    column = {h: i for i, h in enumerate(header)}
+    students: list[Student] = []
+    for line, row in enumerate(rows[1:], start=2):
+        if not any(cell.strip() for cell in row):
+            continue
+
+        def cell(name: str, row: list[str] = row) -> str:
+            i = column.get(name)
+            return row[i].strip() if i is not None and i < len(row) else ""
+
+        where = f"--roster {path.name}, line {line}: id"
+        student = Student(check_name(cell("id"), where), cell("name"), cell("lms_id"))
+        if not student.name:
+            raise CourseInputError(f"--roster {path.name}, line {line}: the name is empty")
+        students.append(student)
+    if not students:
+        raise CourseInputError(f"--roster {str(path)!r} lists no students")
+    check_names([s.id for s in students], f"--roster {path.name}")
+    lms = [s.lms_id for s in students if s.lms_id]
+    if len(lms) != len(set(lms)):
+        twice = sorted({x for x in lms if lms.count(x) > 1})
+        raise CourseInputError(f"--roster {path.name}: lms_id {twice[0]!r} is given twice")
+    return students
+
+
+MOODLE = re.compile(r"(?P<name>.+?)_(?P<number>\d+)_assignsubmission_\w+?_(?P<rest>.*)")
+CANVAS = re.compile(r"(?P<login>[^_]+?)(?:_LATE)?_(?P<number>\d+)_\d+_(?P<rest>.+)")
+
+
+@dataclass(frozen=True)
+class Label:
+    """What a file's place in a download says about whose it is."""
+
+    text: str  # the name, login or folder, as written
+    number: str = ""  # the LMS's number for the student, if the layout has one
+    layout: str = "plain"
+
+
+def label(relative: Path) -> Label:
+    """Whose `relative` (a notebook's path inside the folder given to `grade`) seems to be."""
+    relative = Path(unicodedata.normalize("NFC", str(relative)))  # macOS writes names as NFD
+    if len(relative.parts) > 1:  # in a folder of its own: the folder says
+        if found := MOODLE.fullmatch(relative.parts[0]):
+            return Label(found["name"], found["number"], "moodle")
+        return Label(relative.parts[0])
+    if found := MOODLE.fullmatch(relative.name):
+        return Label(found["name"], found["number"], "moodle")
+    if found := CANVAS.fullmatch(relative.name):
+        return Label(found["login"], found["number"], "canvas")
+    return Label(relative.stem)
+
+
+def _canvas_logins(name: str) -> set[str]:
+    """How Canvas may have squeezed a name into a file name: "Alice Smith" -> smithalice."""
+    words = [re.sub(r"\W", "", w).casefold() for w in name.replace(",", " ").split()]
+    words = [w for w in words if w]
+    if not words:
+        return set()
+    return {"".join(words[-1:] + words[:-1]), "".join(words), "".join(reversed(words))}
+
+
+def match(found: Label, roster: list[Student]) -> Student | None:
+    """The roster's student a file belongs to, or None (not on the roster)."""
+    if found.number:
+        for s in roster:
+            if s.lms_id and s.lms_id == found.number:
+                return s
+    key = _key(found.text)
+    for s in roster:
+        if _key(s.name) == key or _key(s.id) == key:
+            return s
+    if found.layout == "canvas":
+        for s in roster:
+            if found.text.casefold() in _canvas_logins(s.name):
+                return s
+    return None

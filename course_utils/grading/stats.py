@@ -1,0 +1,114 @@
+"""Class statistics: per exercise, the share of students who passed and the commonest hint.
+
+    stats = class_statistics(results)
+    print(stats_table(stats))
+    write_stats(stats, Path("stats.png"))   # the bar chart, and stats.csv beside it
+
+Only notebooks that were graded count (not "missing" rows, not files that could not be
+read). Hints are grouped with their numbers masked, since every student has their own
+numbers: "gpipe_bubble(5, 17) gives (p-1)/m" and "gpipe_bubble(3, 9) gives (p-1)/m" are the
+same mistake. The example shown is the first student's wording.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+import textwrap
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from course_utils.grading.grader import GradeResult
+
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+LABEL = re.compile(r"^Exercise \d+\.\d+(?: is)?:?\s*")  # the table's row says which exercise
+
+
+@dataclass
+class ExerciseStats:
+    id: str
+    graded: int
+    passed: int
+    hint: str  # the commonest message among those who did not pass ("" if all passed)
+    hint_count: int
+
+    @property
+    def share(self) -> float:
+        return self.passed / self.graded if self.graded else 0.0
+
+
+def _order(exercise_id: str) -> tuple[int, ...]:
+    return tuple(map(int, exercise_id.split(".")))
+
+
+def class_statistics(results: list[GradeResult]) -> list[ExerciseStats]:
+    graded: Counter[str] = Counter()
+    passed: Counter[str] = Counter()
+    hints: dict[str, Counter[str]] = {}
+    example: dict[tuple[str, str], str] = {}
+    for r in results:
+        if r.problem or "missing" in r.flags:
+            continue
+        for e in r.exercises:
+            graded[e.id] += 1
+            if e.passed:
+                passed[e.id] += 1
+                continue
+            first = LABEL.sub("", (e.message.strip().splitlines() or [""])[0])
+            shape = NUMBER.sub("#", first)
+            hints.setdefault(e.id, Counter())[shape] += 1
+            example.setdefault((e.id, shape), first)
+    stats = []
+    for k in sorted(graded, key=_order):
+        common = hints.get(k, Counter()).most_common(1)
+        shape, count = common[0] if common else ("", 0)
+        stats.append(ExerciseStats(k, graded[k], passed[k], example.get((k, shape), ""), count))
+    return stats
+
+
+def stats_table(stats: list[ExerciseStats], width: int = 72) -> str:
+    lines = [f"{'exercise':<9} {'passed':>13}  commonest hint (how many got it)"]
+    for s in stats:
+        hint = textwrap.shorten(s.hint, width) + f" ({s.hint_count})" if s.hint else "-"
+        share = f"{s.passed}/{s.graded} {100 * s.share:3.0f}%"
+        lines.append(f"{s.id:<9} {share:>13}  {hint}")
+    return "\n".join(lines)
+
+
+def write_stats(stats: list[ExerciseStats], path: Path) -> tuple[Path, Path]:
+    """The bar chart at `path` (PNG) and the table as CSV beside it (same name, .csv)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from course_utils.charts.style import DPI, FIGURE_WIDTH, use_course_style
+
+    use_course_style()
+    height = 1.2 + 0.42 * max(1, len(stats))
+    fig, ax = plt.subplots(figsize=(FIGURE_WIDTH * 1.4, height), dpi=DPI)
+    rows = list(range(len(stats)))[::-1]
+    ax.barh(rows, [100 * s.share for s in stats], color="#2ca02c", height=0.6)
+    ax.set_yticks(rows, [s.id for s in stats])
+    ax.set_xlim(0, 100)
+    ax.set_xlabel("students who passed (%)")
+    ax.set_title("Class statistics: who passed each exercise, and the commonest hint given")
+    for y, s in zip(rows, stats, strict=True):
+        ax.text(1, y, f"{s.passed}/{s.graded}", va="center", fontsize=8, color="white"
+                if s.share > 0.12 else "black")  # fmt: skip
+        if s.hint:
+            hint = textwrap.shorten(s.hint, 90) + f"  ({s.hint_count}×)"
+            ax.text(102, y, hint, va="center", fontsize=8, clip_on=False)
+    fig.subplots_adjust(left=0.06, right=0.5, top=1 - 0.5 / height, bottom=0.6 / height)
+    fig.savefig(path)
+    plt.close(fig)
+    table = path.with_suffix(".csv")
+    with table.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(["exercise", "graded", "passed", "percent passed", "commonest hint",
+                         "students given it"])  # fmt: skip
+        for s in stats:
+            writer.writerow([s.id, s.graded, s.passed, round(100 * s.share, 1), s.hint,
+                             s.hint_count])  # fmt: skip
+    return path, table
