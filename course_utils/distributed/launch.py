@@ -1,0 +1,273 @@
+"""A multi-node `torchrun` job on this machine: every "node" is one torchrun agent, and the
+agents meet at a c10d rendezvous on 127.0.0.1, as the nodes of a cluster meet at
+`--rdzv-endpoint=HOST:PORT`.
+
+    job = launch(parallel="pipeline", schedule="1f1b", nodes=2, procs_per_node=1)
+    job.report["max_param_diff"], job.timeline      # what rank 0 wrote, as a Timeline
+
+Each agent runs the real `torchrun` (`torch.distributed.run`, the script next to this
+Python), which starts `python -m course_utils.distributed.train` processes. The course sets
+what a cluster leaves to its operators: the rendezvous timeouts (`--rdzv-conf`), a fresh job
+id, which agent hosts the rendezvous store (`is_host`), gloo on the loopback interface.
+Nothing outlives the launch: agents die with the process that started them (Linux's
+PR_SET_PDEATHSIG, kept across exec), the train processes die with their agent, and every
+agent is terminated, killed if need be, and reaped before `launch` returns or raises.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil  # type: ignore[import-untyped]  # a dependency (requirements.txt)
+
+from course_utils.distributed.cluster import HOST, free_port
+from course_utils.errors import CourseInputError, WorkerError
+from course_utils.timeline import Timeline
+
+MAX_NODES, MAX_PROCS_PER_NODE = 4, 4
+ERROR = re.compile(r"course_utils\.distributed\.train: error: (.*)")
+FAILED = re.compile(r"course_utils\.distributed\.train: (rank \d+ \(node \d+\) failed.*)")
+
+
+def torchrun() -> list[str]:
+    """The torchrun next to this Python (a venv's), else `python -m torch.distributed.run`."""
+    script = Path(sys.executable).with_name("torchrun")
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "torch.distributed.run"]
+
+
+def train_arguments(**options) -> list[str]:
+    """`parallel="fsdp+pipeline", steps=4` -> ["--parallel", "fsdp+pipeline", "--steps", "4"]."""
+    out = []
+    for name, value in options.items():
+        if value is None or value is False:
+            continue
+        out += [f"--{name.replace('_', '-')}"] + ([] if value is True else [str(value)])
+    return out
+
+
+def torchrun_command(
+    node: int,
+    nodes: int,
+    procs_per_node: int,
+    port: int,
+    job_id: str,
+    arguments: list[str],
+    max_restarts: int = 0,
+    join_timeout: float = 60,
+    log_dir: str | None = None,
+) -> list[str]:
+    """The command node `node` runs: the one a cluster runs on every node, plus the timeouts
+    and `is_host` (node 0 hosts the rendezvous store; on a cluster, the endpoint's host)."""
+    conf = f"join_timeout={join_timeout:g},close_timeout=10,is_host={int(node == 0)}"
+    return [
+        *torchrun(),
+        f"--nnodes={nodes}",
+        f"--nproc-per-node={procs_per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={HOST}:{port}",
+        f"--rdzv-id={job_id}",
+        f"--rdzv-conf={conf}",
+        f"--max-restarts={max_restarts}",
+        *([f"--log-dir={log_dir}"] if log_dir else []),
+        "-m",
+        "course_utils.distributed.train",
+        *arguments,
+    ]
+
+
+# Linux: the agent gets SIGKILL when the process that started it dies (a notebook kernel
+# killed, a test runner stopped); exec keeps that setting. Then the agent's own processes
+# see it gone and exit (course_utils.distributed.train asks for the same).
+_EXEC_BOUND = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGKILL)\n"
+    "os.getppid() == int(sys.argv[1]) or os._exit(1)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+def start_agent(command: list[str], log: Path, env: dict) -> subprocess.Popen:
+    """Start one torchrun agent, bound to this process's life where the system allows it."""
+    # torchrun is a Python script: run it with this Python (the venv's, as its shebang says).
+    command = command if command[0] == sys.executable else [sys.executable, *command]
+    if sys.platform == "linux":
+        command = [sys.executable, "-c", _EXEC_BOUND, str(os.getpid()), *command]
+    with open(log, "wb") as out:
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+
+@dataclass
+class Job:
+    """A finished launch: what each agent printed and rank 0's report."""
+
+    commands: list[list[str]]
+    returncodes: list[int]
+    logs: list[str]
+    seconds: float
+    peak_memory_mb: float  # all agents and their processes together, sampled
+    checkpoint_dir: str | None
+    report: dict = field(default_factory=dict)
+
+    @property
+    def timeline(self) -> Timeline:
+        """Every rank's recorded actions, on rank 0's clock: one Gantt row per process."""
+        return Timeline.from_dict({**self.report["timeline"], "source": "measured", "unit": "s"})
+
+    def command_line(self, node: int = 0) -> str:
+        """Node `node`'s command as one would type it."""
+        words = self.commands[node]
+        if words[0] == sys.executable and words[1:3] == ["-m", "torch.distributed.run"]:
+            words = ["torchrun", *words[3:]]
+        elif words[0].endswith("torchrun"):
+            words = ["torchrun", *words[1:]]
+        return " ".join(words)
+
+
+def _family(procs: list[subprocess.Popen]):
+    members = []
+    for p in procs:
+        try:
+            top = psutil.Process(p.pid)
+            members += [top, *top.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            pass
+    return members
+
+
+def _memory_mb(procs: list[subprocess.Popen]) -> float:
+    total = 0
+    for member in _family(procs):
+        try:
+            total += member.memory_info().rss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return total / 2**20
+
+
+def stop(procs: list[subprocess.Popen], grace: float = 5.0) -> None:
+    """Terminate (torchrun passes it on to its processes), then kill whatever is left, and
+    reap: nothing of the job survives this call."""
+    family = _family(procs)
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for member in family:
+        try:
+            if member.is_running() and member.status() != psutil.STATUS_ZOMBIE:
+                member.kill()
+        except psutil.NoSuchProcess:
+            pass
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait(timeout=10)
+
+
+def launch(
+    nodes: int = 2,
+    procs_per_node: int = 1,
+    max_restarts: int = 0,
+    timeout: float = 300.0,
+    join_timeout: float = 60.0,
+    checkpoint_dir: str | os.PathLike | None = None,
+    **train_options,
+) -> Job:
+    """Run `python -m course_utils.distributed.train` on `nodes` torchrun agents of
+    `procs_per_node` processes each, on this machine; return rank 0's report.
+
+    `train_options` are the module's flags (`parallel="fsdp", steps=6, fail_at_step=3`).
+    Without `checkpoint_dir` the job checkpoints into a new temporary folder (kept: its
+    path is in the Job). A bad launch raises CourseInputError with the module's one line;
+    a failed job raises WorkerError with the failing rank's line. Either way, and on a time-out
+    after `timeout` seconds, every agent and process is gone before it raises.
+    """
+    for name, value, high in [("nodes", nodes, MAX_NODES), ("procs_per_node", procs_per_node,
+                              MAX_PROCS_PER_NODE), ("max_restarts", max_restarts, 10)]:  # fmt: skip
+        low = 0 if name == "max_restarts" else 1
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise CourseInputError(f"{name} must be an integer from {low} to {high}, got {value!r}")
+    if not timeout > 0 or not join_timeout > 0:
+        raise CourseInputError("timeout and join_timeout must be numbers of seconds > 0")
+    workdir = Path(tempfile.mkdtemp(prefix="course-torchrun-"))
+    ckpt = str(checkpoint_dir) if checkpoint_dir else tempfile.mkdtemp(prefix="course-ckpt-")
+    report_path = workdir / "report.json"
+    train_options.setdefault("timeout", min(timeout, 120.0))
+    arguments = train_arguments(checkpoint_dir=ckpt, report=report_path, **train_options)
+    port, job_id = free_port(), uuid.uuid4().hex[:12]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if sys.platform == "linux":  # stay on loopback: a hostname with a LAN address can hang gloo
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    commands = [
+        torchrun_command(
+            n,
+            nodes,
+            procs_per_node,
+            port,
+            job_id,
+            arguments,
+            max_restarts,
+            join_timeout,
+            str(workdir / f"node{n}"),
+        )  # fmt: skip
+        for n in range(nodes)
+    ]
+    logs = [workdir / f"node{n}.log" for n in range(nodes)]
+    procs: list[subprocess.Popen] = []
+    start, peak = time.monotonic(), 0.0
+    try:
+        for command, log in zip(commands, logs, strict=True):
+            procs.append(start_agent(command, log, env))
+        failed_at = None
+        while any(p.poll() is None for p in procs):
+            peak = max(peak, _memory_mb(procs))
+            now = time.monotonic()
+            if now - start > timeout:
+                raise WorkerError(f"the torchrun job did not finish within {timeout:g} s")
+            if failed_at is None and any(p.poll() not in (None, 0) for p in procs):
+                failed_at = now  # one agent gave up: the others follow, or are stopped
+            if failed_at is not None and now - failed_at > 15:
+                break
+            time.sleep(0.2)
+    finally:
+        stop(procs)
+        seconds = time.monotonic() - start
+        texts = [log.read_text(errors="replace") if log.exists() else "" for log in logs]
+        report = report_path.read_text() if report_path.exists() else None
+        shutil.rmtree(workdir, ignore_errors=True)
+    codes = [p.returncode for p in procs]
+    job = Job(commands, codes, texts, seconds, peak, ckpt)
+    if any(codes) or report is None:
+        raise _failure(job)
+    import json
+
+    job.report = json.loads(report)
+    return job
+
+
+def _failure(job: Job) -> Exception:
+    """The one line that says what went wrong, from the agents' output."""
+    text = "\n".join(job.logs)
+    if match := ERROR.search(text):
+        return CourseInputError(match.group(1))
+    if match := FAILED.search(text):
+        return WorkerError(match.group(1))
+    if "RendezvousTimeoutError" in text:
+        return WorkerError("rendezvous timed out: not every node joined in time (join_timeout)")
+    last = [line for line in text.splitlines() if line.strip()][-1:] or ["no output"]
+    return WorkerError(f"the torchrun job failed (exit codes {job.returncodes}): {last[0]}")
