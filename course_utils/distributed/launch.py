@@ -16,6 +16,7 @@ agent is terminated, killed if need be, and reaped before `launch` returns or ra
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -86,12 +87,14 @@ def torchrun_command(
 
 
 # Linux: the agent gets SIGKILL when the process that started it dies (a notebook kernel
-# killed, a test runner stopped); exec keeps that setting. Then the agent's own processes
-# see it gone and exit (course_utils.distributed.train asks for the same).
+# killed, a test runner stopped); exec keeps that setting. Its pid, which exec keeps too,
+# goes to its train processes (COURSE_AGENT_PID): each exits as soon as it sees that
+# process gone, even if the agent died while the process was still importing torch.
 _EXEC_BOUND = (
     "import ctypes, os, signal, sys\n"
     "ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGKILL)\n"
     "os.getppid() == int(sys.argv[1]) or os._exit(1)\n"
+    "os.environ['COURSE_AGENT_PID'] = str(os.getpid())\n"
     "os.execv(sys.argv[2], sys.argv[2:])\n"
 )
 
@@ -114,14 +117,13 @@ class Job:
     returncodes: list[int]
     logs: list[str]
     seconds: float
-    peak_memory_mb: float  # all agents and their processes together, sampled
-    checkpoint_dir: str | None
+    peak_memory_mb: float  # all agents and their processes together (RSS, sampled)
     report: dict = field(default_factory=dict)
 
     @property
     def timeline(self) -> Timeline:
         """Every rank's recorded actions, on rank 0's clock: one Gantt row per process."""
-        return Timeline.from_dict({**self.report["timeline"], "source": "measured", "unit": "s"})
+        return Timeline.from_dict(self.report["timeline"])
 
     def command_line(self, node: int = 0) -> str:
         """Node `node`'s command as one would type it."""
@@ -185,79 +187,82 @@ def launch(
     max_restarts: int = 0,
     timeout: float = 300.0,
     join_timeout: float = 60.0,
-    checkpoint_dir: str | os.PathLike | None = None,
     **train_options,
 ) -> Job:
     """Run `python -m course_utils.distributed.train` on `nodes` torchrun agents of
-    `procs_per_node` processes each, on this machine; return rank 0's report.
+    `procs_per_node` processes each, on this machine; return the job with rank 0's report.
 
-    `train_options` are the module's flags (`parallel="fsdp", steps=6, fail_at_step=3`).
-    Without `checkpoint_dir` the job checkpoints into a new temporary folder (kept: its
-    path is in the Job). A bad launch raises CourseInputError with the module's one line;
-    a failed job raises WorkerError with the failing rank's line. Either way, and on a time-out
-    after `timeout` seconds, every agent and process is gone before it raises.
+    `train_options` are the module's flags: `parallel="fsdp", steps=6, checkpoint_dir=...,
+    fail_at_step=3` (without `checkpoint_dir`, no checkpoints: a restart starts over).
+    A bad launch raises CourseInputError with the module's one line, a failed job
+    WorkerError with the failing rank's; after `timeout` seconds the job is stopped. Either
+    way every agent and process is gone before `launch` returns or raises.
     """
-    for name, value, high in [("nodes", nodes, MAX_NODES), ("procs_per_node", procs_per_node,
-                              MAX_PROCS_PER_NODE), ("max_restarts", max_restarts, 10)]:  # fmt: skip
-        low = 0 if name == "max_restarts" else 1
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-            raise CourseInputError(f"{name} must be an integer from {low} to {high}, got {value!r}")
+    _check_count("nodes", nodes, 1, MAX_NODES)
+    _check_count("procs_per_node", procs_per_node, 1, MAX_PROCS_PER_NODE)
+    _check_count("max_restarts", max_restarts, 0, 10)
     if not timeout > 0 or not join_timeout > 0:
         raise CourseInputError("timeout and join_timeout must be numbers of seconds > 0")
-    workdir = Path(tempfile.mkdtemp(prefix="course-torchrun-"))
-    ckpt = str(checkpoint_dir) if checkpoint_dir else tempfile.mkdtemp(prefix="course-ckpt-")
+    workdir = Path(tempfile.mkdtemp(prefix="course-job-"))
     report_path = workdir / "report.json"
-    train_options.setdefault("timeout", min(timeout, 120.0))
-    arguments = train_arguments(checkpoint_dir=ckpt, report=report_path, **train_options)
+    train_options.setdefault("timeout", min(timeout, 120.0))  # a rank's wait for a collective
+    arguments = train_arguments(report=report_path, **train_options)
     port, job_id = free_port(), uuid.uuid4().hex[:12]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # torch 2.13's torchrun hands its rendezvous store to the ranks and keeps it across
+    # restarts, without a per-attempt namespace: a restarted rank can read the addresses of
+    # the last attempt's ranks and fail to connect (pytorch/pytorch#135712, #167288). With
+    # this, rank 0 of every attempt starts a fresh store instead.
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     if sys.platform == "linux":  # stay on loopback: a hostname with a LAN address can hang gloo
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     commands = [
-        torchrun_command(
-            n,
-            nodes,
-            procs_per_node,
-            port,
-            job_id,
-            arguments,
-            max_restarts,
-            join_timeout,
-            str(workdir / f"node{n}"),
-        )  # fmt: skip
+        torchrun_command(n, nodes, procs_per_node, port, job_id, arguments, max_restarts,
+                         join_timeout, str(workdir / f"node{n}"))
         for n in range(nodes)
-    ]
+    ]  # fmt: skip
     logs = [workdir / f"node{n}.log" for n in range(nodes)]
     procs: list[subprocess.Popen] = []
-    start, peak = time.monotonic(), 0.0
+    start = time.monotonic()
     try:
         for command, log in zip(commands, logs, strict=True):
             procs.append(start_agent(command, log, env))
-        failed_at = None
-        while any(p.poll() is None for p in procs):
-            peak = max(peak, _memory_mb(procs))
-            now = time.monotonic()
-            if now - start > timeout:
-                raise WorkerError(f"the torchrun job did not finish within {timeout:g} s")
-            if failed_at is None and any(p.poll() not in (None, 0) for p in procs):
-                failed_at = now  # one agent gave up: the others follow, or are stopped
-            if failed_at is not None and now - failed_at > 15:
-                break
-            time.sleep(0.2)
+        peak, finished = _wait(procs, timeout)
     finally:
         stop(procs)
         seconds = time.monotonic() - start
         texts = [log.read_text(errors="replace") if log.exists() else "" for log in logs]
         report = report_path.read_text() if report_path.exists() else None
-        shutil.rmtree(workdir, ignore_errors=True)
-    codes = [p.returncode for p in procs]
-    job = Job(commands, codes, texts, seconds, peak, ckpt)
-    if any(codes) or report is None:
+        if not os.environ.get("COURSE_DEBUG"):  # COURSE_DEBUG=1 keeps the agents' logs
+            shutil.rmtree(workdir, ignore_errors=True)
+    job = Job(commands, [p.returncode for p in procs], texts, seconds, peak)
+    if not finished:
+        raise WorkerError(f"the torchrun job did not finish within {timeout:g} s: stopped")
+    if any(job.returncodes) or report is None:
         raise _failure(job)
-    import json
-
     job.report = json.loads(report)
     return job
+
+
+def _check_count(name: str, value, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise CourseInputError(f"{name} must be an integer from {low} to {high}, got {value!r}")
+
+
+def _wait(procs: list[subprocess.Popen], timeout: float) -> tuple[float, bool]:
+    """Wait for every agent, at most `timeout` seconds: (the job's peak memory in MB,
+    sampled; whether it finished)."""
+    start, peak, failed_at = time.monotonic(), 0.0, None
+    while any(p.poll() is None for p in procs):
+        peak = max(peak, _memory_mb(procs))
+        now = time.monotonic()
+        if now - start > timeout:
+            return peak, False
+        if failed_at is None and any(p.poll() not in (None, 0) for p in procs):
+            failed_at = now  # an agent gave up: the others follow at once, or are stopped
+        if failed_at is not None and now - failed_at > 15:
+            break
+        time.sleep(0.2)
+    return peak, True
 
 
 def _failure(job: Job) -> Exception:

@@ -17,15 +17,18 @@ and every rank records when it computed what, for a Gantt chart of the real proc
 
 from __future__ import annotations
 
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from course_utils import models
+from course_utils.actions import Schedule
 from course_utils.distributed.fsdp import _units
 from course_utils.distributed.setup import Setup, build_model, loss_fn, make_batch
 
@@ -171,7 +174,8 @@ class PipelinePlan:
     stages: int
     microbatches: int
     placement: dict[int, int]  # stage -> pipeline rank
-    csv: str | None = None  # the compute-only CSV file when kind == "csv"
+    csv: str | None = None  # the learner's compute-only CSV file (kind "csv") ...
+    course: Schedule | None = None  # ... or a course schedule, written to one for PyTorch
 
 
 def pipeline(
@@ -186,6 +190,7 @@ def pipeline(
     from torch.distributed.pipelining import PipelineStage
 
     from course_utils.distributed.pipelining import _timed_stage, torch_schedule
+    from course_utils.pipeline.export import to_pytorch_csv
 
     pp_rank = pp_mesh.get_local_rank()
     dp_rank, dp_size = (dp_mesh.get_local_rank(), dp_mesh.size()) if dp_mesh else (0, 1)
@@ -205,7 +210,12 @@ def pipeline(
         _timed_stage(stage, records, _sync(device))
         parts.append(part)
         stages.append(stage)
-    sched = torch_schedule(stages, plan.kind, plan.microbatches, loss_fn(setup), plan.csv)
+    if plan.course is not None:  # PyTorch's runtime reads a course schedule from a CSV file
+        with tempfile.TemporaryDirectory() as tmp:
+            path = to_pytorch_csv(plan.course, Path(tmp) / "schedule.csv")
+            sched = torch_schedule(stages, "csv", plan.microbatches, loss_fn(setup), str(path))
+    else:
+        sched = torch_schedule(stages, plan.kind, plan.microbatches, loss_fn(setup), plan.csv)
     first, last = 0 in mine, plan.stages - 1 in mine
 
     def train_step(step: int) -> tuple[float, int]:

@@ -34,7 +34,6 @@ import os
 import signal
 import socket
 import sys
-import tempfile
 import time
 import traceback
 from dataclasses import asdict, dataclass
@@ -74,7 +73,12 @@ def parser() -> argparse.ArgumentParser:
             super().exit(status, message)
 
     p = PerNodeParser(prog=f"torchrun [...] -m {PROG}", description=DESCRIPTION)
-    p.add_argument("--parallel", choices=MODES, default="ddp", help="how the model is laid out")
+    p.add_argument(
+        "--parallel",
+        choices=MODES,
+        default=None,
+        help="how the model is laid out (default ddp; pipeline when --schedule or --csv is given)",
+    )
     p.add_argument(
         "--schedule",
         default=None,
@@ -187,6 +191,8 @@ def make_plan(args: argparse.Namespace, launch: Launch) -> Plan:
         )
     if args.report is not None and not args.report.endswith(".json"):
         raise CourseInputError(f"--report must end in .json, got {args.report!r}")
+    if args.parallel is None:
+        args.parallel = "pipeline" if args.schedule or args.csv else "ddp"
     setup = Setup(args.model, args.batch, args.seed)
     world, nodes = launch.world, launch.nodes
     pipelined = args.parallel in ("pipeline", "fsdp+pipeline")
@@ -235,7 +241,10 @@ def _pipeline_plan(args, setup: Setup, pp: int, world: int) -> tuple[PipelinePla
 
     layers = len(build_model(setup).layers())
     if args.csv is not None:
-        schedule = from_pytorch_csv(args.csv)
+        try:
+            schedule = from_pytorch_csv(args.csv)
+        except CourseInputError as exc:
+            raise CourseInputError(f"--csv {args.csv}: {exc}") from None
         if schedule.num_devices != pp:
             raise CourseInputError(
                 f"--csv {args.csv} has {schedule.num_devices} rows (pipeline ranks), but "
@@ -243,7 +252,7 @@ def _pipeline_plan(args, setup: Setup, pp: int, world: int) -> tuple[PipelinePla
                 f"schedule for {pp} devices"
             )
         kind, csv, name = "csv", args.csv, f"{Path(args.csv).name} (CSV)"
-        microbatches = pytorch_microbatches(schedule)
+        microbatches, course = pytorch_microbatches(schedule), None
     else:
         name = args.schedule or RECOMMENDED
         if name not in SCHEDULES:
@@ -261,9 +270,9 @@ def _pipeline_plan(args, setup: Setup, pp: int, world: int) -> tuple[PipelinePla
         check_shape(name, pp, args.microbatches, chunks if info.uses_chunks else 1)
         schedule = course_schedule(name, pp, args.microbatches)
         if info.pytorch:  # PyTorch's own class runs it
-            kind, csv, microbatches = name, None, args.microbatches
-        else:  # the course's schedule, exported to PyTorch's CSV format (each rank its copy)
-            kind, csv, microbatches = "csv", _export(schedule), pytorch_microbatches(schedule)
+            kind, csv, microbatches, course = name, None, args.microbatches, None
+        else:  # the course's schedule, which PyTorch's runtime reads as a CSV
+            kind, csv, microbatches, course = "csv", None, pytorch_microbatches(schedule), schedule
     placement = schedule.device_of_stage()
     unplaced = sorted(set(range(schedule.stages)) - set(placement))
     if unplaced:
@@ -272,17 +281,8 @@ def _pipeline_plan(args, setup: Setup, pp: int, world: int) -> tuple[PipelinePla
         raise CourseInputError(
             f"the schedule has {schedule.stages} stages, but the model has {layers} layers"
         )
-    plan = PipelinePlan(kind, schedule.stages, microbatches, placement, csv)
+    plan = PipelinePlan(kind, schedule.stages, microbatches, placement, csv, course)
     return plan, name
-
-
-def _export(schedule) -> str:
-    from course_utils.pipeline.export import to_pytorch_csv
-
-    handle, path = tempfile.mkstemp(prefix=f"{schedule.name}-", suffix=".csv")
-    os.close(handle)
-    to_pytorch_csv(schedule, path)
-    return path
 
 
 def _int_in(args, flag: str, low: int, high: int) -> None:
@@ -527,13 +527,23 @@ def report(args, plan: Plan, launch: Launch, device: torch.device, outs: list[di
 
 
 def main(argv: list[str] | None = None) -> int:
-    _die_with_parent(os.getppid())  # torchrun's agent gone (killed) -> this rank goes too
+    # torchrun's agent gone (killed) -> this rank goes too. The course's launcher names the
+    # agent: it may have died while this process was importing torch, leaving it orphaned.
+    _die_with_parent(int(os.environ.get("COURSE_AGENT_PID", os.getppid())))
     try:
         args = parser().parse_args(argv)
         launch = launch_from_env()
     except CourseInputError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
+    if launch.max_restarts and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        if launch.local_rank == 0 and launch.restart_count == 0:
+            print(
+                f"{PROG}: warning: torchrun shares its rendezvous store with the ranks across "
+                "restarts (pytorch/pytorch#135712): a restart may fail to connect; start "
+                "torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
+                file=sys.stderr,
+            )
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)  # tiny model: more threads per process only add overhead
     cuda = torch.cuda.is_available()
