@@ -244,7 +244,9 @@ def test_fsdp_pipeline_2d_mesh_a_crash_and_a_smaller_world(tmp_path):
     report = check_report(crashed, "fsdp+pipeline", 4, 2, 6)
     assert report["resumed_from"] == 2 and report["first_step"] == 3
     assert report["restart_count"] == 1 and len(report["step_times_s"]) == 4
-    assert "killing myself (SIGKILL)" in "".join(crashed.logs)
+    story = "\n".join(crashed.story())  # what lesson 13 prints of the agents' logs
+    assert "node 1: course_utils.distributed.train: rank 3 (node 1): --fail-at-step 3" in story
+    assert "Worker group FAILED" in story and "restart_count=1" in story
     assert (tmp_path / "crashed" / "failed-at-step-3").exists()
     a, b = full(tmp_path / "clean" / "step-6"), full(tmp_path / "crashed" / "step-6")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)  # bit for bit

@@ -26,18 +26,23 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import psutil  # type: ignore[import-untyped]  # a dependency (requirements.txt)
 
 from course_utils.distributed.cluster import HOST, free_port
 from course_utils.errors import CourseInputError, WorkerError
-from course_utils.timeline import Timeline
+from course_utils.timeline import Event, Timeline
 
 MAX_NODES, MAX_PROCS_PER_NODE = 4, 4
 ERROR = re.compile(r"course_utils\.distributed\.train: error: (.*)")
 FAILED = re.compile(r"course_utils\.distributed\.train: (rank \d+ \(node \d+\) failed.*)")
+STORY = re.compile(
+    r"course_utils\.distributed\.train: |Worker group FAILED|Detected \d+ new nodes|"
+    r"failed \(exitcode|Rendezvous complete|restart_count=|successfully finished"
+)
+GLOG_PREFIX = re.compile(r"^[IWE]\d{4} [\d:.]+ +\d+ \S+\] (\[default\] )?")
 
 
 def torchrun() -> list[str]:
@@ -67,8 +72,9 @@ def torchrun_command(
     join_timeout: float = 60,
     log_dir: str | None = None,
 ) -> list[str]:
-    """The command node `node` runs: the one a cluster runs on every node, plus the timeouts
-    and `is_host` (node 0 hosts the rendezvous store; on a cluster, the endpoint's host)."""
+    """The command node `node` runs: the one a cluster runs on every node, plus what a
+    cluster's network makes unnecessary: the timeouts, `is_host` (node 0 hosts the rendezvous
+    store; on a cluster, the endpoint's host) and the node's address (loopback here)."""
     conf = f"join_timeout={join_timeout:g},close_timeout=10,is_host={int(node == 0)}"
     return [
         *torchrun(),
@@ -78,6 +84,7 @@ def torchrun_command(
         f"--rdzv-endpoint={HOST}:{port}",
         f"--rdzv-id={job_id}",
         f"--rdzv-conf={conf}",
+        f"--local-addr={HOST}",
         f"--max-restarts={max_restarts}",
         *([f"--log-dir={log_dir}"] if log_dir else []),
         "-m",
@@ -125,14 +132,39 @@ class Job:
         """Every rank's recorded actions, on rank 0's clock: one Gantt row per process."""
         return Timeline.from_dict(self.report["timeline"])
 
+    def step_timeline(self, step: int) -> Timeline:
+        """The actions of training step `step` alone, from the step's start: one step's Gantt."""
+        spans = {span["step"]: span for span in self.report["step_spans"]}
+        if step not in spans:
+            raise CourseInputError(f"step must be one of the steps this run trained: {list(spans)}")
+        span, whole = spans[step], self.timeline
+        events = [
+            Event(e.device, e.action, e.start - span["start_s"], e.end - span["start_s"], e.label)
+            for e in whole.events
+            if span["start_s"] <= e.start < span["end_s"]
+        ]
+        return replace(whole, events=events, name=f"{whole.name}, step {step}")
+
     def command_line(self, node: int = 0) -> str:
-        """Node `node`'s command as one would type it."""
+        """Node `node`'s command as one would type it, one option per line."""
         words = self.commands[node]
         if words[0] == sys.executable and words[1:3] == ["-m", "torch.distributed.run"]:
             words = ["torchrun", *words[3:]]
         elif words[0].endswith("torchrun"):
             words = ["torchrun", *words[1:]]
-        return " ".join(words)
+        text = " ".join(words).replace(" -m ", " \\\n    -m ")
+        return re.sub(r" (--\S+(?: (?!-)\S+)?)", r" \\\n    \1", text)
+
+    def story(self) -> list[str]:
+        """What each node's torchrun agent and processes said about starting, failing and
+        restarting: the lines of their logs that tell it, in each node's order."""
+        lines = []
+        for node, log in enumerate(self.logs):
+            for line in log.splitlines():
+                if STORY.search(line):
+                    text = GLOG_PREFIX.sub("", line).rstrip()
+                    lines.append(f"node {node}: {text[:200]}")
+        return lines
 
 
 def _family(procs: list[subprocess.Popen]):
@@ -213,6 +245,7 @@ def launch(
     # the last attempt's ranks and fail to connect (pytorch/pytorch#135712, #167288). With
     # this, rank 0 of every attempt starts a fresh store instead.
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    env.setdefault("LOGLEVEL", "INFO")  # torchrun's account of rendezvous and restarts
     if sys.platform == "linux":  # stay on loopback: a hostname with a LAN address can hang gloo
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     commands = [

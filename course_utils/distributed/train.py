@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -57,6 +58,8 @@ DESCRIPTION = (
 )
 RUN_FILE = "run.json"  # in the checkpoint folder: which training its checkpoints belong to
 MAX_STEPS, MAX_BATCH, MAX_MICROBATCHES = 1000, 4096, 64
+# Gloo's messages start with its source file and end with generic advice: keep the middle.
+GLOO_NOISE = re.compile(r"\[[^\]]*\.(?:cc|cpp|h):\d+\] | This is typically caused by.*")
 PEER_LOST_WAIT_S = 30.0  # how long a rank that lost a peer waits for torchrun to restart it
 OPTIMIZER = f"SGD, momentum {MOMENTUM}"
 
@@ -72,7 +75,13 @@ def parser() -> argparse.ArgumentParser:
                 message = None
             super().exit(status, message)
 
-    p = PerNodeParser(prog=f"torchrun [...] -m {PROG}", description=DESCRIPTION)
+    p = PerNodeParser(
+        prog=PROG,
+        description=DESCRIPTION,
+        epilog="Start it on every node with torchrun, e.g. torchrun --nnodes=2 "
+        "--nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT "
+        f"-m {PROG} --parallel fsdp+pipeline --checkpoint-dir CKPT --report report.json",
+    )
     p.add_argument(
         "--parallel",
         choices=MODES,
@@ -94,16 +103,28 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--steps", type=int, default=6, help="train until this step (default 6)")
     p.add_argument("--batch", type=int, default=8, help="global batch, sequences (default 8)")
-    p.add_argument("--microbatches", type=int, default=4, help="pipeline micro-batches")
+    p.add_argument("--microbatches", type=int, default=4, help="pipeline micro-batches (4)")
     p.add_argument("--model", choices=MODELS, default="gpt", help="the course's TinyGPT or MLP")
     p.add_argument("--lr", type=float, default=0.1, help="learning rate of SGD with momentum")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and batches")
-    p.add_argument("--checkpoint-dir", default=None, help="folder of the sharded checkpoints")
+    p.add_argument(
+        "--checkpoint-dir",
+        default=None,
+        metavar="DIR",
+        help="folder of the sharded checkpoints, resumed from if it holds some (on a cluster: "
+        "storage every node mounts)",
+    )
     p.add_argument(
         "--checkpoint-every", type=int, default=2, help="steps between checkpoints (default 2)"
     )
     p.add_argument("--report", default=None, metavar="FILE", help="rank 0 writes JSON here")
-    p.add_argument("--fail-at-step", type=int, default=None, help="crash the last rank once")
+    p.add_argument(
+        "--fail-at-step",
+        type=int,
+        default=None,
+        metavar="K",
+        help="the last rank kills itself (SIGKILL) when step K starts, on the first attempt only",
+    )
     p.add_argument(
         "--timeout",
         type=float,
@@ -472,19 +493,34 @@ def report(args, plan: Plan, launch: Launch, device: torch.device, outs: list[di
     def shifted(out: dict, t: int) -> int:
         return t - out["offset"]  # this rank's clock reading, on rank 0's clock
 
-    def span_s(key: str, i: int) -> float:
-        """From the first rank starting span i (a step, a save) to the last one ending it."""
-        starts = [shifted(o, o[key][i][1]) for o in outs]
-        return (max(shifted(o, o[key][i][2]) for o in outs) - min(starts)) / 1e9
+    # Time 0 of the report: the first action any rank recorded, on rank 0's clock (the
+    # timeline starts there too).
+    origin = min(
+        [shifted(o, s) for o in outs for _, _, s, _ in o["records"]]
+        or [shifted(o, s) for o in outs for _, s, _ in o["steps"]]
+        or [0]
+    )
+
+    def spans(key: str) -> list[dict]:
+        """Each step (or save): from the first rank starting it to the last one ending it."""
+        out = []
+        for i, (step, _, _) in enumerate(outs[0][key]):
+            start = min(shifted(o, o[key][i][1]) for o in outs) - origin
+            end = max(shifted(o, o[key][i][2]) for o in outs) - origin
+            out.append({"step": step, "start_s": start / 1e9, "end_s": end / 1e9,
+                        "seconds": (end - start) / 1e9})  # fmt: skip
+        return out
 
     per_rank = [
-        [(a, lab, shifted(o, s), shifted(o, e)) for a, lab, s, e in o["records"]] for o in outs
+        [(a, lab, shifted(o, s) - origin, shifted(o, e) - origin) for a, lab, s, e in o["records"]]
+        for o in outs
     ]
     name = f"{plan.parallel} on {launch.world} processes, {launch.nodes} nodes"
     timeline = _timeline(per_rank, name, {"model": plan.setup.model})
     if plan.pipeline is not None:
         timeline.stages, timeline.microbatches = plan.pipeline.stages, plan.pipeline.microbatches
         timeline.chunks = max(1, plan.pipeline.stages // plan.mesh_shape[0])
+    steps = spans("steps")
     resumed = outs[0]["resumed"]
     return {
         "world_size": launch.world,
@@ -503,13 +539,11 @@ def report(args, plan: Plan, launch: Launch, device: torch.device, outs: list[di
         "resumed_from": resumed,
         "restart_count": max(o["restart_count"] for o in outs),
         "max_param_diff": max_diff,
-        "step_times_s": [span_s("steps", i) for i in range(len(outs[0]["steps"]))],
+        "step_times_s": [span["seconds"] for span in steps],
+        "step_spans": steps,  # on the timeline's clock: where each step is on the chart
         "losses": outs[0]["losses"],
         "first_step": (resumed or 0) + 1,
-        "checkpoints": [
-            {"step": step, "seconds": span_s("saves", i)}
-            for i, (step, _, _) in enumerate(outs[0]["saves"])
-        ],
+        "checkpoints": spans("saves"),
         "ranks": [
             {
                 "rank": o["rank"],
@@ -595,6 +629,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except Exception as exc:  # one line naming where; COURSE_DEBUG=1 adds the traceback
         what = str(exc) if isinstance(exc, StepError) else f": {type(exc).__name__}: {exc}"
+        what = GLOO_NOISE.sub("", what)  # "[.../pair.cc:553] Connection closed by peer. This.."
         print(f"{PROG}: rank {launch.rank} (node {launch.node}) failed{what}".splitlines()[0],
               file=sys.stderr, flush=True)  # fmt: skip
         if os.environ.get("COURSE_DEBUG"):
