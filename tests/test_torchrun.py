@@ -23,10 +23,11 @@ import torch
 
 from course_utils.distributed import checkpoint
 from course_utils.distributed.cluster import free_port
+from course_utils.distributed.job import Place, make_plan
 from course_utils.distributed.launch import launch, start_agent, torchrun_command
 from course_utils.distributed.parallelize import model_part, stage_layers
 from course_utils.distributed.setup import Setup, build_model, make_batch
-from course_utils.distributed.train import Launch, make_plan, parser
+from course_utils.distributed.train import parser
 from course_utils.errors import CourseInputError
 from course_utils.pipeline import make_schedule
 from course_utils.pipeline.export import to_pytorch_csv
@@ -54,7 +55,7 @@ def command_of(process: psutil.Process) -> str:
 
 def plan_for(argv: list[str], world: int, local_world: int):
     args = parser().parse_args(argv)
-    return make_plan(args, Launch(0, 0, world, local_world, 0))
+    return make_plan(args, Place(0, 0, world, local_world, 0))
 
 
 # --------------------------------------------------------------------------- no processes

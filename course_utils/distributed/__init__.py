@@ -12,6 +12,7 @@ The same model for `torchrun`, the way a cluster runs it:
 
 - `train`       `python -m course_utils.distributed.train`: the entry point torchrun starts on
                 every node (ddp, fsdp, pipeline, fsdp+pipeline on a 2-D mesh), with a report
+- `job`         what every rank runs, from torchrun's environment and the arguments, checked
 - `parallelize` the model laid out on a DeviceMesh for each of those modes
 - `checkpoint`  sharded checkpoints (torch.distributed.checkpoint) and finding the last one
 - `clocks`      each rank's clock offset to rank 0's, for one chart of every node's actions

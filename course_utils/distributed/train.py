@@ -37,7 +37,7 @@ import socket
 import sys
 import time
 import traceback
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
 
@@ -46,22 +46,29 @@ import torch.distributed as dist
 
 from course_utils.distributed import checkpoint
 from course_utils.distributed.cluster import _die_with_parent
-from course_utils.distributed.parallelize import MODES, MOMENTUM, Parallel, PipelinePlan, optimizer
-from course_utils.distributed.setup import MODELS, Setup, build_model
+from course_utils.distributed.job import (
+    OPTIMIZER,
+    PROG,
+    Place,
+    Plan,
+    agree,
+    check_files,
+    check_shared,
+    make_plan,
+    place_from_env,
+)
+from course_utils.distributed.parallelize import MODES, Parallel, optimizer
+from course_utils.distributed.setup import MODELS
 from course_utils.errors import CourseInputError
 from course_utils.pipeline.schedules import RECOMMENDED, SCHEDULES
 
-PROG = "course_utils.distributed.train"
 DESCRIPTION = (
     "Train the course's model on the processes torchrun starts (ddp, fsdp, pipeline or "
     "fsdp+pipeline), with sharded checkpoints, a restart after a failure and a JSON report."
 )
-RUN_FILE = "run.json"  # in the checkpoint folder: which training its checkpoints belong to
-MAX_STEPS, MAX_BATCH, MAX_MICROBATCHES = 1000, 4096, 64
 # Gloo's messages start with its source file and end with generic advice: keep the middle.
 GLOO_NOISE = re.compile(r"\[[^\]]*\.(?:cc|cpp|h):\d+\] | This is typically caused by.*")
 PEER_LOST_WAIT_S = 30.0  # how long a rank that lost a peer waits for torchrun to restart it
-OPTIMIZER = f"SGD, momentum {MOMENTUM}"
 
 
 def parser() -> argparse.ArgumentParser:
@@ -134,254 +141,6 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-# --------------------------------------------------------------------------- who am I
-
-
-@dataclass(frozen=True)
-class Launch:
-    """This process's place in the job, as torchrun tells it."""
-
-    rank: int
-    local_rank: int
-    world: int
-    local_world: int
-    restart_count: int
-    max_restarts: int = 0
-
-    @property
-    def restarts_left(self) -> int:
-        return self.max_restarts - self.restart_count
-
-    @property
-    def nodes(self) -> int:
-        return self.world // self.local_world
-
-    @property
-    def node(self) -> int:
-        return self.rank // self.local_world
-
-
-def launch_from_env(env=os.environ) -> Launch:
-    names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
-    missing = [n for n in names if n not in env]
-    if missing:
-        raise CourseInputError(
-            f"{', '.join(missing)} not set: start this module with torchrun, e.g. "
-            f"torchrun --nproc-per-node=2 -m {PROG} --parallel ddp"
-        )
-    rank, local, world, local_world = (int(env[n]) for n in names)
-    restarts = (
-        int(env.get(n, 0)) for n in ("TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
-    )
-    return Launch(rank, local, world, local_world, *restarts)
-
-
-# --------------------------------------------------------------------------- the plan
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What every rank will do, worked out (and checked) from the arguments and the launch."""
-
-    parallel: str
-    setup: Setup
-    steps: int
-    lr: float
-    mesh_shape: tuple[int, ...]
-    mesh_names: tuple[str, ...]
-    shares: int  # the batch is cut into this many equal shares (data-parallel degree)
-    pipeline: PipelinePlan | None = None
-    schedule: str | None = None  # what the report calls the schedule
-
-
-def make_plan(args: argparse.Namespace, launch: Launch) -> Plan:
-    """Check the arguments against the launch; every rank gets the same answer."""
-    for flag, low, high in [
-        ("--steps", 1, MAX_STEPS),
-        ("--batch", 1, MAX_BATCH),
-        ("--microbatches", 1, MAX_MICROBATCHES),
-        ("--checkpoint-every", 1, MAX_STEPS),
-    ]:
-        _int_in(args, flag, low, high)
-    if not args.lr > 0 or not args.timeout > 0:
-        raise CourseInputError(f"--lr and --timeout must be > 0, got {args.lr}, {args.timeout}")
-    if args.fail_at_step is not None and not 1 <= args.fail_at_step <= args.steps:
-        raise CourseInputError(
-            f"--fail-at-step must be a step from 1 to --steps ({args.steps}), "
-            f"got {args.fail_at_step}"
-        )
-    if args.report is not None and not args.report.endswith(".json"):
-        raise CourseInputError(f"--report must end in .json, got {args.report!r}")
-    if args.parallel is None:
-        args.parallel = "pipeline" if args.schedule or args.csv else "ddp"
-    setup = Setup(args.model, args.batch, args.seed)
-    world, nodes = launch.world, launch.nodes
-    pipelined = args.parallel in ("pipeline", "fsdp+pipeline")
-    if not pipelined:
-        for flag in ("schedule", "csv"):
-            if getattr(args, flag) is not None:
-                raise CourseInputError(
-                    f"--{flag} goes with --parallel pipeline or fsdp+pipeline, not {args.parallel}"
-                )
-        _divides(args.batch, world, f"the world size ({world}): one equal share per rank")
-        return Plan(args.parallel, setup, args.steps, args.lr, (world,), ("dp",), world)
-    shape: tuple[int, ...]
-    names: tuple[str, ...]
-    if args.parallel == "pipeline":
-        pp, dp = world, 1
-        if pp < 2:
-            raise CourseInputError(
-                f"--parallel pipeline needs at least 2 processes (one pipeline rank each), "
-                f"got a world size of {world}"
-            )
-        shape, names = (pp,), ("pp",)
-    else:
-        pp, dp = nodes, launch.local_world
-        if nodes < 2:
-            raise CourseInputError(
-                "--parallel fsdp+pipeline puts one pipeline stage per node and shards it over "
-                f"the node's processes: it needs --nnodes >= 2, got 1 node of {dp} processes"
-            )
-        shape, names = (pp, dp), ("pp", "dp")
-    if args.schedule is not None and args.csv is not None:
-        raise CourseInputError("give --schedule or --csv, not both")
-    plan, schedule = _pipeline_plan(args, setup, pp, world)
-    _divides(
-        args.batch,
-        dp * plan.microbatches,
-        f"{dp} data-parallel share(s) x {plan.microbatches} micro-batches",
-    )
-    return Plan(args.parallel, setup, args.steps, args.lr, shape, names, dp, plan, schedule)
-
-
-def _pipeline_plan(args, setup: Setup, pp: int, world: int) -> tuple[PipelinePlan, str]:
-    """The schedule's stages and their placement on the `pp` pipeline ranks."""
-    from course_utils.distributed.pipelining import course_schedule
-    from course_utils.pipeline.export import from_pytorch_csv, pytorch_microbatches
-    from course_utils.pipeline.schedules import check_shape
-
-    layers = len(build_model(setup).layers())
-    if args.csv is not None:
-        try:
-            schedule = from_pytorch_csv(args.csv)
-        except CourseInputError as exc:
-            raise CourseInputError(f"--csv {args.csv}: {exc}") from None
-        if schedule.num_devices != pp:
-            raise CourseInputError(
-                f"--csv {args.csv} has {schedule.num_devices} rows (pipeline ranks), but "
-                f"this launch has {pp} pipeline ranks (world size {world}): export the "
-                f"schedule for {pp} devices"
-            )
-        kind, csv, name = "csv", args.csv, f"{Path(args.csv).name} (CSV)"
-        microbatches, course = pytorch_microbatches(schedule), None
-    else:
-        name = args.schedule or RECOMMENDED
-        if name not in SCHEDULES:
-            raise CourseInputError(
-                f"--schedule must be one of {', '.join(SCHEDULES)}, got {name!r}"
-            )
-        info = SCHEDULES[name]
-        chunks = info.chunks(2 if info.uses_chunks else 1)
-        if pp * chunks > layers:
-            raise CourseInputError(
-                f"world size {world} does not fit --schedule {name}: {pp} pipeline ranks x "
-                f"{chunks} stage(s) each = {pp * chunks} stages, but the model has {layers} "
-                f"layers to cut: use at most {layers // chunks} pipeline ranks"
-            )
-        check_shape(name, pp, args.microbatches, chunks if info.uses_chunks else 1)
-        schedule = course_schedule(name, pp, args.microbatches)
-        if info.pytorch:  # PyTorch's own class runs it
-            kind, csv, microbatches, course = name, None, args.microbatches, None
-        else:  # the course's schedule, which PyTorch's runtime reads as a CSV
-            kind, csv, microbatches, course = "csv", None, pytorch_microbatches(schedule), schedule
-    placement = schedule.device_of_stage()
-    unplaced = sorted(set(range(schedule.stages)) - set(placement))
-    if unplaced:
-        raise CourseInputError(f"the schedule never runs stage(s) {unplaced}")
-    if schedule.stages > layers:
-        raise CourseInputError(
-            f"the schedule has {schedule.stages} stages, but the model has {layers} layers"
-        )
-    plan = PipelinePlan(kind, schedule.stages, microbatches, placement, csv, course)
-    return plan, name
-
-
-def _int_in(args, flag: str, low: int, high: int) -> None:
-    value = getattr(args, flag[2:].replace("-", "_"))
-    if not low <= value <= high:
-        raise CourseInputError(f"{flag} must be an integer from {low} to {high}, got {value}")
-
-
-def _divides(batch: int, by: int, what: str) -> None:
-    if batch % by:
-        raise CourseInputError(f"--batch {batch} must be a multiple of {by}, {what}")
-
-
-# --------------------------------------------------------------------------- agreement
-
-
-def agree(problem: str | None) -> str | None:
-    """Every rank's verdict to every rank: the first problem (by rank) or None. So one rank's
-    missing file stops all of them together instead of leaving the others waiting."""
-    verdicts: list[str | None] = [None] * dist.get_world_size()
-    dist.all_gather_object(verdicts, problem)
-    return next((v for v in verdicts if v is not None), None)
-
-
-def check_files(args, plan: Plan, launch: Launch) -> str | None:
-    """What only this rank can see: its files. Returns the problem, or None."""
-    try:
-        if launch.rank == 0 and args.report is not None:
-            folder = Path(args.report).resolve().parent
-            if not folder.is_dir():
-                return f"--report {args.report}: folder {str(folder)!r} does not exist"
-        if launch.rank == 0 and args.checkpoint_dir is not None:
-            return _claim_checkpoint_dir(Path(args.checkpoint_dir), plan)
-    except OSError as exc:
-        return f"rank {launch.rank}: {exc}"
-    return None
-
-
-def _run_record(plan: Plan) -> dict:
-    """What a checkpoint folder's trainings must share to resume one another: the model,
-    its data and the optimizer. The layout may change: DCP reshards by parameter name."""
-    return {"setup": asdict(plan.setup), "optimizer": OPTIMIZER, "lr": plan.lr}
-
-
-def _claim_checkpoint_dir(folder: Path, plan: Plan) -> str | None:
-    folder.mkdir(parents=True, exist_ok=True)
-    record = folder / RUN_FILE
-    mine = _run_record(plan)
-    if record.exists():
-        theirs = json.loads(record.read_text())
-        if theirs != mine:
-            differ = sorted(k for k in mine if theirs.get(k) != mine[k])
-            return (
-                f"--checkpoint-dir {folder} holds checkpoints of another training "
-                f"({', '.join(differ)} differ): use an empty folder"
-            )
-    else:
-        record.write_text(json.dumps(mine, indent=1) + "\n")
-    return None
-
-
-def check_shared(args, plan: Plan, launch: Launch) -> str | None:
-    """After rank 0 wrote the run record: can every rank read it? (shared storage)"""
-    if args.checkpoint_dir is None:
-        return None
-    record = Path(args.checkpoint_dir) / RUN_FILE
-    try:
-        if json.loads(record.read_text()) == _run_record(plan):
-            return None
-    except (OSError, ValueError):
-        pass
-    return (
-        f"--checkpoint-dir {args.checkpoint_dir} is not shared: rank {launch.rank} (node "
-        f"{launch.node}) does not see what rank 0 wrote there; on a cluster it must be on "
-        "storage every node mounts (NFS, Lustre, ...)"
-    )
-
-
 # --------------------------------------------------------------------------- the run
 
 
@@ -403,17 +162,17 @@ class StepError(RuntimeError):
     """A training step failed (its message says which step): most often a peer died."""
 
 
-def maybe_fail(args, launch: Launch, step: int) -> None:
+def maybe_fail(args, place: Place, step: int) -> None:
     """--fail-at-step: the last rank dies here, once, as a process killed on a real node."""
-    if args.fail_at_step != step or launch.rank != launch.world - 1:
+    if args.fail_at_step != step or place.rank != place.world - 1:
         return
     marker = Path(args.checkpoint_dir) / f"failed-at-step-{step}" if args.checkpoint_dir else None
-    if launch.restart_count > 0 or (marker is not None and marker.exists()):
+    if place.restart_count > 0 or (marker is not None and marker.exists()):
         return  # failed once already: this attempt runs through
     if marker is not None:
-        marker.write_text(f"rank {launch.rank} was killed here on purpose\n")
+        marker.write_text(f"rank {place.rank} was killed here on purpose\n")
     print(
-        f"{PROG}: rank {launch.rank} (node {launch.node}): --fail-at-step {step}: "
+        f"{PROG}: rank {place.rank} (node {place.node}): --fail-at-step {step}: "
         "killing myself (SIGKILL)",
         file=sys.stderr,
         flush=True,
@@ -430,7 +189,7 @@ def resume_step(args, steps: int) -> int | None:
     return choice[0]
 
 
-def train(args, plan: Plan, launch: Launch, device: torch.device, mesh) -> dict:
+def train(args, plan: Plan, place: Place, device: torch.device, mesh) -> dict:
     from course_utils.distributed.clocks import clock_offset
 
     offset, rtt = clock_offset(device)
@@ -441,7 +200,7 @@ def train(args, plan: Plan, launch: Launch, device: torch.device, mesh) -> dict:
         checkpoint.load(args.checkpoint_dir, resumed, state)
     steps, saves, losses = [], [], []
     for step in range((resumed or 0) + 1, plan.steps + 1):
-        maybe_fail(args, launch, step)
+        maybe_fail(args, place, step)
         t0 = time.time_ns()
         try:
             loss, count = par.step(step)
@@ -457,9 +216,9 @@ def train(args, plan: Plan, launch: Launch, device: torch.device, mesh) -> dict:
             checkpoint.save(args.checkpoint_dir, step, state)
             saves.append((step, t2, time.time_ns()))
     return {
-        "rank": launch.rank,
-        "node": launch.node,
-        "local_rank": launch.local_rank,
+        "rank": place.rank,
+        "node": place.node,
+        "local_rank": place.local_rank,
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "offset": offset,
@@ -469,12 +228,12 @@ def train(args, plan: Plan, launch: Launch, device: torch.device, mesh) -> dict:
         "saves": saves,
         "losses": losses,
         "resumed": resumed,
-        "restart_count": launch.restart_count,
+        "restart_count": place.restart_count,
         "params": par.full_parameters(),
     }
 
 
-def report(args, plan: Plan, launch: Launch, device: torch.device, outs: list[dict]) -> dict:
+def report(args, plan: Plan, place: Place, device: torch.device, outs: list[dict]) -> dict:
     """Rank 0: compare with one process, put every rank's times on rank 0's clock."""
     from course_utils.distributed.setup import _timeline, one_process_training
 
@@ -515,7 +274,7 @@ def report(args, plan: Plan, launch: Launch, device: torch.device, outs: list[di
         [(a, lab, shifted(o, s) - origin, shifted(o, e) - origin) for a, lab, s, e in o["records"]]
         for o in outs
     ]
-    name = f"{plan.parallel} on {launch.world} processes, {launch.nodes} nodes"
+    name = f"{plan.parallel} on {place.world} processes, {place.nodes} nodes"
     timeline = _timeline(per_rank, name, {"model": plan.setup.model})
     if plan.pipeline is not None:
         timeline.stages, timeline.microbatches = plan.pipeline.stages, plan.pipeline.microbatches
@@ -523,9 +282,9 @@ def report(args, plan: Plan, launch: Launch, device: torch.device, outs: list[di
     steps = spans("steps")
     resumed = outs[0]["resumed"]
     return {
-        "world_size": launch.world,
-        "nodes": launch.nodes,
-        "procs_per_node": launch.local_world,
+        "world_size": place.world,
+        "nodes": place.nodes,
+        "procs_per_node": place.local_world,
         "parallel": plan.parallel,
         "schedule": plan.schedule,
         "mesh": dict(zip(plan.mesh_names, plan.mesh_shape, strict=True)),
@@ -566,12 +325,12 @@ def main(argv: list[str] | None = None) -> int:
     _die_with_parent(int(os.environ.get("COURSE_AGENT_PID", os.getppid())))
     try:
         args = parser().parse_args(argv)
-        launch = launch_from_env()
+        place = place_from_env()
     except CourseInputError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
-    if launch.max_restarts and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        if launch.local_rank == 0 and launch.restart_count == 0:
+    if place.max_restarts and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        if place.local_rank == 0 and place.restart_count == 0:
             print(
                 f"{PROG}: warning: torchrun shares its rendezvous store with the ranks across "
                 "restarts (pytorch/pytorch#135712): a restart may fail to connect; start "
@@ -581,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)  # tiny model: more threads per process only add overhead
     cuda = torch.cuda.is_available()
-    device = torch.device("cuda", launch.local_rank) if cuda else torch.device("cpu")
+    device = torch.device("cuda", place.local_rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
     dist.init_process_group(
@@ -592,16 +351,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plan, problem = None, None
         try:
-            plan = make_plan(args, launch)
-            problem = check_files(args, plan, launch)
+            plan = make_plan(args, place)
+            problem = check_files(args, plan, place)
         except CourseInputError as exc:
             problem = str(exc)
         problem = agree(problem)
         if problem is None:
             assert plan is not None
-            problem = agree(check_shared(args, plan, launch))
+            problem = agree(check_shared(args, plan, place))
         if problem is not None:
-            if launch.local_rank == 0:  # one line per node, on every node
+            if place.local_rank == 0:  # one line per node, on every node
                 print(f"{PROG}: error: {problem}", file=sys.stderr)
             return 2
         assert plan is not None
@@ -610,16 +369,16 @@ def main(argv: list[str] | None = None) -> int:
             from torch.distributed.device_mesh import init_device_mesh
 
             mesh = init_device_mesh(device.type, plan.mesh_shape, mesh_dim_names=plan.mesh_names)
-        out = train(args, plan, launch, device, mesh)
-        gathered: list[dict] | None = [{}] * launch.world if launch.rank == 0 else None
+        out = train(args, plan, place, device, mesh)
+        gathered: list[dict] | None = [{}] * place.world if place.rank == 0 else None
         dist.gather_object(out, gathered, dst=0)
-        if launch.rank == 0:
+        if place.rank == 0:
             assert gathered is not None
-            result = report(args, plan, launch, device, gathered)
+            result = report(args, plan, place, device, gathered)
             if args.report:
                 Path(args.report).write_text(json.dumps(result, indent=1) + "\n")
             print(
-                f"{PROG}: {plan.parallel} on {launch.world} processes ({launch.nodes} nodes): "
+                f"{PROG}: {plan.parallel} on {place.world} processes ({place.nodes} nodes): "
                 f"steps {result['first_step']}..{plan.steps} in "
                 f"{sum(result['step_times_s']):.2f} s, resumed from "
                 f"{result['resumed_from']}, largest parameter difference vs one process "
@@ -630,11 +389,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # one line naming where; COURSE_DEBUG=1 adds the traceback
         what = str(exc) if isinstance(exc, StepError) else f": {type(exc).__name__}: {exc}"
         what = GLOO_NOISE.sub("", what)  # "[.../pair.cc:553] Connection closed by peer. This.."
-        print(f"{PROG}: rank {launch.rank} (node {launch.node}) failed{what}".splitlines()[0],
+        print(f"{PROG}: rank {place.rank} (node {place.node}) failed{what}".splitlines()[0],
               file=sys.stderr, flush=True)  # fmt: skip
         if os.environ.get("COURSE_DEBUG"):
             traceback.print_exc()
-        if isinstance(exc, StepError) and launch.restarts_left > 0:
+        if isinstance(exc, StepError) and place.restarts_left > 0:
             # A peer died mid-step (gloo notices at once; NCCL would hang). Its node's agent
             # is re-forming the job, and ours will stop us to join it; exiting first would
             # count as this node's own failure and use up one of its --max-restarts.
