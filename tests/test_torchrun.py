@@ -23,7 +23,7 @@ import torch
 
 from course_utils.distributed import checkpoint
 from course_utils.distributed.cluster import free_port
-from course_utils.distributed.job import Place, make_plan
+from course_utils.distributed.job import Place, make_plan, place_from_env
 from course_utils.distributed.launch import launch, start_agent, torchrun_command
 from course_utils.distributed.parallelize import model_part, stage_layers
 from course_utils.distributed.setup import Setup, build_model, make_batch
@@ -137,18 +137,15 @@ def test_only_complete_checkpoints_count(tmp_path):
     assert checkpoint.latest_step(tmp_path / "none") is None
 
 
-@pytest.mark.slow
-def test_the_module_outside_torchrun_says_how_to_start_it():
-    out = subprocess.run(
-        [sys.executable, "-m", "course_utils.distributed.train", "--parallel", "ddp"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-        env={k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")},
-    )
-    assert out.returncode == 2
-    assert out.stderr.strip().count("\n") == 0 and "start this module with torchrun" in out.stderr
+def test_outside_torchrun_the_module_says_how_to_start_it():
+    with pytest.raises(CourseInputError, match="start this module with torchrun") as info:
+        place_from_env({"RANK": "0"})
+    assert "\n" not in str(info.value)
+    place = place_from_env(
+        {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
+         "TORCHELASTIC_RESTART_COUNT": "1", "TORCHELASTIC_MAX_RESTARTS": "3"}
+    )  # fmt: skip
+    assert (place.node, place.nodes, place.restarts_left) == (1, 2, 2)
 
 
 # --------------------------------------------------------------------------- real launches
@@ -269,6 +266,9 @@ def test_a_bad_launch_stops_every_rank_with_one_line(tmp_path):
     assert time.monotonic() - start < 90  # bounded: every rank checked and stopped at once
     message = str(info.value)
     assert "\n" not in message and "has 3 rows" in message and "world size 2" in message
+    job = info.value.job  # every agent ended on its own: no rank was left waiting
+    assert job.stopped == [] and all(code != 0 for code in job.returncodes)
+    assert sum(message in log for log in job.logs) == 2  # one line on each node's output
     assert ours() == []
 
 

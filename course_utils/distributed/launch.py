@@ -125,6 +125,7 @@ class Job:
     logs: list[str]
     seconds: float
     peak_memory_mb: float  # all agents and their processes together (RSS, sampled)
+    stopped: list[int] = field(default_factory=list)  # nodes the launcher had to stop itself
     report: dict = field(default_factory=dict)
 
     @property
@@ -261,17 +262,20 @@ def launch(
             procs.append(start_agent(command, log, env))
         peak, finished = _wait(procs, timeout)
     finally:
+        stopped = [n for n, p in enumerate(procs) if p.poll() is None]
         stop(procs)
         seconds = time.monotonic() - start
         texts = [log.read_text(errors="replace") if log.exists() else "" for log in logs]
         report = report_path.read_text() if report_path.exists() else None
         if not os.environ.get("COURSE_DEBUG"):  # COURSE_DEBUG=1 keeps the agents' logs
             shutil.rmtree(workdir, ignore_errors=True)
-    job = Job(commands, [p.returncode for p in procs], texts, seconds, peak)
+    job = Job(commands, [p.returncode for p in procs], texts, seconds, peak, stopped)
     if not finished:
         raise WorkerError(f"the torchrun job did not finish within {timeout:g} s: stopped")
     if any(job.returncodes) or report is None:
-        raise _failure(job)
+        error = _failure(job)
+        error.job = job  # type: ignore[attr-defined]  # for a caller who wants the logs
+        raise error
     job.report = json.loads(report)
     return job
 
