@@ -161,7 +161,8 @@ def check_report(job, parallel: str, world: int, nodes: int, steps: int) -> dict
     assert [r["node"] for r in ranks] == [r // (world // nodes) for r in range(world)]
     assert len({r["pid"] for r in ranks}) == world  # real, separate processes
     for r in ranks:  # one machine, one clock: the estimate is off by at most half a round trip
-        assert abs(r["clock_offset_s"]) <= r["clock_rtt_s"] / 2 + 1e-6
+        assert abs(r["clock_estimate_s"]) <= r["clock_rtt_s"] / 2 + 1e-6
+        assert r["same_clock_as_rank_0"] and r["clock_offset_s"] == 0  # and is not applied
     assert ours() == []
     return report
 

@@ -192,7 +192,7 @@ def resume_step(args, steps: int) -> int | None:
 def train(args, plan: Plan, place: Place, device: torch.device, mesh) -> dict:
     from course_utils.distributed.clocks import clock_offset
 
-    offset, rtt = clock_offset(device)
+    estimate, rtt, same_clock = clock_offset(device)
     par = build(plan, device, mesh)
     state = checkpoint.TrainState(par.parts, par.optimizers)
     resumed = resume_step(args, plan.steps)
@@ -221,8 +221,10 @@ def train(args, plan: Plan, place: Place, device: torch.device, mesh) -> dict:
         "local_rank": place.local_rank,
         "host": socket.gethostname(),
         "pid": os.getpid(),
-        "offset": offset,
+        "offset": 0 if same_clock else estimate,  # what rank 0 corrects this rank's times by
+        "estimate": estimate,
         "rtt": rtt,
+        "same_clock": same_clock,
         "records": par.records,
         "steps": steps,
         "saves": saves,
@@ -310,8 +312,10 @@ def report(args, plan: Plan, place: Place, device: torch.device, outs: list[dict
                 "local_rank": o["local_rank"],
                 "host": o["host"],
                 "pid": o["pid"],
-                "clock_offset_s": o["offset"] / 1e9,
+                "clock_offset_s": o["offset"] / 1e9,  # applied: 0 on rank 0's machine
+                "clock_estimate_s": o["estimate"] / 1e9,
                 "clock_rtt_s": o["rtt"] / 1e9,
+                "same_clock_as_rank_0": o["same_clock"],
             }
             for o in outs
         ],
