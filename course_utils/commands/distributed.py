@@ -115,8 +115,10 @@ def _resolve_aliases(args: argparse.Namespace) -> None:
         args.parallel = "fsdp"
     args.schedule_flag = "--schedule"
     if args.pipeline is not None:
-        if args.schedule not in (None, args.pipeline) or csv_file:
+        if args.schedule not in (None, args.pipeline):
             raise CourseInputError("--pipeline NAME is --schedule NAME: give one of them")
+        if csv_file:
+            raise CourseInputError("give --pipeline NAME or --csv FILE, not both")
         args.schedule, args.schedule_flag = args.pipeline, "--pipeline"
     if args.parallel is None:
         args.parallel = "pipeline" if args.schedule or args.csv else "ddp"
