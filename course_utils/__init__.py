@@ -19,7 +19,8 @@ The families:
 - `plan/`         memory and step-time planner for a real training run
 - `measure/`      measuring truthfully: the capacity probe, timing, reference recordings,
                   conclusions printed from the numbers, activation memory, the set-up check
-- `distributed/`  the same computations on real `torch.distributed` processes
+- `distributed/`  the same computations on real `torch.distributed` processes, and a
+                  training program for `torchrun` (`distributed.train`) on a laptop or a cluster
 - `checks/`       the exercises' checks (per-student numbers, kind feedback)
 - `grading/`      for instructors: exercise notebooks from the solutions, and the grader
 - `commands/`     the command-line tools (`python -m course_utils --help`)

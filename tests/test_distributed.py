@@ -232,6 +232,40 @@ def test_cli_pipeline_json(args, cluster, monkeypatch, run_cli):
     assert data["executor_max_grad_diff"] <= TOL
 
 
+def test_a_csv_for_another_number_of_processes_is_refused(tmp_path, run_cli):
+    from course_utils.pipeline import make_schedule
+    from course_utils.pipeline.export import to_pytorch_csv
+
+    path = to_pytorch_csv(make_schedule("1f1b", 3, 4), tmp_path / "three.csv")
+    code, _, err = run_cli("distributed", "--csv", path, "--workers", "2")
+    assert code == 2 and "has 3 rows" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args, schedule",
+    [(["--parallel", "pipeline", "--schedule", "zb-h1"], "zb-h1"), (["--csv"], "my.csv")],
+)
+def test_cli_speaks_the_train_entry_points_vocabulary(args, schedule, cluster, tmp_path,
+                                                      monkeypatch, run_cli):  # fmt: skip
+    # --schedule NAME without a PyTorch class goes through the CSV; --csv FILE runs a file.
+    from course_utils.pipeline import make_schedule
+    from course_utils.pipeline.export import to_pytorch_csv
+
+    if args == ["--csv"]:
+        args = ["--csv", str(to_pytorch_csv(make_schedule("zb-h1", 2, 4), tmp_path / "my.csv"))]
+        schedule = args[1]
+    real = distributed.run_pipeline
+    monkeypatch.setattr(
+        distributed, "run_pipeline", lambda *a, **k: real(*a, **{**k, "cluster": cluster})
+    )
+    code, out, err = run_cli("distributed", *args, "--model", "mlp", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["schedule"] == schedule and data["workers"] == 2
+    assert data["max_grad_diff"] <= TOL and data["executor_max_grad_diff"] <= TOL
+
+
 @pytest.mark.slow
 def test_worker_failure_is_reported_and_children_are_gone(tmp_path):
     payload = {"setup": Setup("mlp"), "kind": "csv", "csv": str(tmp_path / "no.csv")}
@@ -340,6 +374,15 @@ def test_cluster_rejects_a_mismatched_job(cluster):
         (["--fsdp", "--batch", "3"], "batch"),
         (["--ring-attention", "--fsdp"], "--ring-attention"),
         (["--ring-attention", "--pipeline", "1f1b"], "--ring-attention"),
+        # The torchrun entry point's vocabulary, and its clashes with the older spellings.
+        (["--parallel", "tensor"], "--parallel must be one of ddp, fsdp, pipeline"),
+        (["--parallel", "fsdp+pipeline"], "torchrun"),
+        (["--parallel", "ddp", "--schedule", "1f1b"], "--schedule and --csv go with"),
+        (["--schedule", "zigzag"], "--schedule must be one of"),
+        (["--schedule", "1f1b", "--pipeline", "gpipe"], "--pipeline NAME is --schedule NAME"),
+        (["--fsdp", "--parallel", "ddp"], "--fsdp is --parallel fsdp"),
+        (["--csv", "/no/such.csv"], "--csv /no/such.csv"),
+        (["--schedule", "1f1b", "--csv", "x.csv"], "--schedule"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args, word, run_cli):

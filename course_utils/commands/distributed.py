@@ -1,10 +1,20 @@
-"""`python -m course_utils distributed --workers N`: DistributedDataParallel on N real
-processes (gloo on 127.0.0.1) against one process and the threads; `--pipeline NAME` runs a
-`torch.distributed.pipelining` schedule instead, `--csv` any course schedule through
-PyTorch's CSV format, `--fsdp` FSDP2 (`fully_shard`, ZeRO-3) against one process and the
-threads' ZeRO-3, `--ring-attention` the course's ring attention (causal, zig-zag) with
-`dist.isend`/`dist.recv` against full attention and the threads' ring. Prints workers,
-the largest gradient difference and the wall time."""
+"""`python -m course_utils distributed`: the course's model on N real processes (gloo on
+127.0.0.1) against one process and the threads, in the vocabulary of the torchrun entry point
+`course_utils.distributed.train`:
+
+    --parallel ddp        DistributedDataParallel (the default)
+    --parallel fsdp       FSDP2 `fully_shard` (ZeRO-3), against the threads' ZeRO-3 too
+    --parallel pipeline   a `torch.distributed.pipelining` step: --schedule NAME (PyTorch's
+                          class where it has one, else the course's schedule through its CSV
+                          export), or --csv FILE (a PyTorch CSV, e.g. the learner's own)
+    --ring-attention      the course's ring attention with `dist.isend`/`dist.recv`
+
+Older spellings still work: `--pipeline NAME` is `--parallel pipeline --schedule NAME`,
+`--fsdp` is `--parallel fsdp`, and `--csv` without a file runs --schedule's course schedule
+through its CSV export even where PyTorch has a class. (`--parallel fsdp+pipeline` needs
+nodes: run it with torchrun, see `course_utils.distributed.train`.)
+Prints workers, the largest gradient difference and the wall time.
+"""
 
 from __future__ import annotations
 
@@ -14,13 +24,14 @@ import sys
 
 from course_utils.commands.common import int_flag, number_flag
 from course_utils.errors import CourseInputError, WorkerError
-from course_utils.pipeline.schedules import SCHEDULES
+from course_utils.pipeline.schedules import RECOMMENDED, SCHEDULES
 
 HELP = "DDP, FSDP2, ring attention and pipelines on torch.distributed processes vs threads"
 # Limits: processes (each imports torch), steps, micro-batches, samples, seconds.
 MAX_WORKERS, MAX_STEPS, MAX_MICROBATCHES, MAX_BATCH, MAX_TIMEOUT = 8, 100, 64, 4096, 3600
 PIPELINES = tuple(name for name, info in SCHEDULES.items() if info.pytorch)
 MODELS = ("gpt", "mlp")
+PARALLEL = ("ddp", "fsdp", "pipeline")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,26 +39,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"{HELP}. Limits: at most {MAX_WORKERS} processes, {MAX_STEPS} steps, "
         f"{MAX_MICROBATCHES} micro-batches, a batch of {MAX_BATCH}, {MAX_TIMEOUT} s."
     )
-    parser.add_argument("--workers", type=int, default=2, help="number of processes (default 2)")
+    parser.add_argument(
+        "--workers", type=int, default=None, help="number of processes (default 2, or --csv's rows)"
+    )
     parser.add_argument(
         "--port", type=int, default=None, help="rendezvous port on 127.0.0.1 (default: a free one)"
     )
     parser.add_argument(
-        "--pipeline",
+        "--parallel",
         default=None,
-        help=f"run a pipelining step instead of DDP: one of {', '.join(PIPELINES)}",
+        help=f"one of {', '.join(PARALLEL)} (default ddp; pipeline with --schedule or --csv)",
+    )
+    parser.add_argument(
+        "--schedule",
+        default=None,
+        help=f"pipeline schedule, one of {', '.join(SCHEDULES)} (default {RECOMMENDED}): "
+        "PyTorch's class where it has one, else the course's schedule through PyTorch's CSV",
     )
     parser.add_argument(
         "--csv",
-        action="store_true",
-        help="with --pipeline: run the course's own schedule of that name (any course "
-        "schedule, e.g. zb-h1 or interleaved) exported to PyTorch's CSV format",
+        nargs="?",
+        const=True,
+        default=None,
+        metavar="FILE",
+        help="run this PyTorch CSV schedule (one row per process); without FILE: run "
+        "--schedule's course schedule through its CSV export (older spelling)",
     )
     parser.add_argument(
-        "--fsdp",
-        action="store_true",
-        help="train with FSDP2 fully_shard (ZeRO-3, Adam) instead of DDP, against one process "
-        "and the threads' ZeRO-3 (default model mlp)",
+        "--pipeline",
+        default=None,
+        metavar="NAME",
+        help="older spelling of --parallel pipeline --schedule NAME",
+    )
+    parser.add_argument(
+        "--fsdp", action="store_true", help="older spelling of --parallel fsdp (default model mlp)"
     )
     parser.add_argument(
         "--ring-attention",
@@ -56,7 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "isend/recv instead of DDP, against full attention and the threads' ring",
     )
     parser.add_argument(
-        "--steps", type=int, default=None, help="DDP/FSDP training steps (default 1; 2 for --fsdp)"
+        "--steps", type=int, default=None, help="DDP/FSDP training steps (default 1; 2 for fsdp)"
     )
     parser.add_argument("--microbatches", type=int, default=4, help="pipeline micro-batches")
     parser.add_argument(
@@ -70,17 +95,70 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+def _resolve_aliases(args: argparse.Namespace) -> None:
+    """Turn the older spellings into --parallel/--schedule, refusing contradictions."""
+    csv_file = args.csv if isinstance(args.csv, str) else None
+    if args.ring_attention and (
+        args.fsdp or args.pipeline is not None or args.csv or args.parallel or args.schedule
+    ):
+        raise CourseInputError(
+            "--ring-attention runs alone: it cannot go with --fsdp, --pipeline, --parallel, "
+            "--schedule or --csv"
+        )
+    if args.fsdp:
+        if args.pipeline is not None or args.csv or args.schedule:
+            raise CourseInputError(
+                "--fsdp trains data-parallel: it cannot go with --pipeline, --schedule or --csv"
+            )
+        if args.parallel not in (None, "fsdp"):
+            raise CourseInputError(f"--fsdp is --parallel fsdp: not --parallel {args.parallel}")
+        args.parallel = "fsdp"
+    args.schedule_flag = "--schedule"
+    if args.pipeline is not None:
+        if args.schedule not in (None, args.pipeline):
+            raise CourseInputError("--pipeline NAME is --schedule NAME: give one of them")
+        if csv_file:
+            raise CourseInputError("give --pipeline NAME or --csv FILE, not both")
+        args.schedule, args.schedule_flag = args.pipeline, "--pipeline"
+    if args.parallel is None:
+        args.parallel = "pipeline" if args.schedule or args.csv else "ddp"
+    if args.parallel not in PARALLEL:
+        raise CourseInputError(
+            f"--parallel must be one of {', '.join(PARALLEL)}, got {args.parallel!r}"
+            + (" (it needs nodes: run course_utils.distributed.train with torchrun)"
+               if args.parallel == "fsdp+pipeline" else "")
+        )  # fmt: skip
+    if args.parallel != "pipeline" and (args.schedule or args.csv):
+        raise CourseInputError(
+            f"--schedule and --csv go with --parallel pipeline, not {args.parallel}"
+        )
+    if args.csv is True and args.schedule is None:
+        raise CourseInputError(
+            "--csv without a file needs --schedule NAME (the course schedule to export), "
+            "or give the file: --csv FILE"
+        )
+    if csv_file and args.schedule:
+        raise CourseInputError("give --schedule NAME or --csv FILE, not both")
+
+
 def _check(args: argparse.Namespace) -> None:
     """Every argument, before a process is started or torch imported."""
-    int_flag(args, "--workers", 1 if args.pipeline is None else 2, MAX_WORKERS)
-    if args.fsdp and (args.pipeline is not None or args.csv):
-        raise CourseInputError("--fsdp trains data-parallel: it cannot go with --pipeline or --csv")
-    if args.ring_attention and (args.fsdp or args.pipeline is not None or args.csv):
-        raise CourseInputError(
-            "--ring-attention runs alone: it cannot go with --fsdp, --pipeline or --csv"
-        )
+    _resolve_aliases(args)
+    pipeline = args.parallel == "pipeline"
+    if isinstance(args.csv, str):
+        from course_utils.pipeline.export import from_pytorch_csv
+
+        try:
+            args.csv_schedule = from_pytorch_csv(args.csv)
+        except CourseInputError as exc:
+            raise CourseInputError(f"--csv {args.csv}: {exc}") from None
+        if args.workers is None:
+            args.workers = args.csv_schedule.num_devices
+    if args.workers is None:
+        args.workers = 2
+    int_flag(args, "--workers", 2 if pipeline else 1, MAX_WORKERS)
     if args.steps is None:
-        args.steps = 2 if args.fsdp else 1
+        args.steps = 2 if args.parallel == "fsdp" else 1
     int_flag(args, "--steps", 1, MAX_STEPS)
     int_flag(args, "--microbatches", 1, MAX_MICROBATCHES)
     if args.batch is not None:
@@ -90,27 +168,34 @@ def _check(args: argparse.Namespace) -> None:
         int_flag(args, "--port", 1, 65535)
     if args.model is not None and args.model not in MODELS:
         raise CourseInputError(f"--model must be one of {', '.join(MODELS)}, got {args.model!r}")
-    if args.pipeline is not None:
-        allowed = SCHEDULES if args.csv else PIPELINES
-        if args.pipeline not in allowed:
+    if not pipeline:
+        return
+    if isinstance(args.csv, str):
+        rows = args.csv_schedule.num_devices
+        if rows != args.workers:
             raise CourseInputError(
-                f"--pipeline must be one of {', '.join(allowed)}"
-                + ("" if args.csv else " (or any course schedule with --csv)")
-                + f", got {args.pipeline!r}"
+                f"--csv {args.csv} has {rows} rows (one per process), but --workers is "
+                f"{args.workers}: export the schedule for {args.workers} devices"
             )
-        from course_utils.pipeline.schedules import check_shape
+        return
+    args.schedule = args.schedule or RECOMMENDED
+    if args.schedule not in SCHEDULES:
+        raise CourseInputError(
+            f"{args.schedule_flag} must be one of {', '.join(SCHEDULES)}, got {args.schedule!r}"
+        )
+    from course_utils.pipeline.schedules import check_shape
 
-        try:
-            check_shape(args.pipeline, args.workers, args.microbatches)
-        except CourseInputError as exc:
-            raise CourseInputError(f"--pipeline {args.pipeline}: {exc}") from None
+    try:
+        check_shape(args.schedule, args.workers, args.microbatches)
+    except CourseInputError as exc:
+        raise CourseInputError(f"{args.schedule_flag} {args.schedule}: {exc}") from None
 
 
 def _run_from_args(args: argparse.Namespace):
     """Pick and run the comparison the command-line arguments ask for."""
     from course_utils.distributed import course_schedule, run_ddp, run_pipeline
 
-    if args.fsdp:
+    if args.parallel == "fsdp":
         from course_utils.distributed.fsdp import run_fsdp
 
         batch = args.batch if args.batch is not None else 4 * args.workers
@@ -119,38 +204,28 @@ def _run_from_args(args: argparse.Namespace):
             args.workers, args.steps, batch, model, port=args.port, timeout=args.timeout
         )
         return result, "FSDP2 (fully_shard)"
-    if args.pipeline is None:
-        if args.csv:
-            raise CourseInputError("csv needs --pipeline (one of " + ", ".join(PIPELINES) + ")")
+    if args.parallel == "ddp":
         batch = args.batch if args.batch is not None else 4 * args.workers
         result = run_ddp(
             args.workers, args.steps, batch, args.model, port=args.port, timeout=args.timeout
         )
-        what = "DDP"
-    else:
-        schedule = args.pipeline
-        if args.csv:
-            if args.pipeline not in SCHEDULES:
-                raise CourseInputError(
-                    f"pipeline must be one of {', '.join(SCHEDULES)} with --csv, "
-                    f"got {args.pipeline!r}"
-                )
-            schedule = course_schedule(args.pipeline, args.workers, args.microbatches)
-        elif args.pipeline not in PIPELINES:
-            raise CourseInputError(
-                f"pipeline must be one of {', '.join(PIPELINES)} "
-                f"(or any course schedule with --csv), got {args.pipeline!r}"
-            )
-        result = run_pipeline(
-            schedule,
-            args.workers,
-            args.microbatches,
-            args.batch if args.batch is not None else 2 * args.microbatches,
-            args.model,
-            port=args.port,
-            timeout=args.timeout,
-        )
-        what = f"pipeline {args.pipeline}" + (" (CSV)" if args.csv else "")
+        return result, "DDP"
+    if isinstance(args.csv, str):  # the learner's own CSV file
+        schedule, what = args.csv_schedule, f"pipeline {args.csv} (CSV)"
+    elif args.csv or not SCHEDULES[args.schedule].pytorch:  # the course's, through its CSV
+        schedule = course_schedule(args.schedule, args.workers, args.microbatches)
+        what = f"pipeline {args.schedule} (CSV)"
+    else:  # PyTorch's own class
+        schedule, what = args.schedule, f"pipeline {args.schedule}"
+    result = run_pipeline(
+        schedule,
+        args.workers,
+        args.microbatches,
+        args.batch if args.batch is not None else 2 * args.microbatches,
+        args.model,
+        port=args.port,
+        timeout=args.timeout,
+    )
     return result, what
 
 
@@ -197,12 +272,12 @@ def run(args: argparse.Namespace) -> int:
     from course_utils.distributed import HOST
 
     out = result.to_dict()
-    if args.pipeline is not None:
-        out["schedule"] = args.pipeline
+    if args.parallel == "pipeline":
+        out["schedule"] = args.csv if isinstance(args.csv, str) else args.schedule
         out["max_loss_diff"] = result.max_loss_diff
         if "executor_max_grad_diff" in result.extra:
             out["executor_max_grad_diff"] = result.extra["executor_max_grad_diff"]
-    if args.fsdp:
+    if args.parallel == "fsdp":
         for key in ("max_param_diff", "threads_max_param_diff", "held_bytes", "model_bytes"):
             if key in result.extra:
                 out[key] = result.extra[key]

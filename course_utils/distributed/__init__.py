@@ -6,6 +6,17 @@
 - `fsdp`        `run_fsdp`: FSDP2 `fully_shard` (ZeRO-3) vs one process and vs the threads' ZeRO-3
 - `pipelining`  `run_pipeline`: PyTorch's pipeline schedules (or any course schedule through
                 PyTorch's CSV format) vs one process and vs the thread executor
+- `ring`        ring attention with `isend`/`recv` vs full attention and the threads' ring
+
+The same model for `torchrun`, the way a cluster runs it:
+
+- `train`       `python -m course_utils.distributed.train`: the entry point torchrun starts on
+                every node (ddp, fsdp, pipeline, fsdp+pipeline on a 2-D mesh), with a report
+- `job`         what every rank runs, from torchrun's environment and the arguments, checked
+- `parallelize` the model laid out on a DeviceMesh for each of those modes
+- `checkpoint`  sharded checkpoints (torch.distributed.checkpoint) and finding the last one
+- `clocks`      each rank's clock offset to rank 0's, for one chart of every node's actions
+- `launch`      `launch()`: a multi-node torchrun job on this machine (one agent per "node")
 
 Each returns a measured `Timeline` built from every process's own timestamps
 (`time.time_ns`, one clock for all processes on one machine), ready for

@@ -28,18 +28,11 @@ from course_utils.distributed.setup import (
 from course_utils.errors import CourseInputError
 
 
-def _ddp_worker(rank: int, world: int, payload: dict) -> dict:
-    """One DDP rank: shard of the batch, forward, backward with all-reduce, SGD step."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
+def timed_allreduce(records: list, world: int):
+    """A DDP communication hook doing what DDP's default does (average each gradient bucket
+    with one all-reduce), recording when each bucket's all-reduce started and finished."""
 
-    setup, steps = payload["setup"], payload["steps"]
-    model = build_model(setup)
-    records: list[tuple] = []
-    # Small buckets so several all-reduces happen during one backward pass (as in real
-    # DDP on a big model), which the timeline then shows overlapping the backward.
-    ddp = DDP(model, bucket_cap_mb=payload["bucket_mb"])
-
-    def timed_allreduce(state, bucket):
+    def hook(state, bucket):
         start = time.time_ns()
         buf = bucket.buffer().div_(world)
         fut = dist.all_reduce(buf, async_op=True).get_future()
@@ -50,7 +43,20 @@ def _ddp_worker(rank: int, world: int, payload: dict) -> dict:
 
         return fut.then(done)
 
-    ddp.register_comm_hook(None, timed_allreduce)
+    return hook
+
+
+def _ddp_worker(rank: int, world: int, payload: dict) -> dict:
+    """One DDP rank: shard of the batch, forward, backward with all-reduce, SGD step."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    setup, steps = payload["setup"], payload["steps"]
+    model = build_model(setup)
+    records: list[tuple] = []
+    # Small buckets so several all-reduces happen during one backward pass (as in real
+    # DDP on a big model), which the timeline then shows overlapping the backward.
+    ddp = DDP(model, bucket_cap_mb=payload["bucket_mb"])
+    ddp.register_comm_hook(None, timed_allreduce(records, world))
     opt = torch.optim.SGD(ddp.parameters(), lr=payload["lr"])
     criterion = loss_fn(setup)
     shard = setup.batch // world

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -50,8 +51,12 @@ def v_placement(placement: dict[int, int]) -> bool:
     return any(placement[s] == placement.get(s + 1) for s in placement)
 
 
-def _timed_stage(stage, records: list) -> None:
-    """Wrap one PipelineStage's compute calls so each records (action, start, end)."""
+def _timed_stage(stage, records: list, sync: Callable[[], None] | None = None) -> None:
+    """Wrap one PipelineStage's compute calls so each records (action, start, end).
+
+    On a GPU the calls only queue kernels: `sync` (torch.cuda.synchronize) makes each
+    record end when the work has really finished.
+    """
     fwd, bwd, wgt = (
         stage.forward_one_chunk,
         stage.backward_one_chunk,
@@ -59,23 +64,28 @@ def _timed_stage(stage, records: list) -> None:
     )
     s = stage.stage_index
 
+    def end() -> int:
+        if sync is not None:
+            sync()
+        return time.time_ns()
+
     def forward_one_chunk(chunk, *args, **kwargs):
         t0 = time.time_ns()
         out = fwd(chunk, *args, **kwargs)
-        records.append((f"{s}F{chunk}", None, t0, time.time_ns()))
+        records.append((f"{s}F{chunk}", None, t0, end()))
         return out
 
     def backward_one_chunk(chunk, *args, **kwargs):
         t0 = time.time_ns()
         out = bwd(chunk, *args, **kwargs)
         kind = "B" if kwargs.get("full_backward", True) else "I"
-        records.append((f"{s}{kind}{chunk}", None, t0, time.time_ns()))
+        records.append((f"{s}{kind}{chunk}", None, t0, end()))
         return out
 
     def backward_weight_one_chunk(chunk, *args, **kwargs):
         t0 = time.time_ns()
         out = wgt(chunk, *args, **kwargs)
-        records.append((f"{s}W{chunk}", None, t0, time.time_ns()))
+        records.append((f"{s}W{chunk}", None, t0, end()))
         return out
 
     stage.forward_one_chunk = forward_one_chunk
@@ -83,10 +93,35 @@ def _timed_stage(stage, records: list) -> None:
     stage.backward_weight_one_chunk = backward_weight_one_chunk
 
 
+def torch_schedule(stages: list, kind: str, microbatches: int, loss, csv: str | None = None):
+    """PyTorch's schedule object driving this rank's `stages` (PipelineStage objects).
+
+    `kind` is "csv" (PyTorch's runtime loads the compute-only CSV file `csv`: any course
+    schedule, or the learner's own) or a schedule of `PIPELINES` (PyTorch's own class,
+    named in the registry).
+    """
+    from torch.distributed.pipelining import schedules as torch_schedules
+
+    if kind == "csv":
+        if csv is None:
+            raise CourseInputError("a CSV schedule needs its file: csv=PATH")
+        sched = torch_schedules._PipelineScheduleRuntime(
+            stages, n_microbatches=microbatches, loss_fn=loss
+        )
+        sched._load_csv(csv, format="compute_only")
+        return sched
+    if SCHEDULES[kind].pytorch is None:
+        raise CourseInputError(
+            f"schedule must be one of {', '.join(PIPELINES)} or 'csv', got {kind!r}"
+        )
+    cls = getattr(torch_schedules, _pytorch(kind))
+    single = issubclass(cls, torch_schedules.PipelineScheduleSingle)
+    return cls(stages[0] if single else stages, n_microbatches=microbatches, loss_fn=loss)
+
+
 def _pipeline_worker(rank: int, world: int, payload: dict) -> dict:
     """One pipeline rank: build the stages it owns (stage s on rank s % world), run a step."""
     from torch.distributed.pipelining import PipelineStage
-    from torch.distributed.pipelining import schedules as torch_schedules
 
     setup, kind, m, num_stages = payload["setup"], payload["kind"], payload["m"], payload["stages"]
     pieces = split_stages(build_model(setup), setup, num_stages)
@@ -98,16 +133,7 @@ def _pipeline_worker(rank: int, world: int, payload: dict) -> dict:
         stage = PipelineStage(pieces[s], s, num_stages, torch.device("cpu"))
         _timed_stage(stage, records)
         stages.append(stage)
-    criterion = loss_fn(setup)
-    if kind == "csv":  # a course schedule, exported to PyTorch's CSV format
-        sched = torch_schedules._PipelineScheduleRuntime(
-            stages, n_microbatches=m, loss_fn=criterion
-        )
-        sched._load_csv(payload["csv"], format="compute_only")
-    else:  # PyTorch's own class for this schedule, named in the registry
-        cls = getattr(torch_schedules, _pytorch(kind))  # kind is one of PIPELINES
-        single = issubclass(cls, torch_schedules.PipelineScheduleSingle)
-        sched = cls(stages[0] if single else stages, n_microbatches=m, loss_fn=criterion)
+    sched = torch_schedule(stages, kind, m, loss_fn(setup), payload.get("csv"))
     x, y = make_batch(setup)
     losses: list = []
     kwargs: dict[str, Any] = {}
