@@ -34,7 +34,7 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (1, (84,), "two running averages"),
     (1, (14,), "plain fp32"),
     (1, (112e9,), "bytes; give GB"),
-    (1, (112e3,), "MB; give GB"),
+    (1, (112e3,), "looks like megabytes; give GB"),
     (1, (112e9 / 2**30,), "GiB; give GB"),
     (1, (110,), "3 significant figures"),
     (1, (3,), "bytes per parameter"),
@@ -120,7 +120,7 @@ def test_build_exercise_names_unit_slips():
 
     with pytest.raises(CheckFailed, match="GB; give bytes"):
         check.exercise_2(in_gb)
-    with pytest.raises(CheckFailed, match="bytes per parameter; give the bytes of all"):
+    with pytest.raises(CheckFailed, match="is the bytes of one parameter; give the bytes of all"):
         check.exercise_2(per_parameter)
 
 

@@ -96,7 +96,7 @@ WRONG = [
     (5, (1.5e-3 * 1e3, "a", RIGHT[5][2]), "not right"),
     (5, (37.5, "a", RIGHT[5][2]), "percentage"),
     (5, (0.375, "b", RIGHT[5][2]), "(N-1)/N"),
-    (5, (0.375, "c", RIGHT[5][2]), "off the path"),
+    (5, (0.375, "c", RIGHT[5][2]), "cannot be reduce-scattered earlier"),
     (5, (0.375, "d", RIGHT[5][2]), "dilutes"),
     (5, (0.375, "a", 1 / RIGHT[5][2]), "upside down"),
     (5, (0.375, "a", 2.0), "prefetch=1"),

@@ -91,7 +91,8 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (6, (4, 77, 8), "3 significant figures"),
     (6, (4, 60.1, 8), "leaves out the attention"),
     (6, (4, 70.0, 8), "layers x (attention"),
-    (6, (4, GB, 16), "forgets tensor parallelism"),
+    # "on how many GPUs each expert lives" read literally: every GPU with a piece of it
+    (6, (4, GB, 16), "counts every GPU that holds a piece of the expert"),
     (6, (4, GB, 4), "groups of ep"),
 ]
 

@@ -116,7 +116,7 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (4, (DP * 1.5, PP, "pp"), "plan.ring_allreduce_time"),
     (4, (DP, 2 * PP, "pp"), "both directions"),
     (4, (DP, 8 * PP, "pp"), "1/tp slice"),
-    (4, (DP, 16 * PP, "pp"), "one way"),
+    (4, (DP, 16 * PP, "pp"), "and twice over: both directions, or 4-byte values"),
     (4, (DP, PP * 3, "pp"), "micro-batches"),
     (4, (DP, PP, "dp"), "fewer bytes"),
     (4, (round(DP, 1), PP, "pp"), "3 significant figures"),

@@ -95,6 +95,13 @@ def exercise_1(tp_only, with_sp, v: Variant = DEFAULT) -> None:
                 "f-sized terms; every device keeps the whole LayerNorm input, first linear's "
                 "input and dropout mask."
             )
+        if sp and is_right(got, other / g["t"]):
+            fail(
+                "`with_sp` divides the whole tensor-parallel count by t again, but its "
+                "f-sized terms (the GeLU's and the second linear's inputs) were already split "
+                "t ways by tensor parallelism. Sequence parallelism splits only the three "
+                "sequence-wise terms (LayerNorm input, first linear's input, dropout mask)."
+            )
         if is_right(got, _block_bytes(g, sp, dropout=False)):
             fail(f"`{name}` leaves out the dropout mask: one byte per value of [s, b, h].")
         mask = sbh / (g["t"] if sp else 1)
@@ -270,6 +277,11 @@ def exercise_3(held, sends, v: Variant = DEFAULT) -> None:
     if got != want:
         if len(got) != n:
             fail(f"`held` needs one owner per step: the forward has N = {n} steps.")
+        if got == [x + 1 for x in want]:
+            fail(
+                f"`held` numbers the workers from 1. Workers are numbered 0 to {n - 1}, like "
+                f"everything in the course: at step 0 worker {w} holds its own block, kv{w}."
+            )
         if got == [(w + k) % n for k in range(n)]:
             fail(
                 "The blocks go round the wrong way: each worker passes its block to the RIGHT "
@@ -485,18 +497,19 @@ def exercise_6(cp, gib, v: Variant = DEFAULT) -> None:
     if got != want:
         if got < 1 or got & (got - 1):
             fail("`cp` here is a power of 2 (1, 2, 4, 8, ...), as the sequence is split evenly.")
-        if got > want:
-            fail(f"cp = {got} fits, but so does a smaller one: each halving saves communication.")
 
         def linear(n: int) -> float:  # the score term wrongly divided by N only
             t = g["seq"] / n
             return g["e"] * g["heads"] * (6 * t * g["dim"] + t + 2 * t * g["seq"]) / GIB
 
+        # Scores taken as t x L instead of t x t need a larger cp: say why before "smaller".
         if got == _smallest(g, linear):
             fail(
                 "The scores of one block product are t x t with t = L/N tokens: they shrink "
                 "with N squared, not N. A smaller cp fits."
             )
+        if got > want:
+            fail(f"cp = {got} fits, but so does a smaller one: each halving saves communication.")
         fail(f"At cp = {got} one worker needs {_fits(g, got):.1f} GiB, over the budget.")
     want_gib = _fits(g, want)
     number = expect_number(gib, want_gib, "gib", unit="GiB")

@@ -33,6 +33,7 @@ from course_utils.checks import (
     is_right,
     passed,
     require,
+    same_numbers,
 )
 from course_utils.checks import (
     for_student as _for_student,
@@ -124,6 +125,11 @@ def exercise_1(tokens_per_expert, capacity, dropped, capacity_top2, v: Variant =
         )
     got_dropped = sorted(as_sequence(dropped, "dropped", item=as_int))
     if got_dropped != want_dropped:
+        if got_dropped == [t + 1 for t in want_dropped]:
+            fail(
+                "`dropped` counts positions from 1. Positions are counted from 0, like "
+                "Python's indices: the first token of `g.choices` is token 0."
+            )
         if len(got_dropped) != len(want_dropped):
             fail(
                 f"`dropped` lists {len(got_dropped)} tokens. An expert keeps `capacity` tokens "
@@ -266,25 +272,25 @@ def exercise_3(dispatch_sent, combine_sent, step_sent_0, v: Variant = DEFAULT) -
     routed = g["routed"]
     everything = [sum(row) * per_token for row in routed]
     got = as_sequence(dispatch_sent, "dispatch_sent", length=2, item=as_number)
-    if got != dispatch:
-        if got == everything:
+    if not same_numbers(got, dispatch):
+        if same_numbers(got, everything):
             fail(
                 "`dispatch_sent` counts every routed token, but tokens for the worker's own "
                 "experts stay home. Worker 0 holds experts 0 and 1, worker 1 experts 2 and 3."
             )
-        if got == [x * 2 for x in dispatch]:
+        if same_numbers(got, [x * 2 for x in dispatch]):
             fail("`dispatch_sent` looks like 4-byte numbers: bf16 is 2 bytes per number.")
-        if got == [x // 2 for x in dispatch]:
+        if same_numbers(got, [x / 2 for x in dispatch]):
             fail("`dispatch_sent` looks like 1 byte per number: bf16 is 2 bytes per number.")
-        if got == [x // per_token for x in dispatch]:
+        if same_numbers(got, [x / per_token for x in dispatch]):
             fail("`dispatch_sent` counts tokens: give bytes (d_model x element_size per token).")
         fail(
             "`dispatch_sent` is not right. Worker w sends the tokens it routed to the other "
             "worker's experts, each d_model x element_size bytes."
         )
     got = as_sequence(combine_sent, "combine_sent", length=2, item=as_number)
-    if got != combine:
-        if got == dispatch and dispatch != combine:
+    if not same_numbers(got, combine):
+        if same_numbers(got, dispatch) and dispatch != combine:
             fail(
                 "`combine_sent` equals the dispatch, but the combine goes the other way: "
                 "each expert's outputs return to the tokens' owners, so a worker sends back "
@@ -300,7 +306,7 @@ def exercise_3(dispatch_sent, combine_sent, step_sent_0, v: Variant = DEFAULT) -
         want,
         "step_sent_0",
         unit="bytes",
-        slips=[(2, "both directions (sent and received); give only what worker 0 sends")],
+        slips=[(2, "counts both directions (sent and received); give only what worker 0 sends.")],
     )
     if not is_right(step, want):
         if is_right(step, dispatch[0] + combine[0]):
@@ -335,23 +341,23 @@ EVENTS = {
     "j": "all-to-all of the input gradients back to the tokens' workers",
 }
 ORDER = ["e", "b", "i", "g", "d", "f", "a", "j", "h", "c"]
-WHY = {
-    "e": "nothing can be sent before the router has chosen each token's experts",
-    "b": "an expert on another worker needs the tokens before it can compute",
-    "i": "the experts compute once the dispatch has delivered their tokens",
-    "g": "the outputs must return to the tokens' owners before they can be summed",
-    "d": "the forward ends with the weighted sum and the residual, on the token's worker",
-    "f": (
-        "the backward starts where the forward ended; the first gradients to travel are "
-        "those of the expert outputs, back to the experts"
-    ),
-    "a": "an expert's backward needs its output gradient, which the all-to-all brings",
-    "j": "the input gradients exist only after the experts' backward, and go home",
+
+
+# Why an event cannot come before the events that precede it in ORDER (what it waits for),
+# in words that do not name the event that comes next.
+TOO_EARLY = {
+    "b": "the dispatch can only send tokens once the router has chosen their experts",
+    "i": "an expert can only compute tokens that the dispatch has delivered to its worker",
+    "g": "the combine returns the experts' outputs, so the experts must have run",
+    "d": "the weighted sum needs every expert output back on the token's own worker",
+    "f": "the output gradients exist only once the forward has ended, weighted sum included",
+    "a": "an expert's backward needs the gradient of its outputs on the expert's worker",
+    "j": "the input gradients come out of the experts' backward, which must run first",
     "h": (
-        "the gradient of the normed tokens is complete only once the input gradients from "
-        "the experts have come home"
+        "the gradient through the norm needs every expert's input gradient back on the "
+        "token's worker"
     ),
-    "c": "the replicated gradients are complete only after every backward has finished",
+    "c": "the router and norm gradients are complete only when every backward is done",
 }
 
 
@@ -364,10 +370,11 @@ def exercise_4(order, v: Variant = DEFAULT) -> None:
         fail(f"`order` must use each letter once; missing: {', '.join(missing)}.")
     for i, (mine, right) in enumerate(zip(got, ORDER, strict=True)):
         if mine != right:
+            # Say why the learner's event cannot come yet, never which one comes instead.
             fail(
                 f"The first {i} event(s) are in the right order; position {i + 1} is not "
-                f"{mine!r} ({EVENTS[mine]}). Which event must come next? Hint: "
-                f"{WHY[right]}."
+                f"{mine!r} ({EVENTS[mine]}): {TOO_EARLY[mine]}. Which of the events left "
+                "can happen now?"
             )
     passed(
         "Right: route, dispatch, experts, combine, weighted sum; then the same two "
@@ -568,10 +575,17 @@ def exercise_6(ep, gb_per_gpu, expert_dp, v: Variant = DEFAULT) -> None:
         )
     d = as_int(expert_dp, "expert_dp")
     if d != want_edp:
-        if d == g["gpus"] // e:
+        if d == g["gpus"] // e and g["tp"] > 1:
             fail(
-                "`expert_dp` forgets tensor parallelism: the data-parallel degree is gpus / "
-                "tp, and each expert is replicated dp / ep times."
+                f"`expert_dp` = {d} is gpus / ep: it counts every GPU that holds a piece of "
+                f"the expert, tp = {g['tp']} of them per copy. The expert's data-parallel "
+                "degree counts its copies, the GPUs that hold the same shard: dp / ep, with "
+                "dp = gpus / tp."
+            )
+        if d == g["experts"] // e:
+            fail(
+                "`expert_dp` is the number of experts on each GPU, E / ep. The question asks "
+                "how many GPUs hold the same expert shard: dp / ep."
             )
         fail(
             "`expert_dp` is not right: how many GPUs hold the same expert shard? The dp "
