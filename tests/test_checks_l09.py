@@ -73,7 +73,10 @@ RIGHT = {
     4: ([1, 2, 3, 4], [9, 9, 9, 9], 16 / 9),
     5: (3, 0.75, "a", 8.0 / 4.5),
     6: (4, 16 * (6 * 16384 * 128 + 16384 + 2 * 16384**2) / GIB),
+    7: (125_829_120, 100_663_296, "ring", "ring"),
+    8: (8, 4),
 }
+_U7, _R7 = RIGHT[7][0], RIGHT[7][1]
 
 WRONG = [
     (1, (RIGHT[1][1], RIGHT[1][1]), "divides every term by t"),
@@ -125,6 +128,26 @@ WRONG = [
     (6, (4, 128.8), "unsplit layer"),
     (6, (4, RIGHT[6][1] * 2**30), "bytes; give GiB"),
     (6, (4, 16.4), "16-bit"),
+    (7, (_U7 * 4 / 3, _R7, "ring", "ring"), "counts the chunk that stays home"),
+    (7, (201_326_592, _R7, "ring", "ring"), "sends k and v with all H heads"),
+    (7, (75_497_472, _R7, "ring", "ring"), "leaves out the output's all-to-all"),
+    (7, (2 * _U7, _R7, "ring", "ring"), "counts the backward's all-to-alls too, or both"),
+    (7, (4 * _U7, _R7, "ring", "ring"), "uses the whole sequence"),
+    (7, (1.5e8, _R7, "ring", "ring"), "four all-to-alls"),
+    (7, (_U7, 4 * _R7, "ring", "ring"), "only the H_kv heads of keys and values"),
+    (7, (_U7, _R7 * 4 / 3, "ring", "ring"), "counts N sends"),
+    (7, (_U7, _R7 / 2, "ring", "ring"), "counts only the keys"),
+    (7, (_U7, _R7 * 10 / 3, "ring", "ring"), "counts the backward too"),
+    (7, (_U7, 1.7e8, "ring", "ring"), "N - 1 steps"),
+    (7, (_U7 / 1e9, _R7, "ring", "ring"), "GB; give bytes"),
+    (7, (_U7, _R7, "ulysses", "ring"), "compare them at N = 4"),
+    (7, (_U7, _R7, "equal", "ring"), "compare them at N = 4"),
+    (7, (_U7, _R7, "ring", "ulysses"), "must divide the 8 K/V heads"),
+    (7, (_U7, _R7, "ring", "both"), "must divide the 8 K/V heads"),
+    (8, (32, 4), "splits the query heads"),
+    (8, (16, 2), "must divide the 8 K/V heads"),
+    (8, (4, 8), "too small"),
+    (8, (8, 2), "must use the 32 GPUs"),
 ]
 
 
@@ -164,7 +187,7 @@ def test_placeholders_are_not_answered(k):
         getattr(check, f"exercise_{k}")(*args)
 
 
-@pytest.mark.parametrize("k", [1, 3, 4, 5, 6])
+@pytest.mark.parametrize("k", [1, 3, 4, 5, 6, 7, 8])
 def test_partly_answered_is_not_answered(k):
     args = list(RIGHT[k])
     args[-1] = None
@@ -211,12 +234,23 @@ def right_for(v: Variant) -> dict:
         return g6["e"] * g6["heads"] * (6 * tok * g6["dim"] + tok + 2 * tok * tok) / GIB
 
     cp = next(2**k for k in range(12) if gib(2**k) <= g6["budget_gib"])
+    g7 = check.given_7(v)
+    n7, kv7, t7 = g7["N"], g7["kv_heads"], g7["seq"] // g7["N"]
+    u7 = (n7 - 1) * t7 * g7["dim"] * g7["e"] * (2 * g7["heads"] + 2 * kv7) / n7
+    r7 = (n7 - 1) * 2 * t7 * kv7 * g7["dim"] * g7["e"]
+    less7 = "equal" if u7 == r7 else ("ring" if r7 < u7 else "ulysses")
+    g8 = check.given_8(v)
+    u8 = max(
+        d for d in range(1, g8["kv_heads"] + 1) if g8["kv_heads"] % d == 0 and g8["gpus"] % d == 0
+    )
     return {
         1: (tp, sp),
         3: ([(g3["w"] - k) % g3["N"] for k in range(g3["N"])], g3["N"] - 1),
         4: (list(range(1, n4 + 1)), [2 * n4 + 1] * n4, 4 * n4 / (2 * n4 + 1)),
         5: (g5["N"] - 1, 1 - g5["block_ms"] / plain.makespan, "a", plain.makespan / zz.makespan),
         6: (cp, gib(cp)),
+        7: (u7, r7, less7, "ring"),
+        8: (u8, g8["gpus"] // u8),
     }
 
 
@@ -256,7 +290,8 @@ def test_a_neighbours_answers_fail():
 
 
 def test_every_variant_keeps_the_exercises_sensible():
-    seen = {k: set() for k in (1, 3, 4, 5, 6)}
+    kinds = set()
+    seen = {k: set() for k in (1, 3, 4, 5, 6, 7, 8)}
     for student in ["default", *STUDENTS, "erin", "frank", "grace"]:
         v = Variant(student)
         for k in seen:
@@ -268,4 +303,8 @@ def test_every_variant_keeps_the_exercises_sensible():
         n5 = g5["N"]
         assert math.isclose(answers[5][3], 4 * n5 / (2 * n5 + 1))  # hidden transfers: 9.4's gain
         assert 0 < check.given_3(v)["w"] < check.given_3(v)["N"]
+        g7 = check.given_7(v)
+        assert g7["kv_heads"] % g7["N"] == 0 and g7["big"] > g7["kv_heads"]  # Ulysses fits N only
+        kinds.add(answers[7][2])
     assert all(len(s) >= 3 for s in seen.values())
+    assert kinds >= {"ring", "ulysses"}  # 9.7's comparison is not always the same answer
