@@ -40,7 +40,13 @@ RIGHT = {
     4: (check.ORDER,),
     5: (1, 3, waiting_share(), "a"),
     6: (4, GB, 8),
+    7: (
+        [0, 0, 0, 3, 0, 1, 1, 3],
+        [0.62, 0.55, 0.48, 0.33, 0.70, 0.33, 0.45, 0.38],
+        [-0.12, 0.05, 0.02, 0.05],
+    ),
 }
+_C7, _G7, _B7 = RIGHT[7]
 
 W = waiting_share()
 
@@ -94,6 +100,15 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     # "on how many GPUs each expert lives" read literally: every GPU with a piece of it
     (6, (4, GB, 16), "counts every GPU that holds a piece of the expert"),
     (6, (4, GB, 4), "groups of ep"),
+    (7, ([0, 0, 0, 0, 0, 0, 1, 3], _G7, _B7), "follows the scores alone"),
+    (7, ([e + 1 for e in _C7], _G7, _B7), "numbers the experts from 1"),
+    (7, ([0] * 8, _G7, _B7), "the largest score + bias"),
+    (7, (_C7, [0.52, 0.45, 0.38, 0.38, 0.60, 0.38, 0.50, 0.43], _B7), "adds the bias"),
+    (7, (_C7, [1] * 8, _B7), "are all 1"),
+    (7, (_C7, [0.5] * 8, _B7), "each token's score for the expert"),
+    (7, (_C7, _G7, [-0.08, 0.05, -0.02, 0.05]), "moves the wrong way"),
+    (7, (_C7, _G7, [-0.14, 0.05, 0.04, 0.05]), "in proportion to its excess load"),
+    (7, (_C7, _G7, [0, 0, 0, 0]), "count each expert's tokens"),
 ]
 
 
@@ -181,9 +196,18 @@ def right_for(v: Variant) -> dict:
     routed5 = check.given_5(v)["routed"]
     per_expert = [sum(c) for c in zip(*routed5, strict=True)]
     hot = per_expert.index(max(per_expert))
+    g7 = check.given_7(v)
+    chosen7 = check._choice_7(g7["scores"], g7["bias"])
+    gates7 = [g7["scores"][t][e] for t, e in enumerate(chosen7)]
+    load7 = [chosen7.count(e) for e in range(4)]
+    bias7 = [
+        b - g7["gamma"] if n > 2 else (b + g7["gamma"] if n < 2 else b)
+        for n, b in zip(load7, g7["bias"], strict=True)
+    ]
     return {
         1: one,
         3: (sent, back, 2 * (sent[0] + back[0])),
+        7: (chosen7, gates7, bias7),
         5: (hot // 2, hot, waiting_share(v), "a"),
         6: check._plan(check.given_6(v)),
     }

@@ -598,4 +598,111 @@ def exercise_6(ep, gb_per_gpu, expert_dp, v: Variant = DEFAULT) -> None:
     )
 
 
-__all__ = [f"exercise_{k}" for k in range(1, 7)]
+# --------------------------------------------------------------------------- 10.7
+
+DEFAULT_SCORES_7 = [
+    [0.62, 0.18, 0.12, 0.08],
+    [0.55, 0.25, 0.05, 0.15],
+    [0.48, 0.12, 0.30, 0.10],
+    [0.41, 0.09, 0.17, 0.33],
+    [0.70, 0.10, 0.10, 0.10],
+    [0.36, 0.33, 0.16, 0.15],
+    [0.22, 0.45, 0.21, 0.12],
+    [0.30, 0.12, 0.20, 0.38],
+]
+
+
+def given_7(v: Variant = DEFAULT) -> dict:
+    rng = _seeded(v, "7seed")
+    bias = v.pick("7b", [-0.1, 0.05, 0.0, 0.05], [[-0.15, 0.0, 0.05, 0.1], [-0.1, 0.1, 0.0, 0.0]])
+    gamma = v.pick("7g", 0.02, [0.01, 0.05])
+    if rng is None:
+        return {"scores": [list(r) for r in DEFAULT_SCORES_7], "bias": bias, "gamma": gamma}
+    while True:  # a favoured expert 0, no ties after the bias, a load above and below the mean
+        scores = []
+        for _ in range(8):
+            raw = [rng.uniform(0.3, 0.7)] + [rng.uniform(0.05, 0.4) for _ in range(3)]
+            total = sum(raw)
+            scores.append([round(x / total, 2) for x in raw])
+        biased = [[s + b for s, b in zip(row, bias, strict=True)] for row in scores]
+        gaps = [sorted(row)[-1] - sorted(row)[-2] for row in biased]
+        load = _load_7(scores, bias)
+        if min(gaps) > 0.005 and max(load) > 2 and min(load) < 2:
+            return {"scores": scores, "bias": bias, "gamma": gamma}
+
+
+def _choice_7(scores, bias) -> list[int]:
+    return [max(range(len(row)), key=lambda e: row[e] + bias[e]) for row in scores]
+
+
+def _load_7(scores, bias) -> list[int]:
+    chosen = _choice_7(scores, bias)
+    return [chosen.count(e) for e in range(len(bias))]
+
+
+def _new_bias_7(load, bias, gamma) -> list[float]:
+    mean = sum(load) / len(load)
+    return [
+        b - gamma if n > mean else b + gamma if n < mean else b
+        for n, b in zip(load, bias, strict=True)
+    ]
+
+
+def exercise_7(chosen, gates, new_bias, v: Variant = DEFAULT) -> None:
+    """DeepSeek-V3's bias balancing, one step by hand: the choice, the gates, the new bias."""
+    g = given_7(v)
+    scores, bias, gamma = g["scores"], g["bias"], g["gamma"]
+    tokens, experts = len(scores), len(bias)
+    want = _choice_7(scores, bias)
+    got = _int_list(chosen, "chosen", tokens)
+    require(gates, "gates")
+    require(new_bias, "new_bias")
+    if got != want:
+        if got == _choice_7(scores, [0.0] * experts):
+            fail(
+                "`chosen` follows the scores alone. The bias is added to each expert's score "
+                "to choose: pick the largest score + bias."
+            )
+        if got == [e + 1 for e in want]:
+            fail("`chosen` numbers the experts from 1; they are numbered 0 to 3.")
+        fail("`chosen` is not right: for each token, the expert with the largest score + bias.")
+    want_gates = [scores[t][e] for t, e in enumerate(want)]
+    got_gates = as_sequence(gates, "gates", length=tokens, item=as_number)
+    if not same_numbers(got_gates, want_gates):
+        if same_numbers(got_gates, [scores[t][e] + bias[e] for t, e in enumerate(want)]):
+            fail(
+                "`gates` adds the bias. The bias only steers the choice; the gate that weighs "
+                "the expert's output is the score itself."
+            )
+        if same_numbers(got_gates, [1.0] * tokens):
+            fail("`gates` are all 1: with top-1 the gate is the chosen expert's score.")
+        fail("`gates` is not right: each token's score for the expert it was sent to.")
+    load = _load_7(scores, bias)
+    want_bias = _new_bias_7(load, bias, gamma)
+    got_bias = as_sequence(new_bias, "new_bias", length=experts, item=as_number)
+    if not same_numbers(got_bias, want_bias):
+        flipped = [2 * b - w for b, w in zip(bias, want_bias, strict=True)]
+        if same_numbers(got_bias, flipped):
+            fail(
+                "`new_bias` moves the wrong way: an expert that got more than its share "
+                "must become LESS attractive, so its bias goes down by gamma."
+            )
+        mean = tokens / experts
+        by_load = [b - gamma * (n - mean) for n, b in zip(load, bias, strict=True)]
+        if same_numbers(got_bias, by_load):
+            fail(
+                "`new_bias` moves each bias in proportion to its excess load. The update "
+                "moves by a fixed gamma, down or up: only the sign of the excess counts."
+            )
+        fail(
+            "`new_bias` is not right: count each expert's tokens; b - gamma where that is "
+            f"more than the mean ({mean:g}), b + gamma where less, unchanged where equal."
+        )
+    passed(
+        f"Right: loads {load} against a mean of {tokens / experts:g}, so the biases become "
+        f"{[round(b, 3) for b in want_bias]}. The busy experts get slightly less attractive, "
+        "step after step, without any gradient on the router."
+    )
+
+
+__all__ = [f"exercise_{k}" for k in range(1, 8)]

@@ -44,8 +44,12 @@ class Precision:
 
 # ZeRO paper, Section 3.1: mixed-precision Adam keeps 2 + 2 + K bytes per parameter with K = 12
 # (fp32 master weights, momentum, variance). Plain fp32 Adam: 4 + 4 + 8. Both are 16 bytes.
+# With gradient accumulation over micro-batches the gradients are usually summed in fp32:
+# Megatron-LM's `main_grad` buffer, FSDP2's MixedPrecisionPolicy(reduce_dtype=float32). Then
+# a gradient costs 4 bytes, 2 + 4 + 12 = 18 in all ("bf16-mixed-fp32-grads").
 PRECISIONS = {
     "bf16-mixed": Precision("bf16-mixed", 2, 2, 12, 2, "bf16"),
+    "bf16-mixed-fp32-grads": Precision("bf16-mixed-fp32-grads", 2, 4, 12, 2, "bf16"),
     "fp32": Precision("fp32", 4, 4, 8, 4, "fp32"),
 }
 
