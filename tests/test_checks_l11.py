@@ -113,6 +113,17 @@ WRONG = [
     (2, (5.0, 0.08), "part of the wait falls inside the step"),
     # 11.5: picking device 0 for its W-after-I habit is answered with what proves nothing
     (5, (0, 3.0, "a"), "ZB-V's own device 0 runs every W that way"),
+    (1, ([[0, 7, 1], [6], [2, 5], [3, 4]], 0), "every device holds exactly two stages"),
+    (1, ([[0, 7], [1, 6], [2, 5], [3, 3]], 0), "exactly once"),
+    (1, ([[0, 7], [1, 6], [2, 5], [3, 4]], 2), "which device holds the last stage"),
+    (2, (3.0, 0.06), "the warm-up alone"),
+    (2, (7.2, 0.1), "do not double them"),
+    (2, (4.8, 0.08), "p-1 steps, not p"),
+    (2, (3.6, 0.5), "a device's makespan is its busy time"),
+    (4, (5, 14, 12), "Count the boundaries between neighbouring stages"),
+    (5, (2, 54.0, "a"), "is their makespan"),
+    (5, (2, 1.0, "a"), "their makespan minus the makespan of zb_v"),
+    (5, (2, 3.0, "c"), "looping placement changes where the stages live"),
 ]
 
 

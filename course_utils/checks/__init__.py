@@ -395,7 +395,7 @@ def expect_number(
     unit_name = f" {unit}" if unit and unit not in ("fraction", "percent") else ""
     for factor, slip in UNIT_SLIPS.get(unit or "", []):
         if expected and same_to_3_figures(number, expected * factor):
-            fail(f"`{what}` = {number:g} looks like it is in {slip}.")
+            fail(f"`{what}` = {number:g} looks like {slip}.")
     for factor, slip in slips:
         if expected and same_to_3_figures(number, expected * factor):
             fail(f"`{what}` = {number:g} {slip}")

@@ -373,8 +373,7 @@ def exercise_4(order, v: Variant = DEFAULT) -> None:
             # Say why the learner's event cannot come yet, never which one comes instead.
             fail(
                 f"The first {i} event(s) are in the right order; position {i + 1} is not "
-                f"{mine!r} ({EVENTS[mine]}): {TOO_EARLY[mine]}. Which of the events left "
-                "can happen now?"
+                f"{mine!r}: {TOO_EARLY[mine]}. Which of the events left can happen now?"
             )
     passed(
         "Right: route, dispatch, experts, combine, weighted sum; then the same two "

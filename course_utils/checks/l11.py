@@ -200,7 +200,7 @@ def exercise_3(v_gpipe, v: Variant = DEFAULT) -> None:
                 try:
                     actions.append(Action.parse(item))
                 except (CourseInputError, ValueError) as exc:
-                    fail(f"{shown}: device {d}, action {i} = {item!r} is not an action: {exc}")
+                    fail(f"{shown}: device {d}, action {i} = {item!r} is not an action: {exc}.")
             devices.append(actions)
         kinds = {a.kind for row in devices for a in row}
         if kinds - {"F", "B"}:
@@ -213,7 +213,7 @@ def exercise_3(v_gpipe, v: Variant = DEFAULT) -> None:
         except (CourseInputError, ScheduleError) as exc:
             problems = [str(exc)]
         if problems:
-            fail(f"{shown} cannot run: {problems[0]}")
+            fail(f"{shown} cannot run: {problems[0]}.")
         for d, row in enumerate(devices):
             held = sorted({a.stage for a in row})
             if held != sorted(_v(p)[d]):

@@ -440,10 +440,7 @@ def _as_config(value, what: str) -> plan.Config:
         return value
     if isinstance(value, dict):
         fields = set(asdict(plan.Config()))
-        try:
-            return plan.Config(**{k: value[k] for k in value if k in fields})
-        except TypeError as exc:
-            fail(f"`{what}` could not be read as a configuration: {exc}")
+        return plan.Config(**{k: value[k] for k in value if k in fields})
     fail(
         f"`{what}` should be a layout as a dict, e.g. dataclasses.asdict(result['feasible'][0]"
         f".config), not a {type(value).__name__}."
@@ -465,7 +462,7 @@ def _check_best(value, what: str, which: str, v: Variant) -> float:
     try:
         estimate = plan.evaluate(plan.MODEL_PRESETS[g["model"]], config, "bf16-mixed", hardware)
     except CourseInputError as exc:
-        fail(f"`{what}` is not a valid layout for the {g['model']} model: {exc}")
+        fail(f"`{what}` is not a valid layout for the {g['model']} model: {exc}.")
     if config.gpus != g["gpus"] or config.global_batch != g["global_batch"]:
         fail(
             f"`{what}` uses {config.gpus} GPUs and a global batch of {config.global_batch}; "
