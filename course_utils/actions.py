@@ -128,6 +128,12 @@ class Schedule:
     (devices x chunks with looping placement). `batch_scale` is how many micro-batches'
     worth of data each action processes (the unsplit `naive` schedule runs the whole
     batch as one micro-batch, so its actions cost `microbatches` times more).
+
+    `send_groups` says when outputs leave a device. None (every schedule but DualPipeV):
+    each action's output is sent the moment the action ends. Otherwise, per device, the
+    sizes of consecutive runs of its actions whose outputs are sent together when the
+    run's last action ends, as DeepSeek's dualpipev.py sends both results of an
+    overlapped F&B slot after the slot. A device's own later actions see an output at once.
     """
 
     name: str
@@ -135,6 +141,19 @@ class Schedule:
     microbatches: int
     devices: tuple[tuple[Action, ...], ...]
     batch_scale: int = 1
+    send_groups: tuple[tuple[int, ...], ...] | None = None
+
+    def __post_init__(self) -> None:
+        groups = self.send_groups
+        if groups is None:
+            return
+        if len(groups) != len(self.devices) or any(
+            any(not isinstance(n, int) or n < 1 for n in sizes) or sum(sizes) != len(actions)
+            for sizes, actions in zip(groups, self.devices, strict=False)
+        ):
+            raise CourseInputError(
+                "send_groups must give, per device, sizes >= 1 that add up to its number of actions"
+            )
 
     @property
     def num_devices(self) -> int:

@@ -71,3 +71,35 @@ def test_every_exercise_has_a_right_answer_to_test(n):
         if name.startswith("exercise_") and fn.__module__ == check.__name__
     }
     assert exercises and exercises == set(right), (sorted(exercises), sorted(right))
+
+
+@pytest.mark.parametrize("n", LESSONS)
+def test_every_hint_reads_as_sentences(n):
+    """A failure message is what a teacher would say: whole sentences, not fragments glued
+    together (a question's slip used to read "`x` = 2 looks like it is in every routed
+    token"). Each message ends a sentence; none keeps the old fragment pattern."""
+    check, _ = lesson(n)
+    for k, args, _ in wrong_answers(n):
+        try:
+            getattr(check, f"exercise_{k}")(*args)
+        except CheckFailed as exc:
+            text = str(exc).strip()
+            assert re.search(r"[.?!][)`'\"]?$", text), text
+            assert "looks like it is in" not in text, text
+
+
+# Answers rounded to 3 significant figures pass everywhere, inside lists and tuples too
+# (issue 23: 7.2's 37,700,000, 7.3's 23.8, 10.3's lists were rejected).
+ROUNDED = [
+    (7, 2, ("all-reduce", 37_700_000)),
+    (7, 3, (23.8, 14.4, 5.0)),
+    (10, 3, ([197_000, 307_000], [307_000, 197_000], 1_010_000)),
+    (10, 3, ((197_000, 307_000), (307_000, 197_000), 1_010_000)),
+]
+
+
+@pytest.mark.parametrize("n, k, args", ROUNDED, ids=[f"l{n:02d}-{k}" for n, k, _ in ROUNDED])
+def test_answers_to_3_significant_figures_pass(n, k, args, capsys):
+    check, _ = lesson(n)
+    getattr(check, f"exercise_{k}")(*args)
+    assert capsys.readouterr().out.startswith("✅")

@@ -18,6 +18,28 @@ def solution_state(num_params, precision, optimizer):
     )
 
 
+def off_for(key, precision=None, optimizer=None):
+    """solution_state, wrong by 3 bytes per parameter in `key` for one precision/optimizer."""
+
+    def state(num_params, p, o):
+        out = solution_state(num_params, p, o)
+        if precision in (None, p) and optimizer in (None, o):
+            out[key] += 3 * num_params
+        return out
+
+    return state
+
+
+def without_optimizer(num_params, precision, optimizer):
+    out = solution_state(num_params, precision, optimizer)
+    del out["optimizer"]
+    return out
+
+
+def per_parameter(num_params, precision, optimizer):
+    return solution_state(1, precision, optimizer)
+
+
 RIGHT = {
     1: (112,),
     2: (solution_state,),
@@ -34,7 +56,7 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (1, (84,), "two running averages"),
     (1, (14,), "plain fp32"),
     (1, (112e9,), "bytes; give GB"),
-    (1, (112e3,), "MB; give GB"),
+    (1, (112e3,), "looks like megabytes; give GB"),
     (1, (112e9 / 2**30,), "GiB; give GB"),
     (1, (110,), "3 significant figures"),
     (1, (3,), "bytes per parameter"),
@@ -62,6 +84,16 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (6, ("pipeline", "pipeline"), "single layer"),
     (6, ("tensor", "tensor"), "scenario_b"),
     (6, (1, "pipeline"), "should be one of"),
+    (2, (off_for("parameters"),), "Which number format holds the weights"),
+    (2, (off_for("gradients"),), "Gradients have the same format as the weights"),
+    (2, (off_for("optimizer", "mixed", "adam"),), "also keeps an fp32 master copy; Adam keeps"),
+    (2, (off_for("optimizer", "fp32", "momentum"),), "no separate master copy; SGD with momentum"),
+    (2, (off_for("optimizer", "fp32", "sgd"),), "plain SGD keeps no numbers of its own"),
+    (2, (lambda n, p, o: [n],), "should return a dict, but it returned a list"),
+    (2, (without_optimizer,), "has no key 'optimizer'"),
+    (2, (per_parameter,), "is the bytes of one parameter"),
+    (5, ("d", "a"), "no optimizer step at all"),
+    (5, ("b", "c"), "A larger batch makes every bar longer"),
 ]
 
 
@@ -120,7 +152,7 @@ def test_build_exercise_names_unit_slips():
 
     with pytest.raises(CheckFailed, match="GB; give bytes"):
         check.exercise_2(in_gb)
-    with pytest.raises(CheckFailed, match="bytes per parameter; give the bytes of all"):
+    with pytest.raises(CheckFailed, match="is the bytes of one parameter; give the bytes of all"):
         check.exercise_2(per_parameter)
 
 

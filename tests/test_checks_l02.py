@@ -15,6 +15,25 @@ def gpipe_device(p, m, d):
     return [f"{d}F{k}" for k in range(m)] + [f"{d}B{k}" for k in range(m)]
 
 
+def forward_backward_device(p, m, d):  # runs, but not GPipe: each forward followed by its backward
+    return [a for k in range(m) for a in (f"{d}F{k}", f"{d}B{k}")]
+
+
+def whole_pipeline_device(p, m, d):  # builds every device's list first: too big for HUGE
+    if p > 1000:
+        raise MemoryError("cannot build a pipeline that long")
+    return gpipe_device(p, m, d)
+
+
+def forwards_only_when_huge(p, m, d):
+    return gpipe_device(p, m, d)[:m] if p > 1000 else gpipe_device(p, m, d)
+
+
+def one_backward_missing(p, m, d):
+    actions = gpipe_device(p, m, d)
+    return actions[:-1] if d == 0 and p < 1000 else actions
+
+
 RIGHT = {
     1: (["0F0", "0F1", "1F0", "1F1", "1B0", "0B0", "1B1", "0B1"],),
     2: ("0F4", "1F3"),
@@ -79,6 +98,18 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (7, (1.0, 31.0), "the backward needs one too"),
     (7, (1.0, 50.0), "naive schedule"),
     (7, (1.0, 40.0), "Draw the chart"),
+    (1, (["0F1", "0F0", "1F0", "1F1", "1B0", "0B0", "1B1", "0B1"],), "both run on device 0"),
+    (1, (["0F0", "1F0", "1B0", "0F1", "1F1", "0B0", "1B1", "0B1"],), "every forward before"),
+    (2, ("0F4", "0F3"), "`stage1_action` should be an action of stage 1"),
+    (3, (forward_backward_device,), "runs a backward before its last forward"),
+    (3, (whole_pipeline_device,), "far too long to build whole"),
+    (3, (forwards_only_when_huge,), "is not device 987654321's GPipe list"),
+    (3, (one_backward_missing,), "The lists of gpipe_device("),
+    (4, (33, 2.0), "`makespan` is right, `speedup` is not"),
+    (5, ("d", "b"), "Handing a tensor between threads takes microseconds"),
+    (5, ("a", "c"), "The learning rate changes the maths"),
+    (6, (0.4,), "Not yet. Write the full-batch mean"),
+    (3, (lambda p, m, d: gpipe_device(p, m, (d + 1) % p),), "but device 0 runs stage 0 only"),
 ]
 
 

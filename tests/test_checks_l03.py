@@ -4,11 +4,21 @@ import math
 
 import pytest
 
-from course_utils.checks import CheckFailed, NotAnswered
+from course_utils.checks import CheckFailed, NotAnswered, Variant
 from course_utils.checks import l03 as check
 
 
 def gpipe_bubble(p, m):
+    return (p - 1) / (m + p - 1)
+
+
+_P1, _M1 = check.given_1(Variant("alice")).values()
+assert _P1 / (_M1 + _P1) != (_P1 - 1) / _M1
+
+
+def _simulating(p, m):  # right, but it builds the schedule: a million stages take forever
+    if p > 10**5:
+        raise MemoryError("a million stages do not fit")
     return (p - 1) / (m + p - 1)
 
 
@@ -46,6 +56,15 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (6, (42 / 90, 2), "bubble"),
     (6, (4 / 6, 2), "not equal"),
     (6, (0.9, 2), "total busy time"),
+    (1, (1.5,), "is a fraction of the step: a number between 0 and 1, not 1.5"),
+    # the default's p / (m + p) equals (p-1)/m (m = p(p-1)); another student's does not
+    (1, (_P1 / (_M1 + _P1), Variant("alice")), "Count the fill slots again"),
+    (2, (lambda p, m: (p - 1) / m,), "gives (p-1)/m"),
+    (2, (lambda p, m: 1 / (m + p),), "should be 0: a single device never waits"),
+    (2, (lambda p, m: 0.5 if p > 1 else 0.0,), "which is not the idle share of the step"),
+    (2, (_simulating,), "did not answer"),
+    (3, (70,), "makes (p-1)/m = 10%"),
+    (5, ("a", "d"), "the work is equal"),
 ]
 
 

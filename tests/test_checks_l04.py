@@ -19,6 +19,66 @@ def one_f_one_b(p, m, d):
     return first, steady, [f"{d}B{i}" for i in range(m - warmup, m)]
 
 
+def gpipe_order(p, m, d):
+    return [f"{d}F{i}" for i in range(m)], [], [f"{d}B{i}" for i in range(m)]
+
+
+def warmup_ignores_small_m(p, m, d):
+    warmup = p - 1 - d  # forgets min(..., m): forwards of micro-batches that do not exist
+    first = [f"{d}F{i}" for i in range(warmup)]
+    steady = [a for i in range(m - warmup) for a in (f"{d}F{warmup + i}", f"{d}B{i}")]
+    return first, steady, [f"{d}B{i}" for i in range(max(0, m - warmup), m)]
+
+
+def one_short_warmup(p, m, d):
+    warmup = max(0, min(p - 2 - d, m))
+    first = [f"{d}F{i}" for i in range(warmup)]
+    steady = [a for i in range(m - warmup) for a in (f"{d}F{warmup + i}", f"{d}B{i}")]
+    return first, steady, [f"{d}B{i}" for i in range(m - warmup, m)]
+
+
+def newest_backward_first(p, m, d):
+    order = _flat(one_f_one_b)(p, m, d)
+    backs = iter(reversed([a for a in order if "B" in a]))
+    order = [next(backs) if "B" in a else a for a in order]
+    return [], order, []
+
+
+def wrong_stage(p, m, d):
+    parts = one_f_one_b(p, m, d)
+    return tuple([a.replace(f"{d}", f"{d + 1}", 1) for a in part] for part in parts)
+
+
+def forward_only(p, m, d):
+    return [f"{d}F{i}" for i in range(m)], [], []
+
+
+def phases_cut_wrong(p, m, d):  # the right order, with the first steady forward in the warm-up
+    first, steady, cool = one_f_one_b(p, m, d)
+    return first + steady[:1], steady[1:], cool
+
+
+def stub(p, m, d):
+    raise NotImplementedError()
+
+
+def crashes(p, m, d):
+    return one_f_one_b(p, m, d) if p > 1 else 1 / 0
+
+
+def not_actions(p, m, d):
+    return ["forward"] * m, [], ["backward"] * m
+
+
+def two_lists(p, m, d):
+    first, steady, cool = one_f_one_b(p, m, d)
+    return first, steady + cool
+
+
+def library(p, m, d):  # one call of the course's schedule: the flat order, not the phases
+    return [str(a) for a in make_schedule("1f1b", p, m).devices[d]]
+
+
 RIGHT = {
     1: ([12] * 5, [5, 4, 3, 2, 1]),
     2: (one_f_one_b,),
@@ -78,6 +138,16 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (6, ("b", "a"), "needs its own I"),
     (6, ("b", "b"), "still wait"),
     (6, ("b", "d"), "brings back"),
+    (2, (library,), "returned one flat list of actions"),
+    (2, (lambda p, m, d: 5,), "`the result of one_f_one_b(4, 8, 0)` should be a list"),
+    (2, (two_lists,), "returned 2 items. Return three lists"),
+    (2, (not_actions,), "which is not an action"),
+    (2, (phases_cut_wrong,), "has the right order, cut into phases at the wrong places"),
+    (2, (forward_only,), "runs one forward and one backward for each of the 8 micro-batches"),
+    (2, (wrong_stage,), "does not contain exactly one F and one B of stage"),
+    (2, (gpipe_order,), "forwards before its first backward: too many"),
+    (2, (one_short_warmup,), "forwards before its first backward: too few"),
+    (2, (newest_backward_first,), "starts well but goes wrong at position"),
 ]
 
 
@@ -89,54 +159,6 @@ def _flat(fn):
 
 
 def test_build_exercise_catches_wrong_functions():
-    def gpipe_order(p, m, d):
-        return [f"{d}F{i}" for i in range(m)], [], [f"{d}B{i}" for i in range(m)]
-
-    def warmup_ignores_small_m(p, m, d):
-        warmup = p - 1 - d  # forgets min(..., m): forwards of micro-batches that do not exist
-        first = [f"{d}F{i}" for i in range(warmup)]
-        steady = [a for i in range(m - warmup) for a in (f"{d}F{warmup + i}", f"{d}B{i}")]
-        return first, steady, [f"{d}B{i}" for i in range(max(0, m - warmup), m)]
-
-    def one_short_warmup(p, m, d):
-        warmup = max(0, min(p - 2 - d, m))
-        first = [f"{d}F{i}" for i in range(warmup)]
-        steady = [a for i in range(m - warmup) for a in (f"{d}F{warmup + i}", f"{d}B{i}")]
-        return first, steady, [f"{d}B{i}" for i in range(m - warmup, m)]
-
-    def newest_backward_first(p, m, d):
-        order = _flat(one_f_one_b)(p, m, d)
-        backs = iter(reversed([a for a in order if "B" in a]))
-        order = [next(backs) if "B" in a else a for a in order]
-        return [], order, []
-
-    def wrong_stage(p, m, d):
-        parts = one_f_one_b(p, m, d)
-        return tuple([a.replace(f"{d}", f"{d + 1}", 1) for a in part] for part in parts)
-
-    def forward_only(p, m, d):
-        return [f"{d}F{i}" for i in range(m)], [], []
-
-    def phases_cut_wrong(p, m, d):  # the right order, with the first steady forward in the warm-up
-        first, steady, cool = one_f_one_b(p, m, d)
-        return first + steady[:1], steady[1:], cool
-
-    def stub(p, m, d):
-        raise NotImplementedError()
-
-    def crashes(p, m, d):
-        return one_f_one_b(p, m, d) if p > 1 else 1 / 0
-
-    def not_actions(p, m, d):
-        return ["forward"] * m, [], ["backward"] * m
-
-    def two_lists(p, m, d):
-        first, steady, cool = one_f_one_b(p, m, d)
-        return first, steady + cool
-
-    def library(p, m, d):  # one call of the course's schedule: the flat order, not the phases
-        return [str(a) for a in make_schedule("1f1b", p, m).devices[d]]
-
     with pytest.raises(CheckFailed, match="too many"):
         check.exercise_2(gpipe_order)
     with pytest.raises(CheckFailed, match="returned"):

@@ -26,6 +26,39 @@ BREADTH_FIRST_FIFO = [
     ["1F0", "1F1", "3F0", "3F1", "3B0", "3B1", "1B0", "1B1"],
 ]
 
+
+def blocks(p, v):  # consecutive stages on one device
+    return [list(range(d * v, (d + 1) * v)) for d in range(p)]
+
+
+def device_of_stage(p, v):  # the other direction: what one library call gives
+    return make_schedule("breadth-first", p, 1, chunks=v).device_of_stage()
+
+
+def too_short(p, v):
+    return [[d] for d in range(p - 1)] if p > 1 else []
+
+
+def off_by_one(p, v):
+    return [list(range((d + 1) % p, p * v, p)) for d in range(p)]
+
+
+def missing_stage(p, v):
+    return [list(range(d, p * v - 1, p)) for d in range(p)]
+
+
+def decreasing(p, v):
+    return [sorted(range(d, p * v, p), reverse=True) for d in range(p)]
+
+
+def crashes(p, v):
+    return looping_placement(p, v) if v > 1 else 1 / 0
+
+
+def stub(p, v):
+    raise NotImplementedError()
+
+
 RIGHT = {
     1: (looping_placement,),
     2: (7 / 64, 53.25),
@@ -65,6 +98,52 @@ def test_partly_answered_is_not_answered():
         check.exercise_6("breadth-first", "depth-first", None)
 
 
+def _swap(device, i, j):
+    out = list(device)
+    out[i], out[j] = out[j], out[i]
+    return out
+
+
+SCHEDULE_WRONG = [
+    # the course's order: last in, first out
+    (BREADTH_FIRST, "last in, first out"),
+    # a missing action
+    ([BREADTH_FIRST_FIFO[0][:-1], BREADTH_FIRST_FIFO[1]], "0B1 is missing"),
+    # forwards of stage 2 before those of stage 0 on device 0: it can never finish
+    (
+        [BREADTH_FIRST[0][2:4] + BREADTH_FIRST[0][:2] + BREADTH_FIRST[0][4:], BREADTH_FIRST[1]],
+        "deadlock",
+    ),  # fmt: skip
+    # contiguous placement: stages 0, 1 on device 0 and 2, 3 on device 1
+    (
+        [
+            ["0F0", "0F1", "1F0", "1F1", "1B1", "1B0", "0B1", "0B0"],
+            ["2F0", "2F1", "3F0", "3F1", "3B1", "3B0", "2B1", "2B0"],
+        ],
+        "looping placement",
+    ),
+    # depth-first on device 1: 3B0 before 3F1
+    (
+        [BREADTH_FIRST[0], ["1F0", "1F1", "3F0", "3B0", "3F1", "3B1", "1B0", "1B1"]],
+        "depth-first",
+    ),
+    # forwards interleaving stages by micro-batch on device 0 (valid, not breadth-first)
+    ([_swap(BREADTH_FIRST[0], 1, 2), BREADTH_FIRST[1]], "mixes its stages"),
+    # forwards of device 1 in reverse micro-batch order: valid, breadth-first, but slower
+    (
+        [BREADTH_FIRST_FIFO[0], ["1F1", "1F0", "3F1", "3F0", *BREADTH_FIRST_FIFO[1][4:]]],
+        "takes",
+    ),
+    # not actions
+    ([["0F0", "zero"], BREADTH_FIRST[1]], "not an action"),
+    ([BREADTH_FIRST[0]], "should have 2 items"),
+    ("0F0 0F1", "should be a list"),
+    (
+        [[*BREADTH_FIRST[0][:4], "2I1", "2W1", *BREADTH_FIRST[0][5:]], BREADTH_FIRST[1]],
+        "only forwards",
+    ),  # fmt: skip
+]
+
 WRONG = [  # (exercise, arguments, words the hint must contain)
     (2, (7 / 16, 53.25), "without chunks"),
     (2, (7 / 71, 53.25), "whole step"),
@@ -102,34 +181,19 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (6, ("breadth-first", "depth-first", "c"), "MORE activations"),
     (6, ("breadth-first", "depth-first", "d"), "same transfers"),
     (6, ("gpipe", "depth-first", "b"), "should be one of"),
+    (1, (blocks,), "gives each device a block of consecutive stages"),
+    (1, (device_of_stage,), "returned the device of each stage: that is the other direction"),
+    (1, (lambda p, v: [s % p for s in range(p * v)],), "that is the other direction"),
+    (1, (too_short,), "entries; it needs one per device (4)"),
+    (1, (off_by_one,), "which is not looping placement"),
+    (1, (missing_stage,), "does not hand out each of the 8 stages 0..7 exactly once"),
+    (1, (decreasing,), "list each device's stages in increasing order"),
+    (1, (lambda p, v: [[0, 1], "x", [], []],), "`device 1's stages in looping_placement(4, 2)`"),
+    *[(4, (schedule,), needle) for schedule, needle in SCHEDULE_WRONG],
 ]
 
 
 def test_placement_exercise_catches_wrong_functions():
-    def blocks(p, v):  # consecutive stages on one device
-        return [list(range(d * v, (d + 1) * v)) for d in range(p)]
-
-    def device_of_stage(p, v):  # the other direction: what one library call gives
-        return make_schedule("breadth-first", p, 1, chunks=v).device_of_stage()
-
-    def too_short(p, v):
-        return [[d] for d in range(p - 1)] if p > 1 else []
-
-    def off_by_one(p, v):
-        return [list(range((d + 1) % p, p * v, p)) for d in range(p)]
-
-    def missing_stage(p, v):
-        return [list(range(d, p * v - 1, p)) for d in range(p)]
-
-    def decreasing(p, v):
-        return [sorted(range(d, p * v, p), reverse=True) for d in range(p)]
-
-    def crashes(p, v):
-        return looping_placement(p, v) if v > 1 else 1 / 0
-
-    def stub(p, v):
-        raise NotImplementedError()
-
     with pytest.raises(CheckFailed, match="like cards"):
         check.exercise_1(blocks)
     with pytest.raises(CheckFailed, match="other direction"):
@@ -162,54 +226,7 @@ def test_placement_exercise_is_judged_on_replayed_calls():
     check.exercise_1(Replay("looping_placement", cases, outcomes), v=variant)
 
 
-def _swap(device, i, j):
-    out = list(device)
-    out[i], out[j] = out[j], out[i]
-    return out
-
-
-@pytest.mark.parametrize(
-    "schedule, needle",
-    [
-        # the course's order: last in, first out
-        (BREADTH_FIRST, "last in, first out"),
-        # a missing action
-        ([BREADTH_FIRST_FIFO[0][:-1], BREADTH_FIRST_FIFO[1]], "0B1 is missing"),
-        # forwards of stage 2 before those of stage 0 on device 0: it can never finish
-        (
-            [BREADTH_FIRST[0][2:4] + BREADTH_FIRST[0][:2] + BREADTH_FIRST[0][4:], BREADTH_FIRST[1]],
-            "deadlock",
-        ),  # fmt: skip
-        # contiguous placement: stages 0, 1 on device 0 and 2, 3 on device 1
-        (
-            [
-                ["0F0", "0F1", "1F0", "1F1", "1B1", "1B0", "0B1", "0B0"],
-                ["2F0", "2F1", "3F0", "3F1", "3B1", "3B0", "2B1", "2B0"],
-            ],
-            "looping placement",
-        ),
-        # depth-first on device 1: 3B0 before 3F1
-        (
-            [BREADTH_FIRST[0], ["1F0", "1F1", "3F0", "3B0", "3F1", "3B1", "1B0", "1B1"]],
-            "depth-first",
-        ),
-        # forwards interleaving stages by micro-batch on device 0 (valid, not breadth-first)
-        ([_swap(BREADTH_FIRST[0], 1, 2), BREADTH_FIRST[1]], "mixes its stages"),
-        # forwards of device 1 in reverse micro-batch order: valid, breadth-first, but slower
-        (
-            [BREADTH_FIRST_FIFO[0], ["1F1", "1F0", "3F1", "3F0", *BREADTH_FIRST_FIFO[1][4:]]],
-            "takes",
-        ),
-        # not actions
-        ([["0F0", "zero"], BREADTH_FIRST[1]], "not an action"),
-        ([BREADTH_FIRST[0]], "should have 2 items"),
-        ("0F0 0F1", "should be a list"),
-        (
-            [[*BREADTH_FIRST[0][:4], "2I1", "2W1", *BREADTH_FIRST[0][5:]], BREADTH_FIRST[1]],
-            "only forwards",
-        ),  # fmt: skip
-    ],
-)
+@pytest.mark.parametrize("schedule, needle", SCHEDULE_WRONG)
 def test_schedule_exercise_catches_wrong_schedules(schedule, needle):
     with pytest.raises(CheckFailed) as info:
         check.exercise_4(schedule)

@@ -50,6 +50,96 @@ def logged(ring):
 ring_allreduce = logged(ring_with)
 
 
+def cheat(data):  # right sums, but reads the other ranks' memory
+    total = [sum(col) for col in zip(*data, strict=True)]
+    return [list(total) for _ in data], []
+
+
+def naive(data, send):  # gather on rank 0 and broadcast: not a ring
+    n = len(data)
+    total = list(data[0])
+    for r in range(1, n):
+        total = [a + b for a, b in zip(total, send(r, 0, data[r]), strict=True)]
+    return [list(total)] + [send(0, r, total) for r in range(1, n)]
+
+
+def whole_vector(data, send):  # passes the whole vector around the ring, N-1 times
+    n = len(data)
+    bufs = [list(row) for row in data]
+    acc = list(bufs[0])
+    for r in range(n - 1):
+        acc = [a + b for a, b in zip(send(r, r + 1, acc), bufs[r + 1], strict=True)]
+    result = [None] * n
+    result[n - 1] = acc
+    for r in range(n - 1, 2 * n - 2):
+        result[(r + 1) % n] = send(r % n, (r + 1) % n, acc)
+    return [row if row is not None else acc for row in result]
+
+
+def mean(data, send):
+    n = len(data)
+    return [[x / n for x in row] for row in ring_with(data, send)]
+
+
+def all_gather_off_by_one(data, send):  # starts the all-gather with an unfinished chunk
+    n = len(data)
+    bufs = [list(row) for row in data]
+    bounds = chunk_bounds(len(bufs[0]), n)
+    for step in range(n - 1):
+        for r in range(n):
+            msg = send(r, (r + 1) % n, bufs[r][slice(*bounds[(r - step) % n])])
+            a, b = bounds[(r - step) % n]
+            dst = (r + 1) % n
+            bufs[dst][a:b] = [x + y for x, y in zip(bufs[dst][a:b], msg, strict=True)]
+    for step in range(n - 1):
+        for r in range(n):
+            msg = send(r, (r + 1) % n, bufs[r][slice(*bounds[(r - step) % n])])
+            a, b = bounds[(r - step) % n]
+            bufs[(r + 1) % n][a:b] = msg
+    return bufs
+
+
+def library_sums_with_dummy_messages(data):  # the sums from the library, made-up messages
+    from course_utils.threads.collectives import ring_allreduce_steps
+
+    n = len(data)
+    final = ring_allreduce_steps(data)[-1].values  # per rank, its chunks
+    fake = [(r, (r + 1) % n, [0.0]) for r in range(n) for _ in range(2 * (n - 1))]
+    return [[x for chunk in row for x in chunk] for row in final], fake
+
+
+def crashes(data):
+    return ring_allreduce(data) if len(data) > 1 else data[1]
+
+
+def stub(data):
+    raise NotImplementedError()
+
+
+def twice(data, send):  # the right ring, run twice: more messages than a ring needs
+    ring_with(data, send)
+    return ring_with(data, lambda s, d, v: v)
+
+
+def numpy_values(data):
+    result, log = ring_allreduce(data)
+    return np.array(result), [(np.int64(s), np.int64(d), np.array(v)) for s, d, v in log]
+
+
+def wrong_all_gather_messages(data):  # right sums and reduce-scatter, all-gather log garbled
+    result, log = ring_allreduce(data)
+    n, sent, out = len(data), {}, []
+    for src, dst, values in log:
+        k = sent[src] = sent.get(src, -1) + 1
+        out.append((src, dst, [v + 1.0 for v in values] if k >= n - 1 else values))
+    return result, out
+
+
+def one_message_short(data):  # right sums, the log lacks the last message
+    result, log = ring_allreduce(data)
+    return result, log[:-1]
+
+
 RIGHT = {
     1: (64, [13, 13, 13, 13, 12, 12, 12, 12]),
     2: ("b",),
@@ -99,7 +189,7 @@ WRONG = [
         (5, (2, 7), "limit"),
         (5, (0.125, 7), "N - 1 steps"),
         (5, (1.5, 7), "Count chunks"),
-        (5, (1750, 7), "MB; give GB"),
+        (5, (1750, 7), "looks like megabytes; give GB"),
         (5, (1.75e9, 7), "bytes; give GB"),
         (5, (1.63, 7), "GiB"),
         (5, (3.5, 7), "both directions"),
@@ -109,7 +199,7 @@ WRONG = [
         (5, (1.75, 1), "sends the sum back"),
         (5, (1.75, 14), "receives"),
         (5, (1.75, 6.52), "GiB"),
-        (5, (1.75, 7000), "MB; give GB"),
+        (5, (1.75, 7000), "looks like megabytes; give GB"),
         (5, (1.75, 3), "Who does rank 0"),
         (6, (10.0, "a", "a"), "looks like a speed-up"),
         (6, (62.5, "a", "a"), "percentage"),
@@ -128,79 +218,49 @@ WRONG = [
         (7, ([False] * 5,), "Strategy 1"),
         (7, ([True, False, False, True, "no"],), "True or False"),
         (7, ([True, False, False, True],), "5 items"),
+        (1, (64, [13] * 7 + [0]), "every worker should get at least one sample"),
+        (4, (cheat,), "gives the right sums but sent no message"),
+        (4, (logged(naive),), "a rank only sends to its right neighbour"),
+        (4, (logged(whole_vector),), "A ring sends one chunk per step, about L/N"),
+        (4, (logged(lambda d, send: (ring_with(d, send), ring_with(d, send))[0]),), "more than a"),
+        (7, ([True, False, False, False, False],), "Strategy 4"),
+        (7, ([True, False, False, True, True],), "Strategy 5"),
+        (4, (logged(mean),), "holds the mean; this exercise asks for the sum"),
+        (4, (logged(all_gather_off_by_one),), "not the sum over the ranks"),
+        (4, (library_sums_with_dummy_messages,), "the partial sum it has built so far"),
+        (4, (wrong_all_gather_messages,), "a finished sum"),
+        (4, (one_message_short,), "of the ring's"),
+        (4, (lambda data: ring_allreduce(data)[0],), "should return two things"),
+        (4, (lambda data: 7,), "`the result of ring_allreduce"),
+        (4, (lambda data: (7, []),), "`the result list of ring_allreduce"),
+        (
+            4,
+            (lambda data: (ring_allreduce(data)[0][:1], []),),
+            "it should return one list per rank",
+        ),
+        (4, (lambda data: ([row[:1] for row in data], []),), "'s result has 1 numbers instead of"),
+        (4, (lambda data: (ring_allreduce(data)[0], [(0, 9, [1.0])]),), "ranks are whole numbers"),
+        (
+            4,
+            (lambda data: (ring_allreduce(data)[0], [("x", 1, [1.0])]),),
+            "message 0's source rank",
+        ),
+        (
+            4,
+            (lambda data: (ring_allreduce(data)[0], [(0, "y", [1.0])]),),
+            "message 0's destination",
+        ),
     ]
 ]
 
 
 def test_build_exercise_catches_wrong_functions():
-    def cheat(data):  # right sums, but reads the other ranks' memory
-        total = [sum(col) for col in zip(*data, strict=True)]
-        return [list(total) for _ in data], []
-
-    def naive(data, send):  # gather on rank 0 and broadcast: not a ring
-        n = len(data)
-        total = list(data[0])
-        for r in range(1, n):
-            total = [a + b for a, b in zip(total, send(r, 0, data[r]), strict=True)]
-        return [list(total)] + [send(0, r, total) for r in range(1, n)]
-
-    def whole_vector(data, send):  # passes the whole vector around the ring, N-1 times
-        n = len(data)
-        bufs = [list(row) for row in data]
-        acc = list(bufs[0])
-        for r in range(n - 1):
-            acc = [a + b for a, b in zip(send(r, r + 1, acc), bufs[r + 1], strict=True)]
-        result = [None] * n
-        result[n - 1] = acc
-        for r in range(n - 1, 2 * n - 2):
-            result[(r + 1) % n] = send(r % n, (r + 1) % n, acc)
-        return [row if row is not None else acc for row in result]
-
-    def mean(data, send):
-        n = len(data)
-        return [[x / n for x in row] for row in ring_with(data, send)]
-
-    def all_gather_off_by_one(data, send):  # starts the all-gather with an unfinished chunk
-        n = len(data)
-        bufs = [list(row) for row in data]
-        bounds = chunk_bounds(len(bufs[0]), n)
-        for step in range(n - 1):
-            for r in range(n):
-                msg = send(r, (r + 1) % n, bufs[r][slice(*bounds[(r - step) % n])])
-                a, b = bounds[(r - step) % n]
-                dst = (r + 1) % n
-                bufs[dst][a:b] = [x + y for x, y in zip(bufs[dst][a:b], msg, strict=True)]
-        for step in range(n - 1):
-            for r in range(n):
-                msg = send(r, (r + 1) % n, bufs[r][slice(*bounds[(r - step) % n])])
-                a, b = bounds[(r - step) % n]
-                bufs[(r + 1) % n][a:b] = msg
-        return bufs
-
-    def library_sums_with_dummy_messages(data):  # the sums from the library, made-up messages
-        from course_utils.threads.collectives import ring_allreduce_steps
-
-        n = len(data)
-        final = ring_allreduce_steps(data)[-1].values  # per rank, its chunks
-        fake = [(r, (r + 1) % n, [0.0]) for r in range(n) for _ in range(2 * (n - 1))]
-        return [[x for chunk in row for x in chunk] for row in final], fake
-
-    def crashes(data):
-        return ring_allreduce(data) if len(data) > 1 else data[1]
-
-    def stub(data):
-        raise NotImplementedError()
-
     with pytest.raises(CheckFailed, match="sent no message"):
         check.exercise_4(cheat)
     with pytest.raises(CheckFailed, match="right neighbour"):
         check.exercise_4(logged(naive))
     with pytest.raises(CheckFailed, match="one chunk per step"):
         check.exercise_4(logged(whole_vector))
-
-    def twice(data, send):  # the right ring, run twice: more messages than a ring needs
-        ring_with(data, send)
-        return ring_with(data, lambda s, d, v: v)
 
     with pytest.raises(CheckFailed, match="more than a ring needs"):
         check.exercise_4(
@@ -218,10 +278,6 @@ def test_build_exercise_catches_wrong_functions():
         check.exercise_4(lambda data: ring_allreduce(data)[0])
     with pytest.raises(CheckFailed, match="ranks are whole numbers"):
         check.exercise_4(lambda data: (ring_allreduce(data)[0], [(0, 9, [1.0])]))
-
-    def numpy_values(data):
-        result, log = ring_allreduce(data)
-        return np.array(result), [(np.int64(s), np.int64(d), np.array(v)) for s, d, v in log]
 
     check.exercise_4(numpy_values)
     with pytest.raises(NotAnswered):

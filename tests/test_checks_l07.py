@@ -26,6 +26,82 @@ def groups_of(rank, tp, pp, dp):
     }
 
 
+def by_rows(A, n):
+    return list(torch.tensor_split(A, n, dim=0))
+
+
+def too_few(A, n):
+    return list(torch.tensor_split(A, max(1, n - 1), dim=1)) if n > 1 else [A, A]
+
+
+def uneven(A, n):  # everything left over lands on the last device
+    w = A.shape[1] // n
+    return [A[:, i * w : (i + 1) * w if i < n - 1 else None] for i in range(n)]
+
+
+def reversed_order(A, n):
+    return list(torch.tensor_split(A, n, dim=1))[::-1]
+
+
+def summed(parts):
+    return sum(parts)
+
+
+def wrong_dim(parts):
+    return torch.cat(parts, dim=0)
+
+
+def crashes(A, n):
+    return [A[:, i] for i in range(n)][n]
+
+
+def stub(A, n):
+    raise NotImplementedError()
+
+
+def check_split(fn, pattern):
+    # several random draws, because some wrong functions are right on lucky shapes
+    for _ in range(5):
+        with pytest.raises(CheckFailed, match=pattern):
+            check.exercise_1(fn, gather_outputs)
+
+
+def pp_innermost(rank, tp, pp, dp):  # numbers stages first: a different grid
+    s, t, d = rank % pp, (rank // pp) % tp, rank // (tp * pp)
+    return {
+        "tensor": [s + pp * (t_ + tp * d) for t_ in range(tp)],
+        "pipeline": [s_ + pp * (t + tp * d) for s_ in range(pp)],
+        "data": [s + pp * (t + tp * d_) for d_ in range(dp)],
+    }
+
+
+def swapped(rank, tp, pp, dp):
+    right = groups_of(rank, tp, pp, dp)
+    return {"tensor": right["pipeline"], "pipeline": right["tensor"], "data": right["data"]}
+
+
+def without_self(rank, tp, pp, dp):
+    return {k: [r for r in v if r != rank] for k, v in groups_of(rank, tp, pp, dp).items()}
+
+
+def stub_groups(rank, tp, pp, dp):
+    raise NotImplementedError()
+
+
+def tensor_data_swapped(rank, tp, pp, dp):  # the lesson's grid has tp = dp = 2: sizes agree
+    right = groups_of(rank, tp, pp, dp)
+    return {"tensor": right["data"], "pipeline": right["pipeline"], "data": right["tensor"]}
+
+
+FIXED = Variant("default", cases_seed=1)  # 7.1's random shapes, fixed for the wrong answers
+TP8 = next(Variant(s) for s in ("s1", "s7", "alice", "bob") if check.given_2(Variant(s))["tp"] == 8)
+
+
+def _size_2(v):
+    g = check.given_2(v)
+    return g["sequences"] * g["tokens"] * g["d_model"] * 2
+
+
 RIGHT = {
     1: (split_columns, gather_outputs),
     2: ("all-reduce", 37_748_736),
@@ -106,41 +182,28 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (7, (2.5, 1.0), "double"),
     (7, (2.5, 0.5), "Relative to what"),
     (7, (2.5, 0.1), "once more"),
+    (1, (by_rows, gather_outputs, FIXED), "that cuts the rows (input features)"),
+    (1, (too_few, gather_outputs, FIXED), "shards; it should return n ="),
+    (1, (lambda A, n: [A[:, i] for i in range(n)], gather_outputs, FIXED), "are matrices"),
+    (1, (lambda A, n: [A[:1, :1]] * n, gather_outputs, FIXED), "should keep all"),
+    (1, (lambda A, n: [A] * n, gather_outputs, FIXED), "Every column must land on exactly one"),
+    (1, (uneven, gather_outputs, FIXED), "Share the work as evenly as possible"),
+    (1, (reversed_order, gather_outputs, FIXED), "put side by side, the shards are not A"),
+    (1, (lambda A, n: [A.tolist()] * n, gather_outputs, FIXED), "should be a torch tensor"),
+    (1, (split_columns, summed, FIXED), "Partial outputs are added only after a row-parallel"),
+    (1, (split_columns, wrong_dim, FIXED), "Join the slices along the last dimension"),
+    (1, (split_columns, lambda p: torch.cat(p[::-1], -1), FIXED), "but not the values of X @ A"),
+    # with tp = 4, (N-1) x size is also twice the answer; another student's tp = 8 tells apart
+    (2, ("all-reduce", 7 * _size_2(TP8), TP8), "what rank 0 sends in the naive all-reduce"),
+    (5, (lambda rank, tp, pp, dp: [[rank]] * 3,), "should return a dict with keys"),
+    (5, (lambda rank, tp, pp, dp: {"tensor": [rank], "pipeline": [rank]},), "no key 'data'"),
+    (5, (without_self,), "leaves out rank"),
+    (5, (tensor_data_swapped,), "that is the rank's data group"),
+    (5, (pp_innermost,), "work out the rank's coordinates (d, s, t) first"),
 ]
 
 
 def test_build_exercise_catches_wrong_functions():
-    def by_rows(A, n):
-        return list(torch.tensor_split(A, n, dim=0))
-
-    def too_few(A, n):
-        return list(torch.tensor_split(A, max(1, n - 1), dim=1)) if n > 1 else [A, A]
-
-    def uneven(A, n):  # everything left over lands on the last device
-        w = A.shape[1] // n
-        return [A[:, i * w : (i + 1) * w if i < n - 1 else None] for i in range(n)]
-
-    def reversed_order(A, n):
-        return list(torch.tensor_split(A, n, dim=1))[::-1]
-
-    def summed(parts):
-        return sum(parts)
-
-    def wrong_dim(parts):
-        return torch.cat(parts, dim=0)
-
-    def crashes(A, n):
-        return [A[:, i] for i in range(n)][n]
-
-    def stub(A, n):
-        raise NotImplementedError()
-
-    def check_split(fn, pattern):
-        # several random draws, because some wrong functions are right on lucky shapes
-        for _ in range(5):
-            with pytest.raises(CheckFailed, match=pattern):
-                check.exercise_1(fn, gather_outputs)
-
     check_split(by_rows, "rows|all .* rows")
     check_split(too_few, "shards")
     check_split(uneven, "evenly|at most one")
@@ -161,24 +224,6 @@ def test_build_exercise_catches_wrong_functions():
 
 
 def test_grid_exercise_catches_wrong_groups():
-    def pp_innermost(rank, tp, pp, dp):  # numbers stages first: a different grid
-        s, t, d = rank % pp, (rank // pp) % tp, rank // (tp * pp)
-        return {
-            "tensor": [s + pp * (t_ + tp * d) for t_ in range(tp)],
-            "pipeline": [s_ + pp * (t + tp * d) for s_ in range(pp)],
-            "data": [s + pp * (t + tp * d_) for d_ in range(dp)],
-        }
-
-    def swapped(rank, tp, pp, dp):
-        right = groups_of(rank, tp, pp, dp)
-        return {"tensor": right["pipeline"], "pipeline": right["tensor"], "data": right["data"]}
-
-    def without_self(rank, tp, pp, dp):
-        return {k: [r for r in v if r != rank] for k, v in groups_of(rank, tp, pp, dp).items()}
-
-    def stub(rank, tp, pp, dp):
-        raise NotImplementedError()
-
     # the first case is always the lesson's tp=2, pp=4, dp=2 grid, where these are all wrong
     with pytest.raises(CheckFailed, match="innermost|group"):
         check.exercise_5(pp_innermost)
@@ -195,7 +240,7 @@ def test_grid_exercise_catches_wrong_groups():
             lambda rank, tp, pp, dp: {k: [0.5] for k in ("tensor", "pipeline", "data")}
         )
     with pytest.raises(NotAnswered):
-        check.exercise_5(stub)
+        check.exercise_5(stub_groups)
 
 
 STUDENTS = ["s7", "alice", "bob", "carol", "dave", "erin"]

@@ -53,6 +53,8 @@ RIGHT = {
 
 WRONG = [
     (1, (RIGHT[1][0], 2 * PSI + 14 * PSI / N, RIGHT[1][2]), "mixed-precision"),
+    # stage 1 in mixed precision is stage 2's fp32 count: the hint names both (issue 23)
+    (1, (4 * PSI + 12 * PSI / N, RIGHT[1][1], RIGHT[1][2]), "or stage 1's in the paper's mixed"),
     (1, (RIGHT[1][0], RIGHT[1][2], RIGHT[1][2]), "stage 3's count"),
     (1, (RIGHT[1][1], RIGHT[1][1], RIGHT[1][2]), "stage 2's count"),
     (1, (16 * PSI, RIGHT[1][1], RIGHT[1][2]), "plain data parallelism"),
@@ -96,10 +98,22 @@ WRONG = [
     (5, (1.5e-3 * 1e3, "a", RIGHT[5][2]), "not right"),
     (5, (37.5, "a", RIGHT[5][2]), "percentage"),
     (5, (0.375, "b", RIGHT[5][2]), "(N-1)/N"),
-    (5, (0.375, "c", RIGHT[5][2]), "off the path"),
+    (5, (0.375, "c", RIGHT[5][2]), "cannot be reduce-scattered earlier"),
     (5, (0.375, "d", RIGHT[5][2]), "dilutes"),
     (5, (0.375, "a", 1 / RIGHT[5][2]), "upside down"),
     (5, (0.375, "a", 2.0), "prefetch=1"),
+    (2, (lambda flat, w, r: list(reversed(shard(flat, w, r))),), "; it should be"),
+    (
+        3,
+        (letters(["gather", "forward", "free", "gather", "reduce", "backward", "free", "adam"]),),
+        "only exists after the backward",
+    ),
+    (
+        3,
+        (letters(["gather", "forward", "gather", "free", "backward", "reduce", "free", "adam"]),),
+        "in an order that cannot run",
+    ),
+    (5, (7.2, "a", RIGHT[5][2]), "`waiting_share` is a time"),
 ]
 
 
@@ -230,3 +244,15 @@ def test_every_variant_keeps_the_exercises_sensible():
         assert 1 <= answers[4][0] < len(check.given_4(v)["layer_numels"]) - 1  # a real choice
         assert 0 < answers[5][0] < 1 and answers[5][2] > 1.1  # the gathers cost, prefetch helps
     assert all(len(s) >= 3 for s in seen.values())
+
+
+def test_8_5_can_be_worked_out_from_the_numbers_it_gives():
+    # Without prefetch the compute waits for every gather, and each backward gather also
+    # waits for the reduce-scatter issued before it on the one communication stream.
+    for v in (Variant("default"), Variant("s1"), Variant("alice")):
+        g = check.given_5(v)
+        layers, f, b = g["layers"], g["forward_ms"], g["backward_ms"]
+        gather, rs = g["gather_ms"], g["reduce_scatter_ms"]
+        waiting = 2 * layers * gather + layers * rs
+        makespan = layers * (f + b) + waiting
+        assert check.their_timeline(v).makespan * 1e3 == pytest.approx(makespan)

@@ -33,6 +33,79 @@ COMBINE = [150 * TOKEN, 96 * TOKEN]
 STEP_0 = 2 * (DISPATCH[0] + COMBINE[0])
 GB = 77.32933632
 
+
+def keeps_home(routed, d_model, element_size):
+    per = len(routed[0]) // len(routed)
+    return [
+        [sum(row[d * per : (d + 1) * per]) * d_model * element_size for d in range(len(routed))]
+        for row in routed
+    ]
+
+
+def transposed(routed, d_model, element_size):
+    m = dispatch_bytes(routed, d_model, element_size)
+    return [list(col) for col in zip(*m, strict=True)]
+
+
+def tokens(routed, d_model, element_size):
+    return dispatch_bytes(routed, 1, 1)
+
+
+def round_robin(routed, d_model, element_size):
+    n, e = len(routed), len(routed[0])
+    return [
+        [
+            0 if s == d else sum(routed[s][x] for x in range(e) if x % n == d) * d_model * 3
+            for d in range(n)
+        ]
+        for s in range(n)
+    ]
+
+
+def round_robin_right_bytes(routed, d_model, element_size):
+    n, e = len(routed), len(routed[0])
+    return [
+        [
+            0
+            if s == d
+            else sum(routed[s][x] for x in range(e) if x % n == d) * d_model * element_size
+            for d in range(n)
+        ]
+        for s in range(n)
+    ]
+
+
+def stub(routed, d_model, element_size):
+    raise NotImplementedError()
+
+
+FIXED = Variant("default", cases_seed=1)  # 10.2's random cases, fixed for the wrong answers
+
+
+def _capacity_variant():
+    """A student whose capacity C x T / E is a fraction whose floor is not ceil(T / E), so
+    rounding down and forgetting C are different slips (the default's C x T / E is whole)."""
+    for k in range(200):
+        v = Variant(f"student{k}")
+        g = check.given_1(v)
+        tokens, exact = len(g["choices"]), g["capacity_factor"] * len(g["choices"]) / 4
+        if exact != int(exact) and int(exact) != -(-tokens // 4):
+            return v, tokens, exact
+    raise AssertionError("no student with a fractional capacity")
+
+
+CAP_V, CAP_T, CAP_EXACT = _capacity_variant()
+CAP_COUNTS = [check.given_1(CAP_V)["choices"].count(e) for e in range(4)]
+
+
+def _swap_before(letter):
+    """ORDER with `letter` moved one place earlier: it comes too early."""
+    order = list(check.ORDER)
+    k = order.index(letter)
+    order[k - 1], order[k] = order[k], order[k - 1]
+    return order
+
+
 RIGHT = {
     1: ([8, 3, 3, 2], 4, [9, 10, 13, 15], 8),
     2: (dispatch_bytes,),
@@ -40,7 +113,13 @@ RIGHT = {
     4: (check.ORDER,),
     5: (1, 3, waiting_share(), "a"),
     6: (4, GB, 8),
+    7: (
+        [0, 0, 0, 3, 0, 1, 1, 3],
+        [0.62, 0.55, 0.48, 0.33, 0.70, 0.33, 0.45, 0.38],
+        [-0.12, 0.05, 0.02, 0.05],
+    ),
 }
+_C7, _G7, _B7 = RIGHT[7]
 
 W = waiting_share()
 
@@ -91,51 +170,35 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (6, (4, 77, 8), "3 significant figures"),
     (6, (4, 60.1, 8), "leaves out the attention"),
     (6, (4, 70.0, 8), "layers x (attention"),
-    (6, (4, GB, 16), "forgets tensor parallelism"),
+    # "on how many GPUs each expert lives" read literally: every GPU with a piece of it
+    (6, (4, GB, 16), "counts every GPU that holds a piece of the expert"),
     (6, (4, GB, 4), "groups of ep"),
+    (7, ([0, 0, 0, 0, 0, 0, 1, 3], _G7, _B7), "follows the scores alone"),
+    (7, ([e + 1 for e in _C7], _G7, _B7), "numbers the experts from 1"),
+    (7, ([0] * 8, _G7, _B7), "the largest score + bias"),
+    (7, (_C7, [0.52, 0.45, 0.38, 0.38, 0.60, 0.38, 0.50, 0.43], _B7), "adds the bias"),
+    (7, (_C7, [1] * 8, _B7), "are all 1"),
+    (7, (_C7, [0.5] * 8, _B7), "each token's score for the expert"),
+    (7, (_C7, _G7, [-0.08, 0.05, -0.02, 0.05]), "moves the wrong way"),
+    (7, (_C7, _G7, [-0.14, 0.05, 0.04, 0.05]), "in proportion to its excess load"),
+    (7, (_C7, _G7, [0, 0, 0, 0]), "count each expert's tokens"),
+    (1, (CAP_COUNTS, int(CAP_EXACT), [0], 1, CAP_V), "round up, not down"),
+    (1, (CAP_COUNTS, -(-CAP_T // 4), [0], 1, CAP_V), "forgets the capacity factor"),
+    (1, ([8, 3, 3, 2], 4, [10, 11, 14, 16], 8), "`dropped` counts positions from 1"),
+    (2, (keeps_home, FIXED), "the diagonal must be 0"),
+    (2, (transposed, FIXED), "is transposed"),
+    (2, (tokens, FIXED), "counts tokens"),
+    (2, (lambda r, d, e: dispatch_bytes(r, d, 1), FIXED), "counts numbers"),
+    (2, (round_robin_right_bytes, FIXED), "deals experts out round-robin"),
+    (2, (round_robin, FIXED), "Entry [s][d]: the tokens worker s routes"),
+    (3, ([x / 2 for x in DISPATCH], COMBINE, STEP_0), "looks like 1 byte per number"),
+    (3, ([1, 2], COMBINE, STEP_0), "`dispatch_sent` is not right. Worker w sends"),
+    *[(4, (_swap_before(x),), check.TOO_EARLY[x]) for x in check.TOO_EARLY],
+    (6, (4, GB, 2), "the number of experts on each GPU, E / ep"),
 ]
 
 
 def test_build_exercise_catches_wrong_functions():
-    def keeps_home(routed, d_model, element_size):
-        per = len(routed[0]) // len(routed)
-        return [
-            [sum(row[d * per : (d + 1) * per]) * d_model * element_size for d in range(len(routed))]
-            for row in routed
-        ]
-
-    def transposed(routed, d_model, element_size):
-        m = dispatch_bytes(routed, d_model, element_size)
-        return [list(col) for col in zip(*m, strict=True)]
-
-    def tokens(routed, d_model, element_size):
-        return dispatch_bytes(routed, 1, 1)
-
-    def round_robin(routed, d_model, element_size):
-        n, e = len(routed), len(routed[0])
-        return [
-            [
-                0 if s == d else sum(routed[s][x] for x in range(e) if x % n == d) * d_model * 3
-                for d in range(n)
-            ]
-            for s in range(n)
-        ]
-
-    def round_robin_right_bytes(routed, d_model, element_size):
-        n, e = len(routed), len(routed[0])
-        return [
-            [
-                0
-                if s == d
-                else sum(routed[s][x] for x in range(e) if x % n == d) * d_model * element_size
-                for d in range(n)
-            ]
-            for s in range(n)
-        ]
-
-    def stub(routed, d_model, element_size):
-        raise NotImplementedError()
-
     with pytest.raises(CheckFailed, match="diagonal must be 0"):
         check.exercise_2(keeps_home)
     with pytest.raises(CheckFailed, match="transposed"):
@@ -180,9 +243,18 @@ def right_for(v: Variant) -> dict:
     routed5 = check.given_5(v)["routed"]
     per_expert = [sum(c) for c in zip(*routed5, strict=True)]
     hot = per_expert.index(max(per_expert))
+    g7 = check.given_7(v)
+    chosen7 = check._choice_7(g7["scores"], g7["bias"])
+    gates7 = [g7["scores"][t][e] for t, e in enumerate(chosen7)]
+    load7 = [chosen7.count(e) for e in range(4)]
+    bias7 = [
+        b - g7["gamma"] if n > 2 else (b + g7["gamma"] if n < 2 else b)
+        for n, b in zip(load7, g7["bias"], strict=True)
+    ]
     return {
         1: one,
         3: (sent, back, 2 * (sent[0] + back[0])),
+        7: (chosen7, gates7, bias7),
         5: (hot // 2, hot, waiting_share(v), "a"),
         6: check._plan(check.given_6(v)),
     }
@@ -221,3 +293,15 @@ def test_the_straggler_exercise_matches_its_chart():
     assert tl.num_devices == 2 and "m=" not in tl.name
     assert 0 < W < 1
     assert re.search(r"E=4 experts on p=2 workers", tl.name)
+
+
+def test_10_4_hints_say_why_an_event_is_early_and_never_name_the_next_one():
+    for letter in check.TOO_EARLY:
+        order = _swap_before(letter)
+        with pytest.raises(CheckFailed) as info:
+            check.exercise_4(order)
+        message = str(info.value)
+        position = order.index(letter)
+        right = check.ORDER[position]
+        assert check.TOO_EARLY[letter] in message
+        assert f"{right!r}" not in message and check.EVENTS[right] not in message

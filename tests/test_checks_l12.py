@@ -38,6 +38,26 @@ DP, PP = check.cross_cluster_times()
 CONTEXT_GB = plan.traffic(*check.long_context_layout(2))["context"] / 1e9
 A2A_GB = plan.traffic(*check.moe_layout(8))["expert"] / 1e9
 
+
+def none_at_zero_2(params, gpu_memory_gib, reserve_gib, zero):
+    return None if zero == 2 else min_gpus_to_fit(params, gpu_memory_gib, reserve_gib, zero)
+
+
+def half_gpus(params, gpu_memory_gib, reserve_gib, zero):
+    right = min_gpus_to_fit(params, gpu_memory_gib, reserve_gib, zero)
+    return None if right is None else right + 0.5
+
+
+def one_more(params, gpu_memory_gib, reserve_gib, zero):
+    right = min_gpus_to_fit(params, gpu_memory_gib, reserve_gib, zero)
+    return None if right is None else right + 1
+
+
+ZERO2 = Variant("student5")  # ZeRO-2 already fits there: ZeRO-3 is one stage too many
+EP2 = Variant("student3")  # ep = 2 fits there: ep = 4 is more than needed
+assert check.given_1(ZERO2) != check.given_1() and check.given_8(EP2)["gpus"] == 32
+
+
 RIGHT = {
     1: (min_gpus_to_fit, 3, "c"),
     2: ("b", "b", 1),
@@ -111,12 +131,16 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (3, ("compute", "b"), "grew the most"),
     (3, ("tp_comm", "a"), "extra GPUs"),
     (3, ("network", "b"), "should be one of"),
-    (4, (2 * DP, PP, "pp"), "both directions"),
+    (
+        4,
+        (2 * DP, PP, "pp"),
+        "both directions, 4-byte (fp32) gradients instead of bf16's 2 bytes, or a ring sending 2S",
+    ),
     (4, (DP * 32, PP, "pp"), "own shard"),
     (4, (DP * 1.5, PP, "pp"), "plan.ring_allreduce_time"),
-    (4, (DP, 2 * PP, "pp"), "both directions"),
+    (4, (DP, 2 * PP, "pp"), "both directions, or 4-byte values instead of bf16's 2"),
     (4, (DP, 8 * PP, "pp"), "1/tp slice"),
-    (4, (DP, 16 * PP, "pp"), "one way"),
+    (4, (DP, 16 * PP, "pp"), "and twice over: both directions, or 4-byte values"),
     (4, (DP, PP * 3, "pp"), "micro-batches"),
     (4, (DP, PP, "dp"), "fewer bytes"),
     (4, (round(DP, 1), PP, "pp"), "3 significant figures"),
@@ -128,7 +152,9 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (5, ("tp=2", CONFIG_NEW, SPEEDUP), "as a dict"),
     (5, (CONFIG_OLD, {**CONFIG_NEW, "tp": 3, "dp": 1}, SPEEDUP), "not a valid layout"),
     (5, (CONFIG_OLD, CONFIG_NEW, 1.0), "same hardware twice"),
-    (5, (CONFIG_OLD, CONFIG_NEW, 1 / SPEEDUP), "upside down"),
+    # issue 23: these slips read as fragments ("looks like it is in the old step time over the
+    # new one upside down", "... in every routed token", "... in all heads")
+    (5, (CONFIG_OLD, CONFIG_NEW, 1 / SPEEDUP), "is upside down: the speed-up is the old step"),
     (5, (CONFIG_OLD, CONFIG_NEW, 989 / 312), "peak FLOP rates"),
     (5, (CONFIG_OLD, CONFIG_NEW, 2.0), "old best's step time"),
     (6, ("model states", 2**16, "b"), "Which total got smaller"),
@@ -141,18 +167,26 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (7, (1, CONTEXT_GB), "usable"),
     (7, (4, CONTEXT_GB), "smaller cp fits too"),
     (7, (3, CONTEXT_GB), "should be one of"),
-    (7, (2, 2 * CONTEXT_GB), "both directions"),
+    # a factor of 2 is also 4-byte values: the hint names both, not only "both directions"
+    (7, (2, 2 * CONTEXT_GB), "both directions, or 4-byte values"),
     (7, (2, CONTEXT_GB / 4), "forward ring only"),
-    (7, (2, CONTEXT_GB * 8), "own heads"),
+    (7, (2, CONTEXT_GB * 8), "counts the K/V of all heads; each tensor-parallel GPU sends only"),
     (7, (2, CONTEXT_GB * 1e9), "bytes; give GB"),
     (7, (2, CONTEXT_GB * 0.7), "plan.traffic"),
     (8, (4, A2A_GB), "usable"),
     (8, (3, A2A_GB), "1, 2, 4 or 8"),
-    (8, (8, 2 * A2A_GB), "both directions"),
+    (8, (8, 2 * A2A_GB), "both directions, or 4-byte values"),
     (8, (8, A2A_GB / 2), "forward only"),
     (8, (8, A2A_GB / 2), "one copy per token"),  # top-2: the same factor, one message
-    (8, (8, A2A_GB * 8 / 7), "stay home"),
+    (8, (8, A2A_GB * 8 / 7), "counts every routed token, but the tokens for this GPU's own"),
     (8, (8, A2A_GB * 3), "4 all-to-alls"),
+    (1, (none_at_zero_2, 3, "c"), "returned None, but enough GPUs do hold these states"),
+    (1, (half_gpus, 3, "c"), "a number of GPUs is a whole number (round up)"),
+    (1, (one_more, 3, "c"), "which is not right. Per GPU, a stage keeps u bytes"),
+    (1, (min_gpus_to_fit, 3, "c", ZERO2), "fits, but a smaller stage fits too"),
+    (1, (min_gpus_to_fit, 3, "b"), "Recomputation shrinks activations"),
+    (1, (min_gpus_to_fit, 3, "d"), "Tensor parallelism divides the states over the same"),
+    (8, (4, 1.0, EP2), "ep=4 fits, but a smaller ep fits too"),
 ]
 
 
@@ -244,3 +278,17 @@ def test_the_build_cases_include_the_given_numbers_and_fresh_ones():
     assert cases == check.cases_1(Variant("s3", cases_seed=1))["min_gpus_to_fit"]
     assert cases != check.cases_1(Variant("s3", cases_seed=2))["min_gpus_to_fit"]
     assert any(check.min_gpus_needed(*c) is None for c in cases)  # "nothing helps" is tested
+
+
+def test_12_5_says_what_the_speed_up_shows():
+    # 3.15x against a 3.17x peak-FLOP ratio: the step is compute-bound, and the message
+    # says so from the numbers instead of asking what did not get faster.
+    story = check._refresh_story(check.DEFAULT)
+    assert "compute" in story and "scales almost with the FLOPs" in story
+
+
+def test_12_1_states_the_big_models_reserve():
+    g = check.given_1()
+    assert g["big_reserve_gib"] == 10
+    case = (g["big_params"], g["gpu_gib"], g["big_reserve_gib"], 3)
+    assert case in check.cases_1()["min_gpus_to_fit"]

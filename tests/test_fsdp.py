@@ -465,3 +465,61 @@ def test_cli_validates_without_importing_torch():
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=root
     )
     assert out.stdout.strip() == "CourseInputError False"
+
+
+# --------------------------------------------------------------------------- on a real cluster
+
+
+def _exposed(tokens: float, layers: int, flops: float = 1e12, bandwidth: float = 1e9) -> float:
+    """Seconds a ZeRO-3 step with prefetch 1 waits beyond its compute, for equal layers."""
+    from course_utils.parallel.fsdp import FSDPCosts, simulate_fsdp
+
+    psi, workers, e = 1_000_000, 4, 2
+    costs = FSDPCosts(
+        forward=(2 * psi * tokens / flops,) * layers,
+        backward=(4 * psi * tokens / flops,) * layers,
+        layer_numels=(psi,) * layers,
+        bandwidth=bandwidth,
+        element_size=e,
+    )
+    timeline = simulate_fsdp(costs, workers, stage=3, prefetch=1)
+    return timeline.makespan - timeline.busy_per_device()[0]
+
+
+def test_gathers_hide_behind_compute_from_the_bound_on():
+    from course_utils.parallel.fsdp import gather_hiding_tokens
+
+    bound = gather_hiding_tokens(1e12, 1e9, 2, 4)
+    assert bound == pytest.approx(3 / 4 * 1e12 * 2 / 2e9)
+    # At or above the bound only the step's ends wait: the same however many layers.
+    above = [_exposed(bound * 1.05, layers) for layers in (4, 8, 16)]
+    assert above[0] == pytest.approx(above[1]) == pytest.approx(above[2])
+    # Below it every layer adds a wait.
+    below = [_exposed(bound * 0.6, layers) for layers in (4, 8, 16)]
+    assert below[0] < below[1] < below[2]
+
+
+def test_hybrid_sharding_and_resharding_counts():
+    from course_utils.parallel.fsdp import hsdp_bytes, reshard_after_forward_costs
+
+    full, hybrid = hsdp_bytes(8e9, 64, 1), hsdp_bytes(8e9, 8, 8)
+    assert full == {"states": 2e9, "inside": 3 * 63 / 64 * 16e9, "across": 0.0}
+    assert hybrid["states"] == 16e9 and hybrid["inside"] == pytest.approx(3 * 7 / 8 * 16e9)
+    assert hybrid["across"] == pytest.approx(2 * 7 / 8 * 16e9 / 8)
+    ring = 63 / 64 * 2e9
+    assert reshard_after_forward_costs([1e9], 64, True) == {"gathered": 0.0, "sent": 3 * ring}
+    assert reshard_after_forward_costs([1e9], 64, False) == {"gathered": 2e9, "sent": 2 * ring}
+    node = reshard_after_forward_costs([1e9], 64, 8)
+    assert node == {"gathered": 2e9 / 8, "sent": pytest.approx(2 * ring + 7 / 8 * 2e9)}
+    for bad in (1, 3, 64.0):
+        with pytest.raises(CourseInputError, match="reshard must be True, False or a divisor"):
+            reshard_after_forward_costs([1e9], 64, bad)
+
+
+def test_fp32_gradient_buffers_add_two_bytes_per_parameter_sharded_like_gradients():
+    from course_utils import plan
+
+    for zero, per_gpu in ((0, 2.0), (1, 2.0), (2, 2.0 / 8), (3, 2.0 / 8)):
+        a = sum(plan.model_state_bytes(1.0, "bf16-mixed", zero, dp=8).values())
+        b = sum(plan.model_state_bytes(1.0, "bf16-mixed-fp32-grads", zero, dp=8).values())
+        assert b - a == pytest.approx(per_gpu)

@@ -595,3 +595,51 @@ def test_cli_validates_before_importing_torch():
         env={**os.environ, "PYTHONPATH": str(root)},
     )
     assert out.stdout.strip() == "False"
+
+
+# --------------------------------------------------------------------------- today's designs
+
+
+def test_bias_steers_the_choice_and_not_the_gate():
+    from course_utils.parallel.moe import biased_choice, expert_load, update_bias
+
+    scores = torch.tensor([[0.6, 0.3, 0.1], [0.5, 0.45, 0.05], [0.2, 0.3, 0.5]])
+    experts, gates = biased_choice(scores, torch.tensor([-0.1, 0.0, 0.0]))
+    assert experts.flatten().tolist() == [0, 1, 2]  # token 1 switches to expert 1
+    assert torch.equal(gates, scores.gather(-1, experts))  # the gate has no bias in it
+    two, gates2 = biased_choice(scores, torch.zeros(3), top_k=2)
+    assert torch.allclose(gates2.sum(-1), torch.ones(3))  # renormalised over the chosen
+    load = expert_load(two, 3)
+    assert load == [2, 3, 1]
+    bias = update_bias(load, torch.zeros(3), 0.01)
+    assert bias.tolist() == pytest.approx([0.0, -0.01, 0.01])  # mean load 2: equal, over, under
+
+
+def test_bias_balancing_evens_a_frozen_skewed_router():
+    from course_utils.parallel.moe import biased_choice, expert_load, update_bias
+
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(512, 4, generator=gen) + torch.tensor([2.0, 0.0, 0.0, 0.0])
+    scores = torch.softmax(logits, dim=-1)
+    bias = torch.zeros(4)
+    first = None
+    for _ in range(60):
+        experts, _ = biased_choice(scores, bias)
+        load = expert_load(experts, 4)
+        first = first or max(load)
+        bias = update_bias(load, bias, 0.02)
+    assert first > 0.6 * 512 and max(load) < 0.35 * 512
+
+
+def test_router_z_loss_is_the_mean_squared_logsumexp():
+    from course_utils.parallel.moe import router_z_loss
+
+    logits = torch.tensor([[0.0, 0.0], [1.0, 2.0]], requires_grad=True)
+    z = router_z_loss(logits)
+    want = (math.log(2) ** 2 + math.log(math.e + math.e**2) ** 2) / 2
+    assert z.item() == pytest.approx(want)
+    z.backward()
+    assert logits.grad is not None and logits.grad.abs().sum() > 0
+    for bad in (torch.zeros(3), "x"):
+        with pytest.raises(CourseInputError, match="logits must be"):
+            router_z_loss(bad)

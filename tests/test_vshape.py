@@ -4,6 +4,7 @@ the simulator, and real runs on threads that match the unsplit model."""
 from __future__ import annotations
 
 import copy
+import json
 import math
 
 import pytest
@@ -22,10 +23,11 @@ from course_utils.pipeline.vshape import (
     bubble_fraction,
     chunk_costs,
     dualpipe_v,
+    dualpipe_v_early_send_formula_holds,
+    dualpipe_v_early_send_idle,
     dualpipe_v_formula_holds,
     dualpipe_v_idle,
     dualpipe_v_peak,
-    dualpipe_v_readme_idle,
     dualpipe_v_slots,
     transfers_per_microbatch,
     v_stages,
@@ -84,7 +86,11 @@ def test_dualpipe_v_slots_are_single_actions_or_forward_then_backward():
         (lambda: v_stages(3, 3), "device must be an integer in 0..2"),
         (lambda: chunk_costs(1.0, float("nan"), 1.0), "input_grad must be a finite number"),
         (lambda: zb_v_idle(3, 1.0, math.inf, 1.0), "I must be a finite number"),
-        (lambda: dualpipe_v_readme_idle(3, 1, 1, 1, fb=-1.0), "fb must be a finite number"),
+        (lambda: dualpipe_v_idle(3, 1, 1, 1, fb=-1.0), "fb must be a finite number"),
+        (
+            lambda: Schedule("x", 2, 1, ((Action(0, "F", 0),),), send_groups=((2,),)),
+            "send_groups must give, per device, sizes >= 1",
+        ),
         (lambda: transfers_per_microbatch(3, "zigzag"), "placement must be 'looping' or 'v'"),
         (lambda: make_schedule("zb-v", 2, 4, chunks=2), "chunks > 1 works only with"),
         (lambda: make_schedule("dualpipe-v", 3, 5), "microbatches must be >= 2 x devices = 6"),
@@ -140,6 +146,7 @@ def test_dualpipe_v_matches_pytorch_with_each_overlapped_pair_as_f_then_b(p, m):
 
     orders, pairs = torch_order(ScheduleDualPipeV, p, m)
     assert dualpipe_v(p, m).as_strings() == orders
+    assert dualpipe_v(p, m, early_send=True).as_strings() == orders
     ours = [[tuple(map(str, s)) for s in dev if len(s) == 2] for dev in dualpipe_v_slots(p, m)]
     assert ours == pairs
 
@@ -227,6 +234,47 @@ def test_zb_v_equal_costs_is_a_parallelogram_the_papers_zero_bubble():
 def dualpipe_v_case(draw):
     p = draw(st.integers(1, 6))
     m = draw(st.integers(2 * p, 4 * p + 2))
+    F = draw(st.floats(0.05, 3.0))
+    W = draw(st.floats(0.0, F))
+    return p, m, F, F, W
+
+
+@SETTINGS
+@given(dualpipe_v_case())
+def test_dualpipe_v_idle_is_deepseeks_figure_in_the_simulator_inside_the_condition(case):
+    # DeepSeek's send model (both results of an F&B slot leave when it ends) gives the
+    # README's (PP/2-1)(F&B + B - 3W) = (p-1)(F + 2I - W) exactly, on every device.
+    p, m, F, I, W = case  # noqa: E741
+    assert dualpipe_v_formula_holds(p, m, F, I, W)
+    timeline = simulate(dualpipe_v(p, m), chunk_costs(F, I, W))
+    for d in range(p):
+        assert close(timeline.idle(d), dualpipe_v_idle(p, F, I, W))
+    assert close(dualpipe_v_idle(p, F, I, W), (p - 1) * (F + 2 * I - W))
+    fraction = bubble_fraction(m, F, I, W, dualpipe_v_idle(p, F, I, W))
+    assert close(timeline.bubble_fraction, fraction)
+
+
+@pytest.mark.parametrize(
+    "p, m, F, I, W, broken",
+    [
+        (3, 6, 1.0, 1.0, 1.2, "W > I"),
+        (2, 5, 1.0, 1.0, 1.5, "W > I"),
+        (4, 8, 0.8, 1.0, 1.0, "F < I"),
+        (3, 7, 0.5, 1.0, 0.5, "F < I"),
+        (4, 9, 1.5, 1.0, 0.5, "F > I"),
+        (2, 4, 2.0, 1.0, 0.5, "F > I"),
+    ],
+)
+def test_dualpipe_v_figure_fails_outside_its_condition(p, m, F, I, W, broken):  # noqa: E741
+    assert not dualpipe_v_formula_holds(p, m, F, I, W), broken
+    idle = idle_per_device(dualpipe_v(p, m), F, I, W)
+    assert not all(close(x, dualpipe_v_idle(p, F, I, W)) for x in idle), broken
+
+
+@st.composite
+def early_send_case(draw):
+    p = draw(st.integers(1, 6))
+    m = draw(st.integers(2 * p, 4 * p + 2))
     W = draw(st.floats(0.0, 2.0))
     I = draw(st.floats(max(W, 0.05), W + 2.0))  # noqa: E741
     F = draw(st.floats((p - 1) * I / p, I + W))
@@ -234,16 +282,16 @@ def dualpipe_v_case(draw):
 
 
 @SETTINGS
-@given(dualpipe_v_case())
+@given(early_send_case())
 # On the boundary (p-1) I = p F, F = (p-1) I / p rounds one step past it (found in CI):
 @example((5, 10, 0.3260871094439587, 0.4076088868049484, 0.0))
-def test_dualpipe_v_idle_and_bubble_match_the_simulator_inside_the_condition(case):
+def test_early_send_idle_and_bubble_match_the_simulator_inside_the_condition(case):
     p, m, F, I, W = case  # noqa: E741
-    assert dualpipe_v_formula_holds(p, m, F, I, W)
-    timeline = simulate(dualpipe_v(p, m), chunk_costs(F, I, W))
+    assert dualpipe_v_early_send_formula_holds(p, m, F, I, W)
+    timeline = simulate(dualpipe_v(p, m, early_send=True), chunk_costs(F, I, W))
     for d in range(p):
-        assert close(timeline.idle(d), dualpipe_v_idle(p, F, I, W))
-    fraction = bubble_fraction(m, F, I, W, dualpipe_v_idle(p, F, I, W))
+        assert close(timeline.idle(d), dualpipe_v_early_send_idle(p, F, I, W))
+    fraction = bubble_fraction(m, F, I, W, dualpipe_v_early_send_idle(p, F, I, W))
     assert close(timeline.bubble_fraction, fraction)
 
 
@@ -258,26 +306,45 @@ def test_dualpipe_v_idle_and_bubble_match_the_simulator_inside_the_condition(cas
         (4, 9, 1.6, 1.0, 0.5, "F > I + W"),
     ],
 )
-def test_dualpipe_v_idle_formula_fails_outside_its_condition(p, m, F, I, W, broken):  # noqa: E741
-    assert not dualpipe_v_formula_holds(p, m, F, I, W), broken
-    idle = idle_per_device(dualpipe_v(p, m), F, I, W)
-    assert max(idle) > dualpipe_v_idle(p, F, I, W) + 1e-9, broken
+def test_early_send_formula_fails_outside_its_condition(p, m, F, I, W, broken):  # noqa: E741
+    assert not dualpipe_v_early_send_formula_holds(p, m, F, I, W), broken
+    idle = idle_per_device(dualpipe_v(p, m, early_send=True), F, I, W)
+    assert max(idle) > dualpipe_v_early_send_idle(p, F, I, W) + 1e-9, broken
 
 
-def test_peak_activations_match_the_simulator_for_every_shape():
-    for p in range(1, 7):
-        for m in range(1, 4 * p + 2):
-            peaks = simulate(zb_v(p, m)).peak_activations
-            assert peaks == [zb_v_peak(p, m, d) for d in range(p)], (p, m)
-            if m >= 2 * p - 1:
-                assert peaks == [2 * p] * p  # p micro-batches of the device's layers: 1F1B's
-            if m >= 2 * p:
-                assert simulate(dualpipe_v(p, m)).peak_activations == [dualpipe_v_peak(p)] * p
+def test_early_send_saves_p_minus_1_input_gradients_at_f_equal_i():
+    # Exercise 11.6's costs flip the winner between the two send models; the lesson teaches
+    # DeepSeek's. At F = I the variant idles (p-1) I less, whatever W.
+    for p, m, F, I, W in [(4, 8, 1.0, 1.0, 1.0), (3, 6, 1.2, 1.2, 0.6), (5, 11, 0.9, 0.9, 0.0)]:  # noqa: E741
+        ours = idle_per_device(dualpipe_v(p, m), F, I, W)
+        early = idle_per_device(dualpipe_v(p, m, early_send=True), F, I, W)
+        assert all(close(a - b, (p - 1) * I) for a, b in zip(ours, early, strict=True))
+
+
+def test_dualpipe_v_send_groups_are_where_dualpipev_py_posts_its_sends():
+    p, m = 3, 7
+    sched = dualpipe_v(p, m)
+    assert sched.send_groups is not None and dualpipe_v(p, m, early_send=True).send_groups is None
+    for d, (slots, sizes) in enumerate(zip(dualpipe_v_slots(p, m), sched.send_groups, strict=True)):
+        assert sum(sizes) == len(sched.devices[d])
+        # Every overlapped F&B slot is one send group: both results leave when it ends.
+        starts, at = set(), 0
+        for size in sizes:
+            starts.add(at)
+            at += size
+        at = 0
+        for slot in slots:
+            if len(slot) == 2:
+                assert at in starts and at + 2 in starts | {len(sched.devices[d])}
+            at += len(slot)
+    # Warm-up (step 2): device 0's down-chunk output waits for its up-chunk forward.
+    d0 = sched.devices[0]
+    assert [str(a) for a in d0[4:6]] == ["0F4", "5F0"] and sched.send_groups[0][4] == 2
 
 
 def atomic_slot_idle(p: int, m: int, F: float, I: float, W: float) -> list[float]:  # noqa: E741
     """Idle per device when every F&B slot is one block whose results all leave at its end
-    (how DeepSeek's dualpipev.py sends them); single actions as in the simulator."""
+    (single actions as in the simulator): an independent reckoning of the README's count."""
     slots = dualpipe_v_slots(p, m)
     cost = {"F": F, "I": I, "W": W, "B": I + W}
     last = 2 * p - 1
@@ -318,22 +385,33 @@ def atomic_slot_idle(p: int, m: int, F: float, I: float, W: float) -> list[float
 
 @SETTINGS
 @given(st.integers(1, 6), st.integers(0, 6), st.floats(0.05, 3.0), st.floats(0.0, 1.0))
-def test_dualpipe_readme_figure_is_the_atomic_slot_accounting_when_f_equals_i(p, extra, F, w):
-    # DualPipe's README: (PP/2-1)(F&B + B - 3W). With F&B = F + B that is (p-1)(F + 2I - W),
-    # (p-1) I more than the simulator finds. Counting each F&B slot as one block that sends
-    # its forward output only when it ends reproduces the README exactly when F = I >= W.
+def test_the_simulator_and_an_independent_slot_reckoning_agree_with_the_readme(p, extra, F, w):
     m, I, W = 2 * p + extra, F, F * w  # noqa: E741
-    readme = dualpipe_v_readme_idle(p, F, I, W)
+    readme = dualpipe_v_idle(p, F, I, W)
     assert all(close(x, readme) for x in atomic_slot_idle(p, m, F, I, W))
-    ours = idle_per_device(dualpipe_v(p, m), F, I, W)
-    assert all(close(x, readme - (p - 1) * I) for x in ours)
-    assert close(dualpipe_v_idle(p, F, I, W), readme - (p - 1) * I)
+    assert all(close(x, readme) for x in idle_per_device(dualpipe_v(p, m), F, I, W))
+    early = idle_per_device(dualpipe_v(p, m, early_send=True), F, I, W)
+    assert all(close(x, readme - (p - 1) * I) for x in early)
+    assert close(dualpipe_v_early_send_idle(p, F, I, W), readme - (p - 1) * I)
 
 
 def test_dualpipe_readme_figure_is_only_an_estimate_when_f_differs_from_i():
     p, m, F, I, W = 4, 8, 2.0, 1.0, 0.5  # noqa: E741
     atomic = atomic_slot_idle(p, m, F, I, W)
-    assert max(atomic) > dualpipe_v_readme_idle(p, F, I, W) + 1e-9
+    assert max(atomic) > dualpipe_v_idle(p, F, I, W) + 1e-9
+
+
+def test_peak_activations_match_the_simulator_for_every_shape():
+    for p in range(1, 7):
+        for m in range(1, 4 * p + 2):
+            peaks = simulate(zb_v(p, m)).peak_activations
+            assert peaks == [zb_v_peak(p, m, d) for d in range(p)], (p, m)
+            if m >= 2 * p - 1:
+                assert peaks == [2 * p] * p  # p micro-batches of the device's layers: 1F1B's
+            if m >= 2 * p:
+                assert simulate(dualpipe_v(p, m)).peak_activations == [dualpipe_v_peak(p)] * p
+                early = dualpipe_v(p, m, early_send=True)
+                assert simulate(early).peak_activations == [dualpipe_v_peak(p)] * p
 
 
 # --------------------------------------------------------------------------- transfers
@@ -499,3 +577,15 @@ def test_measured_stage_costs_count_each_backward_once_when_b_and_i_w_mix():
             if e.action.stage == s and e.action.kind in ("B", "I", "W")
         )
         assert result.stage_costs.backward[s] == pytest.approx(spent / m)
+
+
+@pytest.mark.parametrize("name", BUILDERS)
+def test_run_command_takes_a_v_schedule_with_its_two_chunks_per_device(name, run_cli):
+    # The registry knows a V schedule has 2 chunks per device: `run` builds 2p stages.
+    out = run_cli("run", name, "--stages", 2, "--microbatches", 4, "--model", "mlp", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["schedule"] == name and data["max_grad_diff"] <= 1e-5
+    assert {e["action"][0] for e in data["events"]} == {"0", "1", "2", "3"}  # stages 0..3
+    bad = run_cli("run", name, "--stages", 2, "--microbatches", 4, "--chunks", 2)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "chunks" in bad.stderr

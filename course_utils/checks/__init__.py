@@ -13,6 +13,11 @@ from the helpers here:
             raise CheckFailed("bubble_fraction is not right yet. Hint: count idle slots ...")
         passed("Right: ...")
 
+Numbers: every number a learner types passes when it is right to 3 significant figures
+(`expect_number`, `is_right`, `close`; `same_numbers` inside lists and tuples), and the
+slips a check recognises are matched the same way. Counts, indices and the results of a
+learner's Build function are compared exactly (within float rounding).
+
 Rules for feedback: say what is wrong and give a hint, never the answer itself. A learner
 must never see a stack trace from inside a checker: `CheckFailed` renders in IPython as
 just its message (via `_render_traceback_`), and the helpers turn wrong types, NaN and a
@@ -40,6 +45,7 @@ __all__ = [
     "expect_number",
     "for_student",
     "is_right",
+    "same_numbers",
     "same_to_3_figures",
     "NotAnswered",
     "as_choice",
@@ -236,8 +242,30 @@ def as_sequence(
 
 
 def close(value: float, expected: float, rel: float = 1e-3, abs: float = 1e-9) -> bool:
-    """True when `value` is within `rel` (relative) or `abs` (absolute) of `expected`."""
-    return math.isclose(value, expected, rel_tol=rel, abs_tol=abs)
+    """True when `value` is `expected` to 3 significant figures (the course's rule for every
+    number a learner types), or within `rel` (relative) or `abs` (absolute) of it: a check
+    may widen the tolerance, never narrow it below 3 figures."""
+    return same_to_3_figures(value, expected) or math.isclose(
+        value, expected, rel_tol=rel, abs_tol=abs
+    )
+
+
+def same_numbers(got: Any, want: Any) -> bool:
+    """True when `got` and `want` are the same (nested) lists of numbers, each number right to
+    3 significant figures: the rule for single numbers, inside lists and tuples too.
+
+    For answers a learner types. A Build exercise's function results are computed, so its
+    checks compare them within float rounding instead.
+    """
+    if isinstance(want, list | tuple):
+        return (
+            isinstance(got, list | tuple)
+            and len(got) == len(want)
+            and all(same_numbers(g, w) for g, w in zip(got, want, strict=True))
+        )
+    if isinstance(got, bool) or not isinstance(got, int | float):
+        return False
+    return same_to_3_figures(float(got), float(want))
 
 
 def _short(value: Any) -> str:
@@ -354,18 +382,23 @@ def expect_number(
     """`value` as a number, checked against `expected` for the slips every question shares.
 
     Returns the number when it is right to 3 significant figures. Otherwise it fails with:
-    the unit slip it matches (a percentage for a fraction, GB for GiB, ...; `slips` adds the
-    question's own, e.g. (2, "both directions; give the bytes one way")), or "close: give 3
-    significant figures" when it is the right number rounded too far. When none of these
-    applies it returns the number, so the check can give its own hints and then fail.
+    the unit slip it matches (a percentage for a fraction, GB for GiB, ...), the question's
+    own slip from `slips`, or "close: give 3 significant figures" when it is the right number
+    rounded too far. A question's slip is (factor, what the learner did), written to follow
+    "`what` = 5.2e+09", e.g. (2, "counts both directions; give the bytes one way."): one
+    sentence a teacher would say, naming every mistake that gives that factor. When none of
+    these applies it returns the number, so the check can give its own hints and then fail.
     """
     number = as_number(value, what)
     if same_to_3_figures(number, expected):
         return number
     unit_name = f" {unit}" if unit and unit not in ("fraction", "percent") else ""
-    for factor, slip in [*UNIT_SLIPS.get(unit or "", []), *slips]:
+    for factor, slip in UNIT_SLIPS.get(unit or "", []):
         if expected and same_to_3_figures(number, expected * factor):
-            fail(f"`{what}` = {number:g} looks like it is in {slip}.")
+            fail(f"`{what}` = {number:g} looks like {slip}.")
+    for factor, slip in slips:
+        if expected and same_to_3_figures(number, expected * factor):
+            fail(f"`{what}` = {number:g} {slip}")
     if _rounded_to_fewer_figures(number, expected):
         fail(f"`{what}` = {number:g}{unit_name} is close: give 3 significant figures.")
     return number

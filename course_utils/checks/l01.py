@@ -75,7 +75,13 @@ def exercise_1(memory_gb, v: Variant = DEFAULT) -> None:
     billions = given_1(v)["billions"]
     n = billions * 1e9
     want = n * _total_per_parameter("fp32") / GB
-    value = expect_number(memory_gb, want, "memory_gb", unit="GB", slips=[(1e3, "MB; give GB")])
+    value = expect_number(
+        memory_gb,
+        want,
+        "memory_gb",
+        unit="GB",
+        slips=[(1e3, "looks like megabytes; give GB (1 GB = 1000 MB).")],
+    )
     if is_right(value, want):
         where = (
             "more than one 80 GB GPU holds"
@@ -156,7 +162,12 @@ def exercise_2(model_state_bytes, v: Variant = DEFAULT) -> None:
                 want,
                 f"{shown}[{key!r}]",
                 unit="bytes",
-                slips=[(1 / num_params, "bytes per parameter; give the bytes of all of them")],
+                slips=[
+                    (
+                        1 / num_params,
+                        "is the bytes of one parameter; give the bytes of all of them.",
+                    )
+                ],
             )
             if is_right(value, want):
                 continue

@@ -244,7 +244,7 @@ def exercise_3(gpipe_device, v: Variant = DEFAULT) -> None:
         if len(lists[(p, m)]) == p:
             problems = validate(lists[(p, m)], p, m)
             if problems:
-                fail(f"The lists of gpipe_device({p}, {m}, d) for d = 0..{p - 1}: {problems[0]}")
+                fail(f"The lists of gpipe_device({p}, {m}, d) for d = 0..{p - 1}: {problems[0]}.")
     shapes = ", ".join(f"({p}, {m})" for p, m in lists)
     passed(
         f"Right on fresh random shapes (p, m) = {shapes}, every device a valid GPipe list, "

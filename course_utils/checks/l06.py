@@ -347,7 +347,7 @@ def exercise_5(ring_gb_per_worker, naive_gb_rank0, v: Variant = DEFAULT) -> None
     params_m, n = given_5(v).values()
     s = 4 * params_m * 1e6 / 1e9  # GB of fp32 gradients
     want_ring, want_naive = 2 * (n - 1) / n * s, (n - 1) * s
-    mb = [(1e3, "MB; give GB (1 GB = 1000 MB)")]
+    mb = [(1e3, "looks like megabytes; give GB (1 GB = 1000 MB).")]
     ring = as_number(ring_gb_per_worker, "ring_gb_per_worker")
     if not is_right(ring, want_ring):
         if is_right(ring, (n - 1) / n * s):
@@ -369,7 +369,7 @@ def exercise_5(ring_gb_per_worker, naive_gb_rank0, v: Variant = DEFAULT) -> None
             want_ring,
             "ring_gb_per_worker",
             unit="GB",
-            slips=[*mb, (2, "both directions (sent + received); give the bytes one way")],
+            slips=[*mb, (2, "counts both directions (sent and received); give the bytes one way.")],
         )
         fail(
             "`ring_gb_per_worker` is not right yet. Count chunks: N chunks of S/N; how many "

@@ -71,15 +71,24 @@ def exercise_1(stage1, stage2, stage3, v: Variant = DEFAULT) -> None:
         got = expect_number(value, want, name, unit="bytes")
         if is_right(got, want):
             continue
+        mixed = is_right(got, _zero(psi, n, stage, "bf16-mixed"))
         for other in (1, 2, 3):
             if other != stage and is_right(got, _zero(psi, n, other)):
+                # fp32 stage 2 (4 + 12/N) is also the paper's mixed-precision stage 1 (4 + 12/N)
+                either = (
+                    f", or stage {stage}'s in the paper's mixed precision (2 + 2 + 12 bytes)"
+                    if mixed
+                    else ""
+                )
                 fail(
-                    f"`{name}` is stage {other}'s count. Stage 1 shards the optimizer state; "
-                    "stage 2 also the gradients; stage 3 also the parameters."
+                    f"`{name}` is stage {other}'s count in fp32{either}. Here everything is "
+                    "fp32 (parameters 4, gradients 4, Adam's two states 8 bytes), and stage 1 "
+                    "shards the optimizer state; stage 2 also the gradients; stage 3 also the "
+                    "parameters."
                 )
         if is_right(got, _zero(psi, n, 0)):
             fail(f"`{name}` is plain data parallelism: 16 bytes per parameter, nothing sharded.")
-        if is_right(got, _zero(psi, n, stage, "bf16-mixed")):
+        if mixed:
             fail(
                 f"`{name}` uses the paper's mixed-precision counts (2 + 2 + 12 bytes). Here "
                 "everything is fp32: parameters 4, gradients 4, Adam's two states 8."
@@ -277,11 +286,15 @@ def exercise_4(prefetch, gathered, v: Variant = DEFAULT) -> None:
 
 
 def given_5(v: Variant = DEFAULT) -> dict:
+    gather = v.pick("5g", 0.6, [0.4, 0.8, 1.0])
     return {
         "layers": v.pick("5l", 4, [3, 5, 6]),
         "forward_ms": 1.0,
         "backward_ms": 2.0,
-        "gather_ms": v.pick("5g", 0.6, [0.4, 0.8, 1.0]),
+        "gather_ms": gather,
+        # the same bytes as a gather, on the same communication stream: the backward's
+        # gathers queue behind the reduce-scatters
+        "reduce_scatter_ms": gather,
         "N": 2,
     }
 
@@ -333,7 +346,11 @@ def exercise_5(waiting_share, fix, gain, v: Variant = DEFAULT) -> None:
                 "with more workers each shard is smaller, but an all-gather still brings "
                 "(N-1)/N of the layer over each link, and the compute still waits for it"
             ),
-            "c": "the reduce-scatters already run on the communication thread, off the path",
+            "c": (
+                "a layer's gradient exists only once its backward is done, so it cannot be "
+                "reduce-scattered earlier; and on the one communication stream each "
+                "backward gather would still wait for the reduce-scatter before it"
+            ),
             "d": (
                 "a bigger batch dilutes the wait but does not hide it: every gather is "
                 "still waited for"

@@ -95,6 +95,13 @@ def exercise_1(tp_only, with_sp, v: Variant = DEFAULT) -> None:
                 "f-sized terms; every device keeps the whole LayerNorm input, first linear's "
                 "input and dropout mask."
             )
+        if sp and is_right(got, other / g["t"]):
+            fail(
+                "`with_sp` divides the whole tensor-parallel count by t again, but its "
+                "f-sized terms (the GeLU's and the second linear's inputs) were already split "
+                "t ways by tensor parallelism. Sequence parallelism splits only the three "
+                "sequence-wise terms (LayerNorm input, first linear's input, dropout mask)."
+            )
         if is_right(got, _block_bytes(g, sp, dropout=False)):
             fail(f"`{name}` leaves out the dropout mask: one byte per value of [s, b, h].")
         mask = sbh / (g["t"] if sp else 1)
@@ -270,6 +277,11 @@ def exercise_3(held, sends, v: Variant = DEFAULT) -> None:
     if got != want:
         if len(got) != n:
             fail(f"`held` needs one owner per step: the forward has N = {n} steps.")
+        if got == [x + 1 for x in want]:
+            fail(
+                f"`held` numbers the workers from 1. Workers are numbered 0 to {n - 1}, like "
+                f"everything in the course: at step 0 worker {w} holds its own block, kv{w}."
+            )
         if got == [(w + k) % n for k in range(n)]:
             fail(
                 "The blocks go round the wrong way: each worker passes its block to the RIGHT "
@@ -485,18 +497,19 @@ def exercise_6(cp, gib, v: Variant = DEFAULT) -> None:
     if got != want:
         if got < 1 or got & (got - 1):
             fail("`cp` here is a power of 2 (1, 2, 4, 8, ...), as the sequence is split evenly.")
-        if got > want:
-            fail(f"cp = {got} fits, but so does a smaller one: each halving saves communication.")
 
         def linear(n: int) -> float:  # the score term wrongly divided by N only
             t = g["seq"] / n
             return g["e"] * g["heads"] * (6 * t * g["dim"] + t + 2 * t * g["seq"]) / GIB
 
+        # Scores taken as t x L instead of t x t need a larger cp: say why before "smaller".
         if got == _smallest(g, linear):
             fail(
                 "The scores of one block product are t x t with t = L/N tokens: they shrink "
                 "with N squared, not N. A smaller cp fits."
             )
+        if got > want:
+            fail(f"cp = {got} fits, but so does a smaller one: each halving saves communication.")
         fail(f"At cp = {got} one worker needs {_fits(g, got):.1f} GiB, over the budget.")
     want_gib = _fits(g, want)
     number = expect_number(gib, want_gib, "gib", unit="GiB")
@@ -515,3 +528,163 @@ def exercise_6(cp, gib, v: Variant = DEFAULT) -> None:
         f"{want // 2} would need {_fits(g, want // 2):.1f} GiB). Doubling cp "
         "divides the score matrix by four, the rest by two."
     )
+
+
+# --------------------------------------------------------------------------- 9.7
+
+KINDS = ("ring", "ulysses", "equal")
+BOTH = ("ring", "ulysses", "both")
+
+
+def given_7(v: Variant = DEFAULT) -> dict:
+    heads, kv_heads = v.pick("7h", (32, 8), [(32, 8), (64, 8), (32, 4), (16, 16)])
+    return {
+        "seq": v.pick("7s", 32768, [16384, 65536]),
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "dim": 128,
+        "e": 2,
+        "N": min(v.pick("7n", 4, [2, 4, 8]), kv_heads),  # a degree Ulysses can run
+        "big": 2 * kv_heads,
+    }
+
+
+def _sent_7(g: dict, kind: str, n: int | None = None) -> float:
+    from course_utils.parallel.context_parallel import (
+        ring_bytes_per_worker,
+        ulysses_bytes_per_worker,
+    )
+
+    n = g["N"] if n is None else n
+    if kind == "ulysses":
+        args = (g["seq"], n, g["heads"], g["dim"], g["e"])
+        return ulysses_bytes_per_worker(*args, kv_heads=g["kv_heads"])["forward"]
+    # the ring sends only keys and values: the K/V heads
+    return ring_bytes_per_worker(g["seq"], n, g["kv_heads"], g["dim"], g["e"])["forward"]
+
+
+def exercise_7(ulysses_sent, ring_sent, less_traffic, at_big, v: Variant = DEFAULT) -> None:
+    """Ring or Ulysses: forward bytes per worker of each at degree N (grouped-query attention),
+    which sends less there, and which can run on `big` workers without copying heads."""
+    g = given_7(v)
+    n, heads, kv, t = g["N"], g["heads"], g["kv_heads"], g["seq"] // g["N"]
+    for value, name in ((ring_sent, "ring_sent"), (less_traffic, "less_traffic")):
+        require(value, name)
+    require(at_big, "at_big")
+    want_u = _sent_7(g, "ulysses")
+    per_head = t * g["dim"] * g["e"]  # bytes of one head of a worker's tokens
+    got = expect_number(
+        ulysses_sent, want_u, "ulysses_sent", unit="bytes",
+        slips=[(2, "is twice the forward: it counts the backward's all-to-alls too, or both "
+                   "directions. Count what one worker sends in the forward."),
+               (n, "uses the whole sequence; a worker holds only its L/N tokens.")],
+    )  # fmt: skip
+    if not is_right(got, want_u):
+        if is_right(got, per_head * (2 * heads + 2 * kv)):
+            fail(
+                "`ulysses_sent` counts the chunk that stays home: an all-to-all keeps 1/N of "
+                "the worker's tensor and sends only (N-1)/N of it."
+            )
+        if is_right(got, (n - 1) / n * per_head * 4 * heads):
+            fail(
+                "`ulysses_sent` sends k and v with all H heads; with grouped-query attention "
+                "keys and values have only H_kv heads."
+            )
+        if is_right(got, (n - 1) / n * per_head * (heads + 2 * kv)):
+            fail(
+                "`ulysses_sent` leaves out the output's all-to-all, which takes the attention "
+                "output back to the workers that own the tokens."
+            )
+        fail(
+            "`ulysses_sent` is not right: four all-to-alls (q, k, v, then the output), each "
+            "sending (N-1)/N of the worker's L/N tokens of that tensor: q and the output "
+            "with H heads, k and v with H_kv."
+        )
+    want_r = _sent_7(g, "ring")
+    got = expect_number(
+        ring_sent, want_r, "ring_sent", unit="bytes",
+        slips=[(heads / kv, "sends the K/V of all H heads; with grouped-query attention "
+                            "only the H_kv heads of keys and values travel round the ring."),
+               (n / (n - 1), "counts N sends; the block in hand at the last step goes "
+                             "nowhere: N - 1."),
+               (0.5, "counts only the keys; the values travel with them."),
+               ((3 * n - 2) / (n - 1), "counts the backward too; the question asks for "
+                                       "the forward.")],
+    )  # fmt: skip
+    if not is_right(got, want_r):
+        fail(
+            "`ring_sent` is not right: N - 1 steps, each sending the worker's K/V block, "
+            "2 x (L/N) x H_kv x D values of e bytes."
+        )
+    less = as_choice(less_traffic, KINDS, "less_traffic")
+    right = "equal" if want_r == want_u else ("ring" if want_r < want_u else "ulysses")
+    if less != right:
+        fail(
+            f"Both counts are right; `less_traffic` is not: compare them at N = {n}. (The "
+            "ring's forward hardly changes with N, Ulysses' shrinks like 1/N.)"
+        )
+    big = as_choice(at_big, BOTH, "at_big")
+    if big != "ring":
+        fail(
+            f"`at_big`: Ulysses gives each worker whole heads, so its degree must divide the "
+            f"{kv} K/V heads: {g['big']} workers would need copies of the heads. What does "
+            "the ring split instead?"
+        )
+    passed(
+        f"Right: at N = {n} Ulysses sends {want_u:,.0f} bytes per worker in the forward, the "
+        f"ring {want_r:,.0f}: {_less_words(right)}. Ulysses' share shrinks like 1/N "
+        f"(at N = {kv}: {_sent_7(g, 'ulysses', kv):,.0f}), "
+        f"the ring's stays near 2 L H_kv D e, small with grouped-query attention. Beyond "
+        f"{kv} workers only the ring (or both combined) goes on."
+    )
+
+
+# --------------------------------------------------------------------------- 9.8
+
+
+def given_8(v: Variant = DEFAULT) -> dict:
+    return {
+        "gpus": v.pick("8g", 32, [16, 32, 64]),
+        "heads": v.pick("8h", 32, [32, 64]),
+        "kv_heads": v.pick("8k", 8, [4, 8]),
+    }
+
+
+def exercise_8(ulysses_degree, ring_degree, v: Variant = DEFAULT) -> None:
+    """Both combined: the Ulysses degree inside a group and the ring degree across groups."""
+    g = given_8(v)
+    gpus, kv = g["gpus"], g["kv_heads"]
+    want_u = max(d for d in range(1, kv + 1) if kv % d == 0 and gpus % d == 0)
+    u = as_int(ulysses_degree, "ulysses_degree")
+    require(ring_degree, "ring_degree")
+    if u != want_u:
+        if u == g["heads"] and g["heads"] != kv:
+            fail(
+                f"`ulysses_degree` = {u} splits the query heads, but the keys and values have "
+                f"only {kv} heads: a larger degree would need copies of them."
+            )
+        if u > want_u:
+            fail(
+                f"`ulysses_degree` = {u}: each GPU of an all-to-all group takes whole K/V "
+                f"heads, so the degree must divide the {kv} K/V heads."
+            )
+        fail(
+            "`ulysses_degree` is too small: the all-to-all sends less as its degree grows. "
+            "Take the largest that divides both the K/V heads and the GPUs."
+        )
+    r = as_int(ring_degree, "ring_degree")
+    if r * u != gpus:
+        fail(
+            f"`ring_degree` x `ulysses_degree` must use the {gpus} GPUs: each of the ring's "
+            "steps passes K/V blocks between the Ulysses groups."
+        )
+    passed(
+        f"Right: Ulysses over {u} GPUs (one K/V head group each), a ring of {r} such groups. "
+        "The all-to-alls stay inside the groups, where the links are fast (a node), and the "
+        "ring's blocks cross between them: the 2D scheme of USP (Fang & Zhao 2024, arXiv "
+        "2405.07719)."
+    )
+
+
+def _less_words(right: str) -> str:
+    return "the same bytes" if right == "equal" else f"the {right} sends less here"

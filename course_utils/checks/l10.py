@@ -33,6 +33,7 @@ from course_utils.checks import (
     is_right,
     passed,
     require,
+    same_numbers,
 )
 from course_utils.checks import (
     for_student as _for_student,
@@ -124,6 +125,11 @@ def exercise_1(tokens_per_expert, capacity, dropped, capacity_top2, v: Variant =
         )
     got_dropped = sorted(as_sequence(dropped, "dropped", item=as_int))
     if got_dropped != want_dropped:
+        if got_dropped == [t + 1 for t in want_dropped]:
+            fail(
+                "`dropped` counts positions from 1. Positions are counted from 0, like "
+                "Python's indices: the first token of `g.choices` is token 0."
+            )
         if len(got_dropped) != len(want_dropped):
             fail(
                 f"`dropped` lists {len(got_dropped)} tokens. An expert keeps `capacity` tokens "
@@ -266,25 +272,25 @@ def exercise_3(dispatch_sent, combine_sent, step_sent_0, v: Variant = DEFAULT) -
     routed = g["routed"]
     everything = [sum(row) * per_token for row in routed]
     got = as_sequence(dispatch_sent, "dispatch_sent", length=2, item=as_number)
-    if got != dispatch:
-        if got == everything:
+    if not same_numbers(got, dispatch):
+        if same_numbers(got, everything):
             fail(
                 "`dispatch_sent` counts every routed token, but tokens for the worker's own "
                 "experts stay home. Worker 0 holds experts 0 and 1, worker 1 experts 2 and 3."
             )
-        if got == [x * 2 for x in dispatch]:
+        if same_numbers(got, [x * 2 for x in dispatch]):
             fail("`dispatch_sent` looks like 4-byte numbers: bf16 is 2 bytes per number.")
-        if got == [x // 2 for x in dispatch]:
+        if same_numbers(got, [x / 2 for x in dispatch]):
             fail("`dispatch_sent` looks like 1 byte per number: bf16 is 2 bytes per number.")
-        if got == [x // per_token for x in dispatch]:
+        if same_numbers(got, [x / per_token for x in dispatch]):
             fail("`dispatch_sent` counts tokens: give bytes (d_model x element_size per token).")
         fail(
             "`dispatch_sent` is not right. Worker w sends the tokens it routed to the other "
             "worker's experts, each d_model x element_size bytes."
         )
     got = as_sequence(combine_sent, "combine_sent", length=2, item=as_number)
-    if got != combine:
-        if got == dispatch and dispatch != combine:
+    if not same_numbers(got, combine):
+        if same_numbers(got, dispatch) and dispatch != combine:
             fail(
                 "`combine_sent` equals the dispatch, but the combine goes the other way: "
                 "each expert's outputs return to the tokens' owners, so a worker sends back "
@@ -300,7 +306,7 @@ def exercise_3(dispatch_sent, combine_sent, step_sent_0, v: Variant = DEFAULT) -
         want,
         "step_sent_0",
         unit="bytes",
-        slips=[(2, "both directions (sent and received); give only what worker 0 sends")],
+        slips=[(2, "counts both directions (sent and received); give only what worker 0 sends.")],
     )
     if not is_right(step, want):
         if is_right(step, dispatch[0] + combine[0]):
@@ -335,23 +341,23 @@ EVENTS = {
     "j": "all-to-all of the input gradients back to the tokens' workers",
 }
 ORDER = ["e", "b", "i", "g", "d", "f", "a", "j", "h", "c"]
-WHY = {
-    "e": "nothing can be sent before the router has chosen each token's experts",
-    "b": "an expert on another worker needs the tokens before it can compute",
-    "i": "the experts compute once the dispatch has delivered their tokens",
-    "g": "the outputs must return to the tokens' owners before they can be summed",
-    "d": "the forward ends with the weighted sum and the residual, on the token's worker",
-    "f": (
-        "the backward starts where the forward ended; the first gradients to travel are "
-        "those of the expert outputs, back to the experts"
-    ),
-    "a": "an expert's backward needs its output gradient, which the all-to-all brings",
-    "j": "the input gradients exist only after the experts' backward, and go home",
+
+
+# Why an event cannot come before the events that precede it in ORDER (what it waits for),
+# in words that do not name the event that comes next.
+TOO_EARLY = {
+    "b": "the dispatch can only send tokens once the router has chosen their experts",
+    "i": "an expert can only compute tokens that the dispatch has delivered to its worker",
+    "g": "the combine returns the experts' outputs, so the experts must have run",
+    "d": "the weighted sum needs every expert output back on the token's own worker",
+    "f": "the output gradients exist only once the forward has ended, weighted sum included",
+    "a": "an expert's backward needs the gradient of its outputs on the expert's worker",
+    "j": "the input gradients come out of the experts' backward, which must run first",
     "h": (
-        "the gradient of the normed tokens is complete only once the input gradients from "
-        "the experts have come home"
+        "the gradient through the norm needs every expert's input gradient back on the "
+        "token's worker"
     ),
-    "c": "the replicated gradients are complete only after every backward has finished",
+    "c": "the router and norm gradients are complete only when every backward is done",
 }
 
 
@@ -364,10 +370,10 @@ def exercise_4(order, v: Variant = DEFAULT) -> None:
         fail(f"`order` must use each letter once; missing: {', '.join(missing)}.")
     for i, (mine, right) in enumerate(zip(got, ORDER, strict=True)):
         if mine != right:
+            # Say why the learner's event cannot come yet, never which one comes instead.
             fail(
                 f"The first {i} event(s) are in the right order; position {i + 1} is not "
-                f"{mine!r} ({EVENTS[mine]}). Which event must come next? Hint: "
-                f"{WHY[right]}."
+                f"{mine!r}: {TOO_EARLY[mine]}. Which of the events left can happen now?"
             )
     passed(
         "Right: route, dispatch, experts, combine, weighted sum; then the same two "
@@ -568,10 +574,17 @@ def exercise_6(ep, gb_per_gpu, expert_dp, v: Variant = DEFAULT) -> None:
         )
     d = as_int(expert_dp, "expert_dp")
     if d != want_edp:
-        if d == g["gpus"] // e:
+        if d == g["gpus"] // e and g["tp"] > 1:
             fail(
-                "`expert_dp` forgets tensor parallelism: the data-parallel degree is gpus / "
-                "tp, and each expert is replicated dp / ep times."
+                f"`expert_dp` = {d} is gpus / ep: it counts every GPU that holds a piece of "
+                f"the expert, tp = {g['tp']} of them per copy. The expert's data-parallel "
+                "degree counts its copies, the GPUs that hold the same shard: dp / ep, with "
+                "dp = gpus / tp."
+            )
+        if d == g["experts"] // e:
+            fail(
+                "`expert_dp` is the number of experts on each GPU, E / ep. The question asks "
+                "how many GPUs hold the same expert shard: dp / ep."
             )
         fail(
             "`expert_dp` is not right: how many GPUs hold the same expert shard? The dp "
@@ -584,4 +597,111 @@ def exercise_6(ep, gb_per_gpu, expert_dp, v: Variant = DEFAULT) -> None:
     )
 
 
-__all__ = [f"exercise_{k}" for k in range(1, 7)]
+# --------------------------------------------------------------------------- 10.7
+
+DEFAULT_SCORES_7 = [
+    [0.62, 0.18, 0.12, 0.08],
+    [0.55, 0.25, 0.05, 0.15],
+    [0.48, 0.12, 0.30, 0.10],
+    [0.41, 0.09, 0.17, 0.33],
+    [0.70, 0.10, 0.10, 0.10],
+    [0.36, 0.33, 0.16, 0.15],
+    [0.22, 0.45, 0.21, 0.12],
+    [0.30, 0.12, 0.20, 0.38],
+]
+
+
+def given_7(v: Variant = DEFAULT) -> dict:
+    rng = _seeded(v, "7seed")
+    bias = v.pick("7b", [-0.1, 0.05, 0.0, 0.05], [[-0.15, 0.0, 0.05, 0.1], [-0.1, 0.1, 0.0, 0.0]])
+    gamma = v.pick("7g", 0.02, [0.01, 0.05])
+    if rng is None:
+        return {"scores": [list(r) for r in DEFAULT_SCORES_7], "bias": bias, "gamma": gamma}
+    while True:  # a favoured expert 0, no ties after the bias, a load above and below the mean
+        scores = []
+        for _ in range(8):
+            raw = [rng.uniform(0.3, 0.7)] + [rng.uniform(0.05, 0.4) for _ in range(3)]
+            total = sum(raw)
+            scores.append([round(x / total, 2) for x in raw])
+        biased = [[s + b for s, b in zip(row, bias, strict=True)] for row in scores]
+        gaps = [sorted(row)[-1] - sorted(row)[-2] for row in biased]
+        load = _load_7(scores, bias)
+        if min(gaps) > 0.005 and max(load) > 2 and min(load) < 2:
+            return {"scores": scores, "bias": bias, "gamma": gamma}
+
+
+def _choice_7(scores, bias) -> list[int]:
+    return [max(range(len(row)), key=lambda e: row[e] + bias[e]) for row in scores]
+
+
+def _load_7(scores, bias) -> list[int]:
+    chosen = _choice_7(scores, bias)
+    return [chosen.count(e) for e in range(len(bias))]
+
+
+def _new_bias_7(load, bias, gamma) -> list[float]:
+    mean = sum(load) / len(load)
+    return [
+        b - gamma if n > mean else b + gamma if n < mean else b
+        for n, b in zip(load, bias, strict=True)
+    ]
+
+
+def exercise_7(chosen, gates, new_bias, v: Variant = DEFAULT) -> None:
+    """DeepSeek-V3's bias balancing, one step by hand: the choice, the gates, the new bias."""
+    g = given_7(v)
+    scores, bias, gamma = g["scores"], g["bias"], g["gamma"]
+    tokens, experts = len(scores), len(bias)
+    want = _choice_7(scores, bias)
+    got = _int_list(chosen, "chosen", tokens)
+    require(gates, "gates")
+    require(new_bias, "new_bias")
+    if got != want:
+        if got == _choice_7(scores, [0.0] * experts):
+            fail(
+                "`chosen` follows the scores alone. The bias is added to each expert's score "
+                "to choose: pick the largest score + bias."
+            )
+        if got == [e + 1 for e in want]:
+            fail("`chosen` numbers the experts from 1; they are numbered 0 to 3.")
+        fail("`chosen` is not right: for each token, the expert with the largest score + bias.")
+    want_gates = [scores[t][e] for t, e in enumerate(want)]
+    got_gates = as_sequence(gates, "gates", length=tokens, item=as_number)
+    if not same_numbers(got_gates, want_gates):
+        if same_numbers(got_gates, [scores[t][e] + bias[e] for t, e in enumerate(want)]):
+            fail(
+                "`gates` adds the bias. The bias only steers the choice; the gate that weighs "
+                "the expert's output is the score itself."
+            )
+        if same_numbers(got_gates, [1.0] * tokens):
+            fail("`gates` are all 1: with top-1 the gate is the chosen expert's score.")
+        fail("`gates` is not right: each token's score for the expert it was sent to.")
+    load = _load_7(scores, bias)
+    want_bias = _new_bias_7(load, bias, gamma)
+    got_bias = as_sequence(new_bias, "new_bias", length=experts, item=as_number)
+    if not same_numbers(got_bias, want_bias):
+        flipped = [2 * b - w for b, w in zip(bias, want_bias, strict=True)]
+        if same_numbers(got_bias, flipped):
+            fail(
+                "`new_bias` moves the wrong way: an expert that got more than its share "
+                "must become LESS attractive, so its bias goes down by gamma."
+            )
+        mean = tokens / experts
+        by_load = [b - gamma * (n - mean) for n, b in zip(load, bias, strict=True)]
+        if same_numbers(got_bias, by_load):
+            fail(
+                "`new_bias` moves each bias in proportion to its excess load. The update "
+                "moves by a fixed gamma, down or up: only the sign of the excess counts."
+            )
+        fail(
+            "`new_bias` is not right: count each expert's tokens; b - gamma where that is "
+            f"more than the mean ({mean:g}), b + gamma where less, unchanged where equal."
+        )
+    passed(
+        f"Right: loads {load} against a mean of {tokens / experts:g}, so the biases become "
+        f"{[round(b, 3) for b in want_bias]}. The busy experts get slightly less attractive, "
+        "step after step, without any gradient on the router."
+    )
+
+
+__all__ = [f"exercise_{k}" for k in range(1, 8)]

@@ -124,7 +124,7 @@ def exercise_2(idle_per_device, bubble, v: Variant = DEFAULT) -> None:
     idle = expect_number(idle_per_device, want_idle, "idle_per_device", unit="units")
     if not is_right(idle, want_idle):
         hints = [
-            ((p - 1) * (F + I - W), "that is ZB-H1's (and DualPipeV's) bubble, (p-1)(F+I-W)"),
+            ((p - 1) * (F + I - W), "that is ZB-H1's bubble, (p-1)(F+I-W)"),
             ((p - 1) * (F + I + W), "that is 1F1B's fill and drain, (p-1)(F+B)"),
             ((p - 1) * F, "the warm-up alone: count the cool-down's slant too"),
             (2 * (p - 1) * I, "chunk costs already are per chunk: do not double them"),
@@ -134,9 +134,11 @@ def exercise_2(idle_per_device, bubble, v: Variant = DEFAULT) -> None:
             if value != want_idle and is_right(idle, value):
                 fail(f"`idle_per_device` is not ZB-V's: {hint}.")
         fail(
-            "`idle_per_device` is not right. Inside its condition ZB-V's timeline is a "
-            "parallelogram: every device idles only in the slanted ends, one chunk-step per "
-            "device of the V behind it. Which of F, I, W sets that step?"
+            "`idle_per_device` is not right. Inside its condition every ZB-V device idles "
+            "the same total: p-1 steps of one of F, I and W (at F = I = W these are the "
+            "slanted ends of a parallelogram; with these costs part of the wait falls "
+            "inside the step, but the total is the same). Which cost does the cool-down's "
+            "chain of input gradients repeat?"
         )
     want = vshape.bubble_fraction(m, F, I, W, want_idle)
     share = expect_number(bubble, want, "bubble", unit="fraction")
@@ -198,7 +200,7 @@ def exercise_3(v_gpipe, v: Variant = DEFAULT) -> None:
                 try:
                     actions.append(Action.parse(item))
                 except (CourseInputError, ValueError) as exc:
-                    fail(f"{shown}: device {d}, action {i} = {item!r} is not an action: {exc}")
+                    fail(f"{shown}: device {d}, action {i} = {item!r} is not an action: {exc}.")
             devices.append(actions)
         kinds = {a.kind for row in devices for a in row}
         if kinds - {"F", "B"}:
@@ -211,7 +213,7 @@ def exercise_3(v_gpipe, v: Variant = DEFAULT) -> None:
         except (CourseInputError, ScheduleError) as exc:
             problems = [str(exc)]
         if problems:
-            fail(f"{shown} cannot run: {problems[0]}")
+            fail(f"{shown} cannot run: {problems[0]}.")
         for d, row in enumerate(devices):
             held = sorted({a.stage for a in row})
             if held != sorted(_v(p)[d]):
@@ -368,9 +370,9 @@ def exercise_5(culprit, extra, fix, v: Variant = DEFAULT) -> None:
         fail(f"`culprit` is a device number, 0 to {g['p'] - 1}.")
     if who != k:
         fail(
-            f"Device {who} runs ZB-V's own order. Compare each device's order with zb_v's "
-            "(or look in the chart for a device whose W's always follow their I at once, even "
-            "in the cool-down, while the devices around it wait)."
+            f"Device {who} runs ZB-V's own order. Compare each device's row with the same "
+            "row of zb_v(p, m), action by action: one row differs. (A W right after its I "
+            "proves nothing by itself: ZB-V's own device 0 runs every W that way.)"
         )
     number = expect_number(extra, lost, "extra", unit="units")
     if not is_right(number, lost):
@@ -414,25 +416,25 @@ def exercise_5(culprit, extra, fix, v: Variant = DEFAULT) -> None:
 
 # --------------------------------------------------------------------------- 11.6
 
-WINNERS = ("zb-v", "dualpipe-v", "equal")
-
 
 def given_6(v: Variant = DEFAULT) -> dict:
+    # F = I and I/2 <= W <= I: DeepSeek's DualPipeV figure and ZB-V's both hold exactly.
     p, m, F, I, W = v.pick(  # noqa: N806, E741
         "6",
-        (4, 8, 0.8, 1.0, 1.0),
+        (4, 8, 1.0, 1.0, 0.6),
         [
             (3, 6, 1.0, 1.0, 0.5),
-            (4, 8, 1.0, 1.0, 1.0),
-            (5, 10, 1.0, 1.2, 0.9),
-            (3, 6, 0.9, 1.2, 1.1),
+            (5, 10, 1.2, 1.2, 0.9),
+            (3, 7, 0.9, 0.9, 0.6),
+            (6, 12, 1.0, 1.0, 1.0),
         ],
     )
     return {"p": p, "m": m, "F": F, "I": I, "W": W}
 
 
-def exercise_6(dualpipe_idle, less_bubble, dualpipe_peak, v: Variant = DEFAULT) -> None:
-    """DualPipeV against ZB-V: its idle time per device, which idles less, its peak chunks."""
+def exercise_6(dualpipe_idle, times_zbv, dualpipe_peak, v: Variant = DEFAULT) -> None:
+    """DualPipeV against ZB-V: its idle time per device, how many times ZB-V's that is, and
+    its peak chunks."""
     from course_utils.pipeline import vshape
 
     g = given_6(v)
@@ -444,22 +446,31 @@ def exercise_6(dualpipe_idle, less_bubble, dualpipe_peak, v: Variant = DEFAULT) 
     idle = expect_number(dualpipe_idle, want, "dualpipe_idle", unit="units")
     if not is_right(idle, want):
         if is_right(idle, zbv):
-            fail("`dualpipe_idle` is ZB-V's idle time, (p-1) I. DualPipeV's closed form differs.")
-        if is_right(idle, vshape.dualpipe_v_readme_idle(p, F, I, W)):
+            fail("`dualpipe_idle` is ZB-V's idle time, (p-1) I. DualPipeV's figure differs.")
+        if is_right(idle, vshape.dualpipe_v_early_send_idle(p, F, I, W)):
             fail(
-                "That is DualPipe's README figure, which sends a slot's forward output only "
-                "when the whole F&B slot ends; the lesson's simulator sends it when F ends."
+                "`dualpipe_idle` is the course's early-send variant, (p-1)(F+I-W), which "
+                "sends a slot's forward output as soon as F ends. DualPipeV sends both "
+                "results when the whole F&B slot ends, as DeepSeek's code does."
+            )
+        if is_right(idle, 2 * want):
+            fail(
+                "`dualpipe_idle` is twice DeepSeek's figure: with PP = 2p stages, "
+                "PP/2 - 1 is p - 1, not 2p - 1."
             )
         fail(
-            "`dualpipe_idle` is not right: the lesson gives DualPipeV's idle time per device "
-            "as the same expression as ZB-H1's bubble, in chunk costs."
+            "`dualpipe_idle` is not right: DeepSeek's figure is (PP/2 - 1)(F&B + B - 3W), "
+            "with PP = 2p stages, B = I + W and F&B = F + B (nothing computes faster)."
         )
-    winner = "equal" if abs(want - zbv) < 1e-9 else ("zb-v" if zbv < want else "dualpipe-v")
-    choice = as_choice(less_bubble, WINNERS, "less_bubble")
-    if choice != winner:
+    ratio = expect_number(times_zbv, want / zbv, "times_zbv")
+    if not is_right(ratio, want / zbv):
+        if is_right(ratio, zbv / want):
+            fail("`times_zbv` is upside down: DualPipeV's idle time over ZB-V's.")
+        if is_right(ratio, want - zbv):
+            fail("`times_zbv` is the difference of the two idle times; give their ratio.")
         fail(
-            f"`less_bubble` is not right: compare (p-1) I for ZB-V with your DualPipeV "
-            f"figure for these costs (F = {F:g}, I = {I:g}, W = {W:g})."
+            f"`times_zbv` is not right: divide your DualPipeV figure by ZB-V's (p-1) I for "
+            f"these costs (F = {F:g}, I = {I:g}, W = {W:g})."
         )
     peak = as_int(dualpipe_peak, "dualpipe_peak")
     if peak != vshape.dualpipe_v_peak(p):
@@ -473,8 +484,9 @@ def exercise_6(dualpipe_idle, less_bubble, dualpipe_peak, v: Variant = DEFAULT) 
             "moment of the steady state, an F&B slot included."
         )
     passed(
-        f"Right: DualPipeV idles (p-1)(F+I-W) = {want:g} per device against ZB-V's "
-        f"(p-1) I = {zbv:g}, and holds 2p+1 = {2 * p + 1} chunks at its peak. In the "
-        "simulator the two are close; DualPipeV's real gain is on GPUs, where a slot's "
-        "communication hides behind the other chunk's compute."
+        f"Right: DualPipeV idles (p-1)(F+2I-W) = {want:g} per device, {want / zbv:.3g} "
+        f"times ZB-V's (p-1) I = {zbv:g}, and holds 2p+1 = {2 * p + 1} chunks at its "
+        "peak. Holding a "
+        "slot's results until it ends costs (p-1) I here; DualPipeV's gain is on GPUs, "
+        "where a slot's communication hides behind the other chunk's compute."
     )

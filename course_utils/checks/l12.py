@@ -66,6 +66,7 @@ def given_1(v: Variant = DEFAULT) -> dict:
             "1b", 70_000_000_000, [65_000_000_000, 70_000_000_000, 90_000_000_000]
         ),  # fmt: skip
         "gpus": 8,
+        "big_reserve_gib": 10,  # what the big model keeps per GPU for its activations
     }
 
 
@@ -102,7 +103,7 @@ def cases_1(v: Variant = DEFAULT) -> dict[str, list[tuple]]:
     g = given_1(v)
     rng = v.cases("1")
     cases = [(g["params"], g["gpu_gib"], g["activation_gib"], z) for z in range(4)]
-    cases.append((g["big_params"], g["gpu_gib"], 10, 3))
+    cases.append((g["big_params"], g["gpu_gib"], g["big_reserve_gib"], 3))
     for _ in range(8):
         mem = rng.choice([24, 40, 80, 141])
         cases.append(
@@ -213,7 +214,7 @@ def exercise_1(min_gpus_to_fit, zero_stage, what_must_change, v: Variant = DEFAU
             "already uses.",
         }[choice]
         fail(f"`min_gpus_to_fit` and `zero_stage` are right; `what_must_change` is not. {hint}")
-    need = min_gpus_needed(big, mem, 10, 3)
+    need = min_gpus_needed(big, mem, g["big_reserve_gib"], 3)
     passed(
         f"Right: ZeRO-{right} leaves {states[right] / GIB:.1f} GiB of model states per GPU; "
         f"{big / 1e9:g}B needs at least {need} GPUs of {mem} GiB just for its fully sharded "
@@ -378,10 +379,11 @@ def exercise_4(dp_across_s, pp_across_s, across, v: Variant = DEFAULT) -> None:
     want_dp, want_pp = cross_cluster_times(v)
     dp = expect_number(
         dp_across_s, want_dp, "dp_across_s", unit="s",
-        slips=[(2, "both directions: a ring of 2 workers sends 2 (N - 1) / N = 1 copy of the "
-                   "gradients each way; count what one GPU sends"),
-               (g["tp"] * g["pp"], "bytes of all the gradients: each GPU all-reduces only its "
-                                   "own shard, params / (tp x pp) values")],
+        slips=[(2, "is twice the right time: it counts both directions, 4-byte (fp32) "
+                   "gradients instead of bf16's 2 bytes, or a ring sending 2S. A ring of 2 "
+                   "workers sends 2 (N - 1) / N = 1 copy of this GPU's bf16 gradients, one way."),
+               (g["tp"] * g["pp"], "counts all the model's gradients; each GPU all-reduces "
+                                   "only its own shard, params / (tp x pp) values.")],
     )  # fmt: skip
     if not is_right(dp, want_dp):
         fail(
@@ -390,13 +392,15 @@ def exercise_4(dp_across_s, pp_across_s, across, v: Variant = DEFAULT) -> None:
         )
     pp = expect_number(
         pp_across_s, want_pp, "pp_across_s", unit="s",
-        slips=[(2, "both directions: the gradients coming back travel the other way of the "
-                   "same full-duplex link at the same time; count what one GPU sends (one "
-                   "direction), as for DP"),
-               (g["tp"], "bytes of the whole activation: each of the tp GPUs at the boundary "
-                         "sends only its 1/tp slice"),
-               (2 * g["tp"], "both directions and the whole activation (each GPU sends its "
-                             "1/tp slice, one way)")],
+        slips=[(2, "is twice the right time: it counts both directions, or 4-byte values "
+                   "instead of bf16's 2 bytes. Count the bf16 activations one GPU sends, one "
+                   "way: the gradients come back on the other direction of the same "
+                   "full-duplex link at the same time."),
+               (g["tp"], "counts the whole activation; each of the tp GPUs at the boundary "
+                         "sends only its 1/tp slice."),
+               (2 * g["tp"], "counts the whole activation (each GPU sends only its 1/tp "
+                             "slice), and twice over: both directions, or 4-byte values "
+                             "instead of bf16's 2.")],
     )  # fmt: skip
     if not is_right(pp, want_pp):
         fail(
@@ -436,10 +440,7 @@ def _as_config(value, what: str) -> plan.Config:
         return value
     if isinstance(value, dict):
         fields = set(asdict(plan.Config()))
-        try:
-            return plan.Config(**{k: value[k] for k in value if k in fields})
-        except TypeError as exc:
-            fail(f"`{what}` could not be read as a configuration: {exc}")
+        return plan.Config(**{k: value[k] for k in value if k in fields})
     fail(
         f"`{what}` should be a layout as a dict, e.g. dataclasses.asdict(result['feasible'][0]"
         f".config), not a {type(value).__name__}."
@@ -461,7 +462,7 @@ def _check_best(value, what: str, which: str, v: Variant) -> float:
     try:
         estimate = plan.evaluate(plan.MODEL_PRESETS[g["model"]], config, "bf16-mixed", hardware)
     except CourseInputError as exc:
-        fail(f"`{what}` is not a valid layout for the {g['model']} model: {exc}")
+        fail(f"`{what}` is not a valid layout for the {g['model']} model: {exc}.")
     if config.gpus != g["gpus"] or config.global_batch != g["global_batch"]:
         fail(
             f"`{what}` uses {config.gpus} GPUs and a global batch of {config.global_batch}; "
@@ -490,24 +491,50 @@ def exercise_5(best_before, best_after, speedup, v: Variant = DEFAULT) -> None:
     peak = new.peak_tflops_bf16 / old.peak_tflops_bf16
     value = expect_number(
         speedup, want, "speedup",
-        slips=[(1 / want, "a speed-up of 1: the same hardware twice? Search the new GPUs "
-                          f"with plan.HARDWARE_PRESETS[{g['new']!r}]"),
-               (1 / want**2, "the old step time over the new one upside down: speed-up = "
-                             "old time / new time")],
+        slips=[(1 / want, "is a speed-up of 1: the same hardware twice? Search the new "
+                          f"GPUs with plan.HARDWARE_PRESETS[{g['new']!r}]."),
+               (1 / want**2, "is upside down: the speed-up is the old step time over the "
+                             "new one.")],
     )  # fmt: skip
     if not is_right(value, want):
         if is_right(value, peak):
             fail(
-                f"{peak:.3g} is the ratio of the peak FLOP rates. The step is more than "
-                "compute: divide the old best layout's step time by the new best's."
+                f"{peak:.3g} is the ratio of the peak FLOP rates, close to the speed-up here "
+                "but not it: divide the old best layout's step time by the new best's."
             )
         fail("`speedup` is not right yet: the old best's step time / the new best's.")
     ob, nb = _as_config(best_before, "best_before"), _as_config(best_after, "best_after")
-    passed(
-        f"Right: {ob.short()} on the old GPUs, {nb.short()} on the new; the step got "
-        f"{want:.3g}x faster, against {peak:.3g}x more peak FLOP/s: what did not scale with "
-        "the FLOPs (communication, bubble) decides the rest."
+    passed(f"Right: {ob.short()} on the old GPUs, {nb.short()} on the new. " + _refresh_story(v))
+
+
+def _refresh_story(v: Variant) -> str:
+    """What 12.5's numbers say: how close the speed-up came to the FLOP ratio, and why."""
+    g = given_5(v)
+    model = plan.MODEL_PRESETS[g["model"]]
+    steps = {}
+    for which in ("old", "new"):
+        hardware = plan.HARDWARE_PRESETS[g[which]]
+        best = plan.search(model, g["gpus"], g["global_batch"], hardware)["feasible"][0]
+        steps[which] = best
+    old, new = (plan.HARDWARE_PRESETS[g[w]] for w in ("old", "new"))
+    want = steps["old"].time["total"] / steps["new"].time["total"]
+    peak = new.peak_tflops_bf16 / old.peak_tflops_bf16
+    share = {w: steps[w].time["compute"] / steps[w].time["total"] for w in steps}
+    told = (
+        f"The step got {want:.3g}x faster against {peak:.3g}x more peak FLOP/s. It is "
+        f"{share['old']:.0%} compute on the old GPUs and {share['new']:.0%} on the new"
     )
+    if abs(want / peak - 1) < 0.05:
+        told += ", so it scales almost with the FLOPs: communication and bubble are small in both."
+    else:
+        told += ": what did not scale with the FLOPs (communication, bubble) makes the difference."
+    split = {w: steps[w].config.tp * steps[w].config.pp for w in steps}
+    if split["new"] < split["old"]:
+        told += (
+            f" With twice the memory the planner also splits the model less (tp x pp "
+            f"{split['old']} -> {split['new']})."
+        )
+    return told
 
 
 # --------------------------------------------------------------------------- 12.6
@@ -613,11 +640,13 @@ def exercise_7(smallest_cp, context_gb, v: Variant = DEFAULT) -> None:
     want = plan.traffic(model, config)["context"] / GB
     value = expect_number(
         context_gb, want, "context_gb", unit="GB",
-        slips=[(2, "both directions: count what one GPU sends, as everywhere in the planner"),
-               ((right - 1) / (3 * right - 2), "the forward ring only: the backward sends the "
-                "K/V blocks around again and the dK/dV home"),
-               (config.tp, "all heads: each tensor-parallel GPU sends the K/V of its own "
-                "heads, h / tp values per token")],
+        slips=[(2, "is twice the right amount: it counts both directions, or 4-byte values "
+                   "instead of bf16's 2. Count what one GPU sends, in bf16, as everywhere in "
+                   "the planner."),
+               ((right - 1) / (3 * right - 2), "counts the forward ring only; the backward "
+                "sends the K/V blocks around again and the dK/dV home."),
+               (config.tp, "counts the K/V of all heads; each tensor-parallel GPU sends only "
+                "its own heads' K/V, h / tp values per token.")],
     )  # fmt: skip
     if not is_right(value, want):
         fail(
@@ -656,18 +685,24 @@ def _moe_slips(ep: int, top_k: int) -> list[tuple[float, str]]:
     forward = "the forward only (the backward runs the dispatch and combine again, for the "
     forward += "gradients)"
     copies = f"one copy per token (each token goes to its top-{top_k} experts)"
-    slips = [(2.0, "both directions: count what one GPU sends")]
+    slips = [
+        (
+            2.0,
+            "is twice the right amount: it counts both directions, or 4-byte values instead "
+            "of bf16's 2. Count what one GPU sends, in bf16.",
+        )
+    ]
     if top_k == 2:
-        slips.append((0.5, f"half the bytes: {forward}, or {copies}"))
+        slips.append((0.5, f"is half the right amount: it counts {forward}, or {copies}."))
     else:
-        slips += [(0.5, forward), (1 / top_k, copies)]
+        slips += [(0.5, f"counts {forward}."), (1 / top_k, f"counts {copies}.")]
     if ep > 1:
         slips.append(
             (
                 ep / (ep - 1),
-                "every routed token: the tokens for this GPU's own experts stay "
-                "home, (ep - 1) / ep of them leave",
-            )  # fmt: skip
+                "counts every routed token, but the tokens for this GPU's own experts stay "
+                "home: only (ep - 1) / ep of them leave.",
+            )
         )
     return slips
 

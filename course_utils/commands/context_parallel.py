@@ -7,6 +7,10 @@ worker sent (and the formula's prediction); the work each worker did (block prod
 attention scores, and the closed forms); measured compute time per worker; the measured
 step time and the one `simulate_ring` predicts from costs calibrated on this run.
 
+With `--ulysses` the same problem runs as DeepSpeed-Ulysses instead (all-to-all over heads,
+Jacobs et al. 2023, arXiv 2309.14509): the differences from one device, the bytes each
+worker sent in its all-to-alls against the formula, and the ring's formula beside them.
+
 Every argument is checked before torch is imported, so bad input fails at once.
 """
 
@@ -51,6 +55,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--zigzag", action="store_true", help="load-balanced split: worker i holds chunks i, 2N-1-i"
     )
     parser.add_argument("--causal", action="store_true", help="causal mask (decoder attention)")
+    parser.add_argument(
+        "--ulysses",
+        action="store_true",
+        help="Ulysses instead of the ring: all-to-all over heads (--workers must divide --heads)",
+    )
     parser.add_argument("--dtype", default="float64", help=f"one of {', '.join(DTYPES)}")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     add_clock_arguments(parser)
@@ -69,6 +78,16 @@ def check_arguments(args: argparse.Namespace) -> None:
     seq = _int_arg(args, "--seq", 1, MAX_SEQ)
     heads = _int_arg(args, "--heads", 1, MAX_HEADS)
     _int_arg(args, "--dim", 1, MAX_DIM)
+    if args.ulysses and args.zigzag:
+        raise CourseInputError(
+            "--zigzag does not apply to --ulysses: Ulysses gives every worker whole sequences "
+            "of its heads, so a causal mask costs every worker the same"
+        )
+    if args.ulysses and heads % workers:
+        raise CourseInputError(
+            f"--workers must divide --heads for --ulysses (each worker computes whole heads), "
+            f"got {workers} workers and {heads} heads"
+        )
     chunks = 2 * workers if args.zigzag else workers
     if seq % chunks:
         what = f"2 x --workers = {chunks} with --zigzag" if args.zigzag else f"--workers = {chunks}"
@@ -160,8 +179,102 @@ def compare(
     }
 
 
+def compare_ulysses(
+    workers: int,
+    seq: int,
+    heads: int = 4,
+    dim: int = 32,
+    causal: bool = False,
+    dtype: str = "float64",
+    seed: int = 0,
+) -> dict:
+    """Run Ulysses on threads and attention on one device; return the report as a dict."""
+    import torch
+
+    from course_utils.parallel import context_parallel as cp
+
+    torch_dtype = getattr(torch, dtype)
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v, dout = (
+        torch.randn(heads, seq, dim, generator=gen, dtype=torch_dtype) for _ in range(4)
+    )
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    reference = cp.attention(leaves[0], leaves[1], leaves[2], causal=causal)
+    reference.backward(dout)
+    with cp.UlyssesAttention(workers, causal=causal) as ulysses:
+        ulysses.forward_backward(q, k, v, dout)  # warm-up: first-call allocations
+        runs = [ulysses.forward_backward(q, k, v, dout) for _ in range(REPEATS)]
+    result = min(runs, key=lambda r: r.timeline.makespan)
+
+    def diff(a, b) -> float:
+        return (a - b).abs().max().item()
+
+    element_size = q.element_size()
+    return {
+        "method": "ulysses",
+        "workers": workers,
+        "seq": seq,
+        "heads": heads,
+        "dim": dim,
+        "dtype": dtype,
+        "causal": causal,
+        "heads_per_worker": result.heads_per_worker,
+        "max_output_diff": diff(result.out, reference.detach()),
+        "max_grad_diff": max(
+            diff(g, leaf.grad)
+            for g, leaf in zip((result.dq, result.dk, result.dv), leaves, strict=True)
+        ),
+        "bytes_all_to_all_per_worker": {
+            "forward": result.bytes_forward,
+            "backward": result.bytes_backward,
+        },
+        "bytes_formula": cp.ulysses_bytes_per_worker(seq, workers, heads, dim, element_size),
+        "ring_bytes_formula": cp.ring_bytes_per_worker(seq, workers, heads, dim, element_size),
+        "compute_s_per_worker": result.compute_seconds,
+        "measured_step_s": result.timeline.makespan,
+        "activation_bytes_per_worker": cp.ulysses_activation_bytes(
+            seq, workers, heads, dim, element_size
+        ),
+        "ring_activation_bytes_per_worker": cp.attention_activation_bytes(
+            seq, workers, heads, dim, element_size
+        ),
+    }
+
+
+def _run_ulysses(args: argparse.Namespace) -> int:
+    result = compare_ulysses(args.workers, args.seq, args.heads, args.dim, args.causal, args.dtype)
+    if args.json:
+        print(json.dumps(result, indent=2, allow_nan=False))
+        return 0
+    n, mask = result["workers"], "causal" if result["causal"] else "full"
+    sent, formula = result["bytes_all_to_all_per_worker"], result["bytes_formula"]
+    ring = result["ring_bytes_formula"]
+    print(
+        f"Ulysses on {n} threads ({result['heads_per_worker']} of {result['heads']} heads each), "
+        f"{mask} mask, {result['seq']} tokens x {result['dim']} dims ({args.dtype})"
+    )
+    print(f"  max |output diff| vs one device:   {result['max_output_diff']:.2e}")
+    print(f"  max |dq, dk, dv diff| vs one device: {result['max_grad_diff']:.2e}")
+    print(
+        f"  all-to-all bytes sent per worker: forward {sent['forward']} (formula "
+        f"{formula['forward']}), backward {sent['backward']} (formula {formula['backward']})"
+    )
+    print(
+        f"  the ring would send forward {ring['forward']}, backward {ring['backward']} bytes "
+        f"per worker (ring_bytes_per_worker)"
+    )
+    print(
+        f"  attention activations per worker: {result['activation_bytes_per_worker'] / 1e6:.3f} "
+        f"MB (the ring: {result['ring_activation_bytes_per_worker'] / 1e6:.3f} MB)"
+    )
+    print(f"  step time (forward + backward): measured {1e3 * result['measured_step_s']:.2f} ms")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     check_arguments(args)
+    if args.ulysses:
+        return _run_ulysses(args)
     links = links_from_args(args)
     result = compare(
         args.workers,

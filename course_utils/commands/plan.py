@@ -16,6 +16,7 @@ from course_utils.commands.common import add_network_arguments, network_changes
 from course_utils.errors import CourseInputError
 from course_utils.pipeline.schedules import RECOMMENDED
 from course_utils.plan import (
+    CP_KINDS,
     DEFAULT_GPU,
     GIB,
     HARDWARE_PRESETS,
@@ -110,6 +111,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     layout.add_argument("--tp", type=int, default=1, help="tensor-parallel degree")
     layout.add_argument("--cp", type=int, default=1,
                         help="context-parallel degree: sequences split over cp GPUs")  # fmt: skip
+    layout.add_argument(
+        "--cp-kind", choices=CP_KINDS, default="ring",
+        help="how attention crosses the cp GPUs: ring (K/V blocks passed round) or ulysses "
+        "(all-to-all over heads; cp divides heads / tp)",
+    )  # fmt: skip
     layout.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree")
     layout.add_argument("--dp", type=int, default=1, help="data-parallel degree")
     layout.add_argument("--ep", type=int, default=1,
@@ -129,6 +135,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     srch.add_argument("--overlap-dp", action="store_true",
                       help="overlap data-parallel collectives with compute (DDP buckets, FSDP "
                       "prefetch); default: nothing overlaps")  # fmt: skip
+    srch.add_argument("--cp-kind", choices=CP_KINDS, default="ring",
+                      help="context parallelism the search tries: ring or ulysses")  # fmt: skip
     srch.add_argument("--top", type=int, default=10, help="feasible rows to print (text mode)")
     _add_hardware_args(srch)
 
@@ -262,6 +270,7 @@ def run(args) -> int:
             tp=degrees["--tp"], pp=pp, dp=degrees["--dp"], microbatch_size=b, microbatches=m,
             schedule=args.schedule, chunks=chunks, zero=args.zero, recompute=args.recompute,
             sequence_parallel=args.sequence_parallel, cp=degrees["--cp"], ep=degrees["--ep"],
+            cp_kind=args.cp_kind,
         )  # fmt: skip
         check_config(model if isinstance(model, ModelShape) else None, config)
         mem = memory(model, config, args.precision)
@@ -285,7 +294,10 @@ def run(args) -> int:
     gpus = _limited(args.gpus, "--gpus", MAX_GPUS)
     batch = _limited(args.global_batch, "--global-batch", 10**8)
     top = _limited(args.top, "--top", 10**6)
-    result = search(model, gpus, batch, hardware, args.precision, dp_overlap=args.overlap_dp)
+    result = search(
+        model, gpus, batch, hardware, args.precision, dp_overlap=args.overlap_dp,
+        cp_kind=args.cp_kind,
+    )  # fmt: skip
     feasible, rejected = result["feasible"], result["rejected"]
     fewest = None
     if not feasible:

@@ -41,7 +41,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--microbatches", type=int, default=4, help=f"micro-batches M (at most {MAX_MICROBATCHES})"
     )
-    parser.add_argument("--chunks", type=int, default=1, help="stages per device V")
+    with_chunks = ", ".join(n for n, i in SCHEDULES.items() if i.uses_chunks)
+    parser.add_argument(
+        "--chunks",
+        type=int,
+        default=1,
+        help=f"stages per device V ({with_chunks}; the V schedules always have 2)",
+    )
     parser.add_argument("--model", choices=MODELS, default="gpt")
     parser.add_argument(
         "--batch-size",
@@ -101,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         unsplit_step_time,
     )
 
-    p, v = args.stages, args.chunks
+    p, v = args.stages, info.chunks(args.chunks)  # the V schedules always have 2 per device
     model = build_model(args.model, p * v, args.seed)
     x, y = model.example_batch(batch, torch.Generator().manual_seed(args.seed))
     reference = copy.deepcopy(model)
@@ -163,7 +169,13 @@ def run(args: argparse.Namespace) -> int:
             f"(ideal {figures['ideal_speedup']:.2f}x); "
             f"simulated from measured stage costs {simulated.makespan * 1e3:.2f} ms"
         )
-        print(f"peak activations per device (micro-batches): {measured.peak_activations}")
+        if v == 1:
+            print(f"peak activations per device (micro-batches): {measured.peak_activations}")
+        else:  # a chunk holds 1/v of a device's layers
+            print(
+                f"peak activations per device: {measured.peak_activations} chunks "
+                f"(1/{v} of the device's layers each)"
+            )
         if args.gantt:
             print(f"wrote {args.gantt}")
     return 0

@@ -280,10 +280,12 @@ def _v_case(c: Case) -> tuple[float, float, float]:
     return c.forward / 2, c.input_grad / 2, c.weight / 2
 
 
-def _v_bubble(idle: Callable[..., float], holds: Callable[..., bool], text: str) -> ClosedForm:
+def _v_bubble(
+    idle: Callable[..., float], holds: Callable[..., bool], text: str, when: str
+) -> ClosedForm:
     return ClosedForm(
         text,
-        _EQUAL,
+        f"{_EQUAL}, {when}",
         lambda c: _idle_fraction(c, idle(c.p, *_v_case(c))),
         lambda c: _free_and_equal(c) and holds(c.p, c.m, *_v_case(c)),
     )
@@ -400,8 +402,8 @@ SCHEDULES: dict[str, ScheduleInfo] = {
             bubble=_v_bubble(
                 vshape.zb_v_idle,
                 vshape.zb_v_formula_holds,
-                "(p-1)I / (m(F+B) + (p-1)I), I and F per chunk; "
-                "when m >= 2p-1, F <= I <= 2W and W <= I",
+                "(p-1)I / (2m(F+B) + (p-1)I), with F, I, W and B = I+W per chunk",
+                "m >= 2p-1, F <= I <= 2W and W <= I (for p >= 3)",
             ),
             peak=ClosedForm(
                 "min(2p, 2m, m+p) chunks = min(p, m, (m+p)/2) micro-batches",
@@ -423,8 +425,9 @@ SCHEDULES: dict[str, ScheduleInfo] = {
             bubble=_v_bubble(
                 vshape.dualpipe_v_idle,
                 vshape.dualpipe_v_formula_holds,
-                "(p-1)(F+I-W) / (m(F+B) + (p-1)(F+I-W)), F, I, W per chunk; "
-                "when W <= I, (p-1)I <= pF and F <= I+W",
+                "(p-1)(F+2I-W) / (2m(F+B) + (p-1)(F+2I-W)), with F, I, W and B = I+W per "
+                "chunk: DeepSeek's (PP/2-1)(F&B+B-3W) idle, an F&B slot sending when it ends",
+                "m >= 2p, F = I and W <= I",
             ),
             peak=ClosedForm(
                 "2p+1 chunks = p + 1/2 micro-batches",

@@ -12,6 +12,11 @@ time when the producer sits on another device). The dependencies are those of ba
 `validate` checks a hand-written order and returns kind, precise messages instead of
 raising, so exercises can grade a learner's schedule.
 
+An output normally leaves its device the moment its action ends. A schedule with
+`send_groups` (DualPipeV) sends the outputs of a group of consecutive actions together when
+the group's last action ends, as DeepSeek's dualpipev.py sends both results of an F&B slot;
+the device's own later actions still see each output at once.
+
 The simulator is event-driven (a pointer per device, and devices blocked on an action are
 woken when it finishes), so it handles 100k+ actions in well under a second.
 """
@@ -246,10 +251,13 @@ def _run(
     weight_fraction: float,
     p2p: float,
     scale: float,
+    send_groups: tuple[tuple[int, ...], ...] | None = None,
 ) -> tuple[list[list[float]], list[list[float]], list[str]]:
     """Start and end time of every action, per device; or the stuck devices' descriptions.
 
-    Returns (starts, ends, stuck). `stuck` is empty when every action ran.
+    Returns (starts, ends, stuck). `stuck` is empty when every action ran. With
+    `send_groups` an output reaches other devices only when its group ends (`sent`), while
+    the producing device reads it at its own end time (`end`).
     """
     n = len(devices)
     last = stages - 1
@@ -262,8 +270,22 @@ def _run(
     }
     p2p *= scale
     plans = [[a for a in actions if a.kind in _SLOT] for actions in devices]
+    # held[d][i]: the output of device d's i-th action waits for the end of its send group.
+    held = [[False] * len(plan) for plan in plans]
+    if send_groups is not None:
+        for d, (actions, sizes) in enumerate(zip(devices, send_groups, strict=True)):
+            last_of_group = [False] * len(actions)
+            at = -1
+            for size in sizes:
+                at += size
+                last_of_group[at] = True
+            flags = [
+                not last for a, last in zip(actions, last_of_group, strict=True) if a.kind in _SLOT
+            ]
+            held[d] = flags
     # A key numbers each (stage, micro-batch, slot) densely, so plain lists hold end times.
     end: list[float | None] = [None] * (stages * row)
+    sent: list[float | None] = [None] * (stages * row)  # when other devices can have it
     made_on = [-1] * (stages * row)
     waiters: dict[int, list[int]] = defaultdict(list)
     free = [0.0] * n
@@ -271,10 +293,12 @@ def _run(
     starts: list[list[float]] = [[] for _ in range(n)]
     ends: list[list[float]] = [[] for _ in range(n)]
     ready = list(range(n))
+    pending: list[list[int]] = [[] for _ in range(n)]  # outputs held until their group ends
     while ready:
         d = ready.pop()
         plan, i, t = plans[d], pointer[d], free[d]
         push_start, push_end = starts[d].append, ends[d].append
+        holds = held[d]
         while i < len(plan):
             a = plan[i]
             kind, s, mb = a.kind, a.stage, a.microbatch
@@ -290,16 +314,17 @@ def _run(
                 dep2 = base + row + _GRAD_IN if s < last else -1
             start = t
             if dep1 >= 0:
-                done = end[dep1]
+                # Made here: read at its end; made elsewhere: once it was sent (plus p2p).
+                done = end[dep1] if made_on[dep1] == d else sent[dep1]
                 if done is None:
-                    waiters[dep1].append(d)  # woken when dep1 finishes
+                    waiters[dep1].append(d)  # woken when dep1 is sent
                     break
                 if p2p and made_on[dep1] != d:
                     done += p2p
                 if done > start:
                     start = done
             if dep2 >= 0:
-                done = end[dep2]
+                done = end[dep2] if made_on[dep2] == d else sent[dep2]
                 if done is None:
                     waiters[dep2].append(d)
                     break
@@ -313,14 +338,24 @@ def _run(
             push_start(start)
             push_end(t)
             i += 1
-            if key in waiters:
-                ready.extend(waiters.pop(key))
+            if holds[i - 1]:
+                pending[d].append(key)
+                continue
+            for k in (*pending[d], key) if pending[d] else (key,):
+                sent[k] = t
+                if k in waiters:
+                    ready.extend(waiters.pop(k))
+            pending[d].clear()
         pointer[d], free[d] = i, t
 
     stuck = []
     for d, plan in enumerate(plans):
         if pointer[d] < len(plan):
-            stuck.append(_describe_wait(d, plan[pointer[d]], plans, microbatches, end, row, last))
+            # What device d can read: its own outputs at their end, others' once sent.
+            readable = [e if m == d else x for e, x, m in zip(end, sent, made_on, strict=True)]
+            stuck.append(
+                _describe_wait(d, plan[pointer[d]], plans, microbatches, readable, row, last)
+            )
     return starts, ends, stuck
 
 
@@ -335,11 +370,11 @@ def _dependencies(a: Action, last: int) -> list[tuple[int, str, int]]:
     return [(s, "F", m)] + ([(s + 1, "IB", m)] if s < last else [])
 
 
-def _describe_wait(d: int, action: Action, plans, microbatches: int, end, row, last) -> str:
+def _describe_wait(d: int, action: Action, plans, microbatches: int, readable, row, last) -> str:
     """'device 0 waits at 0B0 for 1B0' for a device stuck at `action`."""
     slot = {"F": _FWD, "I": _GRAD_IN, "B": _GRAD_IN, "W": _WEIGHT}
     for s, kinds, m in _dependencies(action, last):
-        if end[s * row + m * 3 + slot[kinds[0]]] is None:
+        if readable[s * row + m * 3 + slot[kinds[0]]] is None:
             break
     # Name the dependency as the schedule spells it (B or I), wherever it is.
     found = [a for p in plans for a in p if (a.stage, a.microbatch) == (s, m) and a.kind in kinds]
@@ -395,6 +430,7 @@ def simulate_arrays(schedule: Schedule, costs: CostModel | None = None) -> dict:
         costs.weight_fraction,
         costs.p2p,
         schedule.batch_scale,
+        schedule.send_groups,
     )
     if stuck:
         raise ScheduleError(f"{schedule.name} cannot finish (deadlock): " + "; ".join(stuck))

@@ -40,17 +40,19 @@ and the full backward of another as one overlapped slot. The course's simulator 
 executor run one action at a time per device, so an F&B slot is written as the two actions
 back to back, F first: exactly what DeepSeek's code runs when the model has no
 `overlapped_forward_backward` (`_forward_compute_chunk` then `_backward_compute_chunk`), and
-the order of PyTorch's OVERLAP_F_B sub-actions. `dualpipe_v_slots` keeps the pairs. What each
-side overlaps:
-  - the simulator: nothing inside a slot: the slot costs F + B, and F's output leaves as soon
-    as F ends (p2p time, if any, runs beside the next action);
-  - a real GPU (DeepSeek-V3 report, Section 3.2.1): the two chunks' kernels are interleaved so
-    that one chunk's communication (the MoE all-to-all dispatch/combine and the pipeline
-    send/receive) hides behind the other chunk's computation; the computation itself is not
-    faster, so with communication fully hidden the slot also costs about F + B, but both
-    results are sent when the slot ends. (DeepSeek's code sends a slot's forward output only
-    after the slot, even without overlap.) That one difference is why the simulator finds
-    less bubble than DualPipe's README table; see `dualpipe_v_readme_idle`.
+the order of PyTorch's OVERLAP_F_B sub-actions. `dualpipe_v_slots` keeps the pairs.
+
+When outputs leave. dualpipev.py queues every send and posts the queue when the next chunk
+starts, so both results of an F&B slot leave when the slot ends (and in the warm-up a down
+chunk's output waits for the up chunk's forward after it). `dualpipe_v` records those send
+points in `Schedule.send_groups` and the simulator honours them: this is the reference the
+course teaches, and DeepSeek's README figure (PP/2-1)(F&B + B - 3W) is its idle time. On a
+GPU (DeepSeek-V3 report, Section 3.2.1) the two chunks' kernels of a slot are interleaved so
+that one chunk's communication (the MoE all-to-all and the pipeline send/receive) hides
+behind the other's computation; the computation itself is not faster, so a slot costs about
+F + B. `dualpipe_v(p, m, early_send=True)` is the course's named alternative, "DualPipeV,
+early send": every output leaves as its action ends, which saves (p-1) I per device at
+F = I. (The thread executor sends that way today.)
 
 Closed forms (costs F, I, W are per chunk: one micro-batch through one stage; B = I + W; all
 checked against `simulate` in tests/test_vshape.py, with p2p = 0):
@@ -59,9 +61,17 @@ checked against `simulate` in tests/test_vshape.py, with p2p = 0):
                 when m >= 2p-1, F <= I <= 2W and W <= I (W <= I only for p >= 3);
                 this includes the paper's case F = I = W;
                 peak chunks held by device d: min(2p, 2m, m+1+d), i.e. 2p when m >= 2p-1
-    DualPipeV   idle per device (p-1)(F + I - W), on every device,
-                when m >= 2p (required), W <= I, (p-1) I <= p F and F <= I + W;
+    DualPipeV   idle per device (p-1)(F + 2I - W) = (PP/2-1)(F&B + B - 3W) with F&B = F + B,
+                on every device, when m >= 2p (required), F = I and W <= I;
                 peak chunks held: 2p+1 on every device (README: PP+1 with PP = 2p stages)
+    early send  idle per device (p-1)(F + I - W), when m >= 2p, W <= I, (p-1) I <= p F and
+                F <= I + W
+
+The V schedules belong to the family of "Pipeline Parallelism with Controllable Memory"
+(Qi, Wan, Amar & Lin 2024, arXiv 2405.15362): a schedule is a building block repeated, and
+the block's lifespan sets the peak activation memory. Its V-shaped blocks give V-Min (about
+1/3 of 1F1B's activation memory, a larger bubble), V-Half (1/2) and V-ZB (1F1B's memory,
+almost no bubble: the ZB-V order built here).
 
 Nothing here imports torch.
 """
@@ -243,6 +253,10 @@ def dualpipe_v_slots(p: int, m: int) -> list[list[tuple[Action, ...]]]:
     The phases are those of DeepSeek's dualpipev.py (names as in its comments, chunk 0 the
     down chunk, chunk 1 the up chunk); `dualpipe_v` flattens the slots.
     """
+    return [slots for slots, _ in _dualpipe_v_all(p, m)]
+
+
+def _dualpipe_v_all(p: int, m: int) -> list[tuple[list[tuple[Action, ...]], tuple[int, ...]]]:
     _check_shape(p, m)
     if m < 2 * p:
         raise CourseInputError(
@@ -252,9 +266,14 @@ def dualpipe_v_slots(p: int, m: int) -> list[list[tuple[Action, ...]]]:
     return [_dualpipe_v_device(p, d, m) for d in range(p)]
 
 
-def _dualpipe_v_device(p: int, d: int, m: int) -> list[tuple[Action, ...]]:
+def _dualpipe_v_device(p: int, d: int, m: int) -> tuple[list[tuple[Action, ...]], tuple[int, ...]]:
+    """Device d's slots, and the sizes of its send groups: the runs of actions whose outputs
+    dualpipev.py sends together (it queues every send and posts the queue when the next
+    chunk starts, so both results of an F&B slot leave when the slot ends)."""
     down, up = v_stages(p, d)
     slots: list[tuple[Action, ...]] = []
+    groups: list[int] = []
+    hold = False  # the last group's sends wait for the next slot too
     forwards = {down: 0, up: 0}
     backwards = {down: 0, up: 0}  # B or I: the input gradient
     postponed: deque[Action] = deque()  # W's of split backwards, run oldest first
@@ -271,105 +290,108 @@ def _dualpipe_v_device(p: int, d: int, m: int) -> list[tuple[Action, ...]]:
             return Action(stage, "I", mb)
         return Action(stage, "B", mb)
 
-    def one(action: Action) -> None:
-        slots.append((action,))
+    def add(*slot: Action, then_hold: bool = False) -> None:
+        nonlocal hold
+        slots.append(slot)
+        if hold:
+            groups[-1] += len(slot)
+        else:
+            groups.append(len(slot))
+        hold = then_hold
 
     def weight() -> None:
         if postponed:
-            one(postponed.popleft())
+            add(postponed.popleft())
 
+    bottom = d == p - 1
     for _ in range(2 * (p - d - 1)):  # step 1 "nF0": fill the down chunk
-        one(forward(down))
-    for _ in range(d + 1):  # step 2 "nF0F1"
-        one(forward(down))
-        one(forward(up))
+        add(forward(down))
+    for i in range(d + 1):  # step 2 "nF0F1"
+        # dualpipev.py queues the down chunk's output and sends it after the up chunk's
+        # forward; at the bottom of the V the last up-chunk output waits one slot more.
+        add(forward(down), then_hold=not bottom)
+        add(forward(up), then_hold=bottom and i == d)
     for _ in range(p - d - 1):  # step 3 "nB1W1F1": zero-bubble backwards of the up chunk
-        one(backward(up, split=True))
+        add(backward(up, split=True))
         weight()
-        one(forward(up))
+        add(forward(up))
     for k in range(m - 2 * p + d + 1):  # step 4 "nF0B1F1B0": the overlapped steady state
-        if k == 0 and d == p - 1:
+        if k == 0 and bottom:
             # DeepSeek runs this first pair at the bottom of the V as two separate actions
             # ("to further reduce bubble size", its comment); written as F then B it is the
             # same order either way, only the slot differs.
-            one(forward(down))
-            one(backward(up))
+            add(forward(down))
+            add(backward(up))
         else:
-            slots.append((forward(down), backward(up)))
-        slots.append((forward(up), backward(down)))
+            add(forward(down), backward(up))
+        add(forward(up), backward(down))
     for _ in range(p - d - 1):  # step 5 "nB1F1B0"
-        one(backward(up))
-        slots.append((forward(up), backward(down)))
+        add(backward(up))
+        add(forward(up), backward(down))
     # Step 6 "nB1B0": the last backwards; the second half split into I and W, so the W's
     # can fill the cool-down (the switch point alternates with the device's parity).
     split = False
     for k in range(d + 1):
         if k == (d + 1) // 2 and d % 2 == 1:
             split = True
-        one(backward(up, split))
+        add(backward(up, split))
         if k == (d + 1) // 2 and d % 2 == 0:
             split = True
-        one(backward(down, split))
+        add(backward(down, split))
     for _ in range(p - d - 1):  # step 7 "nWB0"
         weight()
-        one(backward(down, split=True))
+        add(backward(down, split=True))
     for _ in range(d + 1):  # step 8 "nW"
         weight()
-    return slots
+    return slots, tuple(groups)
 
 
-def dualpipe_v(p: int, m: int) -> Schedule:
+def dualpipe_v(p: int, m: int, early_send: bool = False) -> Schedule:
     """DualPipeV (DeepSeek-AI 2024, arXiv 2412.19437; github.com/deepseek-ai/DualPipe).
 
-    Needs m >= 2p. Each overlapped F&B slot is written as F then B (see the module
-    docstring for what the simulator and a GPU overlap); the warm-up and the cool-down
-    split some backwards into I and W like ZB-V.
+    Needs m >= 2p. Each overlapped F&B slot is written as F then B; the warm-up and the
+    cool-down split some backwards into I and W like ZB-V. The schedule sends outputs when
+    dualpipev.py does (`Schedule.send_groups`): both results of an F&B slot when the slot
+    ends. `early_send=True` gives the course's variant, "DualPipeV, early send", where
+    every output leaves as its action ends (what the thread executor does today).
     """
-    slots = dualpipe_v_slots(p, m)
-    devices = tuple(tuple(a for slot in dev for a in slot) for dev in slots)
-    return Schedule("dualpipe-v", 2 * p, m, devices)
+    both = _dualpipe_v_all(p, m)
+    devices = tuple(tuple(a for slot in slots for a in slot) for slots, _ in both)
+    if early_send:
+        return Schedule("dualpipe-v-early-send", 2 * p, m, devices)
+    return Schedule("dualpipe-v", 2 * p, m, devices, send_groups=tuple(g for _, g in both))
 
 
 def dualpipe_v_formula_holds(p: int, m: int, F: float, I: float, W: float) -> bool:  # noqa: E741
-    """Whether `dualpipe_v_idle` is exact: m >= 2p, W <= I, (p-1) I <= p F, F <= I + W.
+    """Whether `dualpipe_v_idle` (DeepSeek's figure) is exact in the simulator: m >= 2p,
+    F = I and W <= I (and p2p = 0; p = 1 needs only m >= 2).
 
-    (And p2p = 0; p = 1 needs nothing.) Each inequality is needed: tests/test_vshape.py
-    shows the formula failing when any one of them is broken.
+    Both are needed: tests/test_vshape.py shows the figure failing when either is broken.
+    (With F != I the simulator finds other idle times; the README's figure is then an
+    estimate, and the simulator the judge.)
     """
     _check_shape(p, m)
     _check_costs(F=F, I=I, W=W)
     if p == 1:
         return m >= 2
-    return m >= 2 * p and _at_most(W, I) and _at_most((p - 1) * I, p * F) and _at_most(F, I + W)
+    return m >= 2 * p and _at_most(F, I) and _at_most(I, F) and _at_most(W, I)
 
 
-def dualpipe_v_idle(p: int, F: float, I: float, W: float) -> float:  # noqa: E741
-    """Idle time of every device in one DualPipeV step with F&B as F then B:
-    (p-1)(F + I - W) (when `dualpipe_v_formula_holds`).
-
-    The same expression as ZB-H1's bubble (Qi et al. 2024), but in chunk costs: each chunk
-    is half of a device's layers.
-    """
-    _check_int("devices", p)
-    _check_costs(F=F, I=I, W=W)
-    return (p - 1) * (F + I - W)
-
-
-def dualpipe_v_readme_idle(
+def dualpipe_v_idle(
     p: int,
     F: float,
     I: float,  # noqa: E741
     W: float,
     fb: float | None = None,
 ) -> float:
-    """DualPipe's README figure for DualPipeV: (PP/2 - 1)(F&B + B - 3W), PP = 2p stages.
+    """DualPipeV's idle time per device, DeepSeek's figure: (PP/2 - 1)(F&B + B - 3W).
 
-    B = I + W is a full backward chunk and `fb` the time of an overlapped F&B slot (default
-    F + B: nothing faster, as in the simulator). With fb = F + B this is (p-1)(F + 2I - W),
-    (p-1) I more than the simulator's `dualpipe_v_idle`: the README counts a slot as one
-    block whose forward output leaves only when the slot ends (as DeepSeek's code sends
-    it), while the course sends it as soon as F ends. Treating slots that way, the
-    simulator reproduces this figure exactly when F = I >= W (checked in the tests).
+    From the DualPipe repository's README, with PP = 2p stages, B = I + W a full backward
+    chunk and `fb` the time of one overlapped F&B slot (default F + B: overlap hides
+    communication, it does not make the computation faster). With fb = F + B this is
+    (p-1)(F + 2I - W). It counts an F&B slot as one block whose results leave when the
+    slot ends, which is how dualpipev.py sends them; the simulator, sending the same way,
+    agrees exactly when `dualpipe_v_formula_holds`.
     """
     _check_int("devices", p)
     _check_costs(F=F, I=I, W=W)
@@ -377,6 +399,36 @@ def dualpipe_v_readme_idle(
     fb = F + backward if fb is None else fb
     _check_costs(fb=fb)
     return (p - 1) * (fb + backward - 3 * W)
+
+
+def dualpipe_v_early_send_formula_holds(
+    p: int,
+    m: int,
+    F: float,
+    I: float,  # noqa: E741
+    W: float,
+) -> bool:
+    """Whether `dualpipe_v_early_send_idle` is exact: m >= 2p, W <= I, (p-1) I <= p F and
+    F <= I + W (and p2p = 0; p = 1 needs nothing). Each inequality is needed: the tests
+    show the formula failing when any one of them is broken."""
+    _check_shape(p, m)
+    _check_costs(F=F, I=I, W=W)
+    if p == 1:
+        return m >= 2
+    return m >= 2 * p and _at_most(W, I) and _at_most((p - 1) * I, p * F) and _at_most(F, I + W)
+
+
+def dualpipe_v_early_send_idle(p: int, F: float, I: float, W: float) -> float:  # noqa: E741
+    """Idle time per device of the course's variant, "DualPipeV, early send", where an F&B
+    slot's forward output leaves as soon as F ends: (p-1)(F + I - W) (when
+    `dualpipe_v_early_send_formula_holds`).
+
+    ZB-H1's expression in chunk costs, and (p-1) I less than DeepSeek's figure at F = I:
+    each of the p-1 hops of the last input gradients no longer waits for a forward.
+    """
+    _check_int("devices", p)
+    _check_costs(F=F, I=I, W=W)
+    return (p - 1) * (F + I - W)
 
 
 def dualpipe_v_peak(p: int) -> int:

@@ -28,8 +28,10 @@ from course_utils.plan.gpu_memory import (
     model_states,
     pipeline_bubble,
     ring_attention_bytes,
+    ulysses_attention_bytes,
 )
 from course_utils.plan.inputs import (
+    CP_KINDS,
     DEFAULT_GPU,
     GB,
     GIB,
@@ -96,7 +98,7 @@ from course_utils.plan.widget import (
 )
 
 __all__ = [
-    "DEFAULT_GPU", "GB", "GIB", "HARDWARE_PRESETS", "LOOPING", "MEMORY_PARTS",
+    "CP_KINDS", "DEFAULT_GPU", "GB", "GIB", "HARDWARE_PRESETS", "LOOPING", "MEMORY_PARTS",
     "MICROBATCH_SIZES", "MIN_CP_TOKENS", "MODEL_PRESETS", "PRECISIONS", "RECOMPUTE",
     "RESERVE_FIXED_GIB", "RESERVE_FRACTION", "SCHEDULES", "SEARCH_CHUNKS", "SIMULATE_LIMIT",
     "TIME_PARTS", "ZERO_STAGES", "Collective", "Config", "Estimate", "Hardware", "ModelShape",
@@ -108,5 +110,6 @@ __all__ = [
     "memory", "min_gpus", "model_state_bytes", "model_states", "params_disagree",
     "parse_count", "pipeline_bubble", "planner_widget", "replace_config",
     "ring_allreduce_time", "ring_attention_bytes", "search", "search_to_dict",
-    "states_lower_bound", "step_time", "traffic", "training_flops", "utilisation",
+    "states_lower_bound", "step_time", "traffic", "training_flops", "ulysses_attention_bytes",
+    "utilisation",
 ]  # fmt: skip

@@ -188,6 +188,21 @@ def ring_attention_bytes(
     return bytes_per_value * batch * heads * (6 * t * head_dim + t + 2 * t * t)
 
 
+def ulysses_attention_bytes(
+    seq: int, cp: int, heads: int, head_dim: int, bytes_per_value: int = 2, batch: int = 1
+) -> float:
+    """Peak bytes of one attention layer on one GPU of a Ulysses group of cp GPUs.
+
+    With t = seq / cp tokens, H heads of size D: q, k, v and the output of its tokens
+    (4 t H D), the same in the head split while attention runs (4 t H D), the log-sum-exp
+    (t H) and the scores and probabilities of its H / cp heads over the whole sequence
+    (2 cp t^2 H): e b H (8 t D + t + 2 cp t^2), the formula of
+    `parallel.context_parallel.ulysses_activation_bytes`.
+    """
+    t = -(-seq // cp)
+    return bytes_per_value * batch * heads * (8 * t * head_dim + t + 2 * cp * t * t)
+
+
 # --------------------------------------------------------------------------- pipelines
 
 
@@ -264,7 +279,9 @@ def buffers(
       With cp > 1 the ring holds one K/V block arriving, one block of scores (t x t for
       t = s / cp tokens: cp^2 times smaller) and the log-sum-exp: `ring_attention_bytes`
       less the q, k, v and output `activation_terms` already counts (the course's ring
-      attention builds each block's scores; a tiled flash-style kernel would keep one tile);
+      attention builds each block's scores; a tiled flash-style kernel would keep one tile).
+      With Ulysses (cp_kind="ulysses") the head-split q, k, v and output and the scores of
+      heads / (tp cp) heads over the whole sequence: `ulysses_attention_bytes`, less the same;
     - "recomputed layer" (full recomputation): one layer's activations, rebuilt from its
       input for its backward.
     The logits live on the last pipeline stage and the activations peak on the first; the
@@ -281,7 +298,8 @@ def buffers(
     out["logits"] = b * s * model.vocab * (e + 4) / t
     heads = model.heads // t
     if config.cp > 1:
-        whole = ring_attention_bytes(model.seq, config.cp, heads, model.head_dim, e, b)
+        attention = ulysses_attention_bytes if config.cp_kind == "ulysses" else ring_attention_bytes
+        whole = attention(model.seq, config.cp, heads, model.head_dim, e, b)
         kept = e * b * heads * 4 * s * model.head_dim  # q, k, v, output: in the activations
         out["attention in flight"] = whole - kept
     elif config.recompute == "selective":

@@ -44,8 +44,12 @@ class Precision:
 
 # ZeRO paper, Section 3.1: mixed-precision Adam keeps 2 + 2 + K bytes per parameter with K = 12
 # (fp32 master weights, momentum, variance). Plain fp32 Adam: 4 + 4 + 8. Both are 16 bytes.
+# With gradient accumulation over micro-batches the gradients are usually summed in fp32:
+# Megatron-LM's `main_grad` buffer, FSDP2's MixedPrecisionPolicy(reduce_dtype=float32). Then
+# a gradient costs 4 bytes, 2 + 4 + 12 = 18 in all ("bf16-mixed-fp32-grads").
 PRECISIONS = {
     "bf16-mixed": Precision("bf16-mixed", 2, 2, 12, 2, "bf16"),
+    "bf16-mixed-fp32-grads": Precision("bf16-mixed-fp32-grads", 2, 4, 12, 2, "bf16"),
     "fp32": Precision("fp32", 4, 4, 8, 4, "fp32"),
 }
 
@@ -225,6 +229,12 @@ MODEL_PRESETS = {
 }
 
 
+# How context parallelism moves attention's data (lesson 09): the ring passes K/V blocks
+# (Liu et al. 2023, arXiv 2310.01889); Ulysses turns the sequence split into a head split
+# with all-to-alls (Jacobs et al. 2023, arXiv 2309.14509).
+CP_KINDS = ("ring", "ulysses")
+
+
 @dataclass(frozen=True)
 class Config:
     """One way to lay a run out on GPUs. `microbatches` is per data-parallel replica.
@@ -245,7 +255,8 @@ class Config:
     zero: int = 0
     recompute: str = "none"
     sequence_parallel: bool = False
-    cp: int = 1  # context parallelism: each sequence split over cp GPUs (ring attention)
+    cp: int = 1  # context parallelism: each sequence split over cp GPUs
+    cp_kind: str = "ring"  # how attention crosses them: "ring" (K/V blocks) or "ulysses"
     ep: int = 1  # expert parallelism: each MoE layer's experts split over ep GPUs
     dp_overlap: bool = False  # data-parallel collectives overlapped with compute (buckets)
 
@@ -261,6 +272,7 @@ class Config:
         sched = self.schedule + (f"(v={self.chunks})" if self.chunks > 1 else "")
         sp = "+sp" if self.sequence_parallel and self.tp > 1 else ""
         cp = f" cp={self.cp}" if self.cp > 1 else ""
+        cp += "(ulysses)" if self.cp > 1 and self.cp_kind == "ulysses" else ""
         ep = f" ep={self.ep}" if self.ep > 1 else ""
         overlap = " overlap" if self.dp_overlap and self.dp * self.cp > 1 else ""
         return (
@@ -411,6 +423,10 @@ def check_config(model: ModelShape | None, config: Config) -> None:
     """Raise CourseInputError (one line) if `config` cannot be built for `model`."""
     for name in ("tp", "pp", "dp", "microbatch_size", "microbatches", "chunks", "cp", "ep"):
         _positive_int(getattr(config, name), name)
+    if config.cp_kind not in CP_KINDS:
+        raise CourseInputError(
+            f"cp_kind must be one of {', '.join(CP_KINDS)}, got {config.cp_kind!r}"
+        )
     if config.schedule not in SCHEDULES:
         raise CourseInputError(
             f"schedule must be one of {', '.join(SCHEDULES)}, got {config.schedule!r}"
@@ -448,7 +464,16 @@ def check_config(model: ModelShape | None, config: Config) -> None:
         raise CourseInputError(
             f"pp x chunks = {config.pp * chunks} must divide the number of layers ({model.layers})"
         )
-    if model.seq % (2 * config.cp) and config.cp > 1:
+    if config.cp > 1 and config.cp_kind == "ulysses":
+        heads = model.heads // config.tp
+        if heads % config.cp:
+            raise CourseInputError(
+                f"cp={config.cp} must divide the {heads} heads of a tensor-parallel GPU for "
+                "Ulysses (each GPU of the all-to-all computes whole heads)"
+            )
+        if model.seq % config.cp:
+            raise CourseInputError(f"cp={config.cp} must divide the sequence length ({model.seq})")
+    elif model.seq % (2 * config.cp) and config.cp > 1:
         raise CourseInputError(
             f"2 x cp = {2 * config.cp} must divide the sequence length ({model.seq}): the "
             "load-balanced (zig-zag) split cuts each sequence into 2 cp chunks"

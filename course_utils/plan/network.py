@@ -136,7 +136,11 @@ def communication(
       recomputation repeats the forward's;
     - context (ring attention, Liu et al. 2023, arXiv 2310.01889): the K/V block, 2 X / t,
       goes cp-1 steps around the ring forward, and backward cp-1 steps plus cp hops of the
-      travelling dK/dV (`parallel.context_parallel.ring_bytes_per_worker`);
+      travelling dK/dV (`parallel.context_parallel.ring_bytes_per_worker`). With
+      cp_kind="ulysses" (Jacobs et al. 2023, arXiv 2309.14509) four all-to-alls forward
+      (q, k, v, output) and four backward, each sending (cp-1)/cp of X / t
+      (`parallel.context_parallel.ulysses_bytes_per_worker`); full recomputation repeats
+      the forward's;
     - pipeline: each micro-batch's activations forward and gradients back once per chunk
       boundary (X / t with Megatron's scatter-gather across TP ranks);
     - expert (GShard, Lepikhin et al. 2020, arXiv 2006.16668): per MoE layer, the dispatch and
@@ -165,9 +169,15 @@ def communication(
         msgs = (6 if full else 4) * 2 * (t - 1)
     tensor = Traffic(layer_steps * per_layer, layer_steps * msgs, t)
 
-    kv = 2 * x / t  # this GPU's K/V block: its heads of its tokens
-    hops = (c - 1) + (2 * c - 1 if c > 1 else 0) + ((c - 1) if full else 0)
-    context = Traffic(layer_steps * hops * kv, layer_steps * hops, t * c)
+    if config.cp_kind == "ulysses":
+        a2a = (4 + 4 + (4 if full else 0)) if c > 1 else 0  # all-to-alls per layer
+        context = Traffic(
+            layer_steps * a2a * (c - 1) / c * x / t, layer_steps * a2a * (c - 1), t * c
+        )
+    else:
+        kv = 2 * x / t  # this GPU's K/V block: its heads of its tokens
+        hops = (c - 1) + (2 * c - 1 if c > 1 else 0) + ((c - 1) if full else 0)
+        context = Traffic(layer_steps * hops * kv, layer_steps * hops, t * c)
 
     chunks = REGISTRY[config.schedule].chunks(config.chunks)
     sends = 2 * m * chunks if p > 1 else 0

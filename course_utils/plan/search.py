@@ -37,13 +37,15 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def context_degrees(model: ModelShape, gpus: int) -> list[int]:
-    """The cp values the search tries: dividing the GPUs, 2 cp dividing the sequence (the
-    zig-zag split), and at least MIN_CP_TOKENS tokens of a sequence per GPU."""
+def context_degrees(model: ModelShape, gpus: int, cp_kind: str = "ring") -> list[int]:
+    """The cp values the search tries: dividing the GPUs, at least MIN_CP_TOKENS tokens of a
+    sequence per GPU, and 2 cp dividing the sequence for the ring (the zig-zag split) or cp
+    dividing it for Ulysses (whose head limit `search` checks with tp)."""
+    split = 1 if cp_kind == "ulysses" else 2
     return [
         c
         for c in _divisors(gpus)
-        if c == 1 or (model.seq % (2 * c) == 0 and model.seq // c >= MIN_CP_TOKENS)
+        if c == 1 or (model.seq % (split * c) == 0 and model.seq // c >= MIN_CP_TOKENS)
     ]
 
 
@@ -55,6 +57,7 @@ def search(
     precision: str | Precision = "bf16-mixed",
     dp_overlap: bool = False,
     first_fit: bool = False,
+    cp_kind: str = "ring",
 ) -> dict[str, list]:
     """Enumerate layouts of `model` on `gpus` GPUs for `global_batch` sequences per step.
 
@@ -65,7 +68,8 @@ def search(
     sequence parallelism on and off (always on for MoE with tp > 1). With pp = 1 the schedule
     does not matter (plain gradient accumulation), so only the recommended one is tried;
     with dp x cp = 1 only ZeRO-0. `dp_overlap` applies to every layout. `first_fit` stops at
-    the first layout that fits (what `min_gpus` needs).
+    the first layout that fits (what `min_gpus` needs). `cp_kind` is how context
+    parallelism crosses its GPUs: "ring" or "ulysses" (cp must then divide heads / tp).
     """
     _positive_int(gpus, "gpus")
     _positive_int(global_batch, "global_batch")
@@ -85,7 +89,16 @@ def search(
                 )
             )
             continue
-        for cp in context_degrees(model, gpus // tp):
+        for cp in context_degrees(model, gpus // tp, cp_kind):
+            if cp_kind == "ulysses" and (model.heads // tp) % cp:
+                rejected.append(
+                    (
+                        {"tp": tp, "cp": cp},
+                        f"cp={cp} does not divide the {model.heads // tp} heads per "
+                        "tensor-parallel GPU: Ulysses gives each GPU whole heads",
+                    )
+                )
+                continue
             for pp in _divisors(gpus // (tp * cp)):
                 dp = gpus // (tp * cp * pp)
                 where = {"tp": tp, "cp": cp, "pp": pp, "dp": dp}
@@ -117,6 +130,7 @@ def search(
                         config = Config(
                             tp, pp, dp, b, m, schedule, v, zero, recompute,
                             sequence_parallel=sp and tp > 1, cp=cp, ep=ep, dp_overlap=dp_overlap,
+                            cp_kind=cp_kind,
                         )  # fmt: skip
                         chunks = REGISTRY[schedule].chunks(v)
                         if model.layers % (pp * chunks):

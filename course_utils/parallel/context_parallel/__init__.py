@@ -49,9 +49,16 @@ transfers on the communication lane: K/V blocks as `SEND_F` (activations) and th
 travelling dK/dV as `SEND_B` (gradients). `simulate_ring` predicts the same timeline
 from a cost model, with or without overlapping transfers with compute.
 
+The other route to long sequences is Ulysses (Jacobs et al. 2023, arXiv 2309.14509): an
+all-to-all turns the sequence split into a head split, each worker runs whole-sequence
+attention for H/N heads, and a second all-to-all turns it back. Its traffic per worker
+shrinks like 1/N, but N cannot exceed the number of (K/V) heads (`ulysses`).
+
 The package, one idea per module: `attention` (blockwise attention and the exact merge),
 `layout` (who holds which tokens: plain and zig-zag), `ring` (the ring on threads:
-`RingAttention`), `costs` (work, bytes, memory and the simulator), `checks` (input errors).
+`RingAttention`), `costs` (work, bytes, memory and the simulator), `ulysses` (the
+all-to-all route on threads: `UlyssesAttention`, and its bytes and memory), `checks`
+(input errors).
 """
 
 from course_utils.parallel.context_parallel.attention import (
@@ -86,6 +93,16 @@ from course_utils.parallel.context_parallel.ring import (
     ring_attention_backward,
     ring_attention_forward,
 )
+from course_utils.parallel.context_parallel.ulysses import (
+    UlyssesAttention,
+    UlyssesResult,
+    check_ulysses_degree,
+    ulysses_activation_bytes,
+    ulysses_attention_backward,
+    ulysses_attention_forward,
+    ulysses_bytes_per_worker,
+    ulysses_max_degree,
+)
 
 __all__ = [
     "FLASH_BACKWARD_FACTOR",
@@ -113,4 +130,12 @@ __all__ = [
     "sequence_chunks",
     "simulate_ring",
     "split_sequence",
+    "UlyssesAttention",
+    "UlyssesResult",
+    "check_ulysses_degree",
+    "ulysses_activation_bytes",
+    "ulysses_attention_backward",
+    "ulysses_attention_forward",
+    "ulysses_bytes_per_worker",
+    "ulysses_max_degree",
 ]

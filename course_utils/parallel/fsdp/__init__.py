@@ -12,8 +12,12 @@ cuts each of them into N shards, one per worker:
 Stage 3 is what PyTorch calls Fully Sharded Data Parallel (Zhao et al. 2023,
 arXiv 2304.11277; `torch.distributed.fsdp.fully_shard`, "FSDP2"). Here the model is a
 list of layers and every layer is one FSDP unit. Each layer's parameters are flattened
-into one vector, padded with zeros to a multiple of N (as FSDP2 pads its shards), and
-worker w keeps only slice w of it. Then, per micro-batch, worker w:
+into one vector, padded with zeros to a multiple of N, and worker w keeps only slice w of
+it: FSDP1's `FlatParameter` layout (`FullyShardedDataParallel`). FSDP2 (`fully_shard`)
+shards differently: every parameter is a DTensor sharded on its dim 0, so each rank keeps
+some rows of every parameter (padded along dim 0 to equal chunks, `torch.chunk`'s split).
+A layer's all-gather and reduce-scatter move the same bytes either way, up to the padding.
+Then, per micro-batch, worker w:
 
     before layer l's forward:   all-gather the layer             (kind UNSHARD)
     after it:                   free the gathered copy           (kind RESHARD)
@@ -61,8 +65,11 @@ from course_utils.parallel.fsdp.costs import (
     costs_from_timeline,
     dp_traffic_bytes,
     fsdp_traffic_bytes,
+    gather_hiding_tokens,
     gathered_bytes_bound,
+    hsdp_bytes,
     precision_for,
+    reshard_after_forward_costs,
     simulate_fsdp,
     zero_memory_bytes,
 )
@@ -106,9 +113,12 @@ __all__ = [
     "dp_traffic_bytes",
     "fsdp_program",
     "fsdp_traffic_bytes",
+    "gather_hiding_tokens",
     "gathered_bytes_bound",
+    "hsdp_bytes",
     "padded_shard_numels",
     "precision_for",
+    "reshard_after_forward_costs",
     "simulate_fsdp",
     "single_device_steps",
     "zero_memory_bytes",

@@ -100,6 +100,92 @@ def gathered_bytes_bound(
     return sum(sizes[: prefetch + 1])
 
 
+# -- FSDP in practice: when gathers hide, hybrid sharding, resharding -----------------------------
+
+
+def _positive_number(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise CourseInputError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+def gather_hiding_tokens(
+    flops_per_s: float, bandwidth: float, element_size: int = 2, workers: int = 8
+) -> float:
+    """Fewest tokens per GPU (per micro-batch) at which a layer's collectives hide behind its
+    compute, with prefetching: T >= (N-1)/N x F e / (2 B).
+
+    A layer of Psi parameters computes 2 Psi FLOPs per token forward and 4 Psi backward
+    (Kaplan et al. 2020, arXiv 2001.08361): 2 Psi T / F seconds forward on T tokens at F
+    FLOP/s. Its ring all-gather moves (N-1)/N Psi e bytes over a link of B bytes/s. The
+    backward has twice the compute and twice the traffic (gather and reduce-scatter), so
+    the same T hides both. Psi cancels: what matters is tokens per GPU against the GPU's
+    FLOP rate over its link's bandwidth (the condition lesson 09 gives the ring).
+    """
+    f = _positive_number(flops_per_s, "flops_per_s")
+    b = _positive_number(bandwidth, "bandwidth")
+    _check_int(element_size, "element_size", 1, 64)
+    _check_int(workers, "workers", 1, 10**6)
+    return (workers - 1) / workers * f * element_size / (2 * b)
+
+
+def hsdp_bytes(params: float, shard: int, replicas: int, element_size: int = 2) -> dict[str, float]:
+    """Hybrid sharding (HSDP; FSDP2's 2D mesh, FSDP1's HYBRID_SHARD) on shard x replicas GPUs:
+    model states sharded over the `shard` GPUs of a group (a node), the group replicated.
+
+    Per GPU and step (one micro-batch, `element_size` bytes per parameter on the wire):
+    `states` = 16 Psi / shard bytes (Adam, 16 bytes per parameter); `inside` = the ZeRO-3
+    gathers and reduce-scatter within the group, 3 (S-1)/S Psi e; `across` = the ring
+    all-reduce of this GPU's gradient shard over the replicas, 2 (R-1)/R (Psi / S) e. Full
+    sharding over all N = S R GPUs (shard=N, replicas=1) puts all its 3 (N-1)/N Psi e on
+    the ring that spans the nodes.
+    """
+    psi = _positive_number(params, "params")
+    _check_int(shard, "shard", 1, 10**6)
+    _check_int(replicas, "replicas", 1, 10**6)
+    _check_int(element_size, "element_size", 1, 64)
+    return {
+        "states": 16 * psi / shard,
+        "inside": 3 * (shard - 1) / shard * psi * element_size,
+        "across": 2 * (replicas - 1) / replicas * psi / shard * element_size,
+    }
+
+
+def reshard_after_forward_costs(
+    layer_numels: Sequence[int], workers: int, reshard: bool | int = True, element_size: int = 2
+) -> dict[str, float]:
+    """What FSDP2's `reshard_after_forward` trades, per GPU and micro-batch:
+
+    - True (the default for inner modules): free each layer after its forward and gather it
+      again for the backward: `gathered` (held between forward and backward) 0 bytes, `sent`
+      3 (N-1)/N Psi e (two gathers and a reduce-scatter);
+    - False: keep every layer gathered from its forward until its backward: no second
+      gather, 2 (N-1)/N Psi e sent, but all layers whole at the turn of the step, Psi e held;
+    - an int g (a divisor of N, e.g. the GPUs of a node): keep a 1/g shard after the forward,
+      so the backward gathers over g GPUs only: Psi e / g held, and the backward's gather
+      sends (g-1)/g Psi e, on the fast links of the group.
+    """
+    _check_int(workers, "workers", 1, 10**6)
+    _check_int(element_size, "element_size", 1, 64)
+    psi = float(sum(layer_numels))
+    ring = (workers - 1) / workers * psi * element_size
+    if reshard is True:
+        return {"gathered": 0.0, "sent": 3 * ring}
+    if reshard is False:
+        return {"gathered": psi * element_size, "sent": 2 * ring}
+    if (
+        isinstance(reshard, bool)
+        or not isinstance(reshard, int)
+        or reshard < 2
+        or workers % reshard
+    ):
+        raise CourseInputError(
+            f"reshard must be True, False or a divisor of workers ({workers}) > 1, got {reshard!r}"
+        )
+    group = (reshard - 1) / reshard * psi * element_size
+    return {"gathered": psi * element_size / reshard, "sent": 2 * ring + group}
+
+
 # -- the simulator ------------------------------------------------------------------------------
 
 

@@ -2,6 +2,9 @@
 
 Worker w of N keeps slice w of every layer's vector (`FlatLayout.shard_slice`). Adam is
 element-wise, so updating each slice separately is the same as updating the whole vector.
+This is FSDP1's `FlatParameter` layout; FSDP2 (`fully_shard`) instead shards each parameter
+on its dim 0 (a DTensor per parameter, padded along dim 0), with the same bytes per layer
+up to the padding.
 """
 
 from __future__ import annotations

@@ -21,11 +21,19 @@ One idea per file (each readable top to bottom):
 - `simulate`         a cost model and simulator of one expert-parallel step
                      (`simulate_moe`), and costs fitted to a measured one (`fit_costs`)
 - `training`         a skewed router trained with and without the balancing loss
+- `balancing`        DeepSeek-V3's bias balancing (no auxiliary loss) and ST-MoE's router
+                     z-loss
 - `limits`           the sizes accepted and the input checks
 
 Every public name is importable from `course_utils.parallel.moe`.
 """
 
+from course_utils.parallel.moe.balancing import (
+    biased_choice,
+    expert_load,
+    router_z_loss,
+    update_bias,
+)
 from course_utils.parallel.moe.block import Expert, MoE, MoEOutput, MoEStep, reference_step
 from course_utils.parallel.moe.expert_parallel import ExpertParallel
 from course_utils.parallel.moe.limits import (
@@ -68,16 +76,20 @@ __all__ = [
     "Routing",
     "TrainDemo",
     "all_to_all_bytes_per_worker",
+    "biased_choice",
     "capacity",
     "dropped_tokens",
     "expert_params",
+    "expert_load",
     "experts_of_worker",
     "fit_costs",
     "load_balancing_loss",
     "reference_step",
     "route",
+    "router_z_loss",
     "simulate_moe",
     "spread",
     "tokens_per_expert",
     "train_demo",
+    "update_bias",
 ]
