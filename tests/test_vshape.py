@@ -589,3 +589,35 @@ def test_run_command_takes_a_v_schedule_with_its_two_chunks_per_device(name, run
     assert {e["action"][0] for e in data["events"]} == {"0", "1", "2", "3"}  # stages 0..3
     bad = run_cli("run", name, "--stages", 2, "--microbatches", 4, "--chunks", 2)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "chunks" in bad.stderr
+
+
+def test_dualpipe_v_on_threads_sends_a_slots_outputs_when_the_slot_ends():
+    """DeepSeek's send model on the executor: an output for another device leaves when its
+    send group (an F&B slot) ends, as the simulator assumes (Schedule.send_groups)."""
+    p, m = 2, 4
+    model = make_mlp(2 * p)
+    x, y = model.example_batch(2 * m, torch.Generator().manual_seed(1))
+    sched = dualpipe_v(p, m)
+    assert sched.send_groups is not None
+    with PipelineExecutor(partition(model, 2 * p), p, loss_fn) as ex:
+        tl = ex.step(sched, x, y).timeline
+    ends = {(e.device, e.action): e.end for e in tl.events if e.action.is_compute}
+    group_end = {}
+    for d, (actions, sizes) in enumerate(zip(sched.devices, sched.send_groups, strict=True)):
+        at = 0
+        for size in sizes:
+            group = actions[at : at + size]
+            for a in group:
+                group_end[(d, a.stage, a.microbatch, a.kind)] = ends[(d, group[-1])]
+            at += size
+    sends = [e for e in tl.events if e.action.kind in ("SEND_F", "SEND_B")]
+    assert sends
+    for send in sends:
+        a = send.action
+        kinds = ("F",) if a.kind == "SEND_F" else ("B", "I")
+        made = [
+            group_end[k]
+            for k in group_end
+            if k[0] == send.device and k[1:3] == (a.stage, a.microbatch) and k[3] in kinds
+        ]
+        assert made and send.start >= made[0] - 1e-12, (send, made)

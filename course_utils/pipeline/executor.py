@@ -16,6 +16,9 @@ looping schedules, a V for ZB-V and DualPipeV, where device d holds stages d and
 
 A device blocks when it needs a message that has not arrived yet; that waiting is the
 pipeline bubble, and it shows in the measured `Timeline` exactly as in the simulated one.
+A schedule with `send_groups` (DualPipeV, as DeepSeek's dualpipev.py) holds the outputs of
+a group of consecutive actions for another device until the group's last action ends; an
+output for the device itself (the turn of a V) is handed over at once.
 (Explicit communication actions such as SEND_F or RECV_B are skipped: on threads sharing
 memory a message is just a tensor handed over in a mailbox by F, B and I themselves.)
 Each micro-batch's loss is scaled by 1/m so the accumulated gradients equal those of the
@@ -290,6 +293,7 @@ class _Run:
         self.streams = [self.trace.stream(d) for d in range(ex.num_devices)]
         self.owner = schedule.device_of_stage()
         self.sent_bytes: list[int] = []  # every message between devices (any thread appends)
+        self.held: list[list[Message]] = [[] for _ in range(ex.num_devices)]  # send groups
         self.peaks = [0] * ex.num_devices
         self.current: list[Action | None] = [None] * ex.num_devices  # what each device runs
         self.losses: dict[int, float] = {}
@@ -300,14 +304,19 @@ class _Run:
     def device(self, d: int) -> None:
         saved: dict[tuple[int, int], dict] = {}  # (stage, mb) -> what backward needs
         held = 0
+        ends_group = _group_ends(self.schedule, d)
         try:
-            for action in self.schedule.devices[d]:
+            for i, action in enumerate(self.schedule.devices[d]):
                 if self.ex.pool.abort.is_set():
                     raise Aborted(f"device {d} stopped before {action}")
                 if not action.is_compute:
                     continue  # communication is implicit: F/B post and take their messages
                 self.current[d] = action
                 self._do(d, action, saved)
+                if ends_group[i]:  # outputs held for the end of the group leave now
+                    for message in self.held[d]:
+                        self._post(self.streams[d], message)
+                    self.held[d].clear()
                 if action.kind == "F":
                     held += 1
                     self.peaks[d] = max(self.peaks[d], held)
@@ -350,7 +359,10 @@ class _Run:
                     self._backward_weight(s, mb, saved)  # W sends nothing
                     message = None
             if message is not None:
-                self._post(stream, message)
+                if self.owner[message[0][1]] != d and self.schedule.send_groups is not None:
+                    self.held[d].append(message)  # sent when its send group ends
+                else:
+                    self._post(stream, message)
         except (Aborted, ScheduleError):
             raise
         except Exception as exc:
@@ -486,6 +498,20 @@ class _Run:
             message_bytes=sum(sent) / len(sent) / sched.batch_scale if sent else 0.0,
             schedule=sched,
         )
+
+
+def _group_ends(schedule: Schedule, d: int) -> list[bool]:
+    """Per action of device d: whether its send group ends with it (`Schedule.send_groups`;
+    without groups every action sends its output as it ends, as if it were a group alone)."""
+    actions = schedule.devices[d]
+    if schedule.send_groups is None:
+        return [True] * len(actions)
+    ends = [False] * len(actions)
+    at = -1
+    for size in schedule.send_groups[d]:
+        at += size
+        ends[at] = True
+    return ends
 
 
 def _forward_recording(stage: nn.Module, x: torch.Tensor):
