@@ -126,4 +126,4 @@ def test_grading_from_the_wheel_asks_for_the_solutions_folder(fresh_python, tmp_
     )
     assert graded.returncode == 0, graded.stderr[-2000:]
     (result,) = json.loads(graded.stdout)
-    assert result["score"] == 0 and result["total"] > 0  # the blank exercise, graded
+    assert result["score"] == 0 and result["total"] > 0, result["problem"]  # the blank, graded

@@ -5,9 +5,9 @@ message through a mailbox. Its per-worker functions (`ring_attention_forward` an
 `ring_attention_backward`) only ever call `comm.send(dst, tensor)` and `comm.recv(src)`,
 so here the same functions run on gloo processes with a communicator whose send is
 `dist.isend` (it never blocks, like the mailbox) and whose recv is `dist.recv`. Every
-message on the ring has the shape of a worker's own K block, so a receiver knows what
-to expect. Output and gradients are compared with full attention on one process and
-with the threads' ring.
+message on the ring is a worker's K and V blocks stacked (or their dK and dV), so a
+receiver knows what to expect. Output and gradients are compared with full attention on
+one process and with the threads' ring.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class GlooRing:
 
     def __init__(self, template: torch.Tensor) -> None:
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.template = template
+        self.template = torch.stack((template, template))  # a message: K and V together
         self.pending: list[tuple] = []  # (work, tensor): the tensor must live until sent
         self.bytes_sent = 0
 

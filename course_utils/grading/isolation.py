@@ -80,8 +80,14 @@ def _system_mounts() -> list[str]:
 
 
 def _python_mounts() -> list[str]:
-    """Python itself, the virtual environment, and this package, read-only."""
+    """Python itself, the virtual environment, and this package, read-only; and any other
+    site-packages folder on the path (a .pth file may add another environment's)."""
     places = {Path(sys.base_prefix), Path(sys.prefix), Path(os.path.realpath(sys.executable))}
+    places |= {
+        Path(entry)
+        for entry in sys.path
+        if Path(entry).name in ("site-packages", "dist-packages") and Path(entry).is_dir()
+    }
     places |= {p.resolve() for p in places}
     places = {p.parent.parent if p.is_file() else p for p in places}  # the executable's root
     args: list[str] = []
@@ -119,12 +125,13 @@ def kernel_argv(
         "--uid", "1000", "--gid", "1000",
         "--hostname", "grading",
         *_system_mounts(),
-        *_python_mounts(),
-        "--ro-bind", str(checks), str(PACKAGE / "checks"),
         "--proc", "/proc",
         "--dev", "/dev",
         "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp",
         "--size", str(limits.scratch_bytes), "--tmpfs", HOME,
+        # after the private /tmp, so a Python or venv that lives under /tmp stays visible
+        *_python_mounts(),
+        "--ro-bind", str(checks), str(PACKAGE / "checks"),
         "--ro-bind", str(handout), HANDOUT,
         "--bind", str(ipc), str(ipc),
     ]  # fmt: skip
@@ -168,8 +175,8 @@ def problem() -> str | None:
     probe = [
         bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--cap-drop", "ALL",
         "--die-with-parent", "--new-session", "--uid", "1000", "--gid", "1000",
-        *_system_mounts(), *_python_mounts(), "--proc", "/proc", "--dev", "/dev",
-        "--tmpfs", "/tmp", "--remount-ro", "/", "--clearenv",
+        *_system_mounts(), "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+        *_python_mounts(), "--remount-ro", "/", "--clearenv",
         sys.executable, "-I", "-S", "-c", "pass",
     ]  # fmt: skip
     try:
