@@ -141,9 +141,17 @@ def compare(
     )
     element_size = q.element_size()
     costs = cp.measured_costs(result, seq, links if clock == "virtual" else None)
+    steps = cp.measured_step_costs(result)  # what each step of this run computed
     simulated = {
         overlap: cp.simulate_ring(
-            workers, zigzag, causal, backward=True, overlap=overlap, unit="s", **costs
+            workers,
+            zigzag,
+            causal,
+            backward=True,
+            overlap=overlap,
+            unit="s",
+            step_costs=steps,
+            **costs,
         ).makespan
         for overlap in (True, False)
     }

@@ -83,7 +83,11 @@ class Recording:
     def describe(self) -> str:
         """'reference: idle 2-core machine (Intel ..., torch 2.13.0), recorded 2026-11-23'."""
         m = self.machine
-        capacity = f"; 2 threads ran {m['capacity']:.2f}x as fast as 1" if "capacity" in m else ""
+        capacity = (  # what the cores gave matters to the wall clock only
+            f"; 2 threads ran {m['capacity']:.2f}x as fast as 1"
+            if "capacity" in m and self.clock == "wall"
+            else ""
+        )
         return (
             f"reference: {m.get('cores', '?')}-core machine ({m.get('cpu', '?')}, torch "
             f"{m.get('torch', '?')}), recorded {m.get('date', '?')}{capacity}"
@@ -140,12 +144,15 @@ def twin(
     figures: dict | None = None,
     capacity=None,
     headline: Headline | None = None,
+    clock: str | None = None,
 ) -> Recording | None:
     """The reference twin of the measurement just made (see the module docstring).
 
     When recording, the measurement becomes the reference and is returned; otherwise the
     stored reference is returned (None if there is none, so a lesson still runs). The
     section's `headline` is stored with it (and logged for the tests: `Headline.log`).
+    `clock` names the clock of figures recorded without timelines or headline ("virtual":
+    CPU time, as the virtual clock counts compute); otherwise it is read off them.
     """
     if headline is not None:
         headline.log(name)
@@ -155,7 +162,7 @@ def twin(
             this_machine(capacity),
             dict(timelines or {}),
             dict(figures or {}),
-            clock=headline.clock if headline is not None else _clock_of(timelines),
+            clock=clock or (headline.clock if headline is not None else _clock_of(timelines)),
             headline=headline.to_dict() if headline is not None else None,
         )
         save(rec)

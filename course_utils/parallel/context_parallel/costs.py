@@ -139,6 +139,7 @@ def simulate_ring(
     backward_factor: float = FLASH_BACKWARD_FACTOR,
     unit: str = "units",
     diagonal_factor: float = 1.0,
+    step_costs: dict[tuple[str, int, int], float] | None = None,
 ) -> Timeline:
     """Predict a ring-attention timeline (forward, and backward if asked) from a cost model.
 
@@ -152,6 +153,10 @@ def simulate_ring(
     next step waits only for the arriving block. The transfer hides completely when
     block_time >= transfer_time (Liu et al. 2023: the block must be big enough for its
     compute to cover its transfer). overlap=False: compute, then exchange blocks.
+
+    `step_costs` replaces the cost model's compute by what each step measured:
+    `{(kind, rank, owner): seconds}` (`measured_step_costs`), so the simulator lays out
+    a run's own work and predicts only its waiting and its transfers.
     """
     _check_workers(workers)
     for name, value in {
@@ -194,8 +199,11 @@ def simulate_ring(
             next_kv, next_dkv = [0.0] * n, [0.0] * n
             for rank in range(n):
                 owner, right = (rank - step) % n, (rank + 1) % n
-                cost = block_time * _step_cost(rank, owner, n, zigzag, causal, diagonal_factor)
-                cost *= factor
+                if step_costs is not None:
+                    cost = step_costs.get((kind, rank, owner), 0.0)
+                else:
+                    cost = block_time * _step_cost(rank, owner, n, zigzag, causal, diagonal_factor)
+                    cost *= factor
                 ready = max(free[rank], kv_arrival[rank])
                 last = step == n - 1
                 if overlap:
@@ -257,6 +265,16 @@ def measured_costs(result: RingResult, seq: int, links: Links | None = None) -> 
             else 0.0
         ),
     }
+
+
+def measured_step_costs(result: RingResult) -> dict[tuple[str, int, int], float]:
+    """What each ring step's compute took in a measured run: {(kind, rank, owner): s}."""
+    costs: dict[tuple[str, int, int], float] = {}
+    for e in result.timeline.events:
+        if e.action.kind in ("F", "B") and e.label is not None and "·" in e.label:
+            key = (e.action.kind, e.device, e.action.microbatch or 0)
+            costs[key] = costs.get(key, 0.0) + e.duration
+    return costs
 
 
 def _per_score(result: RingResult, kind: str, seq: int) -> tuple[float, float]:
