@@ -1,0 +1,136 @@
+"""Every notebook of the course run once per test session, and what each run showed.
+
+Lessons (notebooks/), solutions (solutions/) and the blank exercise notebooks (exercises/)
+each run top to bottom in a fresh kernel pinned to one core (the Binder case), by
+tests/nbrun.py under `taskset`, two notebooks at a time, one per core. A `Run` keeps the
+wall time, the kernel's peak memory, the first error, the printed text, the headlines the
+notebook printed (`course_utils.measure.headline`) and the executed notebook itself. The
+lessons' tests (test_lessons.py) and the exercises' (test_exercises.py) read these runs
+instead of running the notebooks again.
+
+Runs are kept in artifacts/notebook-runs/ under a hash of the notebook and of the course's
+code, so a second `make test` without changes reuses them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+ROOT = Path(__file__).resolve().parents[1]
+FOLDER = ROOT / "artifacts" / "notebook-runs"
+LESSONS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
+EXERCISES = sorted((ROOT / "exercises").glob("[0-9][0-9]_*.ipynb"))
+TIMEOUT_S = 900
+
+
+@dataclass
+class Run:
+    seconds: float
+    peak_mb: float
+    error: str | None
+    stdout: str
+    headlines: list[dict]
+    notebook: nbformat.NotebookNode
+
+
+def _code_hash() -> str:
+    """The course's code and data, and this runner: a change to any of them runs again."""
+    digest = hashlib.sha256()
+    files = sorted((ROOT / "course_utils").rglob("*")) + [ROOT / "tests" / "nbrun.py"]
+    for path in files:
+        if path.is_file() and "__pycache__" not in path.parts:
+            digest.update(str(path.relative_to(ROOT)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _key(path: Path, code: str) -> str:
+    digest = hashlib.sha256(path.read_bytes() + code.encode()).hexdigest()[:16]
+    return f"{path.parent.name}__{path.stem}__{digest}"
+
+
+def _run_one(path: Path, core: int, key: str) -> None:
+    heads, saved, summary = (FOLDER / f"{key}.{ext}" for ext in ("heads", "ipynb", "json"))
+    heads.unlink(missing_ok=True)
+    command = [sys.executable, str(ROOT / "tests" / "nbrun.py"), str(path), "--save", str(saved)]
+    if path.parent.name != "notebooks":
+        command.append("--allow-errors")  # every check of an exercise notebook runs
+    if shutil.which("taskset") and len(os.sched_getaffinity(0)) > core:
+        command = ["taskset", "-c", str(core), *command]
+    env = dict(os.environ, COURSE_HEADLINES=str(heads))
+    out = subprocess.run(
+        command, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=ROOT, env=env
+    )
+    if out.returncode != 0:
+        result = {"seconds": 0.0, "peak_mb": 0.0, "error": out.stderr[-2000:], "stdout": ""}
+    else:
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+    lines = heads.read_text().splitlines() if heads.exists() else []
+    result["headlines"] = [json.loads(line) for line in lines]
+    heads.unlink(missing_ok=True)
+    summary.write_text(json.dumps(result, indent=1))
+
+
+_lock = threading.Lock()
+_runs: dict[Path, Run] = {}
+
+
+def runs(paths: list[Path] | None = None) -> dict[Path, Run]:
+    """The runs of `paths` (default: every lesson, solution and exercise notebook), running
+    the ones not yet run (two at a time, each on its own core)."""
+    paths = paths if paths is not None else LESSONS + SOLUTIONS + EXERCISES
+    with _lock:
+        missing = [p for p in paths if p not in _runs]
+        if missing:
+            FOLDER.mkdir(parents=True, exist_ok=True)
+            code = _code_hash()
+            keys = {p: _key(p, code) for p in LESSONS + SOLUTIONS + EXERCISES}
+            # Run everything missing at once, lessons and solutions (the slow ones) first.
+            todo = [p for p in keys if not (FOLDER / f"{keys[p]}.json").exists()]
+            free: queue.SimpleQueue[int] = queue.SimpleQueue()
+            for core in range(min(2, len(os.sched_getaffinity(0)))):
+                free.put(core)
+
+            def on_a_free_core(path: Path) -> None:
+                core = free.get()
+                try:
+                    _run_one(path, core, keys[path])
+                finally:
+                    free.put(core)
+
+            with ThreadPoolExecutor(free.qsize()) as pool:
+                list(pool.map(on_a_free_core, todo))
+            for p, key in keys.items():
+                data = json.loads((FOLDER / f"{key}.json").read_text())
+                saved = FOLDER / f"{key}.ipynb"
+                notebook = (
+                    nbformat.read(saved, as_version=4)
+                    if saved.exists()
+                    else nbformat.v4.new_notebook()
+                )
+                _runs[p] = Run(
+                    data["seconds"],
+                    data["peak_mb"],
+                    data["error"],
+                    data["stdout"],
+                    data["headlines"],
+                    notebook,
+                )
+        return {p: _runs[p] for p in paths}
+
+
+def run(path: Path) -> Run:
+    return runs()[path]
