@@ -10,7 +10,8 @@ A curve's label decides its look unless `fmts` says otherwise: a label starting 
 dashed with squares, "reference" grey and dotted with squares, anything else measured
 (solid with dots). A format is a matplotlib format string ("o-", "C1--", "kx") or a dict
 of line properties ({"color": "C0", "alpha": 0.35}). `ax` draws into one panel of a larger
-figure. `lines_chart(xs, series, reference)` is the same for curves that share their xs.
+figure. `hlines` and `vlines` draw labelled lines across the axes (a budget, a node's
+edge). `lines_chart(xs, series, reference)` is the same for curves that share their xs.
 """
 
 from __future__ import annotations
@@ -120,7 +121,8 @@ def plot(
         k += style["color"] == PALETTE[k % len(PALETTE)]
         ax.plot(xs, ys, label=label, **style)
     reference_lines(ax, hlines)
-    reference_lines(ax, vlines, vertical=True)
+    for label, x in (vlines or {}).items():  # boundaries (a node's edge): thin and solid
+        ax.axvline(x, color="black", linewidth=0.8, label=label)
     set_scale(ax, "x", xscale)
     set_scale(ax, "y", yscale)
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
