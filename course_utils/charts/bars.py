@@ -27,8 +27,11 @@ from course_utils.errors import CourseInputError
 
 def _colours(series: int, categories: int, colors: Sequence[str] | None) -> list:
     """One colour per series, or per bar when a single series is given one per category."""
-    if colors is None:
-        return [PALETTE[k % len(PALETTE)] for k in range(series)]
+    if colors is None:  # the course's palette, or matplotlib's longer cycle for many series
+        cycle = (
+            PALETTE if series <= len(PALETTE) else plt.rcParams["axes.prop_cycle"].by_key()["color"]
+        )
+        return [cycle[k % len(cycle)] for k in range(series)]
     if series == 1 and len(colors) == categories:
         return [list(colors)]
     if len(colors) != series:
