@@ -15,7 +15,8 @@ The families:
 - `threads/`      CPU threads standing in for devices, and collectives written out with sends
 - `parallel/`     data, tensor, sharded (FSDP), sequence, context and expert parallelism on
                   threads; simulated data-parallel timelines; the cost of collectives
-- `charts/`       Gantt charts, the schedule explorer, the course's colours
+- `charts/`       Gantt charts, the schedule explorer, the course's colours, and the lessons'
+                  line and bar charts and diagrams (`plot`, `bar_chart`, ...)
 - `plan/`         memory and step-time planner for a real training run
 - `measure/`      measuring truthfully: the capacity probe, timing, reference recordings,
                   conclusions printed from the numbers, activation memory, the set-up check
