@@ -43,7 +43,9 @@ lab: setup
 	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) \
 		--ServerApp.root_dir=$(CURDIR) $(ROOT_FLAG) $(LAB_FLAGS) notebooks/00_welcome.ipynb
 
-test: setup lint unit notebooks
+# Every lesson and solution runs once inside `unit` (tests/notebook_runs.py, pinned to one core
+# each, two at a time): tests/test_lessons.py and tests/test_exercises.py read those runs.
+test: setup lint unit
 
 unit: setup
 	$(PY) -m pytest -m "not browser and not constrained"
@@ -54,8 +56,9 @@ unit: setup
 test-fast: setup
 	$(PY) -m pytest -m "not slow and not browser and not constrained"
 
-# Every lesson, run top to bottom with nbval (outputs are not compared). The solutions run
-# once, in tests/test_exercises.py (part of unit): every cell without error, every check passed.
+# Every lesson, run top to bottom with nbval (outputs are not compared), as an instructor would
+# check a copy of the course. `make test` does not run it: its tests read one run of every
+# lesson and solution (tests/notebook_runs.py), which nbval would only repeat.
 notebooks: setup
 	$(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider notebooks/
 
@@ -75,7 +78,7 @@ exercises: setup
 bench: setup
 	@for f in benchmarks/bench_*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
 
-# Every lesson and solution pinned to one core, then beside a CPU hog (Binder, a busy laptop).
+# Every lesson pinned to one core beside a CPU hog on that core: each headline within 10%.
 test-constrained: setup
 	$(PY) -m pytest -m constrained -p no:cacheprovider
 

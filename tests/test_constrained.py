@@ -1,15 +1,13 @@
-"""Every lesson and solution on a constrained machine: pinned to one core, then beside a CPU hog.
+"""Every lesson pinned to one core beside a CPU hog on that same core: the harshest case.
 
-Binder gives a learner about one core and 2 GB; a laptop's other core is often busy. Each
-notebook runs top to bottom in a fresh kernel (tests/nbrun.py) pinned to core 0 with
-`taskset`: it must pass, a lesson within a minute and 1 GB, a solution within 2 minutes
-and 1.5 GB. Then every lesson runs again pinned to core 0 while another process spins on
-that same core, the harshest case: every headline it prints (a ratio measured on the
-virtual clock, `course_utils.measure.headline`) must be within 10% of the simulator's
-prediction, and every lesson from 02 to 12 must print at least one. That printed
-conclusions agree with their printed numbers is tested on the conclusion functions
-themselves (tests/test_conclusions.py). `make test-constrained` runs this file; the figures
-go to artifacts/constrained.json.
+A laptop's core is often shared with a browser or a build. Each lesson runs top to bottom in
+a fresh kernel (tests/nbrun.py) pinned to core 0 while another process spins on core 0
+too: it must pass, and every headline it prints (a ratio measured on the virtual clock,
+`course_utils.measure.headline`) must be within 10% of the simulator's prediction, since the
+virtual clock counts each device's own CPU time, not the time others take the core. Lessons
+02 to 12 must print at least one. `make test-constrained` runs this file (outside CI: CI runs
+every notebook once, pinned to one core, in tests/test_lessons.py); the figures go to
+artifacts/constrained.json.
 """
 
 from __future__ import annotations
@@ -27,9 +25,6 @@ from course_utils.measure.headline import HEADLINES_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-NOTEBOOKS = LESSONS + sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
-BUDGET_S = {"notebooks": 60, "solutions": 120}  # on one core
-BUDGET_MB = {"notebooks": 1024, "solutions": 1536}
 HEADLINE_TOLERANCE = 0.10
 MEASURED = {f"{n:02d}" for n in range(2, 13)}  # lessons with a measured headline
 REPORT = ROOT / "artifacts" / "constrained.json"
@@ -61,16 +56,6 @@ def remember(notebook: Path, regime: str, result: dict, headlines: list | None =
         entry["headlines"] = headlines
     report.setdefault(key, {})[regime] = entry
     REPORT.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
-
-
-@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: f"{p.parent.name}/{p.stem}")
-def test_on_one_core(notebook):
-    result = run(notebook, "0")
-    remember(notebook, "one core", result)
-    folder = notebook.parent.name
-    assert result["error"] is None, result["error"]
-    assert result["seconds"] < BUDGET_S[folder], f"{result['seconds']:.0f} s on one core"
-    assert result["peak_mb"] < BUDGET_MB[folder], f"{result['peak_mb']:.0f} MB"
 
 
 @pytest.fixture(scope="module")

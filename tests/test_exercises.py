@@ -13,7 +13,8 @@ For each `solutions/NN_*.ipynb` (whatever exists when the tests run):
   written out for another student's numbers, and a submission that patches or skips its
   checks no marks (tests/test_grading.py attacks the grader further).
 
-Each notebook is executed once per session (cached below), as in Restart & Run All.
+Each notebook is executed once per session (tests/notebook_runs.py), as in Restart & Run
+All, pinned to one core; a solution must run within 2 minutes and 1.5 GB there.
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ from __future__ import annotations
 import copy
 import json
 import re
-import time
 from pathlib import Path
 
 import nbformat
 import pytest
+from notebook_runs import run
 
 from course_utils.grading import make_exercises
 from course_utils.grading.notebook_tools import BEGIN, check_cells, is_check_cell
@@ -37,27 +38,13 @@ NAMES = [pytest.param(p.name, id=p.stem) for p in SOLVED] or [
 ]
 CALL = re.compile(r"\w+\.exercise_(\d+)\(.*\)")
 
-_runs: dict[Path, tuple[nbformat.NotebookNode, float]] = {}
-
 
 def executed(path: Path) -> nbformat.NotebookNode:
-    """`path` run top to bottom in a fresh kernel (errors allowed), once per session."""
-    from course_utils.grading.notebook_tools import notebook_client
-
-    if path not in _runs:
-        if not path.exists():
-            pytest.fail(f"{path.relative_to(ROOT)} is missing: run `make exercises`")
-        nb = nbformat.read(path, as_version=4)
-        start = time.perf_counter()
-        notebook_client(
-            nb,
-            timeout=300,
-            kernel_name="python3",
-            allow_errors=True,
-            resources={"metadata": {"path": str(path.parent)}},
-        ).execute()
-        _runs[path] = (nb, time.perf_counter() - start)
-    return _runs[path][0]
+    """`path` as it ran top to bottom in a fresh kernel on one core (errors allowed): the
+    session's one run of it (tests/notebook_runs.py)."""
+    if not path.exists():
+        pytest.fail(f"{path.relative_to(ROOT)} is missing: run `make exercises`")
+    return run(path).notebook
 
 
 def errors(cell) -> list:
@@ -190,6 +177,9 @@ def test_every_solution_cell_runs_without_error(name):
         marked += sorted(SKIP_TAGS & set(cell.metadata.get("tags", [])))
         assert not marked, f"{name} cell {index}: solutions carry no nbval/skip markers: {marked}"
     nb = executed(path)
+    took = run(path)
+    assert took.seconds < 120, f"{name}: {took.seconds:.0f} s on one core (budget 2 minutes)"
+    assert took.peak_mb < 1536, f"{name}: {took.peak_mb:.0f} MB (budget 1.5 GB)"
     code = [(i, c) for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.strip()]
     not_run = [i for i, c in code if c.execution_count is None]
     assert code and not not_run, f"{name}: cells {not_run} did not run"
@@ -203,25 +193,25 @@ def test_every_solution_cell_runs_without_error(name):
 @pytest.mark.slow
 @pytest.mark.skipif(not SOLVED, reason="no solutions/NN_*.ipynb notebooks yet")
 def test_the_grader_scores_every_lesson_blank_solved_and_for_another_student(tmp_path):
-    """Graded outside the learner's kernel: a blank notebook scores 0, the solution full
-    marks, and the solution written out for another student (their own numbers, graded with
-    --variants) full marks too: every check computes its expected answers from the
-    student's numbers, and every solution from `g`, never from the default's literals."""
+    """Graded outside the learner's kernel, in its sandbox: a blank notebook scores 0, and
+    the solution written out for another student (their own numbers, graded with
+    --variants) full marks: every check computes its expected answers from the student's
+    numbers, and every solution from `g`, never from the default's literals. (The solution
+    for the default student is the session's one run of it: the tests above.)"""
     from course_utils.grading.batch import grade_all
     from course_utils.grading.make_exercises import for_student
 
     plain, personal = tmp_path / "plain", tmp_path / "personal"
-    for folder in (plain / "blank", plain / "solved", personal / "s7"):
+    for folder in (plain / "blank", personal / "s7"):
         folder.mkdir(parents=True)
     for path in SOLVED:
         name = path.name
         (plain / "blank" / name).write_bytes((ROOT / "exercises" / name).read_bytes())
-        (plain / "solved" / name).write_bytes(path.read_bytes())
         text = for_student(path.read_text(), "s7")
         assert 'for_student(\\"s7\\")' in text, name  # the student's own numbers, really
         (personal / "s7" / name).write_text(text)
     results = grade_all([plain], jobs=2) + grade_all([personal], jobs=2, variants=True)
-    variant = {"blank": "default", "solved": "default", "s7": "s7"}
+    variant = {"blank": "default", "s7": "s7"}
     totals = {p.name: len(check_cells(nbformat.read(p, as_version=4))) for p in SOLVED}
     for r in results:
         name = Path(r.notebook).name
@@ -235,9 +225,9 @@ def test_the_grader_scores_every_lesson_blank_solved_and_for_another_student(tmp
 @pytest.mark.slow
 @pytest.mark.skipif(not SOLVED, reason="no solutions/NN_*.ipynb notebooks yet")
 def test_grader_on_a_real_exercise_notebook(tmp_path, run_cli):
-    # The notebook that ran fastest in this session, else the first one.
-    timed = {p.name: t for p, (_, t) in _runs.items() if p.parent.name == "solutions"}
-    name = min(timed, key=timed.get) if timed else SOLVED[0].name
+    # The solution that ran fastest in this session.
+    timed = {p.name: run(p).seconds for p in SOLVED}
+    name = min(timed, key=timed.get)
     exercise = nbformat.read(ROOT / "exercises" / name, as_version=4)
     solution = nbformat.read(ROOT / "solutions" / name, as_version=4)
 
