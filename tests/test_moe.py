@@ -26,6 +26,7 @@ from course_utils.parallel.moe import (
     expert_params,
     fit_costs,
     load_balancing_loss,
+    measured_expert_seconds,
     reference_step,
     route,
     simulate_moe,
@@ -495,6 +496,43 @@ def test_fitted_costs_simulate_a_measured_step():
     assert sorted(measured, key=str) == sorted(simulated, key=str)  # the same phases
     with pytest.raises(CourseInputError, match="measured"):
         fit_costs(reference_step(moe, x, dy, groups=2))
+
+
+def test_measured_expert_seconds_lay_out_each_expert_as_measured():
+    moe = _moe(experts=4, top_k=1, skew=2.0, dtype=torch.float32)
+    x, dy = _data(32, dtype=torch.float32)
+    with ExpertParallel(moe, 2) as ep:
+        got = ep.step(x, dy)
+    seconds = measured_expert_seconds(got)
+    assert len(seconds) == 4 and all(f > 0 and b > 0 for f, b in seconds)
+    sim = simulate_moe(
+        got.routed,
+        2,
+        fit_costs(got),
+        D,
+        unit="s",
+        tokens_per_worker=[16, 16],
+        expert_seconds=seconds,
+    )
+    for event in got.timeline.events:
+        if event.action.microbatch is not None:  # an expert's forward or backward
+            twin = [e for e in sim.events if (e.device, e.action) == (event.device, event.action)]
+            assert len(twin) == 1 and twin[0].duration == pytest.approx(event.duration)
+    with pytest.raises(CourseInputError, match="measured"):
+        measured_expert_seconds(reference_step(moe, x, dy, groups=2))
+
+
+def test_expert_seconds_by_hand():
+    costs = MoECosts(router=0, router_backward=0, combine=0, combine_backward=0)
+    # per-token costs would give expert 0 40 units; its measured 10 s forward wins
+    tl = simulate_moe([40, 8, 8, 8], 2, costs, expert_seconds=[(10, 20), (1, 2), (3, 6), (4, 8)])
+    assert tl.busy_per_device() == [11 + 22, 7 + 14]
+    for bad, match in [
+        ([(1, 2)] * 3, "one \\(forward, backward\\) pair"),
+        ([(1, -2)] * 4, "expert_seconds"),
+    ]:
+        with pytest.raises(CourseInputError, match=match):
+            simulate_moe([40, 8, 8, 8], 2, costs, expert_seconds=bad)
 
 
 # -- training with and without the balancing loss ---------------------------------------------

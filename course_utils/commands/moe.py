@@ -102,6 +102,7 @@ def compare(args, links=None) -> dict:
         MoE,
         all_to_all_bytes_per_worker,
         fit_costs,
+        measured_expert_seconds,
         reference_step,
         simulate_moe,
     )
@@ -137,6 +138,7 @@ def compare(args, links=None) -> dict:
         replicated_bytes=replicated,
         unit="s",
         tokens_per_worker=tokens_per_worker,
+        expert_seconds=measured_expert_seconds(got),
     )
     measured = got.timeline
     assert measured is not None  # the run above was recorded

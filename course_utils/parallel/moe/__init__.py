@@ -19,7 +19,8 @@ One idea per file (each readable top to bottom):
 - `expert_parallel`  the experts spread over worker threads, tokens dispatched and
                      combined with the hand-written all-to-all (`ExpertParallel`)
 - `simulate`         a cost model and simulator of one expert-parallel step
-                     (`simulate_moe`), and costs fitted to a measured one (`fit_costs`)
+                     (`simulate_moe`), and costs read off a measured one (`fit_costs`,
+                     `measured_expert_seconds`)
 - `training`         a skewed router trained with and without the balancing loss
 - `balancing`        DeepSeek-V3's bias balancing (no auxiliary loss) and ST-MoE's router
                      z-loss
@@ -56,7 +57,12 @@ from course_utils.parallel.moe.routing import (
     route,
     tokens_per_expert,
 )
-from course_utils.parallel.moe.simulate import MoECosts, fit_costs, simulate_moe
+from course_utils.parallel.moe.simulate import (
+    MoECosts,
+    fit_costs,
+    measured_expert_seconds,
+    simulate_moe,
+)
 from course_utils.parallel.moe.training import TrainDemo, spread, train_demo
 
 __all__ = [
@@ -87,6 +93,7 @@ __all__ = [
     "reference_step",
     "route",
     "router_z_loss",
+    "measured_expert_seconds",
     "simulate_moe",
     "spread",
     "tokens_per_expert",

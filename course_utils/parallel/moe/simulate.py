@@ -65,6 +65,7 @@ def simulate_moe(
     replicated_bytes: int = 0,
     unit: str = "units",
     tokens_per_worker: Sequence[int] | None = None,
+    expert_seconds: Sequence[tuple[float, float]] | None = None,
 ) -> Timeline:
     """Predict one expert-parallel step (the phases `ExpertParallel.step` measures).
 
@@ -79,6 +80,11 @@ def simulate_moe(
     The all-reduce of `replicated_bytes` costs the ring's 2(N-1)/N x bytes x per_byte +
     2(N-1) x latency (Patarasuk and Yuan 2009). The router runs on every token of a
     worker, dropped or not: `tokens_per_worker` (default: assignments / top_k).
+
+    `expert_seconds` (one (forward, backward) pair per expert, e.g. `measured_expert_seconds`
+    of a run) replaces per-token cost x tokens for the experts: a per-token cost averaged
+    over experts overstates the busy expert, whose larger matrix multiply does more work
+    per second, and so overstates the straggler.
     """
     _check_int("workers", workers, 1, MAX_WORKERS)
     costs = costs or MoECosts()
@@ -88,6 +94,15 @@ def simulate_moe(
     experts = len(routed[0])
     _check_top_k(top_k, experts)
     per = experts // workers
+    if expert_seconds is not None:
+        expert_seconds = [tuple(pair) for pair in expert_seconds]
+        if len(expert_seconds) != experts or any(len(pair) != 2 for pair in expert_seconds):
+            raise CourseInputError(
+                f"expert_seconds needs one (forward, backward) pair per expert ({experts})"
+            )
+        for pair in expert_seconds:
+            for seconds in pair:
+                _check_float("expert_seconds", seconds, 0.0, 1e12)
     computed = [sum(routed[s][e] for s in range(workers)) for e in range(experts)]
     assignments = [sum(row) for row in routed]  # what each worker sends and gets back
     if tokens_per_worker is None:
@@ -126,6 +141,11 @@ def simulate_moe(
             events.append(Event(w, Action(0, kind), clock[w], ready + cost[w], label))
             clock[w] = ready + cost[w]
 
+    def expert_cost(e: int, direction: int, per_token: float) -> float:
+        if expert_seconds is None:
+            return per_token * computed[e]
+        return expert_seconds[e][direction]
+
     def same(label: str) -> list[str]:
         return [label] * workers
 
@@ -134,14 +154,14 @@ def simulate_moe(
     collective("ALL_TO_ALL", "dispatch", [c + costs.latency for c in a2a])  # counts, tokens
     local = [[w * per + i for w in range(workers)] for i in range(per)]  # [i][w]: an expert
     for ids in local:
-        cost = [costs.expert_forward * computed[e] for e in ids]
+        cost = [expert_cost(e, 0, costs.expert_forward) for e in ids]
         compute("F", cost, [f"expert {e}" for e in ids], ids)
     collective("ALL_TO_ALL", "combine", a2a)
     compute("F", [costs.combine * a for a in assignments], same("weighted sum"))
     compute("B", [costs.combine_backward * a for a in assignments], same("weighted sum"))
     collective("ALL_TO_ALL", "combine grad", a2a)
     for ids in local:
-        cost = [costs.expert_backward * computed[e] for e in ids]
+        cost = [expert_cost(e, 1, costs.expert_backward) for e in ids]
         compute("B", cost, [f"expert {e}" for e in ids], ids)
     collective("ALL_TO_ALL", "dispatch grad", a2a)
     compute("B", [costs.router_backward * t for t in routed_tokens], same("router"))
@@ -211,6 +231,21 @@ def fit_costs(measured: MoEStep, links: Links | None = None) -> MoECosts:
         latency=latency,
         per_byte=per_byte,
     )
+
+
+def measured_expert_seconds(measured: MoEStep) -> list[tuple[float, float]]:
+    """Each expert's measured (forward, backward) seconds in a step, for `simulate_moe`."""
+    timeline = measured.timeline
+    if timeline is None or timeline.source != "measured":
+        raise CourseInputError(
+            "measured must be the MoEStep of ExpertParallel.step (with a timeline)"
+        )
+    seconds = [[0.0, 0.0] for _ in measured.kept_per_expert]
+    for event in timeline.events:
+        e = event.action.microbatch
+        if e is not None and event.action.kind in ("F", "B"):
+            seconds[e][event.action.kind == "B"] += event.duration
+    return [(f, b) for f, b in seconds]
 
 
 def _routed_matrix(tokens_per_expert, workers: int) -> list[list[float]]:
