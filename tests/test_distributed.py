@@ -305,6 +305,18 @@ def test_busy_port_is_one_clear_line(run_cli):
             del os.environ["MASTER_PORT"]
 
 
+def test_a_started_cluster_holds_its_port(cluster, monkeypatch):
+    # Two commands that both found the port free: the parent binds it before spawning, so
+    # the second is refused at once, in one line, and starts no process.
+    assert not port_is_free(cluster.port)
+    monkeypatch.setattr(distributed.cluster, "port_is_free", lambda port: True)
+    before = pids(spawned_children())
+    second = Cluster(2, port=cluster.port, timeout=10)
+    with pytest.raises(CourseInputError, match=f"port {cluster.port} is already in use"):
+        second.start()
+    assert pids(spawned_children()) <= before and not second.pids
+
+
 @pytest.mark.slow
 def test_fsdp2_matches_one_process_and_the_threads_zero3(cluster):
     from course_utils.distributed.fsdp import run_fsdp
@@ -417,12 +429,45 @@ def test_killing_the_parent_leaves_no_process_behind(signal_name):
         assert {p.pid for p in family} >= set(pids)
         parent.send_signal(getattr(signals, signal_name))
         parent.wait(timeout=30)
-        deadline = time.monotonic() + 10
-        alive = family
-        while alive and time.monotonic() < deadline:
-            time.sleep(0.2)
-            alive = [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-        assert not alive, f"still running 10 s after the parent died: {[p.pid for p in alive]}"
+        _none_left_within(family, 5, "the parent died")
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+def _none_left_within(family: list, seconds: float, after: str) -> None:
+    deadline = time.monotonic() + seconds
+    alive = family
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.2)
+        alive = [p for p in family if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"still running {seconds} s after {after}: {[p.pid for p in alive]}"
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_command_and_its_ranks_within_two_seconds():
+    # A terminal's Ctrl-C reaches the whole process group: the parent and every rank.
+    import signal as signals
+
+    command = [sys.executable, "-m", "course_utils", "distributed", "--steps", "100"]
+    parent = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        family: list = []
+        while len(family) < 2 and time.monotonic() < deadline:  # the ranks have started
+            time.sleep(0.2)
+            family = psutil.Process(parent.pid).children(recursive=True)
+        time.sleep(1.0)  # ... and are at work
+        os.killpg(parent.pid, signals.SIGINT)
+        start = time.monotonic()
+        out, err = parent.communicate(timeout=30)
+        assert time.monotonic() - start < 2.5, "Ctrl-C took more than 2 s to stop the command"
+        assert parent.returncode == 130
+        assert len(err.strip().splitlines()) == 1 and err.strip().endswith("interrupted"), err
+        _none_left_within(family, 5, "Ctrl-C")
+    finally:
+        if parent.poll() is None:
+            os.killpg(parent.pid, signals.SIGKILL)

@@ -11,6 +11,7 @@ children are terminated (then killed) on any error or time-out, so nothing is le
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import queue as queue_module
@@ -56,7 +57,8 @@ def resolve_port(port: int | None = None) -> int:
     """The rendezvous port: `port`, else $MASTER_PORT, else a free one. Busy -> clear error.
 
     We check before spawning: otherwise rank 0's TCP store fails inside a child process
-    and the learner sees a long traceback about a socket instead of one line.
+    and the learner sees a long traceback about a socket instead of one line. (Checking is
+    not holding: `Cluster.start` then binds the port and keeps it, see `_hold_port`.)
     """
     where = "port"
     if port is None and os.environ.get("MASTER_PORT"):
@@ -77,6 +79,31 @@ def resolve_port(port: int | None = None) -> int:
             "or leave it out and a free one is picked"
         )
     return port
+
+
+def _hold_port(port: int, workers: int, timeout: float) -> dist.TCPStore:
+    """The job's rendezvous store, served from this process on `port` (0: any free port).
+
+    Binding is what reserves a port: two commands that both found port 47555 free would
+    otherwise both spawn ranks, and the second's rank 0 would fail to listen seconds later.
+    The parent binds it before spawning and holds it until the cluster closes; the ranks
+    connect to it as clients.
+    """
+    try:
+        return dist.TCPStore(
+            HOST,
+            port,
+            world_size=workers,
+            is_master=True,
+            timeout=timedelta(seconds=timeout),
+            wait_for_workers=False,
+        )
+    except RuntimeError as exc:  # DistNetworkError: EADDRINUSE, or no permission (port < 1024)
+        reason = "is already in use" if "EADDRINUSE" in str(exc) else "cannot be opened"
+        raise CourseInputError(
+            f"port {port} {reason} on {HOST}: choose another port, "
+            "or leave it out and a free one is picked"
+        ) from None
 
 
 # --------------------------------------------------------------------------- processes
@@ -106,6 +133,25 @@ def _die_with_parent(parent: int) -> None:
     threading.Thread(target=watch, name="watch-parent", daemon=True).start()
 
 
+@contextlib.contextmanager
+def _ranks_ignore_ctrl_c():
+    """Start processes that ignore SIGINT from their first instruction.
+
+    Ctrl-C in a terminal reaches the whole process group: the parent stops the ranks
+    (Cluster.close), so a rank must not print a traceback of its own, not even while it is
+    still importing torch. An ignored signal stays ignored across exec, and Python installs
+    its KeyboardInterrupt handler only where SIGINT was left at the default.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers belong to the main thread
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _child(rank: int, world: int, port: int, inbox, outbox, timeout: float, parent: int) -> None:
     """Body of every spawned process: join the group once, then run jobs until told to stop."""
     _die_with_parent(parent)
@@ -118,13 +164,9 @@ def _child(rank: int, world: int, port: int, inbox, outbox, timeout: float, pare
     if loopback:  # stay on loopback: a hostname resolving to a LAN address can hang gloo
         os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
     try:
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://{HOST}:{port}",
-            rank=rank,
-            world_size=world,
-            timeout=timedelta(seconds=timeout),
-        )
+        wait = timedelta(seconds=timeout)
+        store = dist.TCPStore(HOST, port, world, is_master=False, timeout=wait)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=wait)
         importlib.import_module("torch.distributed.pipelining")  # slow: pay it once, up front
 
         outbox.put((rank, -1, "ok", None))  # "ready"
@@ -167,6 +209,8 @@ class Cluster:
             raise CourseInputError(f"timeout must be a number of seconds > 0, got {timeout!r}")
         self.timeout = float(timeout)
         self.port = resolve_port(port)
+        self._asked_port = port is not None or bool(os.environ.get("MASTER_PORT"))
+        self._store: dist.TCPStore | None = None
         self._procs: list = []
         self._jobs = 0
 
@@ -183,6 +227,9 @@ class Cluster:
         """Spawn the processes and wait (bounded) until every rank has joined the group."""
         if self._procs:
             return self
+        # Hold the port from here to close(): the learner's port, or any free one.
+        self._store = _hold_port(self.port if self._asked_port else 0, self.workers, self.timeout)
+        self.port = self._store.port
         ctx = mp.get_context("spawn")
         self._outbox = ctx.Queue()
         self._inboxes = [ctx.Queue() for _ in range(self.workers)]
@@ -203,11 +250,12 @@ class Cluster:
             for r in range(self.workers)
         ]
         try:
-            for p in self._procs:
-                p.start()
+            with _ranks_ignore_ctrl_c():
+                for p in self._procs:
+                    p.start()
             self._collect(-1, "start-up")
         except BaseException:
-            self.close()
+            self.close(now=True)
             raise
         return self
 
@@ -224,7 +272,7 @@ class Cluster:
                 inbox.put((self._jobs, fn, payload))
             return self._collect(self._jobs, fn.__name__, timeout)
         except BaseException:
-            self.close()
+            self.close(now=True)
             raise
 
     def _collect(self, job_id: int, what: str, timeout: float | None = None) -> list:
@@ -255,17 +303,21 @@ class Cluster:
             out[rank] = value
         return [out[r] for r in range(self.workers)]
 
-    def close(self) -> None:
-        """Ask ranks to leave, then terminate and kill whatever is still there."""
+    def close(self, now: bool = False) -> None:
+        """Ask ranks to leave, then terminate and kill whatever is still there.
+
+        `now`: terminate at once (after a failure or Ctrl-C a rank may be stuck in a
+        collective and would never read the request to leave).
+        """
         procs, self._procs = [p for p in self._procs if p.pid is not None], []
         for p, inbox in zip(procs, self._inboxes, strict=False):
-            if p.is_alive():
+            if p.is_alive() and not now:
                 try:
                     inbox.put(None)
                 except (ValueError, OSError):
                     pass
         for p in procs:
-            p.join(timeout=2)
+            p.join(timeout=0 if now else 2)
         for p in procs:
             if p.is_alive():
                 p.terminate()
@@ -278,12 +330,13 @@ class Cluster:
             if q is not None:
                 q.close()
                 q.cancel_join_thread()  # never block on undelivered messages to dead ranks
+        self._store = None  # frees the port
 
     def __enter__(self) -> Cluster:
         return self.start()
 
     def __exit__(self, *exc) -> None:
-        self.close()
+        self.close(now=exc[0] is not None)
 
     def __del__(self) -> None:
         # A notebook cell re-run drops the old cluster: its processes must go with it.
