@@ -20,29 +20,53 @@ from dataclasses import dataclass
 
 from course_utils.errors import CourseInputError
 
+# What a pipeline compute action makes for one (stage, micro-batch).
+ACTIVATIONS, INPUT_GRAD, WEIGHT_GRAD = "activations", "input gradient", "weight gradient"
+
 
 @dataclass(frozen=True)
 class Kind:
     """One kind of action: its code in an action's name, what a learner calls it, and
-    whether it is computation (a device busy with math) or communication."""
+    whether it is computation (a device busy with math) or communication.
+
+    A pipeline compute kind also says how it fits backprop, which the simulator, the
+    executor and the charts read from here: what it `produces` for its (stage,
+    micro-batch), what it `needs` first as (stage offset, product) pairs (offset -1: the
+    stage before, +1: the stage after, 0: this stage; a neighbour past either end of the
+    pipeline is not needed), how the micro-batches whose activations a device `holds`
+    change when it runs (+1 kept, -1 freed), and the point-to-point kind that `sends` its
+    product to the neighbouring stage.
+    """
 
     code: str
     name: str
     compute: bool
     backward: bool = False
     p2p: bool = False  # a point-to-point transfer: the sender goes on while it travels
+    produces: str | None = None
+    needs: tuple[tuple[int, str], ...] = ()
+    holds: int = 0
+    sends: str | None = None
 
 
 # The one table of action kinds. Compute kinds and PyTorch's communication kinds print as in
 # `torch.distributed.pipelining` ("1SEND_F0", "0REDUCE_GRAD", "2UNSHARD"); the collective
 # kinds are the course's own, for data, tensor, sharded and expert parallelism timelines.
+# F(s) needs F(s-1); B or I(s) needs F(s) and B/I(s+1); W(s) needs I(s) (Qi et al. 2024,
+# arXiv:2401.10241: I and W split B). B frees a micro-batch's activations; with the split
+# backward W does, since it still needs what I leaves.
+_BACKWARD_NEEDS = ((0, ACTIVATIONS), (1, INPUT_GRAD))
 KINDS: dict[str, Kind] = {
     k.code: k
     for k in (
-        Kind("F", "forward", compute=True),
-        Kind("B", "backward", compute=True, backward=True),
-        Kind("I", "input-gradient backward", compute=True, backward=True),
-        Kind("W", "weight-gradient backward", compute=True, backward=True),
+        Kind("F", "forward", True, produces=ACTIVATIONS, needs=((-1, ACTIVATIONS),), holds=1,
+             sends="SEND_F"),
+        Kind("B", "backward", True, True, produces=INPUT_GRAD, needs=_BACKWARD_NEEDS, holds=-1,
+             sends="SEND_B"),
+        Kind("I", "input-gradient backward", True, True, produces=INPUT_GRAD,
+             needs=_BACKWARD_NEEDS, sends="SEND_B"),
+        Kind("W", "weight-gradient backward", True, True, produces=WEIGHT_GRAD,
+             needs=((0, INPUT_GRAD),), holds=-1),
         Kind("SEND_F", "send activations", compute=False, p2p=True),
         Kind("RECV_F", "receive activations", compute=False, p2p=True),
         Kind("SEND_B", "send gradients", compute=False, p2p=True),
@@ -55,10 +79,11 @@ KINDS: dict[str, Kind] = {
         Kind("REDUCE_SCATTER", "reduce-scatter", compute=False),
         Kind("ALL_TO_ALL", "all-to-all", compute=False),
     )
-}
+}  # fmt: skip
 COMPUTE_KINDS = tuple(code for code, k in KINDS.items() if k.compute)
 COMM_KINDS = tuple(code for code, k in KINDS.items() if not k.compute)
 KIND_NAMES = {code: k.name for code, k in KINDS.items()}
+PIPELINE_KINDS = tuple(code for code, k in KINDS.items() if k.produces)  # F, B, I, W
 
 # Longest codes first, so "REDUCE_GRAD" is not read as "R..." of a shorter code.
 _CODES = "|".join(sorted(KINDS, key=len, reverse=True))
@@ -158,6 +183,12 @@ class Schedule:
     @property
     def num_devices(self) -> int:
         return len(self.devices)
+
+    @property
+    def numbered(self) -> int:
+        """How many micro-batches the actions number (0 to numbered - 1): `microbatches`,
+        or one per `batch_scale` of them (the unsplit naive schedule: 1)."""
+        return -(-self.microbatches // self.batch_scale)
 
     @property
     def chunks(self) -> int:

@@ -206,7 +206,7 @@ def test_deadlock_is_reported_quickly_with_what_each_device_waits_for():
             ex.step(bad, x, y)
         assert time.monotonic() - t0 < 3
         msg = str(info.value)
-        assert "device 0 waits for the gradient from stage 1 micro-batch 0 for 0B0" in msg
+        assert "device 0 waits for the input gradient of stage 1 micro-batch 0 for 0B0" in msg
         assert "device 1 waits for the activations of stage 0 micro-batch 1 for 1F1" in msg
         good = hand_schedule(["0F0 0F1 0B0 0B1", "1F0 1B0 1F1 1B1"])
         assert ex.step(good, x, y).loss > 0  # usable again

@@ -127,6 +127,9 @@ def test_naive_runs_one_device_at_a_time_on_the_whole_batch():
     assert timeline.makespan == pytest.approx(p * m * (F + B))
     assert timeline.bubble_fraction == pytest.approx(1 - 1 / p)
     assert timeline.peak_activations == [m] * p  # the whole batch, like GPipe
+    # its actions number one micro-batch (0), each carrying all m
+    assert naive(p, m).numbered == 1 and {a.microbatch for a in naive(p, m).devices[0]} == {0}
+    assert make_schedule("1f1b", p, m).numbered == m
 
 
 @pytest.mark.parametrize("name", ["interleaved", "breadth-first"])

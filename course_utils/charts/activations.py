@@ -11,19 +11,21 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from course_utils.actions import KINDS
 from course_utils.charts.plot import add_legend, figure_and_axes
 from course_utils.timeline import Timeline
 
 
 def held_over_time(timeline: Timeline, device: int) -> tuple[list[float], list[int]]:
     """Step curve of micro-batches held by `device`: +1 when a forward starts, -1 when the
-    backward that frees it (B, or W when split) ends; changes at one moment are merged."""
+    backward that frees it (B, or W when split) ends; changes at one moment are merged.
+    What each kind keeps or frees is `KINDS[kind].holds`."""
     change: dict[float, int] = {}
     for e in timeline.device_events(device):
-        if e.action.kind == "F":
-            change[e.start] = change.get(e.start, 0) + 1
-        elif e.action.kind in ("B", "W"):
-            change[e.end] = change.get(e.end, 0) - 1
+        holds = KINDS[e.action.kind].holds
+        if holds:  # kept from the start of the action, freed at its end
+            t = e.start if holds > 0 else e.end
+            change[t] = change.get(t, 0) + holds
     times, held = [0.0], [0]
     for t in sorted(change):
         times.append(t)

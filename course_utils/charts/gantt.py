@@ -269,7 +269,7 @@ def _draw_one(
         if not verts[key]:
             continue
         present.add(key)
-        hatchcolor = (1, 1, 1, 0.55) if key in ("B", "I") else (0, 0, 0, 0.35)
+        hatchcolor = (1, 1, 1, 0.55) if style.is_dark(key) else (0, 0, 0, 0.35)
         ax.add_collection(
             PolyCollection(
                 verts[key],
@@ -333,7 +333,7 @@ def _legend_handles(present: set[str], colour: str = "micro-batch") -> list[Patc
         if key not in present:
             continue
         fill = _fill(key, None) if key != "F" else style.microbatch_color(None)
-        hatchcolor = (1, 1, 1, 0.7) if key in ("B", "I") else (0, 0, 0, 0.4)
+        hatchcolor = (1, 1, 1, 0.7) if style.is_dark(key) else (0, 0, 0, 0.4)
         handles.append(
             Patch(facecolor=fill, edgecolor="white", hatch=hatch, label=label)
             if key != "comm"

@@ -15,6 +15,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from course_utils.actions import PIPELINE_KINDS
 from course_utils.charts import style
 from course_utils.timeline import Timeline
 
@@ -53,7 +54,7 @@ def _nice_step(span: float, target: int = 8) -> float:
 
 
 _NCOL = len(style.MICROBATCH_COLORS)
-_KIND = {"F": 0, "B": 1, "I": 2, "W": 3}
+_KIND = {kind: i for i, kind in enumerate(PIPELINE_KINDS)}
 _WHITE, _BUBBLE = 0, 1  # colour-table indices; index + 1 is the hatched variant
 _IDLE_PATTERN = 5  # index into _patterns()
 
@@ -210,9 +211,8 @@ def paint(timeline: Timeline, title: str, xlabel: str | None = None) -> bytes:
 
 def _legend(draw, y: int, present: set[str], font) -> None:
     """The same entries, in the same order and words, as gantt.py's legend."""
-    grey = style.LEGEND_SWATCH
     entries = [
-        (key, label, _u8(style.fill(key, None) if key == "comm" else _swatch(key, grey)))
+        (key, label, _u8(style.fill(key, None)))
         for key, label, _hatch in style.CATEGORIES
         if key in present or key == "F"
     ]
@@ -223,7 +223,7 @@ def _legend(draw, y: int, present: set[str], font) -> None:
         if kind == "idle":
             for k in range(0, 18, 6):
                 draw.line([(x + k, y), (x + k + 6, y + 12)], fill=_u8(style.BUBBLE_HATCH_COLOR))
-        elif kind in ("B", "I"):
+        elif style.is_dark(kind):
             for k in range(0, 18, 6):
                 start, end = ((x + k, y + 12), (x + k + 6, y)) if kind == "B" else (
                     (x + k, y), (x + k + 6, y + 12))  # fmt: skip
@@ -231,11 +231,3 @@ def _legend(draw, y: int, present: set[str], font) -> None:
         draw.text((x + 24, y + 6), label, fill=(30, 30, 30), font=font, anchor="lm")
         x += 34 + int(draw.textlength(label, font=font))
     draw.text((x + 10, y + 6), "colour = micro-batch", fill=(90, 90, 90), font=font, anchor="lm")
-
-
-def _swatch(kind: str, grey) -> tuple[float, float, float]:
-    if kind in ("B", "I"):
-        return style.darken(grey)
-    if kind == "W":
-        return style.lighten(grey)
-    return style.to_rgb(grey)

@@ -14,6 +14,8 @@ import matplotlib as mpl
 from matplotlib.colors import to_rgb
 from matplotlib.rcsetup import cycler
 
+from course_utils.actions import INPUT_GRAD, KINDS, PIPELINE_KINDS, WEIGHT_GRAD
+
 if TYPE_CHECKING:
     from matplotlib.typing import RcKeyType
 
@@ -133,15 +135,20 @@ WAIT_LABEL = "waiting for communication"
 
 def category(kind: str) -> str:
     """The bar category of an action kind: F, B, I, W, or "comm" for every communication."""
-    return kind if kind in ("F", "B", "I", "W") else "comm"
+    return kind if kind in PIPELINE_KINDS else "comm"
+
+
+def is_dark(category: str) -> bool:
+    """Bars of the kinds that make the input gradient (B, I) are darker (light hatching)."""
+    return category in PIPELINE_KINDS and KINDS[category].produces == INPUT_GRAD
 
 
 def fill(category: str, microbatch: int | None) -> tuple[float, float, float]:
     """A bar's fill: the micro-batch colour, darker for B and I, lighter for W."""
     base = microbatch_color(microbatch)
-    if category in ("B", "I"):
+    if is_dark(category):
         return darken(base)
-    if category == "W":
+    if category in PIPELINE_KINDS and KINDS[category].produces == WEIGHT_GRAD:
         return lighten(base)
     if category == "comm":
         return to_rgb(COMM_COLOR)

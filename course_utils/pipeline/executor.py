@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from course_utils.actions import KIND_NAMES, Action, Schedule
+from course_utils.actions import ACTIVATIONS, INPUT_GRAD, KIND_NAMES, KINDS, Action, Schedule
 from course_utils.errors import CourseInputError, ScheduleError, WorkerError
 from course_utils.pipeline.simulate import structure_problems
 from course_utils.threads.devices import Aborted, DeviceThreads
@@ -44,6 +44,10 @@ from course_utils.threads.links import Links
 from course_utils.threads.trace import Recorder, Stream, check_clock
 from course_utils.timeline import Event, Timeline
 
+# A message between stages is keyed ("act" | "grad", receiving stage, micro-batch): what
+# the receiver needs from the stage at `offset` from its own (KINDS[kind].needs).
+_MESSAGE_OF = {(-1, ACTIVATIONS): "act", (1, INPUT_GRAD): "grad"}
+_MESSAGES = {name: key for key, name in _MESSAGE_OF.items()}
 _POLL_S = 0.02  # how often a waiting device re-checks abort and deadlock
 
 # What an action hands to another stage: (mailbox key, tensor), e.g. (("act", 2, 0), out).
@@ -260,7 +264,7 @@ class PipelineExecutor:
                 f"schedule is for {schedule.num_devices} devices and {schedule.stages} stages, "
                 f"but this executor has {self.num_devices} devices and {len(self.stages)} stages"
             )
-        n_mb = -(-schedule.microbatches // schedule.batch_scale)  # naive: one whole batch
+        n_mb = schedule.numbered  # naive: one whole batch
         devices = [list(actions) for actions in schedule.devices]
         # The simulator's checks: each action once, nothing missing, and each stage on one
         # device. The placement itself is the schedule's (looping, V, ...): the executor's
@@ -299,6 +303,13 @@ class _Run:
         self.losses: dict[int, float] = {}
         # record module outputs during F only when the schedule splits backward into I and W
         self.split = any(a.kind == "I" for acts in schedule.devices for a in acts)
+        # The kind that makes each product in this schedule (the input gradient: B, or I).
+        self.maker = {
+            KINDS[a.kind].produces: a.kind
+            for acts in schedule.devices
+            for a in acts
+            if KINDS[a.kind].produces
+        }
 
     # Each device thread runs this over its own action list.
     def device(self, d: int) -> None:
@@ -317,11 +328,8 @@ class _Run:
                     for message in self.held[d]:
                         self._post(self.streams[d], message)
                     self.held[d].clear()
-                if action.kind == "F":
-                    held += 1
-                    self.peaks[d] = max(self.peaks[d], held)
-                elif action.kind in ("B", "W"):
-                    held -= 1
+                held += KINDS[action.kind].holds  # +1 at F, -1 when its memory is freed
+                self.peaks[d] = max(self.peaks[d], held)
         except BaseException:
             # Tell peers before this device counts as finished, so they give up (Aborted)
             # instead of mistaking the failure for a deadlock.
@@ -380,32 +388,32 @@ class _Run:
         nbytes = tensor.numel() * tensor.element_size()
         if to_device != stream.device:
             self.sent_bytes.append(nbytes)
-            send = Action(
-                stage - 1 if kind == "act" else stage + 1,
-                "SEND_F" if kind == "act" else "SEND_B",
-                mb,
-            )
+            offset, product = _MESSAGES[kind]  # the sender is the stage the receiver needs
+            send = Action(stage + offset, KINDS[self.maker[product]].sends, mb)
             stream.send(key, to_device, nbytes, send)
         else:
             stream.send(key, to_device, nbytes)
         self.mail.put(key, tensor)
 
     def _receive(self, d: int, a: Action, saved: dict):
-        """The message this action needs from another stage (None if it needs none)."""
+        """The message this action needs from another stage (None if it needs none).
+
+        What it needs is KINDS[a.kind].needs: from its own stage, what an earlier action
+        on this device left in `saved`; from a neighbouring stage, a message."""
         s, mb = a.stage, a.microbatch
-        if a.kind in ("B", "I", "W") and (s, mb) not in saved:
-            need = f"{s}F{mb}" if a.kind != "W" else f"{s}I{mb}"
-            raise ScheduleError(f"device {d} runs {a} before {need}, which it needs")
-        if a.kind == "W" and "record_grads" not in saved[(s, mb)]:
-            raise ScheduleError(f"device {d} runs {a} before {s}I{mb}, which it needs")
-        if a.kind == "F" and s > 0:
-            key, what = ("act", s, mb), f"the activations of stage {s - 1} micro-batch {mb}"
-        elif a.kind in ("B", "I") and s < self.last:
-            key, what = ("grad", s, mb), f"the gradient from stage {s + 1} micro-batch {mb}"
-        else:
-            return None
-        message = self.mail.get(key, d, f"{what} for {a}")
-        self.streams[d].recv(key)
+        message = None
+        for offset, product in KINDS[a.kind].needs:
+            if offset == 0:  # made on this device, by this stage
+                here = saved.get((s, mb), {})
+                made = bool(here) if product == ACTIVATIONS else "record_grads" in here
+                if not made:
+                    need = Action(s, self.maker[product], mb)
+                    raise ScheduleError(f"device {d} runs {a} before {need}, which it needs")
+            elif 0 <= s + offset <= self.last:
+                key = (_MESSAGE_OF[offset, product], s, mb)
+                what = f"the {product} of stage {s + offset} micro-batch {mb}"
+                message = self.mail.get(key, d, f"{what} for {a}")
+                self.streams[d].recv(key)
         return message
 
     def _forward(self, s: int, mb: int, received, saved: dict) -> Message | None:

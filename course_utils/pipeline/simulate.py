@@ -9,6 +9,8 @@ time when the producer sits on another device). The dependencies are those of ba
     B or I(s, m)   needs F(s, m) and B/I(s+1, m)        (the last stage needs only its F)
     W(s, m)        needs I(s, m)                        (weight gradient after input gradient)
 
+as `course_utils.actions.KINDS` states them (each kind's `produces` and `needs`).
+
 `validate` checks a hand-written order and returns kind, precise messages instead of
 raising, so exercises can grade a learner's schedule.
 
@@ -29,13 +31,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from numbers import Real
 
-from course_utils.actions import Action, Schedule
+from course_utils.actions import KINDS, PIPELINE_KINDS, Action, Schedule
 from course_utils.errors import CourseInputError, ScheduleError
 from course_utils.timeline import Timeline
 
-# Dependency "slots": B and I both deliver the input gradient the stage before waits for.
-_FWD, _GRAD_IN, _WEIGHT = 0, 1, 2
-_SLOT = {"F": _FWD, "B": _GRAD_IN, "I": _GRAD_IN, "W": _WEIGHT}
+# Dependency "slots", one per product: B and I both deliver the input gradient the stage
+# before waits for. A kind's slot and its needs as (stage offset, slot), from KINDS.
+_PRODUCTS = tuple(dict.fromkeys(KINDS[k].produces for k in PIPELINE_KINDS))
+_SLOTS = len(_PRODUCTS)
+_SLOT = {k: _PRODUCTS.index(KINDS[k].produces) for k in PIPELINE_KINDS}
+_NEEDS = {k: tuple((o, _PRODUCTS.index(p)) for o, p in KINDS[k].needs) for k in PIPELINE_KINDS}
 
 
 MAX_COST = 1e9  # a cost per action; a step of a million actions then stays far from overflow
@@ -152,7 +157,7 @@ def _as_device_lists(devices_or_schedule) -> list[list[Action]]:
     return [[Action.parse(a) for a in actions if a is not None] for actions in devices]
 
 
-_CODE = {"F": 0, "B": 1, "I": 2, "W": 3}
+_CODE = {k: i for i, k in enumerate(PIPELINE_KINDS)}
 
 
 def _structure_is_fine(devices: list[list[Action]], stages: int, microbatches: int) -> bool:
@@ -261,7 +266,7 @@ def _run(
     """
     n = len(devices)
     last = stages - 1
-    row = 3 * microbatches  # key distance between neighbouring stages
+    row = _SLOTS * microbatches  # key distance between neighbouring stages
     cost_of = {
         "F": [c * scale for c in fwd_cost],
         "B": [c * scale for c in bwd_cost],
@@ -269,6 +274,7 @@ def _run(
         "W": [c * scale * weight_fraction for c in bwd_cost],
     }
     p2p *= scale
+    slot_of, needs_of = _SLOT, _NEEDS
     plans = [[a for a in actions if a.kind in _SLOT] for actions in devices]
     # held[d][i]: the output of device d's i-th action waits for the end of its send group.
     held = [[False] * len(plan) for plan in plans]
@@ -303,35 +309,24 @@ def _run(
             a = plan[i]
             kind, s, mb = a.kind, a.stage, a.microbatch
             assert mb is not None  # compute actions all have one (structure_problems checked)
-            base = s * row + mb * 3
-            # At most two dependencies (-1: none); written out rather than looped, for speed.
-            if kind == "F":
-                key, dep1, dep2 = base, (base - row if s > 0 else -1), -1
-            elif kind == "W":
-                key, dep1, dep2 = base + _WEIGHT, base + _GRAD_IN, -1
-            else:
-                key, dep1 = base + _GRAD_IN, base
-                dep2 = base + row + _GRAD_IN if s < last else -1
-            start = t
-            if dep1 >= 0:
+            base = s * row + mb * _SLOTS
+            key, start, blocked = base + slot_of[kind], t, False
+            for offset, slot in needs_of[kind]:
+                if not 0 <= s + offset <= last:
+                    continue  # no stage there: nothing to wait for
+                dep = base + offset * row + slot
                 # Made here: read at its end; made elsewhere: once it was sent (plus p2p).
-                done = end[dep1] if made_on[dep1] == d else sent[dep1]
+                done = end[dep] if made_on[dep] == d else sent[dep]
                 if done is None:
-                    waiters[dep1].append(d)  # woken when dep1 is sent
+                    waiters[dep].append(d)  # woken when dep is sent
+                    blocked = True
                     break
-                if p2p and made_on[dep1] != d:
+                if p2p and made_on[dep] != d:
                     done += p2p
                 if done > start:
                     start = done
-            if dep2 >= 0:
-                done = end[dep2] if made_on[dep2] == d else sent[dep2]
-                if done is None:
-                    waiters[dep2].append(d)
-                    break
-                if p2p and made_on[dep2] != d:
-                    done += p2p
-                if done > start:
-                    start = done
+            if blocked:
+                break
             t = start + cost_of[kind][s]
             end[key] = t
             made_on[key] = d
@@ -363,22 +358,21 @@ def _dependencies(a: Action, last: int) -> list[tuple[int, str, int]]:
     """What `a` waits for, as (stage, kinds that deliver it, micro-batch)."""
     s, m = a.stage, a.microbatch
     assert m is not None  # a compute action
-    if a.kind == "F":
-        return [(s - 1, "F", m)] if s > 0 else []
-    if a.kind == "W":
-        return [(s, "IB", m)]
-    return [(s, "F", m)] + ([(s + 1, "IB", m)] if s < last else [])
+    return [
+        (s + offset, "".join(k for k in PIPELINE_KINDS if KINDS[k].produces == product), m)
+        for offset, product in KINDS[a.kind].needs
+        if 0 <= s + offset <= last
+    ]
 
 
 def _describe_wait(d: int, action: Action, plans, microbatches: int, readable, row, last) -> str:
     """'device 0 waits at 0B0 for 1B0' for a device stuck at `action`."""
-    slot = {"F": _FWD, "I": _GRAD_IN, "B": _GRAD_IN, "W": _WEIGHT}
     for s, kinds, m in _dependencies(action, last):
-        if readable[s * row + m * 3 + slot[kinds[0]]] is None:
+        if readable[s * row + m * _SLOTS + _SLOT[kinds[0]]] is None:
             break
     # Name the dependency as the schedule spells it (B or I), wherever it is.
     found = [a for p in plans for a in p if (a.stage, a.microbatch) == (s, m) and a.kind in kinds]
-    needed = str(found[0]) if found else f"{s}{kinds[-1]}{m}"
+    needed = str(found[0]) if found else f"{s}{kinds[0]}{m}"
     text = f"device {d} waits at {action} for {needed}"
     if found and found[0] in plans[d]:
         text += f", which comes later on device {d}"
@@ -388,12 +382,12 @@ def _describe_wait(d: int, action: Action, plans, microbatches: int, readable, r
 def _peaks(devices: list[list[Action]], scale: int) -> list[int]:
     """Most micro-batch chunks each device holds at once: +1 at F, -1 at B, or at W when the
     backward is split (I keeps what W still needs)."""
-    step = {"F": 1, "B": -1, "W": -1}
+    step = {code: kind.holds for code, kind in KINDS.items()}
     peaks = []
     for actions in devices:
         held = peak = 0
         for a in actions:
-            held += step.get(a.kind, 0)
+            held += step[a.kind]
             if held > peak:
                 peak = held
         peaks.append(peak * scale)
@@ -408,7 +402,7 @@ def _prepare(schedule: Schedule, costs: CostModel):
     if not isinstance(costs, CostModel):
         raise CourseInputError(f"costs must be a CostModel, got {type(costs).__name__}")
     devices = _as_device_lists(schedule)
-    microbatches = -(-schedule.microbatches // schedule.batch_scale)  # naive: just one
+    microbatches = schedule.numbered  # naive: just one
     problems = structure_problems(devices, schedule.stages, microbatches)
     if problems:
         raise ScheduleError(f"{schedule.name}: " + "; ".join(problems))
@@ -484,7 +478,7 @@ def validate(
         sched = devices_or_schedule
         stages = sched.stages if stages is None else stages
         if microbatches is None:
-            microbatches = -(-sched.microbatches // sched.batch_scale)
+            microbatches = sched.numbered
     if stages is None or microbatches is None:
         raise CourseInputError("validate needs stages and microbatches for plain action lists")
     if stages < 1 or microbatches < 1:
