@@ -29,7 +29,7 @@ def rgb(png: bytes) -> np.ndarray:
 def pixel_at(view, device: int, t: float) -> np.ndarray:
     """The colour painted for `device` at time `t` (centre of the device's row)."""
     img = rgb(view.png)
-    p = view.settings.stages
+    p = view.settings.devices
     row_h = row_height(p)
     plot_w = WIDTH - LEFT - RIGHT
     x = LEFT + int(t / view.makespan * plot_w)
@@ -113,7 +113,7 @@ def test_chart_changes_with_every_control():
     before = explorer_update(base)
     for change in (
         {"microbatches": 12},
-        {"stages": 6},
+        {"devices": 6},
         {"schedule": "1f1b"},
         {"backward_ratio": 3.0},
         {"comm_cost": 0.5},
@@ -128,8 +128,8 @@ def test_chart_changes_with_every_control():
 @pytest.mark.parametrize(
     "change, word",
     [
-        ({"stages": 0}, "stages"),
-        ({"stages": 17}, "stages"),
+        ({"devices": 0}, "devices"),
+        ({"devices": 17}, "devices"),
         ({"microbatches": 65}, "microbatches"),
         ({"microbatches": 2.5}, "microbatches"),
         ({"chunks": 0}, "chunks"),
@@ -153,7 +153,7 @@ def test_largest_settings_paint_without_labels_overflowing():
 
 
 def test_widget_follows_its_sliders():
-    ui = schedule_explorer("gpipe", stages=4, microbatches=8)
+    ui = schedule_explorer("gpipe", devices=4, microbatches=8)
     assert "explorer-chart" in ui.chart._dom_classes
     assert "explorer-microbatches" in ui.microbatches._dom_classes
     assert "explorer-metrics" in ui.metrics._dom_classes
@@ -174,7 +174,7 @@ def test_widget_follows_its_sliders():
 
 
 def test_text_and_png_fallback_without_a_widget_frontend():
-    ui = schedule_explorer("1f1b", stages=4, microbatches=8)
+    ui = schedule_explorer("1f1b", devices=4, microbatches=8)
     bundle = ui._repr_mimebundle_()
     assert "application/vnd.jupyter.widget-view+json" in bundle
     assert "bubble 27.3%" in bundle["text/plain"]
@@ -185,8 +185,13 @@ def test_text_and_png_fallback_without_a_widget_frontend():
 
 
 def test_bad_arguments_to_the_widget_are_one_line_errors():
-    with pytest.raises(CourseInputError, match="stages"):
-        schedule_explorer("gpipe", stages=40)
+    with pytest.raises(CourseInputError, match="devices"):
+        schedule_explorer("gpipe", devices=40)
+
+
+def test_stages_is_still_accepted_for_devices():
+    # The older spelling (lessons and notebooks written before the rename).
+    assert schedule_explorer("gpipe", stages=6).settings().devices == 6
 
 
 def test_explorer_module_does_not_import_torch():

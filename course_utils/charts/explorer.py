@@ -1,7 +1,7 @@
 """The schedule explorer: move a slider, watch the pipeline's Gantt chart and bubble change.
 
     from course_utils.charts.explorer import show_explorer
-    show_explorer("gpipe", stages=4, microbatches=8)
+    show_explorer("gpipe", devices=4, microbatches=8)
 
 One update simulates the schedule and paints its chart. It must feel instant (under
 100 ms for up to 16 devices and 64 micro-batches, see benchmarks/bench_explorer.py), so
@@ -24,7 +24,7 @@ from course_utils.errors import CourseInputError, ScheduleError
 from course_utils.pipeline.schedules import BASELINE, SCHEDULES, Case, make_schedule, schedule_info
 from course_utils.pipeline.simulate import CostModel, simulate
 
-MAX_STAGES, MAX_MICROBATCHES, MAX_CHUNKS = 16, 64, 4
+MAX_DEVICES, MAX_MICROBATCHES, MAX_CHUNKS = 16, 64, 4
 XLABEL = "time (units: one micro-batch forward on one device's share = 1)"
 
 
@@ -33,7 +33,7 @@ class Settings:
     """What the explorer's controls say. Costs are per micro-batch on one device's share."""
 
     schedule: str = BASELINE
-    stages: int = 4
+    devices: int = 4
     microbatches: int = 8
     chunks: int = 2  # used by interleaved and breadth-first only
     backward_ratio: float = 2.0  # backward time / forward time
@@ -43,7 +43,7 @@ class Settings:
         """These settings, or a CourseInputError naming the first bad one."""
         schedule_info(self.schedule)  # a one-line error for an unknown name
         for name, value, top in (
-            ("stages", self.stages, MAX_STAGES),
+            ("devices", self.devices, MAX_DEVICES),
             ("microbatches", self.microbatches, MAX_MICROBATCHES),
             ("chunks", self.chunks, MAX_CHUNKS),
         ):
@@ -81,7 +81,7 @@ class View:
         s = self.settings
         chunks = f", v={s.chunks}" if SCHEDULES[s.schedule].uses_chunks else ""
         return (
-            f"{SCHEDULES[s.schedule].label} · p={s.stages}, m={s.microbatches}{chunks} — "
+            f"{SCHEDULES[s.schedule].label} · p={s.devices}, m={s.microbatches}{chunks} — "
             f"makespan {self.makespan:.1f} units, bubble {100 * self.bubble_fraction:.1f}%"
         )
 
@@ -117,7 +117,7 @@ def closed_form(settings: Settings) -> tuple[str, float] | None:
     """The registry's bubble formula and its value, when it holds for these settings."""
     s = settings
     case = Case(
-        s.stages, s.microbatches, s.effective_chunks, 1.0, s.backward_ratio, 0.5, s.comm_cost
+        s.devices, s.microbatches, s.effective_chunks, 1.0, s.backward_ratio, 0.5, s.comm_cost
     )
     form = SCHEDULES[s.schedule].bubble
     value = form(case)
@@ -138,7 +138,7 @@ def explorer_update(settings: Settings | None = None, **changes) -> View:
     """
     s = replace(settings or Settings(), **changes).validated()
     try:
-        schedule = _schedule(s.schedule, s.stages, s.microbatches, s.effective_chunks)
+        schedule = _schedule(s.schedule, s.devices, s.microbatches, s.effective_chunks)
         timeline = simulate(
             schedule, CostModel.from_times(1.0, s.backward_ratio, None, s.comm_cost)
         )
@@ -181,8 +181,8 @@ class ScheduleExplorer:
             style=wide,
             layout=layout,
         )
-        self.stages = widgets.IntSlider(
-            s.stages, 1, MAX_STAGES, description="stages (devices) p", style=wide, layout=layout
+        self.devices = widgets.IntSlider(
+            s.devices, 1, MAX_DEVICES, description="devices p", style=wide, layout=layout
         )
         self.microbatches = widgets.IntSlider(
             s.microbatches, 1, MAX_MICROBATCHES, description="micro-batches m", style=wide,
@@ -203,7 +203,7 @@ class ScheduleExplorer:
         self.metrics = widgets.HTML(self.view.html())
         for widget, name in (
             (self.schedule, "schedule"),
-            (self.stages, "stages"),
+            (self.devices, "devices"),
             (self.microbatches, "microbatches"),
             (self.chunks, "chunks"),
             (self.backward, "backward"),
@@ -219,7 +219,7 @@ class ScheduleExplorer:
             [
                 widgets.HBox(
                     [
-                        widgets.VBox([self.schedule, self.stages, self.microbatches]),
+                        widgets.VBox([self.schedule, self.devices, self.microbatches]),
                         widgets.VBox([self.chunks, self.backward, self.comm]),
                     ]
                 ),
@@ -233,7 +233,7 @@ class ScheduleExplorer:
     def controls(self) -> tuple:
         return (
             self.schedule,
-            self.stages,
+            self.devices,
             self.microbatches,
             self.chunks,
             self.backward,
@@ -243,7 +243,7 @@ class ScheduleExplorer:
     def settings(self) -> Settings:
         return Settings(
             schedule=self.schedule.value,
-            stages=self.stages.value,
+            devices=self.devices.value,
             microbatches=self.microbatches.value,
             chunks=self.chunks.value,
             backward_ratio=float(self.backward.value),
@@ -274,15 +274,20 @@ class ScheduleExplorer:
 
 def schedule_explorer(
     schedule: str = BASELINE,
-    stages: int = 4,
+    devices: int = 4,
     microbatches: int = 8,
     chunks: int = 2,
     backward_ratio: float = 2.0,
     comm_cost: float = 0.0,
+    *,
+    stages: int | None = None,
 ) -> ScheduleExplorer:
-    """Build the explorer (display it, or use `show_explorer`)."""
+    """Build the explorer (display it, or use `show_explorer`). `stages=` is the older
+    spelling of `devices=` (the devices p; a device holds `chunks` stages)."""
+    if stages is not None:
+        devices = stages
     return ScheduleExplorer(
-        Settings(schedule, stages, microbatches, chunks, backward_ratio, comm_cost).validated()
+        Settings(schedule, devices, microbatches, chunks, backward_ratio, comm_cost).validated()
     )
 
 
