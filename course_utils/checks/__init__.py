@@ -29,11 +29,15 @@ This package never imports torch; a lesson's check module imports it lazily if n
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import random
 import re
+import sys
 from collections.abc import Callable, Iterable, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 __all__ = [
@@ -105,6 +109,9 @@ def exercise_label() -> str:
     Check modules follow one naming convention, so the label comes for free instead of
     every check passing its own number around. Falls back to 'This exercise'.
     """
+    declared = _LABEL.get()
+    if declared is not None:
+        return declared
     frame = inspect.currentframe()
     try:
         while frame is not None:
@@ -390,18 +397,28 @@ def expect_number(
     these applies it returns the number, so the check can give its own hints and then fail.
     """
     number = as_number(value, what)
-    if same_to_3_figures(number, expected):
-        return number
-    unit_name = f" {unit}" if unit and unit not in ("fraction", "percent") else ""
+    if not same_to_3_figures(number, expected):
+        _fail_on_slip(number, expected, what, unit, slips)
+        _fail_if_too_rounded(number, expected, what, unit)
+    return number
+
+
+def _fail_on_slip(
+    number: float, expected: float, what: str, unit: str | None, slips: Sequence[tuple[float, str]]
+) -> None:
+    """Fail with the unit slip `number` matches, or the question's own slip."""
     for factor, slip in UNIT_SLIPS.get(unit or "", []):
         if expected and same_to_3_figures(number, expected * factor):
             fail(f"`{what}` = {number:g} looks like {slip}.")
     for factor, slip in slips:
         if expected and same_to_3_figures(number, expected * factor):
             fail(f"`{what}` = {number:g} {slip}")
+
+
+def _fail_if_too_rounded(number: float, expected: float, what: str, unit: str | None) -> None:
+    unit_name = f" {unit}" if unit and unit not in ("fraction", "percent") else ""
     if _rounded_to_fewer_figures(number, expected):
         fail(f"`{what}` = {number:g}{unit_name} is close: give 3 significant figures.")
-    return number
 
 
 def is_right(value: float, expected: float) -> bool:
@@ -488,11 +505,212 @@ class LessonChecks:
         return numbers
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith(("exercise_", "given_", "cases_")):
-            fn = getattr(self.module, name)
-            return lambda *args, **kwargs: fn(*args, v=self.variant, **kwargs)
-        raise AttributeError(name)
+        if not name.startswith(("exercise_", "given_", "cases_")):
+            raise AttributeError(name)
+        fn = getattr(self.module, name)
+        if name.startswith("exercise_"):
+            return lambda *answers: fn(*answers, variant=self.variant)
+        return lambda: fn(self.variant)
 
 
 def for_student(module: Any, student: str = DEFAULT_STUDENT) -> LessonChecks:
     return LessonChecks(module, student)
+
+
+# --------------------------------------------------------------------------- declaring exercises
+
+
+def lesson_checks(module_name: str) -> Callable[[str], LessonChecks]:
+    """A check module's `for_student`: `for_student = lesson_checks(__name__)`."""
+
+    def for_this_lesson(student: str = DEFAULT_STUDENT) -> LessonChecks:
+        """This lesson's checks with `student`'s numbers (the notebook's first code cell)."""
+        return LessonChecks(sys.modules[module_name], student)
+
+    return for_this_lesson
+
+
+@dataclass(frozen=True)
+class Pick:
+    """A number drawn per student (`Variant.pick`): the course's `default`, or one of `options`."""
+
+    key: str
+    default: Any
+    options: Sequence[Any]
+
+
+def pick(key: str, default: Any, options: Sequence[Any]) -> Pick:
+    return Pick(key, default, options)
+
+
+def numbers(**declared: Any) -> Callable[..., Given]:
+    """An exercise's `given_K`, declared: each name's constant, or its `pick(...)`.
+
+    given_1 = numbers(p=pick("1p", 4, [3, 5, 6]), F=1.0)
+    """
+
+    def given(variant: Variant = DEFAULT) -> Given:
+        return Given(
+            {
+                name: variant.pick(x.key, x.default, x.options) if isinstance(x, Pick) else x
+                for name, x in declared.items()
+            }
+        )
+
+    return given
+
+
+class _Otherwise:
+    def __repr__(self) -> str:
+        return "OTHERWISE"
+
+
+OTHERWISE: Any = _Otherwise()  # in `judge`'s hints: the hint for any other wrong answer
+
+
+@dataclass(frozen=True)
+class AnyOf:
+    """In `judge`'s hints: a mistake that gives any of these answers."""
+
+    answers: tuple[Any, ...]
+
+
+def any_of(*answers: Any) -> AnyOf:
+    return AnyOf(answers)
+
+
+def matches(got: Any, want: Any, rel: float = 0.0) -> bool:
+    """The course's rule for comparing a learner's answer: a float is right to 3 significant
+    figures (or within `rel`, where a check widens it), a whole number exactly, a list item by
+    item; `want` may also be `any_of(...)`, a test (a function of the answer) or None (no
+    answer matches)."""
+    if want is None:
+        return False
+    if isinstance(want, AnyOf):
+        return any(matches(got, w, rel) for w in want.answers)
+    if callable(want):
+        return bool(want(got))
+    if isinstance(got, list | tuple):
+        return (
+            isinstance(want, list | tuple)
+            and len(got) == len(want)
+            and all(matches(g, w, rel) for g, w in zip(got, want, strict=True))
+        )
+    if isinstance(got, float) and isinstance(want, int | float) and not isinstance(want, bool):
+        return close(got, want, rel=rel) if rel else same_to_3_figures(got, want)
+    return bool(got == want)
+
+
+def judge(
+    value: Any,
+    want: Any,
+    what: str,
+    hints: dict[str, Any],
+    *,
+    unit: str | None = None,
+    slips: Sequence[tuple[float, str]] = (),
+    rel: float = 0.0,
+    rounding: bool = True,
+) -> bool:
+    """True when `value` (an answer read by its shape) is `want` (see `matches`). Otherwise
+    fail with, in this order: a unit slip or one of `slips` (as `expect_number`); the first
+    hint whose mistake `value` matches (`hints` maps each hint to the wrong answer it names:
+    an answer, `any_of(...)`, a test of the answer, None where it does not apply, or True or
+    False where the check has already told whether it was made); a fraction outside
+    0..1; the right number rounded too far (unless `rounding` is False: where the answers
+    are small whole numbers or halves, a coarse one is as likely another mistake); the hint
+    marked `OTHERWISE`. Without that one it returns False, for the check to go on."""
+    if matches(value, want, rel):
+        return True
+    number = isinstance(value, float) and isinstance(want, int | float)
+    if number:
+        _fail_on_slip(value, want, what, unit, slips)
+    fallback = None
+    for hint, wrong in hints.items():
+        if wrong is OTHERWISE:
+            fallback = hint
+        elif wrong is True or (wrong is not False and matches(value, wrong, rel)):
+            fail(hint)
+    if number and unit == "fraction" and not 0 <= value <= 1:
+        fail(f"`{what}` is a fraction of the step: a number between 0 and 1, not {value:g}.")
+    if number and rounding:
+        _fail_if_too_rounded(value, want, what, unit)
+    if fallback is not None:
+        fail(fallback)
+    return False
+
+
+Shape = Callable[[Any, str], Any]  # an answer's conversion: (value, its name) -> value
+
+
+def choice(*options: Any) -> Shape:
+    """The shape of an answer that is one of `options` (`as_choice`)."""
+    return lambda value, what: as_choice(value, options, what)
+
+
+LETTERS = ("a", "b", "c", "d")
+letter = choice(*LETTERS)  # the shape of a multiple-choice answer
+
+
+def sequence(item: Shape | None = None, length: int | None = None) -> Shape:
+    """The shape of a list answer (`as_sequence`)."""
+    return lambda value, what: as_sequence(value, what, length=length, item=item)
+
+
+def verdict(right: Any, message: str, hints: dict[Any, str], options: Any = LETTERS) -> Shape:
+    """A multiple-choice answer judged as it is read (a diagnosis: the problem, then the fix):
+    one of `options`, failing unless it is `right` with `message`, in which {got!r} is the
+    choice and {hint} its entry in `hints`, one per wrong choice."""
+
+    def judged(value: Any, what: str) -> Any:
+        got = as_choice(value, options, what)
+        expect_choice(got, right, hints, message)
+        return got
+
+    return judged
+
+
+_LABEL: ContextVar[str | None] = ContextVar("exercise_label", default=None)
+
+
+def exercise(given: Callable[..., Any] | None = None, **shapes: Shape) -> Callable[..., Any]:
+    """Declare a lesson's check `exercise_K` from its judging function.
+
+    The function's parameters are the answers, in the order the check cell passes them, and
+    optionally `g` (the learner's numbers, from `given`) and `variant`. Each answer is read
+    with its shape (`as_number`, `choice(...)`, `check_function`, ...; by default it must
+    only be answered), then the function judges them, failing with a hint, and returns the
+    message a right answer earns. The check is called `exercise_K(*answers, variant=...)`.
+    """
+
+    def declare(judging: Callable[..., str]) -> Callable[..., None]:
+        names = list(inspect.signature(judging).parameters)
+        answers = [name for name in names if name not in ("g", "variant")]
+        lesson = int(judging.__module__.rsplit(".l", 1)[-1])
+        label = f"Exercise {lesson}.{int(judging.__name__.removeprefix('exercise_'))}"
+
+        @functools.wraps(judging)
+        def check(*values: Any, variant: Variant = DEFAULT, v: Variant | None = None) -> None:
+            variant = v or variant  # v=: the keyword the grader passes (grading/judge.py)
+            if len(values) != len(answers):
+                raise TypeError(f"{judging.__name__} takes {len(answers)} answers")
+            token = _LABEL.set(label)
+            try:
+                read = {
+                    n: shapes.get(n, require)(x, n) for n, x in zip(answers, values, strict=True)
+                }
+                extra = {"g": Given(given(variant))} if given and "g" in names else {}
+                if "variant" in names:
+                    extra["variant"] = variant
+                message = judging(**read, **extra)
+            finally:
+                _LABEL.reset(token)
+            passed(message)
+
+        check.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+            [inspect.Parameter(n, inspect.Parameter.POSITIONAL_ONLY) for n in answers]
+            + [inspect.Parameter("variant", inspect.Parameter.KEYWORD_ONLY, default=DEFAULT)]
+        )
+        return check
+
+    return declare
