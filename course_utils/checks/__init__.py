@@ -103,6 +103,9 @@ class NotAnswered(CheckFailed):
         self.detail = detail
 
 
+_LABEL: ContextVar[str | None] = ContextVar("exercise_label", default=None)  # see `exercise`
+
+
 def exercise_label() -> str:
     """'Exercise 3.2' when called (at any depth) from `exercise_2` in `course_utils.checks.l03`.
 
@@ -640,7 +643,7 @@ def judge(
     return False
 
 
-Shape = Callable[[Any, str], Any]  # an answer's conversion: (value, its name) -> value
+Shape = Callable[[Any, str], Any]  # reads an answer: (value, its name) -> value, or fails
 
 
 def choice(*options: Any) -> Shape:
@@ -648,13 +651,29 @@ def choice(*options: Any) -> Shape:
     return lambda value, what: as_choice(value, options, what)
 
 
-LETTERS = ("a", "b", "c", "d")
-letter = choice(*LETTERS)  # the shape of a multiple-choice answer
-
-
 def sequence(item: Shape | None = None, length: int | None = None) -> Shape:
-    """The shape of a list answer (`as_sequence`)."""
+    """The shape of a list answer (`as_sequence`), each item read by `item`."""
     return lambda value, what: as_sequence(value, what, length=length, item=item)
+
+
+LETTERS = ("a", "b", "c", "d")
+# The shapes a lesson names in `exercise(...)`; a tuple of options or a Shape also works.
+SHAPES: dict[str, Shape] = {
+    "answer": require,
+    "number": as_number,
+    "whole number": as_int,
+    "numbers": sequence(item=as_number),
+    "whole numbers": sequence(item=as_int),
+    "list": sequence(),
+    "letter": choice(*LETTERS),
+    "function": check_function,
+}
+
+
+def _shape(spec: str | tuple | Shape) -> Shape:
+    if isinstance(spec, str):
+        return SHAPES[spec]
+    return choice(*spec) if isinstance(spec, tuple) else spec
 
 
 def verdict(right: Any, message: str, hints: dict[Any, str], options: Any = LETTERS) -> Shape:
@@ -670,17 +689,17 @@ def verdict(right: Any, message: str, hints: dict[Any, str], options: Any = LETT
     return judged
 
 
-_LABEL: ContextVar[str | None] = ContextVar("exercise_label", default=None)
-
-
-def exercise(given: Callable[..., Any] | None = None, **shapes: Shape) -> Callable[..., Any]:
+def exercise(
+    given: Callable[..., Any] | None = None, **shapes: str | tuple | Shape
+) -> Callable[..., Any]:
     """Declare a lesson's check `exercise_K` from its judging function.
 
     The function's parameters are the answers, in the order the check cell passes them, and
     optionally `g` (the learner's numbers, from `given`) and `variant`. Each answer is read
-    with its shape (`as_number`, `choice(...)`, `check_function`, ...; by default it must
-    only be answered), then the function judges them, failing with a hint, and returns the
-    message a right answer earns. The check is called `exercise_K(*answers, variant=...)`.
+    with its shape (a name in `SHAPES`, a tuple of the options, or a function such as
+    `verdict(...)`; by default it must only be answered), then the function judges them,
+    failing with a hint, and returns the message a right answer earns. The check is called
+    `exercise_K(*answers, variant=...)`.
     """
 
     def declare(judging: Callable[..., str]) -> Callable[..., None]:
@@ -697,12 +716,14 @@ def exercise(given: Callable[..., Any] | None = None, **shapes: Shape) -> Callab
             token = _LABEL.set(label)
             try:
                 read = {
-                    n: shapes.get(n, require)(x, n) for n, x in zip(answers, values, strict=True)
+                    n: _shape(shapes.get(n, "answer"))(x, n)
+                    for n, x in zip(answers, values, strict=True)
                 }
-                extra = {"g": Given(given(variant))} if given and "g" in names else {}
+                if given and "g" in names:
+                    read["g"] = Given(given(variant))
                 if "variant" in names:
-                    extra["variant"] = variant
-                message = judging(**read, **extra)
+                    read["variant"] = variant
+                message = judging(**read)
             finally:
                 _LABEL.reset(token)
             passed(message)

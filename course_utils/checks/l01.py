@@ -11,27 +11,10 @@ from __future__ import annotations
 
 import math
 
-from course_utils.checks import (
-    DEFAULT,
-    OTHERWISE,
-    Variant,
-    any_of,
-    as_int,
-    as_number,
-    check_function,
-    choice,
-    exercise,
-    expect_number,
-    fail,
-    is_right,
-    judge,
-    lesson_checks,
-    numbers,
-    pick,
-    verdict,
-)
+from course_utils import checks
+from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge, numbers, pick
 
-for_student = lesson_checks(__name__)
+for_student = checks.lesson_checks(__name__)
 
 GB = 1e9  # the course counts memory in decimal gigabytes, like GPU data sheets
 
@@ -59,7 +42,7 @@ def _total_per_parameter(precision: str, optimizer: str = "adam") -> int:
 given_1 = numbers(billions=pick("1n", 7, [3, 6, 8, 13, 20, 34]))
 
 
-@exercise(given_1, memory_gb=as_number)
+@exercise(given_1, memory_gb="number")
 def exercise_1(g, memory_gb):
     """`billions` billion parameters, fp32, Adam: model state in GB."""
     n = g.billions * 1e9
@@ -115,7 +98,7 @@ def _optimizer_hint(precision: str, optimizer: str) -> str:
     return f"In fp32 there is no separate master copy; {what}."
 
 
-@exercise(model_state_bytes=check_function)
+@exercise(model_state_bytes="function")
 def exercise_2(model_state_bytes, variant):
     """Build model_state_bytes(num_params, precision, optimizer) -> bytes per kind of state."""
     for num_params, precision, optimizer in cases_2(variant)["model_state_bytes"]:
@@ -133,10 +116,10 @@ def exercise_2(model_state_bytes, variant):
         for key in KEYS:
             want = num_params * per[key]
             one = "is the bytes of one parameter; give the bytes of all of them."
-            value = expect_number(
+            value = checks.expect_number(
                 got[key], want, f"{shown}[{key!r}]", unit="bytes", slips=[(1 / num_params, one)]
             )
-            if is_right(value, want):
+            if checks.is_right(value, want):
                 continue
             hint = {
                 "parameters": "Which number format holds the weights the passes use?",
@@ -167,7 +150,7 @@ def fewest_stages(billions: float, gpu_gb: float, reserve_gb: float) -> int:
     return math.ceil(total_gb / (gpu_gb - reserve_gb) - 1e-9)
 
 
-@exercise(given_3, devices=as_int)
+@exercise(given_3, devices="whole number")
 def exercise_3(g, devices):
     """`billions` B parameters, mixed + Adam, GPUs of `gpu_gb`, `reserve_gb` kept free."""
     billions, gpu, reserve = g.values()
@@ -193,7 +176,7 @@ def exercise_3(g, devices):
     hints = {
         "Too few. Is that counting only the 16-bit weights? Count the gradients and the "
         "optimizer's state too: how many bytes per parameter in mixed precision with "
-        "Adam?": any_of(*(math.ceil(weights / b - 1e-9) for b in (budget, gpu))),
+        "Adam?": checks.any_of(*(math.ceil(weights / b - 1e-9) for b in (budget, gpu))),
         f"Too few: with {devices} stages each GPU would hold more than {gpu:g} GB of model "
         "state. Start from the total: how many bytes per parameter in mixed precision with "
         "Adam?": OTHERWISE,
@@ -209,7 +192,7 @@ def exercise_3(g, devices):
 given_4 = numbers(p=pick("4p", 4, [3, 5, 6, 8]))
 
 
-@exercise(given_4, utilization=as_number, speedup=as_number)
+@exercise(given_4, utilization="number", speedup="number")
 def exercise_4(g, utilization, speedup):
     """Naive model parallelism over p equal stages: utilization per device and speed-up."""
     p = g.p
@@ -234,7 +217,7 @@ def exercise_4(g, utilization, speedup):
 
 
 @exercise(
-    problem=verdict(
+    problem=checks.verdict(
         "b",
         "`problem` = {got!r} is not it. {hint}",
         {
@@ -246,7 +229,7 @@ def exercise_4(g, utilization, speedup):
             "d": "This run has no optimizer step at all. Look at when each device works.",
         },
     ),
-    fix=verdict(
+    fix=checks.verdict(
         "a",
         "`problem` is right. `fix` = {got!r} is not: {hint}",
         {
@@ -269,7 +252,7 @@ def exercise_5(problem, fix):
     )
 
 
-SPLITS = choice("tensor", "pipeline")
+SPLITS = checks.choice("tensor", "pipeline")
 
 
 @exercise(scenario_a=SPLITS, scenario_b=SPLITS)

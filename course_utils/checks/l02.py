@@ -10,34 +10,16 @@ ScheduleGPipe does.
 
 from __future__ import annotations
 
+from course_utils import checks
 from course_utils.actions import Action
-from course_utils.checks import (
-    DEFAULT,
-    OTHERWISE,
-    CheckFailed,
-    NotAnswered,
-    Variant,
-    any_of,
-    as_number,
-    as_sequence,
-    check_function,
-    exercise,
-    expect_choice,
-    fail,
-    judge,
-    lesson_checks,
-    letter,
-    numbers,
-    pick,
-    require,
-)
+from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge, numbers, pick
 from course_utils.errors import CourseInputError
 
-for_student = lesson_checks(__name__)
+for_student = checks.lesson_checks(__name__)
 
 
 def _as_action(value, what: str) -> Action:
-    require(value, what)
+    checks.require(value, what)
     try:
         return Action.parse(value)
     except CourseInputError:
@@ -45,7 +27,7 @@ def _as_action(value, what: str) -> Action:
 
 
 def _actions(value, what: str) -> list[Action]:
-    return as_sequence(value, what, item=_as_action)
+    return checks.as_sequence(value, what, item=_as_action)
 
 
 def _simulate(name: str, p: int, m: int, forward=1.0, backward=2.0, p2p=0.0):
@@ -62,7 +44,7 @@ def _starts(p: int, m: int) -> dict[Action, float]:
 def _fail_if_lifo(actions: list[Action], shown: str) -> None:
     """Backwards listed last in, first out: a valid schedule, but not the course's GPipe."""
     for s in sorted({a.stage for a in actions}):
-        order = [a.microbatch for a in actions if a.stage == s and a.kind == "B"]
+        order = [a.microbatch or 0 for a in actions if a.stage == s and a.kind == "B"]
         if len(order) > 1 and order == sorted(order, reverse=True):
             fail(
                 f"{shown} runs stage {s}'s backwards last in, first out ({s}B0 last). That "
@@ -164,7 +146,7 @@ def cases_3(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
 
 
 def _device_list(result, shown: str, d: int) -> list[Action]:
-    actions = as_sequence(result, shown, item=_as_action)
+    actions = checks.as_sequence(result, shown, item=_as_action)
     wrong_stage = [a for a in actions if a.stage != d]
     if wrong_stage:
         fail(f"{shown} lists {wrong_stage[0]}, but device {d} runs stage {d} only.")
@@ -178,7 +160,7 @@ def _device_list(result, shown: str, d: int) -> list[Action]:
     return actions
 
 
-@exercise(gpipe_device=check_function)
+@exercise(gpipe_device="function")
 def exercise_3(gpipe_device, variant):
     """Build gpipe_device(p, m, d) -> device d's GPipe actions, in order, as strings."""
     from course_utils.pipeline.simulate import validate
@@ -188,8 +170,8 @@ def exercise_3(gpipe_device, variant):
         shown = f"gpipe_device({p}, {m}, {d})"
         try:
             result = gpipe_device(p, m, d)
-        except CheckFailed as exc:
-            if (p, m, d) in HUGE and not isinstance(exc, NotAnswered):
+        except checks.CheckFailed as exc:
+            if (p, m, d) in HUGE and not isinstance(exc, checks.NotAnswered):
                 what = exc.message.splitlines()[0].removeprefix(shown).strip()
                 fail(
                     f"{shown} {what.rstrip('.')}. The check also asks for one device of a "
@@ -219,7 +201,7 @@ given_4 = numbers(
 )
 
 
-@exercise(given_4, makespan=as_number, speedup=as_number)
+@exercise(given_4, makespan="number", speedup="number")
 def exercise_4(g, makespan, speedup):
     """GPipe with p stages, m micro-batches, F and B per micro-batch: makespan and speed-up."""
     p, m, f, b = g.values()
@@ -230,7 +212,7 @@ def exercise_4(g, makespan, speedup):
         "pipeline and drain it again: how many extra slots does that take?": m * (f + b),
         "That is the naive (unpipelined) step. With micro-batches the stages overlap.": naive,
         f"Off by one slot. Count again how many forward slots pass before stage {p - 1} "
-        "starts its first forward (the fill), then its m forwards.": any_of(
+        "starts its first forward (the fill), then its m forwards.": checks.any_of(
             (m + p - 2) * (f + b), (m + p) * (f + b)
         ),
         "`makespan` is not right. Draw the forward half: when does the last stage finish "
@@ -261,7 +243,7 @@ def stage_parameters(blocks_on_stage0: int) -> list[int]:
     return [sum(layers[:blocks_on_stage0]), sum(layers[blocks_on_stage0:])]
 
 
-@exercise(given_5, problem=letter, fix=letter)
+@exercise(given_5, problem="letter", fix="letter")
 def exercise_5(g, problem, fix):
     """Diagnose a GPipe chart with unbalanced stages (which stage is heavy is the variant's)."""
     params = stage_parameters(g.blocks_on_stage0)
@@ -275,7 +257,7 @@ def exercise_5(g, problem, fix):
         "the middle of the step: which one, and for what?",
         "d": "Handing a tensor between threads takes microseconds; these gaps are much longer.",
     }
-    expect_choice(problem, "ba"[heavy], hints, "`problem` = {got!r} is not it. {hint}")
+    checks.expect_choice(problem, "ba"[heavy], hints, "`problem` = {got!r} is not it. {hint}")
     hints = {
         "a": "More micro-batches shrink the fill-and-drain bubble, but the slow stage still "
         "sets the pace of every micro-batch.",
@@ -284,7 +266,9 @@ def exercise_5(g, problem, fix):
             f"That moves layers onto stage {heavy}, the stage that is already the slow one."
         ),
     }
-    expect_choice(fix, "db"[heavy], hints, "`problem` is right. `fix` = {got!r} is not: {hint}")
+    checks.expect_choice(
+        fix, "db"[heavy], hints, "`problem` is right. `fix` = {got!r} is not: {hint}"
+    )
     return (
         f"Right: stage {heavy} has {params[heavy] / params[1 - heavy]:.1f}x the parameters of "
         f"stage {1 - heavy}, and a pipeline runs at the pace of its slowest stage. Balance the "
@@ -298,7 +282,7 @@ def given_6(variant: Variant = DEFAULT) -> dict:
     return {"batch": batch, "m": m}
 
 
-@exercise(given_6, scale=as_number)
+@exercise(given_6, scale="number")
 def exercise_6(g, scale):
     """Loss scale per micro-batch so accumulated gradients equal the full-batch gradient."""
     batch, m = g.batch, g.m
@@ -330,7 +314,7 @@ given_7 = numbers(
 )
 
 
-@exercise(given_7, transfer_ms=as_number, step_ms=as_number)
+@exercise(given_7, transfer_ms="number", step_ms="number")
 def exercise_7(g, transfer_ms, step_ms):
     """2-device GPipe on the virtual clock: one transfer's time, then the step's makespan."""
     m, f, b, latency = g.m, g.F_ms, g.B_ms, g.latency_us
@@ -344,7 +328,7 @@ def exercise_7(g, transfer_ms, step_ms):
         "`transfer_ms` is only the latency: the message's bytes take their time too.": latency
         / 1000,
         "`transfer_ms`: check the bytes' time. 1 kB at 1 MB/s takes 1 ms, and the message size "
-        "is in kilobytes (not kilobits).": any_of(
+        "is in kilobytes (not kilobits).": checks.any_of(
             *(latency / 1000 + wire * k for k in (1e3, 1e-3, 8))
         ),
         "`transfer_ms` is not right: a message takes latency + bytes / bandwidth.": OTHERWISE,

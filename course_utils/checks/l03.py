@@ -8,23 +8,10 @@ from __future__ import annotations
 
 import math
 
-from course_utils.checks import (
-    DEFAULT,
-    OTHERWISE,
-    Variant,
-    as_int,
-    as_number,
-    check_function,
-    exercise,
-    fail,
-    judge,
-    lesson_checks,
-    numbers,
-    pick,
-    verdict,
-)
+from course_utils import checks
+from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge, numbers, pick
 
-for_student = lesson_checks(__name__)
+for_student = checks.lesson_checks(__name__)
 
 
 def _bubble(p: int, m: int) -> float:
@@ -34,7 +21,7 @@ def _bubble(p: int, m: int) -> float:
 given_1 = numbers(p=pick("1p", 4, [3, 4, 5, 6, 8]), m=pick("1m", 12, [6, 8, 10, 16, 20]))
 
 
-@exercise(given_1, bubble_fraction=as_number)
+@exercise(given_1, bubble_fraction="number")
 def exercise_1(g, bubble_fraction):
     """GPipe with the given p and m, equal stages: the bubble fraction."""
     p, m = g.p, g.m
@@ -62,7 +49,7 @@ def cases_2(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
     return {"gpipe_bubble": [*small, *HUGE]}
 
 
-@exercise(gpipe_bubble=check_function)
+@exercise(gpipe_bubble="function")
 def exercise_2(gpipe_bubble, variant):
     """Build gpipe_bubble(p, m): any p >= 1, m >= 1, up to millions of stages."""
     cases = cases_2(variant)["gpipe_bubble"]
@@ -77,7 +64,7 @@ def exercise_2(gpipe_bubble, variant):
                     "compute the bubble from p and m with the formula, do not simulate."
                 )
             raise
-        value = as_number(result, shown)
+        value = checks.as_number(result, shown)
         if math.isclose(value, _bubble(p, m), rel_tol=1e-9, abs_tol=1e-12):
             continue
         if p > 1 and math.isclose(value, (p - 1) / m, rel_tol=1e-9):
@@ -97,7 +84,7 @@ given_3 = numbers(
 )
 
 
-@exercise(given_3, microbatches=as_int)
+@exercise(given_3, microbatches="whole number")
 def exercise_3(g, microbatches):
     """The fewest micro-batches whose bubble is at most the target, for the given p."""
     p, target, m = g.p, g.target, microbatches
@@ -127,7 +114,7 @@ given_4 = numbers(
 )
 
 
-@exercise(given_4, max_microbatches=as_int, bubble_at_max=as_number)
+@exercise(given_4, max_microbatches="whole number", bubble_at_max="number")
 def exercise_4(g, max_microbatches, bubble_at_max):
     """Largest m whose GPipe activations fit beside the model state, and its bubble."""
     p, gpu, state, per = g.values()
@@ -152,13 +139,13 @@ def exercise_4(g, max_microbatches, bubble_at_max):
 
 
 @exercise(
-    left_cause=verdict(
+    left_cause=checks.verdict(
         "a",
         "`left_cause` = {got!r} is not it. With one or two micro-batches, look at the "
         "reference Gantt chart: how many devices compute at the same time?",
         {},
     ),
-    right_cause=verdict(
+    right_cause=checks.verdict(
         "b",
         "`left_cause` is right. `right_cause` = {got!r} is not: {hint}",
         {
@@ -187,7 +174,7 @@ def _unbalanced(variant: Variant):
     return simulate(make_schedule("gpipe", 3, m), costs)
 
 
-@exercise(given_6, efficiency=as_number, busiest_device=as_int)
+@exercise(given_6, efficiency="number", busiest_device="whole number")
 def exercise_6(g, efficiency, busiest_device, variant):
     """A simulated GPipe timeline with a heavy last stage: efficiency and busiest device."""
     timeline = _unbalanced(variant)

@@ -7,29 +7,14 @@ come from `course_utils.pipeline.schedules`.
 
 from __future__ import annotations
 
-from course_utils.checks import (
-    DEFAULT,
-    OTHERWISE,
-    Variant,
-    any_of,
-    as_int,
-    as_number,
-    as_sequence,
-    check_function,
-    exercise,
-    fail,
-    judge,
-    lesson_checks,
-    numbers,
-    pick,
-    verdict,
-)
+from course_utils import checks
+from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge, numbers, pick
 
-for_student = lesson_checks(__name__)
+for_student = checks.lesson_checks(__name__)
 
 
 def _count(value, what: str) -> int:
-    number = as_int(value, what)
+    number = checks.as_int(value, what)
     if number < 0:
         fail(f"`{what}` counts micro-batches: it cannot be negative.")
     return number
@@ -42,11 +27,11 @@ given_1 = numbers(p=pick("1p", 5, [4, 5, 6, 7]), m=pick("1m", 12, [9, 10, 14, 16
 def exercise_1(g, peak_gpipe, peak_1f1b):
     """The most micro-batches each device holds at once, GPipe and 1F1B, for the given p, m."""
     p, m = g.p, g.m
-    gpipe = as_sequence(peak_gpipe, "peak_gpipe", length=p, item=_count)
-    one_f = as_sequence(peak_1f1b, "peak_1f1b", length=p, item=_count)
+    gpipe = checks.as_sequence(peak_gpipe, "peak_gpipe", length=p, item=_count)
+    one_f = checks.as_sequence(peak_1f1b, "peak_1f1b", length=p, item=_count)
     hints = {
         "`peak_gpipe` is not right: that is what a schedule that starts backwards early "
-        "holds. In GPipe, what does every device do before its first backward?": any_of(
+        "holds. In GPipe, what does every device do before its first backward?": checks.any_of(
             [p] * p, list(range(p, 0, -1))
         ),
         "`peak_gpipe` is not right yet. In GPipe a device runs every forward before its "
@@ -120,7 +105,7 @@ def _as_action_text(value, what: str) -> str:
 def _three_phases(result, shown: str) -> list[list[str]]:
     from course_utils.actions import Action
 
-    items = as_sequence(result, f"the result of {shown}")
+    items = checks.as_sequence(result, f"the result of {shown}")
     if items and all(isinstance(x, str | Action) for x in items):
         fail(
             f"{shown} returned one flat list of actions. Return the three phases as three "
@@ -133,12 +118,12 @@ def _three_phases(result, shown: str) -> list[list[str]]:
         )
     names = ("warm-up", "steady", "cool-down")
     return [
-        as_sequence(part, f"the {name} phase of {shown}", item=_as_action_text)
+        checks.as_sequence(part, f"the {name} phase of {shown}", item=_as_action_text)
         for name, part in zip(names, items, strict=True)
     ]
 
 
-@exercise(one_f_one_b=check_function)
+@exercise(one_f_one_b="function")
 def exercise_2(one_f_one_b, variant):
     """Build one_f_one_b(p, m, d): device d's 1F1B order as (warm-up, steady, cool-down)."""
     cases = cases_2(variant)["one_f_one_b"]
@@ -194,7 +179,7 @@ given_3 = numbers(
 )
 
 
-@exercise(given_3, makespan_gpipe=as_number, makespan_1f1b=as_number, bubble_1f1b=as_number)
+@exercise(given_3, makespan_gpipe="number", makespan_1f1b="number", bubble_1f1b="number")
 def exercise_3(g, makespan_gpipe, makespan_1f1b, bubble_1f1b):
     """Equal stages, the given p, m, t_F, t_B: both makespans and 1F1B's bubble fraction."""
     p, m, f, b = g.values()
@@ -240,7 +225,7 @@ given_4 = numbers(  # W <= min(F, I) in every variant: the condition of the ZB-H
 )
 
 
-@exercise(given_4, idle_1f1b=as_number, idle_zb=as_number)
+@exercise(given_4, idle_1f1b="number", idle_zb="number")
 def exercise_4(g, idle_1f1b, idle_zb):
     """Idle time per device of 1F1B and of ZB-H1, with the given p, m, t_F, t_I, t_W."""
     p, f, i, w = g.p, g.t_f, g.t_i, g.t_w
@@ -258,7 +243,7 @@ def exercise_4(g, idle_1f1b, idle_zb):
         "ZB-H1 also runs W's inside the remaining gaps. What does that subtract?": (p - 1)
         * (f + i),
         "`idle_1f1b` is right. `idle_zb` is too optimistic for ZB-H1: it keeps 1F1B's memory "
-        "bound, so not every gap can be filled with W.": any_of((p - 1) * f, 0.0),
+        "bound, so not every gap can be filled with W.": checks.any_of((p - 1) * f, 0.0),
         "`idle_1f1b` is right, `idle_zb` is not yet. Use the lesson's formula for ZB-H1's "
         "idle time (its condition W <= min(F, I) holds here), or simulate "
         "make_schedule('zb-h1', p, m) with these costs.": OTHERWISE,
@@ -272,7 +257,7 @@ def exercise_4(g, idle_1f1b, idle_zb):
 
 
 @exercise(
-    oom_cause=verdict(
+    oom_cause=checks.verdict(
         "b",
         "`oom_cause` = {got!r} is not it. {hint}",
         {
@@ -281,7 +266,7 @@ def exercise_4(g, idle_1f1b, idle_zb):
             "d": "Read the chart again: in GPipe every device climbs to the same height.",
         },
     ),
-    oom_fix=verdict(
+    oom_fix=checks.verdict(
         "c",
         "`oom_cause` is right. `oom_fix` = {got!r} does not help: {hint}",
         {
@@ -302,7 +287,7 @@ def exercise_5(oom_cause, oom_fix):
 
 
 @exercise(
-    zb_problem=verdict(
+    zb_problem=checks.verdict(
         "b",
         "`zb_problem` = {got!r} is not it. {hint}",
         {
@@ -312,7 +297,7 @@ def exercise_5(oom_cause, oom_fix):
             "d": "The simulator finished the step and drew it: a deadlock has no chart.",
         },
     ),
-    zb_fix=verdict(
+    zb_fix=checks.verdict(
         "c",
         "`zb_problem` is right. `zb_fix` = {got!r} is not the best: {hint}",
         {

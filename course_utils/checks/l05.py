@@ -8,24 +8,10 @@ placement, Lamy-Poirier's term). In the code `chunks` is v, the lessons' letter.
 
 from __future__ import annotations
 
-from course_utils.checks import (
-    DEFAULT,
-    OTHERWISE,
-    Variant,
-    as_int,
-    as_number,
-    as_sequence,
-    check_function,
-    exercise,
-    fail,
-    judge,
-    lesson_checks,
-    numbers,
-    pick,
-    verdict,
-)
+from course_utils import checks
+from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge, numbers, pick
 
-for_student = lesson_checks(__name__)
+for_student = checks.lesson_checks(__name__)
 
 
 def _looping(p: int, chunks: int) -> list[list[int]]:
@@ -46,14 +32,14 @@ def cases_1(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
     return {"looping_placement": cases}
 
 
-@exercise(looping_placement=check_function)
+@exercise(looping_placement="function")
 def exercise_1(looping_placement, variant):
     """Build looping_placement(p, v): for each device, the stages it holds."""
     cases = cases_1(variant)["looping_placement"]
     for p, chunks in cases:
         shown = f"looping_placement({p}, {chunks})"
         answer = looping_placement(p, chunks)
-        result = [] if isinstance(answer, dict) else as_sequence(answer, shown)
+        result = [] if isinstance(answer, dict) else checks.as_sequence(answer, shown)
         if isinstance(answer, dict) or (
             len(result) == p * chunks and all(not isinstance(x, list | tuple) for x in result)
         ):
@@ -68,7 +54,7 @@ def exercise_1(looping_placement, variant):
                 "list of the stages that device holds."
             )
         got = [
-            as_sequence(stages, f"device {d}'s stages in {shown}", item=as_int)
+            checks.as_sequence(stages, f"device {d}'s stages in {shown}", item=checks.as_int)
             for d, stages in enumerate(result)
         ]
         want = _looping(p, chunks)
@@ -98,7 +84,7 @@ def given_2(variant: Variant = DEFAULT) -> dict:
     return {"p": p, "m": p * variant.pick("2g", 2, [2, 3]), "v": variant.pick("2v", 4, [2, 3])}
 
 
-@exercise(given_2, bubble_vs_ideal=as_number, step_time=as_number)
+@exercise(given_2, bubble_vs_ideal="number", step_time="number")
 def exercise_2(g, bubble_vs_ideal, step_time):
     """Interleaved 1F1B, the given p, m, v, F=1, B=2: bubble relative to ideal, and step time."""
     p, m, chunks = g.p, g.m, g.v
@@ -141,21 +127,21 @@ ORDERS = ("depth-first", "breadth-first", "same")
 
 @exercise(
     given_3,
-    smaller_bubble=verdict(
+    smaller_bubble=checks.verdict(
         "same",
         "`smaller_bubble` = {got!r} is not it. Both orders fill the pipeline through the same "
         "p - 1 hops of one chunk each: compare their makespans in the simulator.",
         {},
         ORDERS,
     ),
-    less_memory=verdict(
+    less_memory=checks.verdict(
         "depth-first",
         "`less_memory` = {got!r} is not it. Count, on device 0, how many forwards each order "
         "runs before its first backward.",
         {},
         ORDERS,
     ),
-    breadth_first_peak=as_int,
+    breadth_first_peak="whole number",
 )
 def exercise_3(g, smaller_bubble, less_memory, breadth_first_peak):
     """The given p, v, m: compare bubble and activation memory of the two orders."""
@@ -187,9 +173,9 @@ def _parse_devices(my_schedule, p: int):
     from course_utils.errors import CourseInputError
 
     devices = []
-    for d, actions in enumerate(as_sequence(my_schedule, "my_schedule", length=p)):
+    for d, actions in enumerate(checks.as_sequence(my_schedule, "my_schedule", length=p)):
         parsed = []
-        for i, item in enumerate(as_sequence(actions, f"my_schedule[{d}]")):
+        for i, item in enumerate(checks.as_sequence(actions, f"my_schedule[{d}]")):
             try:
                 parsed.append(Action.parse(item))
             except CourseInputError:
@@ -272,7 +258,7 @@ given_5 = numbers(m=pick("5m", 8, [8, 12]), transfer=pick("5t", 0.3, [0.2, 0.25,
 
 @exercise(
     given_5,
-    problem=verdict(
+    problem=checks.verdict(
         "b",
         "`problem` = {got!r} is not it. {hint}",
         {
@@ -282,7 +268,7 @@ given_5 = numbers(m=pick("5m", 8, [8, 12]), transfer=pick("5t", 0.3, [0.2, 0.25,
             "d": "All chunks cost the same here (equal stages); look at what sits between them.",
         },
     ),
-    fix=verdict(
+    fix=checks.verdict(
         "b",
         "`problem` is right. `fix` = {got!r} is not: {hint}",
         {
@@ -291,7 +277,7 @@ given_5 = numbers(m=pick("5m", 8, [8, 12]), transfer=pick("5t", 0.3, [0.2, 0.25,
             "d": "GPipe has the same number of transfers as 1F1B and a bigger activation peak.",
         },
     ),
-    best_chunks=as_int,
+    best_chunks="whole number",
 )
 def exercise_5(g, problem, fix, best_chunks):
     """Interleaved with v=8 is slower than 1F1B when a transfer costs the given time."""
@@ -315,14 +301,14 @@ SCHEDULES = ("breadth-first", "depth-first")
 
 
 @exercise(
-    scenario_a=verdict(
+    scenario_a=checks.verdict(
         "breadth-first",
         "`scenario_a` is not it. Few micro-batches per pipeline, a large data-parallel group "
         "and memory to spare: which order lets the gradient reduction start early?",
         {},
         SCHEDULES,
     ),
-    scenario_b=verdict(
+    scenario_b=checks.verdict(
         "depth-first",
         "`scenario_a` is right, `scenario_b` is not. With 64 micro-batches the bubble is small "
         "either way; what limits this team is activation memory. Which order holds fewer "
@@ -330,7 +316,7 @@ SCHEDULES = ("breadth-first", "depth-first")
         {},
         SCHEDULES,
     ),
-    reason_a=verdict(
+    reason_a=checks.verdict(
         "b",
         "Both scenarios are right. `reason_a` = {got!r} is not: {hint}",
         {

@@ -10,28 +10,10 @@ from __future__ import annotations
 
 import math
 
-from course_utils.checks import (
-    DEFAULT,
-    OTHERWISE,
-    Variant,
-    any_of,
-    as_choice,
-    as_int,
-    as_number,
-    as_sequence,
-    check_function,
-    exercise,
-    expect_choice,
-    fail,
-    judge,
-    lesson_checks,
-    letter,
-    require,
-    sequence,
-    verdict,
-)
+from course_utils import checks
+from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge
 
-for_student = lesson_checks(__name__)
+for_student = checks.lesson_checks(__name__)
 
 
 def given_1(variant: Variant = DEFAULT) -> dict:
@@ -40,7 +22,7 @@ def given_1(variant: Variant = DEFAULT) -> dict:
     return {"batch": even[0], "workers": even[1], "odd_batch": odd[0], "odd_workers": odd[1]}
 
 
-@exercise(given_1, per_worker=as_number, shards=sequence())
+@exercise(given_1, per_worker="number", shards="list")
 def exercise_1(g, per_worker, shards):
     """The given batch over its workers; then the shard sizes of the odd batch."""
     batch, workers, odd_batch, odd_workers = g.values()
@@ -58,7 +40,7 @@ def exercise_1(g, per_worker, shards):
             f"`shards` should list one shard size per worker: {odd_workers} numbers, not "
             f"{len(shards)}."
         )
-    sizes = [as_number(s, f"shards[{i}]") for i, s in enumerate(shards)]
+    sizes = [checks.as_number(s, f"shards[{i}]") for i, s in enumerate(shards)]
     for i, s in enumerate(sizes):
         if not s.is_integer():
             fail(
@@ -91,7 +73,7 @@ def exercise_1(g, per_worker, shards):
 
 
 @exercise(
-    after_backward=verdict(
+    after_backward=checks.verdict(
         "b",
         "`after_backward` = {got!r} is not it. {hint}",
         {
@@ -117,7 +99,7 @@ def exercise_2(after_backward):
 EVENTS = ("a", "b", "c", "d", "e", "f")
 
 
-@exercise(order=sequence(item=lambda x, name: as_choice(x, EVENTS, name)))
+@exercise(order=checks.sequence(item=lambda x, name: checks.as_choice(x, EVENTS, name)))
 def exercise_3(order):
     """Order the events of one data-parallel step (split and broadcast may come in any order)."""
     if sorted(order) != sorted(EVENTS):
@@ -195,22 +177,25 @@ def _same(a: float, b: float) -> bool:
 
 
 def _message(item, what: str, n: int) -> tuple[int, int, list[float]]:
-    parts = as_sequence(item, what, length=3)
-    src, dst = as_int(parts[0], f"{what}'s source rank"), as_int(parts[1], f"{what}'s destination")
+    parts = checks.as_sequence(item, what, length=3)
+    src, dst = (
+        checks.as_int(parts[0], f"{what}'s source rank"),
+        checks.as_int(parts[1], f"{what}'s destination"),
+    )
     if not (0 <= src < n and 0 <= dst < n):
         fail(f"{what} goes from rank {src} to rank {dst}: ranks are whole numbers 0..{n - 1}.")
-    values = as_sequence(parts[2], f"{what}'s values", item=as_number)
+    values = checks.as_sequence(parts[2], f"{what}'s values", item=checks.as_number)
     return src, dst, values
 
 
 def _check_sums(shown: str, data: list[list[float]], result) -> None:
     n, length = len(data), len(data[0])
     want = [sum(col) for col in zip(*data, strict=True)]
-    rows = as_sequence(result, f"the result list of {shown}")
+    rows = checks.as_sequence(result, f"the result list of {shown}")
     if len(rows) != n:
         fail(f"{shown} returned {len(rows)} rows; it should return one list per rank ({n}).")
     for r, row in enumerate(rows):
-        got = as_sequence(row, f"rank {r}'s result", item=as_number)
+        got = checks.as_sequence(row, f"rank {r}'s result", item=checks.as_number)
         if len(got) != length:
             fail(f"{shown}: rank {r}'s result has {len(got)} numbers instead of {length}.")
         if all(_same(g, w) for g, w in zip(got, want, strict=True)):
@@ -228,7 +213,9 @@ def _check_sums(shown: str, data: list[list[float]], result) -> None:
 
 def _check_messages(shown: str, data: list[list[float]], log) -> None:
     n, length = len(data), len(data[0])
-    messages = [_message(m, f"message {i}", n) for i, m in enumerate(as_sequence(log, "messages"))]
+    messages = [
+        _message(m, f"message {i}", n) for i, m in enumerate(checks.as_sequence(log, "messages"))
+    ]
     if n > 1 and not messages:
         fail(
             f"{shown} gives the right sums but sent no message: in a real cluster a rank "
@@ -274,7 +261,7 @@ def _check_messages(shown: str, data: list[list[float]], log) -> None:
             )
 
 
-@exercise(ring_allreduce=check_function)
+@exercise(ring_allreduce="function")
 def exercise_4(ring_allreduce, variant):
     """Build ring_allreduce(data) -> (result, messages): every rank ends with the element-wise
     sum, and the messages are the ring's: to the right neighbour, one chunk per step."""
@@ -283,7 +270,9 @@ def exercise_4(ring_allreduce, variant):
         n, length = len(data), len(data[0])
         shapes.append(f"{n}x{length}")
         shown = f"ring_allreduce(<{n} ranks x {length} numbers>)"
-        answer = as_sequence(ring_allreduce([list(row) for row in data]), f"the result of {shown}")
+        answer = checks.as_sequence(
+            ring_allreduce([list(row) for row in data]), f"the result of {shown}"
+        )
         if len(answer) != 2:
             fail(
                 f"{shown} should return two things, (result, messages): the sums on every "
@@ -304,7 +293,7 @@ def given_5(variant: Variant = DEFAULT) -> dict:
     }
 
 
-@exercise(given_5, ring_gb_per_worker=as_number, naive_gb_rank0=as_number)
+@exercise(given_5, ring_gb_per_worker="number", naive_gb_rank0="number")
 def exercise_5(g, ring_gb_per_worker, naive_gb_rank0):
     """fp32 gradients of the given model, N workers: GB each worker sends in the ring, and
     GB rank 0 sends in the naive all-reduce (1 GB = 10^9 bytes, one direction)."""
@@ -318,7 +307,7 @@ def exercise_5(g, ring_gb_per_worker, naive_gb_rank0):
         "reduce-scatter, then all-gather. Both send chunks.": (n - 1) / n * s,
         f"`ring_gb_per_worker` is the limit for very many workers. With {n} workers, how many "
         f"chunks of size S/{n} does each worker send in each phase?": 2 * s,
-        "Each ring step sends one chunk, but there are N - 1 steps per phase.": any_of(
+        "Each ring step sends one chunk, but there are N - 1 steps per phase.": checks.any_of(
             s / n, 2 * s / n
         ),
         "`ring_gb_per_worker` counts parameters, not bytes: an fp32 number is 4 bytes.": want_ring
@@ -379,7 +368,7 @@ def scaling_table(variant: Variant = DEFAULT) -> list[tuple[int, float, float]]:
     ]
 
 
-@exercise(efficiency_16=as_number, cause=letter, fix=letter)
+@exercise(efficiency_16="number", cause="letter", fix="letter")
 def exercise_6(efficiency_16, cause, fix, variant):
     """Read the scaling table: efficiency at 16 workers, the main cause and a fix."""
     rows = {n: (c, a) for n, c, a in scaling_table(variant)}
@@ -401,7 +390,7 @@ def exercise_6(efficiency_16, cause, fix, variant):
         "grows from 8 to 16 workers (1.75 S to 1.875 S). Compare the links instead.",
         "d": "Nothing in the table is about memory; each worker holds the same replica.",
     }
-    expect_choice(
+    checks.expect_choice(
         cause, "a", hints, "`efficiency_16` is right. `cause` = {got!r} is not it: {hint}"
     )
     hints = {
@@ -411,7 +400,7 @@ def exercise_6(efficiency_16, cause, fix, variant):
         "d": "More synchronization points add waiting; they hide nothing.",
     }
     message = "`efficiency_16` and `cause` are right. `fix` = {got!r} is not: {hint}"
-    expect_choice(fix, "a", hints, message)
+    checks.expect_choice(fix, "a", hints, message)
     return (
         f"Right: {sum(rows[1]) / sum(rows[8]):.1f}x on 8 workers inside a node, {speedup:.1f}x "
         f"on 16 across two nodes, {want:.1%} efficiency. Past one node the ring runs at the "
@@ -437,13 +426,13 @@ STRATEGY_HINTS = (
 
 
 def _as_bool(value, what: str) -> bool:
-    require(value, what)
+    checks.require(value, what)
     if not isinstance(value, bool):
         fail(f"`{what}` should be True or False, but it is {value!r}.")
     return value
 
 
-@exercise(exact=sequence(item=_as_bool, length=len(STRATEGY_ANSWERS)))
+@exercise(exact=checks.sequence(item=_as_bool, length=len(STRATEGY_ANSWERS)))
 def exercise_7(exact):
     """For 5 strategies: does it compute exactly the weights of the single-worker run named?"""
     wrong = [i for i, (a, b) in enumerate(zip(exact, STRATEGY_ANSWERS, strict=True)) if a != b]

@@ -9,23 +9,10 @@ arXiv 1604.06174). torch is imported lazily, only by the checks that need it.
 
 from __future__ import annotations
 
-from course_utils.checks import (
-    DEFAULT,
-    OTHERWISE,
-    Variant,
-    any_of,
-    as_int,
-    as_number,
-    as_sequence,
-    check_function,
-    exercise,
-    fail,
-    judge,
-    lesson_checks,
-    verdict,
-)
+from course_utils import checks
+from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge
 
-for_student = lesson_checks(__name__)
+for_student = checks.lesson_checks(__name__)
 
 GB = 1e9
 
@@ -69,7 +56,7 @@ def cases_1(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
     }
 
 
-@exercise(split_columns=check_function, gather_outputs=check_function)
+@exercise(split_columns="function", gather_outputs="function")
 def exercise_1(split_columns, gather_outputs, variant):
     """Build split_columns(A, n) and gather_outputs(parts) for a column-parallel layer."""
     import torch
@@ -80,7 +67,7 @@ def exercise_1(split_columns, gather_outputs, variant):
     for d_in, n, d_out, seed in shapes:
         A, X, parts = _tensors_1(d_in, n, d_out, seed)
         shown = f"split_columns(A, {n}) with A of shape {tuple(A.shape)}"
-        shards = as_sequence(split(A.clone(), n), shown)
+        shards = checks.as_sequence(split(A.clone(), n), shown)
         if len(shards) != n:
             fail(
                 f"{shown} returned {len(shards)} shards; it should return n = {n}, one per device."
@@ -149,7 +136,7 @@ def given_2(variant: Variant = DEFAULT) -> dict:
 
 @exercise(
     given_2,
-    collective=verdict(
+    collective=checks.verdict(
         "all-reduce",
         "`collective` = {got!r} is not it: {hint}",
         {
@@ -164,7 +151,7 @@ def given_2(variant: Variant = DEFAULT) -> dict:
         },
         COLLECTIVES,
     ),
-    bytes_per_device=as_number,
+    bytes_per_device="number",
 )
 def exercise_2(g, collective, bytes_per_device):
     """Row-parallel output: which collective, and the bytes each device sends (ring)."""
@@ -177,7 +164,7 @@ def exercise_2(g, collective, bytes_per_device):
         "`collective` is right. That counts only one of the two phases of the ring all-reduce "
         "(reduce-scatter, then all-gather).": (n - 1) / n * size,
         "`collective` is right, but check the bytes per value: bf16 takes 2 bytes, and the "
-        "factor is 2(N-1)/N.": any_of(2 * want, 2 * size),
+        "factor is 2(N-1)/N.": checks.any_of(2 * want, 2 * size),
         "`collective` is right. That is all devices together; the question asks per device.": n
         * want
         if n > 2
@@ -216,7 +203,7 @@ SHARDED = {
 }
 
 
-@exercise(zero1_gb=as_number, zero2_gb=as_number, zero3_gb=as_number)
+@exercise(zero1_gb="number", zero2_gb="number", zero3_gb="number")
 def exercise_3(zero1_gb, zero2_gb, zero3_gb, variant):
     """Model states per device under ZeRO-1/2/3 for the given parameters and devices."""
     gb = {z: _zero_gb(z, variant) for z in range(4)}
@@ -254,7 +241,7 @@ EX4 = {
 }
 
 
-@exercise(tp=as_int, pp=as_int, dp=as_int)
+@exercise(tp="whole number", pp="whole number", dp="whole number")
 def exercise_4(tp, pp, dp):
     """Choose tp, pp, dp for a 20B model on 4 nodes of 8 GPUs, graded by constraints."""
     t, p, d = tp, pp, dp
@@ -333,7 +320,7 @@ def cases_5(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
     return {"groups_of": [(rank, tp, pp, dp) for tp, pp, dp, rank in _grids_5(variant)]}
 
 
-@exercise(groups_of=check_function)
+@exercise(groups_of="function")
 def exercise_5(groups_of, variant):
     """Build groups_of(rank, tp, pp, dp): the tensor, pipeline and data groups of one rank."""
     call = groups_of
@@ -350,7 +337,10 @@ def exercise_5(groups_of, variant):
         if missing:
             fail(f"{shown} has no key {missing[0]!r}: return all of 'tensor', 'pipeline', 'data'.")
         want = _groups(rank, tp, pp, dp)
-        mine = {k: sorted(as_sequence(got[k], f"{shown}[{k!r}]", item=as_int)) for k in GROUPS}
+        mine = {
+            k: sorted(checks.as_sequence(got[k], f"{shown}[{k!r}]", item=checks.as_int))
+            for k in GROUPS
+        }
         for kind, size, degree in (
             ("tensor", tp, "tp"),
             ("pipeline", pp, "pp"),
@@ -381,7 +371,7 @@ def exercise_5(groups_of, variant):
 
 
 @exercise(
-    problem=verdict(
+    problem=checks.verdict(
         "b",
         "`problem` = {got!r} is not it: {hint} Which part of the step grew?",
         {
@@ -390,7 +380,7 @@ def exercise_5(groups_of, variant):
             "d": "the memory per GPU went down, not up, when tp doubled.",
         },
     ),
-    fix=verdict(
+    fix=checks.verdict(
         "b",
         "`problem` is right. `fix` = {got!r} is not: {hint}",
         {
@@ -415,7 +405,7 @@ def given_7(variant: Variant = DEFAULT) -> dict:
     return {"layers": layers, "block_gb": block_gb, "input_gb": input_gb, "segments": segments}
 
 
-@exercise(given_7, peak_gb=as_number, extra_compute=as_number)
+@exercise(given_7, peak_gb="number", extra_compute="number")
 def exercise_7(g, peak_gb, extra_compute):
     """Activation recomputation: peak activation memory and extra compute with k segments."""
     L, a, x, k = g.values()  # noqa: N806 - the lesson's L

@@ -13,28 +13,10 @@ from __future__ import annotations
 
 import random
 
-from course_utils.checks import (
-    DEFAULT,
-    OTHERWISE,
-    Variant,
-    as_choice,
-    as_int,
-    as_number,
-    as_sequence,
-    check_function,
-    exercise,
-    expect_choice,
-    fail,
-    is_right,
-    judge,
-    lesson_checks,
-    letter,
-    numbers,
-    pick,
-    sequence,
-)
+from course_utils import checks
+from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge, numbers, pick
 
-for_student = lesson_checks(__name__)
+for_student = checks.lesson_checks(__name__)
 
 given_1 = numbers(params=pick("1p", 1.5e9, [1e9, 3e9, 7e9]), N=pick("1n", 8, [4, 16, 64]))
 
@@ -46,7 +28,7 @@ def _zero(psi: float, n: int, stage: int, precision: str = "fp32") -> float:
     return sum(model_state_bytes(psi, precision, zero=stage, dp=n).values())
 
 
-@exercise(given_1, stage1=as_number, stage2=as_number, stage3=as_number)
+@exercise(given_1, stage1="number", stage2="number", stage3="number")
 def exercise_1(g, stage1, stage2, stage3):
     """Model-state bytes per worker for ZeRO stages 1, 2 and 3 (fp32 Adam, 16 bytes/param)."""
     psi, n = g.params, g.N
@@ -56,7 +38,7 @@ def exercise_1(g, stage1, stage2, stage3):
         # fp32 stage 2 (4 + 12/N) is also the paper's mixed-precision stage 1 (4 + 12/N)
         either = (
             f", or stage {stage}'s in the paper's mixed precision (2 + 2 + 12 bytes)"
-            if is_right(value, mixed)
+            if checks.is_right(value, mixed)
             else ""
         )
         hints = {
@@ -101,13 +83,13 @@ def _shard_size(flat: list[float], workers: int) -> int:
     return padded_shard_numels([len(flat)], workers)[0]
 
 
-@exercise(shard=check_function)
+@exercise(shard="function")
 def exercise_2(shard, variant):
     """Build shard(flat, workers, rank): worker `rank`'s slice of the zero-padded vector."""
     cases = cases_2(variant)["shard"]
     for flat, workers, rank in cases:
         shown = f"shard({flat}, {workers}, {rank})"
-        got = as_sequence(shard(list(flat), workers, rank), shown, item=as_number)
+        got = checks.as_sequence(shard(list(flat), workers, rank), shown, item=checks.as_number)
         size = _shard_size(flat, workers)
         padded = list(flat) + [0.0] * (size * workers - len(flat))
         want = padded[rank * size : (rank + 1) * size]
@@ -161,11 +143,11 @@ def given_3(variant: Variant = DEFAULT) -> dict:
     return {letter: EVENTS[name] for letter, name in zip("abcdef", names, strict=True)}
 
 
-@exercise(given_3, order=sequence())
+@exercise(given_3, order="list")
 def exercise_3(g, order):
     """One layer's events in a ZeRO-3 step (prefetch 0, one micro-batch), as letters."""
     name_of = {letter: key for letter, text in g.items() for key in EVENTS if EVENTS[key] == text}
-    names = [name_of[as_choice(x, list(g), f"order[{i}]")] for i, x in enumerate(order)]
+    names = [name_of[checks.as_choice(x, list(g), f"order[{i}]")] for i, x in enumerate(order)]
     alternative = ORDER[:5] + ["free", "reduce", "adam"]  # freeing the weights first is fine too
     if names in (ORDER, alternative):
         return (
@@ -200,7 +182,7 @@ given_4 = numbers(
 )
 
 
-@exercise(given_4, prefetch=as_int, gathered=as_number)
+@exercise(given_4, prefetch="whole number", gathered="number")
 def exercise_4(g, prefetch, gathered):
     """The deepest prefetch whose gathered layers fit the limit, and their bytes."""
     from course_utils.parallel.fsdp import gathered_bytes_bound
@@ -290,7 +272,7 @@ FIX_HINTS = {
 }
 
 
-@exercise(given_5, waiting_share=as_number, fix=letter, gain=as_number)
+@exercise(given_5, waiting_share="number", fix="letter", gain="number")
 def exercise_5(g, waiting_share, fix, gain, variant):
     """A ZeRO-3 step with unhidden gathers: the compute's waiting share, the fix, its gain."""
     theirs, fixed = their_timeline(variant), their_timeline(variant, prefetch=1)
@@ -305,7 +287,7 @@ def exercise_5(g, waiting_share, fix, gain, variant):
         "worker.": OTHERWISE,
     }
     judge(waiting_share, want, "waiting_share", hints, unit="fraction")
-    expect_choice(fix, "a", FIX_HINTS, "`fix` = {got!r} does not hide the gathers: {hint}.")
+    checks.expect_choice(fix, "a", FIX_HINTS, "`fix` = {got!r} does not hide the gathers: {hint}.")
     want_gain = theirs.makespan / fixed.makespan
     hints = {
         "`gain` is upside down: the step without prefetch over the step with it.": 1 / want_gain,

@@ -12,29 +12,10 @@ worker i chunks i and 2N-1-i of 2N (Dubey et al. 2024, arXiv 2407.21783).
 
 from __future__ import annotations
 
-from course_utils.checks import (
-    DEFAULT,
-    GIB,
-    OTHERWISE,
-    Variant,
-    any_of,
-    as_int,
-    as_number,
-    as_sequence,
-    check_function,
-    choice,
-    exercise,
-    expect_choice,
-    fail,
-    judge,
-    lesson_checks,
-    letter,
-    numbers,
-    pick,
-    sequence,
-)
+from course_utils import checks
+from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge, numbers, pick
 
-for_student = lesson_checks(__name__)
+for_student = checks.lesson_checks(__name__)
 
 
 def given_1(variant: Variant = DEFAULT) -> dict:
@@ -57,7 +38,7 @@ def _block_bytes(g: dict, sequence_parallel: bool, **change) -> float:
     return sum(korthikanti_mlp_block_bytes(g["s"], g["b"], g["h"], g["f"], **args).values())
 
 
-@exercise(given_1, tp_only=as_number, with_sp=as_number)
+@exercise(given_1, tp_only="number", with_sp="number")
 def exercise_1(g, tp_only, with_sp):
     """Bytes one device keeps for the MLP block's backward: tensor parallel, then + SP."""
     sbh = g.s * g.b * g.h
@@ -147,7 +128,7 @@ def _tensor(value, what: str, shape):
     return tensor
 
 
-@exercise(merge=check_function)
+@exercise(merge="function")
 def exercise_2(merge, variant):
     """Build merge(out_a, lse_a, out_b, lse_b) -> (out, lse): the log-sum-exp merge."""
     import torch
@@ -165,7 +146,7 @@ def exercise_2(merge, variant):
             "masked": ", query 0 sees no key of block a: lse_a[0] = -inf)",
             "large": ", sharp attention: log-sum-exps near 100 or more)",
         }[kind]
-        result = as_sequence(
+        result = checks.as_sequence(
             call(out_a.clone(), lse_a.clone(), out_b.clone(), lse_b.clone()), shown
         )
         if len(result) != 2:
@@ -234,7 +215,7 @@ def given_3(variant: Variant = DEFAULT) -> dict:
     return {"N": n, "w": variant.pick("3w", 1, range(1, n))}
 
 
-@exercise(given_3, held=sequence(item=as_int), sends=as_int)
+@exercise(given_3, held="whole numbers", sends="whole number")
 def exercise_3(g, held, sends):
     """Ring attention forward: whose K/V block worker w holds at each step; blocks it sends."""
     n, w = g.N, g.w
@@ -273,7 +254,7 @@ def exercise_3(g, held, sends):
 given_4 = numbers(N=pick("4n", 4, [3, 5, 6, 8]))
 
 
-@exercise(given_4, plain=sequence(item=as_int), zigzag=sequence(item=as_int), speedup=as_number)
+@exercise(given_4, plain="whole numbers", zigzag="whole numbers", speedup="number")
 def exercise_4(g, plain, zigzag, speedup):
     """Causal ring: block products per worker (plain), chunk products (zig-zag), the gain."""
     from course_utils.parallel.context_parallel import causal_work
@@ -336,7 +317,7 @@ def their_timeline(variant: Variant = DEFAULT, zigzag: bool = False):
     )
 
 
-@exercise(given_5, straggler=as_int, idle_share=as_number, fix=letter, gain=as_number)
+@exercise(given_5, straggler="whole number", idle_share="number", fix="letter", gain="number")
 def exercise_5(g, straggler, idle_share, fix, gain, variant):
     """A causal ring gone uneven: the straggler, worker 0's idle share, the fix and its gain."""
     theirs, fixed = their_timeline(variant), their_timeline(variant, zigzag=True)
@@ -365,7 +346,7 @@ def exercise_5(g, straggler, idle_share, fix, gain, variant):
         "the imbalance 2N/(N+1) even grows",
         "d": "the transfers are already hidden; exchanging after computing only adds time",
     }
-    expect_choice(fix, "a", hints, "`fix` = {got!r} does not help: {hint}.")
+    checks.expect_choice(fix, "a", hints, "`fix` = {got!r} does not help: {hint}.")
     want_gain = theirs.makespan / fixed.makespan
     hints = {
         "`gain` is upside down: the plain makespan over the zig-zag one.": 1 / want_gain,
@@ -392,14 +373,14 @@ given_6 = numbers(
 def _fits(g: dict, cp: int) -> float:
     from course_utils.parallel.context_parallel import attention_activation_bytes
 
-    return attention_activation_bytes(g["seq"], cp, g["heads"], g["dim"], g["e"]) / GIB
+    return attention_activation_bytes(g["seq"], cp, g["heads"], g["dim"], g["e"]) / checks.GIB
 
 
 def _smallest(g: dict, gib) -> int:
     return next(cp for cp in (2**k for k in range(12)) if gib(cp) <= g["budget_gib"])
 
 
-@exercise(given_6, cp=as_int, gib=as_number)
+@exercise(given_6, cp="whole number", gib="number")
 def exercise_6(g, cp, gib):
     """The smallest power-of-2 context-parallel degree whose attention fits the budget."""
     want = _smallest(g, lambda n: _fits(g, n))
@@ -409,7 +390,7 @@ def exercise_6(g, cp, gib):
 
         def linear(n: int) -> float:  # the score term wrongly divided by N only
             t = g.seq / n
-            return g.e * g.heads * (6 * t * g.dim + t + 2 * t * g.seq) / GIB
+            return g.e * g.heads * (6 * t * g.dim + t + 2 * t * g.seq) / checks.GIB
 
         # Scores taken as t x L instead of t x t need a larger cp: say why before "smaller".
         if cp == _smallest(g, linear):
@@ -421,13 +402,12 @@ def exercise_6(g, cp, gib):
             fail(f"cp = {cp} fits, but so does a smaller one: each halving saves communication.")
         fail(f"At cp = {cp} one worker needs {_fits(g, cp):.1f} GiB, over the budget.")
     want_gib, t = _fits(g, want), g.seq // want
-    scores = g.e * g.heads * 2 * t * t / GIB
+    scores = g.e * g.heads * 2 * t * t / checks.GIB
     hints = {
-        "`gib` counts only the scores; add q, k, v, the output, the lse and the buffer.": any_of(
-            scores, scores / 2
-        ),
+        "`gib` counts only the scores; add q, k, v, the output, the lse and the "
+        "buffer.": checks.any_of(scores, scores / 2),
         "`gib` is the unsplit layer's need; give it at your cp.": _fits(g, 1),
-        "`gib` has the wrong bytes per value: the layer runs in 16-bit, 2 bytes.": any_of(
+        "`gib` has the wrong bytes per value: the layer runs in 16-bit, 2 bytes.": checks.any_of(
             want_gib / g.e, want_gib * 2
         ),
         "`gib` is not right: e x H x (6 t D + t + 2 t^2) bytes, with t = L / cp.": OTHERWISE,
@@ -473,10 +453,10 @@ def _sent_7(g: dict, kind: str, n: int | None = None) -> float:
 
 @exercise(
     given_7,
-    ulysses_sent=as_number,
-    ring_sent=as_number,
-    less_traffic=choice(*KINDS),
-    at_big=choice(*BOTH),
+    ulysses_sent="number",
+    ring_sent="number",
+    less_traffic=checks.choice(*KINDS),
+    at_big=checks.choice(*BOTH),
 )
 def exercise_7(g, ulysses_sent, ring_sent, less_traffic, at_big):
     """Ring or Ulysses: forward bytes per worker of each at degree N (grouped-query attention),
@@ -542,7 +522,7 @@ given_8 = numbers(
 )
 
 
-@exercise(given_8, ulysses_degree=as_int, ring_degree=as_int)
+@exercise(given_8, ulysses_degree="whole number", ring_degree="whole number")
 def exercise_8(g, ulysses_degree, ring_degree):
     """Both combined: the Ulysses degree inside a group and the ring degree across groups."""
     gpus, kv, u = g.gpus, g.kv_heads, ulysses_degree

@@ -13,26 +13,10 @@ from __future__ import annotations
 import math
 import random
 
-from course_utils.checks import (
-    DEFAULT,
-    OTHERWISE,
-    Variant,
-    as_choice,
-    as_int,
-    as_number,
-    as_sequence,
-    check_function,
-    exercise,
-    expect_choice,
-    fail,
-    judge,
-    lesson_checks,
-    letter,
-    require,
-    sequence,
-)
+from course_utils import checks
+from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge
 
-for_student = lesson_checks(__name__)
+for_student = checks.lesson_checks(__name__)
 
 
 def _seeded(variant: Variant, key: str) -> random.Random | None:
@@ -65,21 +49,21 @@ def given_1(variant: Variant = DEFAULT) -> dict:
 
 
 def _positions(value, what: str) -> list[int]:
-    require(value, what)
+    checks.require(value, what)
     if isinstance(value, int | float) and not isinstance(value, bool):
         fail(
             f"`{what}` should list the dropped tokens' positions (a list such as [5, 9]), not "
             "how many there are."
         )
-    return sorted(as_sequence(value, what, item=as_int))
+    return sorted(checks.as_sequence(value, what, item=checks.as_int))
 
 
 @exercise(
     given_1,
-    tokens_per_expert=sequence(item=as_int, length=4),  # every variant has 4 experts
-    capacity=as_int,
+    tokens_per_expert=checks.sequence(item=checks.as_int, length=4),  # every variant has 4 experts
+    capacity="whole number",
     dropped=_positions,
-    capacity_top2=as_int,
+    capacity_top2="whole number",
 )
 def exercise_1(g, tokens_per_expert, capacity, dropped, capacity_top2):
     """Top-1 routing of T tokens: counts, capacity, which tokens are dropped; top-2 capacity."""
@@ -157,7 +141,7 @@ def cases_2(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
     return {"dispatch_bytes": cases}
 
 
-@exercise(dispatch_bytes=check_function)
+@exercise(dispatch_bytes="function")
 def exercise_2(dispatch_bytes, variant):
     """Build dispatch_bytes(routed, d_model, element_size): the N x N matrix of bytes."""
     cases = cases_2(variant)["dispatch_bytes"]
@@ -165,9 +149,9 @@ def exercise_2(dispatch_bytes, variant):
         workers, experts = len(routed), len(routed[0])
         shown = f"dispatch_bytes({routed}, {d_model}, {size})"
         shown = shown if len(shown) <= 110 else shown[:100] + "...)"
-        rows = as_sequence(dispatch_bytes(routed, d_model, size), shown, length=workers)
+        rows = checks.as_sequence(dispatch_bytes(routed, d_model, size), shown, length=workers)
         got = [
-            as_sequence(r, f"{shown}[{s}]", length=workers, item=as_number)
+            checks.as_sequence(r, f"{shown}[{s}]", length=workers, item=checks.as_number)
             for s, r in enumerate(rows)
         ]
         want = _matrix(routed, d_model, size)
@@ -211,10 +195,10 @@ def given_3(variant: Variant = DEFAULT) -> dict:
     return {"routed": routed, "d_model": d_model, "element_size": 2}
 
 
-NUMBERS = sequence(item=as_number, length=2)
+NUMBERS = checks.sequence(item=checks.as_number, length=2)
 
 
-@exercise(given_3, dispatch_sent=NUMBERS, combine_sent=NUMBERS, step_sent_0=as_number)
+@exercise(given_3, dispatch_sent=NUMBERS, combine_sent=NUMBERS, step_sent_0="number")
 def exercise_3(g, dispatch_sent, combine_sent, step_sent_0):
     """Bytes each of 2 workers sends in the dispatch and the combine; worker 0 per step."""
     from course_utils.parallel.moe import all_to_all_bytes_per_worker
@@ -300,7 +284,9 @@ TOO_EARLY = {
 }
 
 
-@exercise(order=sequence(item=lambda x, what: as_choice(x, list(EVENTS), what), length=10))
+@exercise(
+    order=checks.sequence(item=lambda x, what: checks.as_choice(x, list(EVENTS), what), length=10)
+)
 def exercise_4(order):
     """The ten events of one expert-parallel training step, in order."""
     got = order
@@ -353,7 +339,13 @@ FIX_HINTS_5 = {
 }
 
 
-@exercise(given_5, straggler=as_int, hot_expert=as_int, waiting_share=as_number, fix=letter)
+@exercise(
+    given_5,
+    straggler="whole number",
+    hot_expert="whole number",
+    waiting_share="number",
+    fix="letter",
+)
 def exercise_5(g, straggler, hot_expert, waiting_share, fix, variant):
     """Read a simulated expert-parallel step: straggler, hot expert, waiting share, the fix."""
     timeline = straggler_timeline(variant)
@@ -386,7 +378,7 @@ def exercise_5(g, straggler, hot_expert, waiting_share, fix, variant):
     }
     judge(waiting_share, waiting, "waiting_share", hints, unit="fraction")
     message = "The numbers are right. `fix` = {got!r} does not help: {hint}"
-    expect_choice(fix, "a", FIX_HINTS_5, message)
+    checks.expect_choice(fix, "a", FIX_HINTS_5, message)
     return (
         f"Right: expert {hot} got {max(per_expert)} of {sum(per_expert)} tokens, so worker "
         f"{slow} computes longest and worker {fast} waits {waiting:.1%} of the step. The "
@@ -449,7 +441,7 @@ def _plan(g: dict) -> tuple[int, float, int] | None:
     return None
 
 
-@exercise(given_6, ep=as_int, gb_per_gpu=as_number, expert_dp=as_int)
+@exercise(given_6, ep="whole number", gb_per_gpu="number", expert_dp="whole number")
 def exercise_6(g, ep, gb_per_gpu, expert_dp):
     """Smallest ep whose model state fits, its GB per GPU, and each expert's dp degree."""
     plan = _plan(g)
@@ -551,9 +543,9 @@ def _new_bias_7(load, bias, gamma) -> list[float]:
 
 @exercise(  # every variant routes 8 tokens to 4 experts
     given_7,
-    chosen=sequence(item=as_int, length=8),
-    gates=sequence(item=as_number, length=8),
-    new_bias=sequence(item=as_number, length=4),
+    chosen=checks.sequence(item=checks.as_int, length=8),
+    gates=checks.sequence(item=checks.as_number, length=8),
+    new_bias=checks.sequence(item=checks.as_number, length=4),
 )
 def exercise_7(g, chosen, gates, new_bias):
     """DeepSeek-V3's bias balancing, one step by hand: the choice, the gates, the new bias."""

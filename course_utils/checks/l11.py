@@ -11,27 +11,10 @@ DeepSeek-AI 2024, arXiv 2412.19437.
 
 from __future__ import annotations
 
-from course_utils.checks import (
-    DEFAULT,
-    OTHERWISE,
-    Variant,
-    any_of,
-    as_int,
-    as_number,
-    as_sequence,
-    check_function,
-    exercise,
-    expect_choice,
-    fail,
-    judge,
-    lesson_checks,
-    letter,
-    numbers,
-    pick,
-    sequence,
-)
+from course_utils import checks
+from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge, numbers, pick
 
-for_student = lesson_checks(__name__)
+for_student = checks.lesson_checks(__name__)
 
 
 def _v(p: int) -> list[list[int]]:
@@ -41,7 +24,7 @@ def _v(p: int) -> list[list[int]]:
 given_1 = numbers(p=pick("1p", 4, [3, 5, 6]))
 
 
-@exercise(given_1, stages_of_device=sequence(), loss_device=as_int)
+@exercise(given_1, stages_of_device="list", loss_device="whole number")
 def exercise_1(g, stages_of_device, loss_device):
     """The V placement for p devices: each device's [down, up] stages, and the loss's device."""
     p, want = g.p, _v(g.p)
@@ -51,7 +34,7 @@ def exercise_1(g, stages_of_device, loss_device):
             f"({p}), each the list of the stages that device holds."
         )
     got = [
-        as_sequence(r, f"stages_of_device[{d}]", item=as_int)
+        checks.as_sequence(r, f"stages_of_device[{d}]", item=checks.as_int)
         for d, r in enumerate(stages_of_device)
     ]
     if any(len(r) != 2 for r in got):
@@ -92,7 +75,7 @@ def given_2(variant: Variant = DEFAULT) -> dict:
     return {"p": p, "m": m, "F": F, "I": I, "W": W}
 
 
-@exercise(given_2, idle_per_device=as_number, bubble=as_number)
+@exercise(given_2, idle_per_device="number", bubble="number")
 def exercise_2(g, idle_per_device, bubble):
     """ZB-V inside its condition: idle time per device and the bubble fraction of the step."""
     from course_utils.pipeline import vshape
@@ -143,7 +126,7 @@ def _text(action) -> str:
     return str(action).strip()
 
 
-@exercise(v_gpipe=check_function)
+@exercise(v_gpipe="function")
 def exercise_3(v_gpipe, variant):
     """Build v_gpipe(p, m): fill-and-drain (GPipe) on a V of 2p stages, as per-device lists."""
     from course_utils.actions import Action
@@ -156,13 +139,13 @@ def exercise_3(v_gpipe, variant):
     example: list[list[str]] = []
     for p, m in cases:
         shown = f"v_gpipe({p}, {m})"
-        rows = as_sequence(call(p, m), shown)
+        rows = checks.as_sequence(call(p, m), shown)
         if len(rows) != p:
             fail(f"{shown} has {len(rows)} rows; it needs one list of actions per device ({p}).")
         devices: list[list[Action]] = []
         for d, row in enumerate(rows):
             actions = []
-            for i, item in enumerate(as_sequence(row, f"device {d}'s actions in {shown}")):
+            for i, item in enumerate(checks.as_sequence(row, f"device {d}'s actions in {shown}")):
                 try:
                     actions.append(Action.parse(item))
                 except (CourseInputError, ValueError) as exc:
@@ -217,7 +200,7 @@ def _schedule(orders: list[list[str]], stages: int, m: int, name: str = "v"):
 given_4 = numbers(p=pick("4p", 4, [3, 5, 6, 8]))
 
 
-@exercise(given_4, plain_1f1b=as_int, looping=as_int, v_shape=as_int)
+@exercise(given_4, plain_1f1b="whole number", looping="whole number", v_shape="whole number")
 def exercise_4(g, plain_1f1b, looping, v_shape):
     """Transfers between devices of one micro-batch (forward and backward) for 3 placements."""
     from course_utils.pipeline.vshape import transfers_per_microbatch
@@ -239,7 +222,7 @@ def exercise_4(g, plain_1f1b, looping, v_shape):
             "`looping`: with stage s on device s mod p, do two neighbouring stages ever sit on "
             "the same device?": 2 * (2 * p - 2) if name == "looping" else None,
             f"`{name}` counts one boundary too many: the input arrives and the loss is computed "
-            "on a device; only the boundaries between stages cross devices.": any_of(
+            "on a device; only the boundaries between stages cross devices.": checks.any_of(
                 right + 2, right + 1
             ),
             f"`{name}` is not right. Count the boundaries between neighbouring stages that lie "
@@ -304,7 +287,7 @@ FIX_HINTS_5 = {
 }
 
 
-@exercise(given_5, culprit=as_int, extra=as_number, fix=letter)
+@exercise(given_5, culprit="whole number", extra="number", fix="letter")
 def exercise_5(g, culprit, extra, fix, variant):
     """A ZB-V step gone slow: the device whose order is wrong, the time lost, the fix."""
     from course_utils.pipeline import simulate
@@ -332,7 +315,9 @@ def exercise_5(g, culprit, extra, fix, variant):
     hints = FIX_HINTS_5 | {
         "d": f"a whole B is exactly I followed at once by W: that is what device {k} already does"
     }
-    expect_choice(fix, "a", hints, "The numbers are right. `fix` = {got!r} does not help: {hint}.")
+    checks.expect_choice(
+        fix, "a", hints, "The numbers are right. `fix` = {got!r} does not help: {hint}."
+    )
     return (
         f"Right: device {k} runs every W straight after its I, so in the cool-down the input "
         f"gradients the devices before it wait for come a W later each time: the step is "
@@ -355,7 +340,7 @@ def given_6(variant: Variant = DEFAULT) -> dict:
     return {"p": p, "m": m, "F": F, "I": I, "W": W}
 
 
-@exercise(given_6, dualpipe_idle=as_number, times_zbv=as_number, dualpipe_peak=as_int)
+@exercise(given_6, dualpipe_idle="number", times_zbv="number", dualpipe_peak="whole number")
 def exercise_6(g, dualpipe_idle, times_zbv, dualpipe_peak):
     """DualPipeV against ZB-V: its idle time per device, how many times ZB-V's that is, and
     its peak chunks."""

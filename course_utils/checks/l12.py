@@ -20,25 +20,11 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, replace
 
-from course_utils import plan
-from course_utils.checks import (
-    DEFAULT,
-    OTHERWISE,
-    Variant,
-    as_int,
-    as_number,
-    check_function,
-    choice,
-    exercise,
-    fail,
-    judge,
-    lesson_checks,
-    require,
-    verdict,
-)
+from course_utils import checks, plan
+from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge
 from course_utils.errors import CourseInputError
 
-for_student = lesson_checks(__name__)
+for_student = checks.lesson_checks(__name__)
 GIB, GB = plan.GIB, plan.GB
 
 
@@ -136,9 +122,9 @@ def _wrong_formulas() -> dict[str, Callable[[float, float, float, int], int | No
 
 @exercise(
     given_1,
-    min_gpus_to_fit=check_function,
-    zero_stage=as_int,
-    what_must_change=choice(*MUST_CHANGE),
+    min_gpus_to_fit="function",
+    zero_stage="whole number",
+    what_must_change=tuple(MUST_CHANGE),
 )
 def exercise_1(g, min_gpus_to_fit, zero_stage, what_must_change, variant):
     """Build min_gpus_to_fit(params, gpu_memory_gib, reserve_gib, zero); then the smallest
@@ -150,7 +136,7 @@ def exercise_1(g, min_gpus_to_fit, zero_stage, what_must_change, variant):
         shown = "min_gpus_to_fit({:.3g}, {}, {}, {})".format(*case)
         got = call(*case)
         if got is not None:
-            got = as_number(got, shown)
+            got = checks.as_number(got, shown)
         answers.append((shown, got))
     wrong = [
         (shown, got, case)
@@ -240,7 +226,7 @@ def teammate_timeline(variant: Variant = DEFAULT):
 
 @exercise(
     given_2,
-    problem=verdict(
+    problem=checks.verdict(
         "b",
         "`problem` is not right yet. {hint}",
         {
@@ -251,13 +237,13 @@ def teammate_timeline(variant: Variant = DEFAULT):
             "d": "There is no data parallelism in this run.",
         },
     ),
-    fix=verdict(
+    fix=checks.verdict(
         "b",
         "`problem` is right, but that fix does not remove it. What makes one stage slower "
         "than the other, and how would you even them out?",
         {},
     ),
-    slow_device=as_int,
+    slow_device="whole number",
 )
 def exercise_2(g, problem, fix, slow_device):
     """Diagnose a pipeline timeline with low utilization: problem, fix, the slow device."""
@@ -301,7 +287,7 @@ def regression(variant: Variant = DEFAULT) -> tuple[plan.Config, plan.Config]:
     return before, replace(before, tp=16)
 
 
-@exercise(given_3, grew_most=choice(*plan.TIME_PARTS), fix=choice(*REGRESSION_FIXES))
+@exercise(given_3, grew_most=checks.choice(*plan.TIME_PARTS), fix=checks.choice(*REGRESSION_FIXES))
 def exercise_3(g, grew_most, fix, variant):
     """Scaling regression: tp 8 -> 16 across nodes. Which part grew most, and the fix."""
     part, f = grew_most, fix
@@ -356,7 +342,7 @@ def cross_cluster_times(variant: Variant = DEFAULT) -> tuple[float, float]:
     return dp, g["microbatches"] * message / bw
 
 
-@exercise(given_4, dp_across_s=as_number, pp_across_s=as_number, across=choice("dp", "pp"))
+@exercise(given_4, dp_across_s="number", pp_across_s="number", across=checks.choice("dp", "pp"))
 def exercise_4(g, dp_across_s, pp_across_s, across, variant):
     """One job over two clusters: seconds per step over the slow link for DP or PP across."""
     want_dp, want_pp = cross_cluster_times(variant)
@@ -407,7 +393,7 @@ def given_5(variant: Variant = DEFAULT) -> dict:
 
 
 def _as_config(value, what: str) -> plan.Config:
-    require(value, what)
+    checks.require(value, what)
     if isinstance(value, plan.Estimate):
         return value.config
     if isinstance(value, plan.Config):
@@ -454,7 +440,7 @@ def _check_best(value, what: str, which: str, variant: Variant) -> float:
     return estimate.time["total"]
 
 
-@exercise(given_5, best_before=require, best_after=require, speedup=as_number)
+@exercise(given_5, best_before="answer", best_after="answer", speedup="number")
 def exercise_5(g, best_before, best_after, speedup, variant):
     """Hardware refresh: the planner's best layout on the old and on the new GPUs, and the
     speed-up of the step (old best's step time / new best's)."""
@@ -526,9 +512,9 @@ def given_6(variant: Variant = DEFAULT) -> dict:
 
 @exercise(
     given_6,
-    what_shrinks=choice(*SHRINKS),
-    loss_scale=as_number,
-    divergence_sign=choice(*SYMPTOMS),
+    what_shrinks=checks.choice(*SHRINKS),
+    loss_scale="number",
+    divergence_sign=checks.choice(*SYMPTOMS),
 )
 def exercise_6(g, what_shrinks, loss_scale, divergence_sign):
     """Mixed precision for a memory-bound run: what shrinks, fp16 loss scale, divergence."""
@@ -587,7 +573,7 @@ def long_context_layout(cp: int, variant: Variant = DEFAULT) -> tuple[plan.Model
     return model, config
 
 
-@exercise(given_7, smallest_cp=as_int, context_gb=as_number)
+@exercise(given_7, smallest_cp="whole number", context_gb="number")
 def exercise_7(g, smallest_cp, context_gb, variant):
     """Long context: the smallest cp that fits, and the ring's GB per GPU per step there."""
     hardware = plan.HARDWARE_PRESETS[g["gpu"]]
@@ -674,7 +660,7 @@ def _moe_slips(ep: int, top_k: int) -> list[tuple[float, str]]:
     return slips
 
 
-@exercise(given_8, smallest_ep=as_int, all_to_all_gb=as_number)
+@exercise(given_8, smallest_ep="whole number", all_to_all_gb="number")
 def exercise_8(g, smallest_ep, all_to_all_gb, variant):
     """Mixture of experts: the smallest ep that fits, and the all-to-all GB per GPU there."""
     hardware = plan.HARDWARE_PRESETS[g["gpu"]]
