@@ -24,12 +24,12 @@ import re
 from pathlib import Path
 
 import pytest
+from checkskit import STUDENTS, run
 
 from course_utils import checks
 from course_utils.checks import DEFAULT, CheckFailed, NotAnswered, Variant, same_to_3_figures
 
 LESSONS = sorted(int(p.stem[1:]) for p in Path(checks.__file__).parent.glob("l[0-9][0-9].py"))
-STUDENTS = ["s1", "s7", "alice", "bob", "zoe", "carol", "dave"]
 
 
 def lesson_tests(n: int):
@@ -41,13 +41,6 @@ def lesson(n: int):
     """(check module, RIGHT) of lesson n, from its test file."""
     tests = lesson_tests(n)
     return tests.check, tests.RIGHT
-
-
-def run(check, k: int, answers, variant: Variant = DEFAULT) -> None:
-    """Call exercise k's check with `answers`, the last of which may be the Variant to use."""
-    if answers and isinstance(answers[-1], Variant):
-        *answers, variant = answers
-    getattr(check, f"exercise_{k}")(*answers, variant=variant)
 
 
 def students(n: int) -> list[Variant]:

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from test_checks_contract import LESSONS, run
+from checkskit import run
+from test_checks_contract import LESSONS
 
 from course_utils.checks import CheckFailed
 

@@ -3,7 +3,7 @@
 import math
 
 import pytest
-from test_checks_contract import STUDENTS
+from checkskit import STUDENTS
 
 from course_utils.checks import CheckFailed, NotAnswered, Variant
 from course_utils.checks import l04 as check
@@ -196,13 +196,14 @@ def test_build_exercise_phases_agree_with_the_course_schedule():
                 assert flat == [str(a) for a in make_schedule("1f1b", p, m).devices[d]]
 
 
-def test_build_exercise_accepts_action_values():
+def test_build_exercise_accepts_action_values(capsys):
     from course_utils.actions import Action
 
     def as_actions(p, m, d):
         return tuple([Action.parse(a) for a in part] for part in one_f_one_b(p, m, d))
 
     check.exercise_2(as_actions)
+    assert capsys.readouterr().out.startswith("✅")
 
 
 def test_build_exercise_is_judged_on_replayed_calls():

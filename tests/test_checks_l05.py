@@ -3,7 +3,7 @@
 import math
 
 import pytest
-from test_checks_contract import STUDENTS
+from checkskit import STUDENTS
 
 from course_utils.actions import Action
 from course_utils.checks import CheckFailed, NotAnswered, Variant

@@ -5,7 +5,7 @@ import re
 
 import numpy as np
 import pytest
-from test_checks_contract import STUDENTS
+from checkskit import STUDENTS
 
 from course_utils.checks import CheckFailed, NotAnswered, Variant
 from course_utils.checks import l06 as check

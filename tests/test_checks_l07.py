@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from test_checks_contract import STUDENTS
+from checkskit import STUDENTS
 
 from course_utils.checks import CheckFailed, NotAnswered, Variant
 from course_utils.checks import l07 as check

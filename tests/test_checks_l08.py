@@ -1,7 +1,7 @@
 """The lesson 08 checks: right answers pass, wrong ones fail kindly, placeholders say so."""
 
 import pytest
-from test_checks_contract import STUDENTS
+from checkskit import STUDENTS
 
 from course_utils.checks import NotAnswered, Variant
 from course_utils.checks import l08 as check

@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from test_checks_contract import STUDENTS
+from checkskit import STUDENTS
 
 from course_utils.checks import GIB, NotAnswered, Variant
 from course_utils.checks import l09 as check

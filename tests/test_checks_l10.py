@@ -3,7 +3,7 @@
 import re
 
 import pytest
-from test_checks_contract import STUDENTS
+from checkskit import STUDENTS
 
 from course_utils.checks import CheckFailed, NotAnswered, Variant
 from course_utils.checks import l10 as check

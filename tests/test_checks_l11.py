@@ -1,7 +1,7 @@
 """The lesson 11 checks: right answers pass, wrong ones fail kindly, placeholders say so."""
 
 import pytest
-from test_checks_contract import STUDENTS
+from checkskit import STUDENTS
 
 from course_utils.checks import CheckFailed, Variant
 from course_utils.checks import l11 as check
