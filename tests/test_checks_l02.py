@@ -156,7 +156,7 @@ def test_build_exercise_catches_wrong_functions():
         check.exercise_3(stub)
 
 
-def test_build_exercise_cannot_be_passed_by_building_the_whole_schedule():
+def test_build_exercise_cannot_be_passed_by_building_the_whole_schedule(capsys):
     """One call of the library (make_schedule) cannot answer for a billion-stage pipeline:
     the check asks for devices of pipelines far too long to build, and says why it fails."""
 
@@ -169,6 +169,7 @@ def test_build_exercise_cannot_be_passed_by_building_the_whole_schedule():
         check.exercise_3(from_library)
     start = time.perf_counter()
     check.exercise_3(gpipe_device)  # the learner's own construction answers at once
+    assert capsys.readouterr().out.startswith("✅")
     assert time.perf_counter() - start < 5
 
 
@@ -183,13 +184,14 @@ def test_build_cases_are_fixed_by_the_grader_seed_and_cover_every_device():
         )
 
 
-def test_exercise_2_5_flips_with_the_heavy_stage():
+def test_exercise_2_5_flips_with_the_heavy_stage(capsys):
     heavy_first = next(
         Variant(f"s{i}")
         for i in range(200)
         if check.given_5(Variant(f"s{i}"))["blocks_on_stage0"] == 4
     )
     check.exercise_5("b", "d", variant=heavy_first)
+    assert capsys.readouterr().out.startswith("✅")
     with pytest.raises(CheckFailed, match="device 0 is almost never idle"):
         check.exercise_5("a", "b", variant=heavy_first)
     with pytest.raises(CheckFailed, match="already the slow one"):

@@ -206,13 +206,14 @@ def test_build_exercise_accepts_action_values(capsys):
     assert capsys.readouterr().out.startswith("✅")
 
 
-def test_build_exercise_is_judged_on_replayed_calls():
+def test_build_exercise_is_judged_on_replayed_calls(capsys):
     """The grader draws the cases, the learner's kernel answers them, the check replays."""
     variant = Variant("s7", cases_seed="grader")
     cases = check.cases_2(variant)["one_f_one_b"]
     assert cases == check.cases_2(Variant("s7", cases_seed="grader"))["one_f_one_b"]
     outcomes = [call_outcome(one_f_one_b, decode(encode(tuple(c))), limit_s=5) for c in cases]
     check.exercise_2(Replay("one_f_one_b", cases, outcomes), variant=variant)
+    assert capsys.readouterr().out.startswith("✅")
 
 
 def right_for(v):

@@ -219,12 +219,13 @@ def test_placement_exercise_catches_wrong_functions():
         check.exercise_1([0, 1, 2, 3, 0, 1, 2, 3])
 
 
-def test_placement_exercise_is_judged_on_replayed_calls():
+def test_placement_exercise_is_judged_on_replayed_calls(capsys):
     variant = Variant("s7", cases_seed="grader")
     cases = check.cases_1(variant)["looping_placement"]
     assert cases == check.cases_1(Variant("s7", cases_seed="grader"))["looping_placement"]
     outcomes = [call_outcome(looping_placement, decode(encode(tuple(c))), 5) for c in cases]
     check.exercise_1(Replay("looping_placement", cases, outcomes), variant=variant)
+    assert capsys.readouterr().out.startswith("✅")
 
 
 @pytest.mark.parametrize("schedule, needle", SCHEDULE_WRONG)

@@ -255,7 +255,7 @@ WRONG = [
 ]
 
 
-def test_build_exercise_catches_wrong_functions():
+def test_build_exercise_catches_wrong_functions(capsys):
     with pytest.raises(CheckFailed, match="sent no message"):
         check.exercise_4(cheat)
     with pytest.raises(CheckFailed, match="right neighbour"):
@@ -281,18 +281,20 @@ def test_build_exercise_catches_wrong_functions():
         check.exercise_4(lambda data: (ring_allreduce(data)[0], [(0, 9, [1.0])]))
 
     check.exercise_4(numpy_values)
+    assert capsys.readouterr().out.startswith("✅")
     with pytest.raises(NotAnswered):
         check.exercise_4(stub)
     with pytest.raises(CheckFailed, match="should be a function"):
         check.exercise_4("ring")
 
 
-def test_build_exercise_is_judged_on_replayed_calls():
+def test_build_exercise_is_judged_on_replayed_calls(capsys):
     variant = Variant("s7", cases_seed="grader")
     cases = check.cases_4(variant)["ring_allreduce"]
     assert cases == check.cases_4(Variant("s7", cases_seed="grader"))["ring_allreduce"]
     outcomes = [call_outcome(ring_allreduce, decode(encode(tuple(c))), 5) for c in cases]
     check.exercise_4(Replay("ring_allreduce", cases, outcomes), variant=variant)
+    assert capsys.readouterr().out.startswith("✅")
 
 
 def test_scaling_table_gives_nearly_eight_at_eight_and_ten_at_sixteen():
