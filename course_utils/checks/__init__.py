@@ -1,21 +1,31 @@
 """The exercise-check framework: kind, specific feedback for answers in exercise notebooks.
 
 An exercise notebook has, per exercise, an answer cell (tag "answer") and a check cell
-(tag "check", id "check-NN-K") that makes ONE call, e.g. `check.exercise_2(bubble_fraction)`,
-where `check` is the lesson's check module `course_utils.checks.lNN`. A check module is built
-from the helpers here:
+(tag "check", id "check-NN-K") that makes ONE call, e.g. `check.exercise_1(bubble_fraction)`,
+where `check = lNN.for_student(name)` binds the lesson's check module `course_utils.checks.lNN`
+to the learner's numbers. A check module declares, per exercise, its given numbers, the shape
+of each answer, the right answer and the hints keyed to the mistake they name:
 
-    from course_utils.checks import CheckFailed, as_number, close, passed
+    for_student = checks.lesson_checks(__name__)
+    given_1 = numbers(p=pick("1p", 4, [3, 5, 6]), m=pick("1m", 12, [6, 8, 16]))
 
-    def exercise_2(bubble_fraction):
-        value = as_number(bubble_fraction, "bubble_fraction")  # None -> NotAnswered, NaN -> ...
-        if not close(value, 3 / 11):
-            raise CheckFailed("bubble_fraction is not right yet. Hint: count idle slots ...")
-        passed("Right: ...")
+    @exercise(given_1, bubble_fraction="number")
+    def exercise_1(g, bubble_fraction):
+        hints = {
+            "That is relative to the busy time; the question asks ...": (g.p - 1) / g.m,
+            "Not yet. Count busy slots and idle slots ...": OTHERWISE,
+        }
+        judge(bubble_fraction, (g.p - 1) / (g.m + g.p - 1), "bubble_fraction", hints)
+        return "Right: ..."
+
+`exercise` reads the answers (None -> NotAnswered, NaN -> a message), `judge` names the
+mistake, `verdict` judges a diagnosis's choices, and the returned message is printed with
+its tick. The grader calls the same `exercise_K`, `given_K` and `cases_K` (a Build
+exercise's inputs) in its own process (`course_utils.grading`).
 
 Numbers: every number a learner types passes when it is right to 3 significant figures
-(`expect_number`, `is_right`, `close`; `same_numbers` inside lists and tuples), and the
-slips a check recognises are matched the same way. Counts, indices and the results of a
+(`judge`, `expect_number`, `is_right`, `close`; inside lists and tuples too), and the
+mistakes a check recognises are matched the same way. Counts, indices and the results of a
 learner's Build function are compared exactly (within float rounding).
 
 Rules for feedback: say what is wrong and give a hint, never the answer itself. A learner
@@ -42,26 +52,36 @@ from typing import Any, NoReturn
 
 __all__ = [
     "DEFAULT",
+    "OTHERWISE",
     "CheckFailed",
     "Given",
     "LessonChecks",
-    "Variant",
-    "expect_number",
-    "for_student",
-    "is_right",
-    "same_numbers",
-    "same_to_3_figures",
     "NotAnswered",
+    "Variant",
+    "any_of",
     "as_choice",
     "as_int",
     "as_number",
     "as_sequence",
     "check_function",
+    "choice",
     "close",
+    "exercise",
     "exercise_label",
+    "expect_choice",
+    "expect_number",
     "fail",
+    "is_right",
+    "judge",
+    "lesson_checks",
+    "matches",
+    "numbers",
     "passed",
+    "pick",
     "require",
+    "same_to_3_figures",
+    "sequence",
+    "verdict",
 ]
 
 # What a learner sees in front of a message (the grader also uses these to find the message).
@@ -258,24 +278,6 @@ def close(value: float, expected: float, rel: float = 1e-3, abs: float = 1e-9) -
     return same_to_3_figures(value, expected) or math.isclose(
         value, expected, rel_tol=rel, abs_tol=abs
     )
-
-
-def same_numbers(got: Any, want: Any) -> bool:
-    """True when `got` and `want` are the same (nested) lists of numbers, each number right to
-    3 significant figures: the rule for single numbers, inside lists and tuples too.
-
-    For answers a learner types. A Build exercise's function results are computed, so its
-    checks compare them within float rounding instead.
-    """
-    if isinstance(want, list | tuple):
-        return (
-            isinstance(got, list | tuple)
-            and len(got) == len(want)
-            and all(same_numbers(g, w) for g, w in zip(got, want, strict=True))
-        )
-    if isinstance(got, bool) or not isinstance(got, int | float):
-        return False
-    return same_to_3_figures(float(got), float(want))
 
 
 def _short(value: Any) -> str:
@@ -514,10 +516,6 @@ class LessonChecks:
         if name.startswith("exercise_"):
             return lambda *answers: fn(*answers, variant=self.variant)
         return lambda: fn(self.variant)
-
-
-def for_student(module: Any, student: str = DEFAULT_STUDENT) -> LessonChecks:
-    return LessonChecks(module, student)
 
 
 # --------------------------------------------------------------------------- declaring exercises
