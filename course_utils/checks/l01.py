@@ -46,15 +46,13 @@ given_1 = numbers(billions=pick("1n", 7, [3, 6, 8, 13, 20, 34]))
 def exercise_1(g, memory_gb):
     """`billions` billion parameters, fp32, Adam: model state in GB."""
     n = g.billions * 1e9
-    want = n * _total_per_parameter("fp32") / GB
+    want, per = n * _total_per_parameter("fp32") / GB, n / GB  # per: GB per byte a parameter
     hints = {
         "That is only the parameters (4 bytes each). Training also keeps a gradient per "
-        "parameter and Adam keeps two more numbers per parameter.": 4 * n / GB,
-        "You counted parameters and gradients. What does Adam keep for every parameter?": 8
-        * n
-        / GB,
-        "Adam keeps two running averages per parameter (m and v), not one.": 12 * n / GB,
-        "The question is about plain fp32 training: every number is 4 bytes, not 2.": 2 * n / GB,
+        "parameter and Adam keeps two more numbers per parameter.": 4 * per,
+        "You counted parameters and gradients. What does Adam keep for every parameter?": 8 * per,
+        "Adam keeps two running averages per parameter (m and v), not one.": 12 * per,
+        "The question is about plain fp32 training: every number is 4 bytes, not 2.": 2 * per,
         f"{memory_gb:g} GB is {memory_gb * GB / n:.3g} bytes per parameter. Count the fp32 "
         "bytes of each thing training keeps per parameter: the weight, its gradient, and "
         "Adam's state.": OTHERWISE,
@@ -195,10 +193,9 @@ given_4 = numbers(p=pick("4p", 4, [3, 5, 6, 8]))
 @exercise(given_4, utilization="number", speedup="number")
 def exercise_4(g, utilization, speedup):
     """Naive model parallelism over p equal stages: utilization per device and speed-up."""
-    p = g.p
+    p, idle = g.p, 1 - 1 / g.p
     hints = {
-        f"{utilization:g} is the idle fraction. `utilization` asks for the busy fraction.": 1
-        - 1 / p,
+        f"{utilization:g} is the idle fraction. `utilization` asks for the busy fraction.": idle,
         f"Not yet. Draw the staircase: while one stage computes, what are the other {p - 1} "
         "doing? How long is the step compared with one device's busy time?": OTHERWISE,
     }

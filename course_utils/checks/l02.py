@@ -317,25 +317,23 @@ given_7 = numbers(
 @exercise(given_7, transfer_ms="number", step_ms="number")
 def exercise_7(g, transfer_ms, step_ms):
     """2-device GPipe on the virtual clock: one transfer's time, then the step's makespan."""
-    m, f, b, latency = g.m, g.F_ms, g.B_ms, g.latency_us
-    wire = g.message_kb / g.bandwidth_mb_s  # kB / (MB/s) = ms
-    want = latency / 1000 + wire
+    m, f, b, us = g.m, g.F_ms, g.B_ms, g.latency_us
+    wire, ms = g.message_kb / g.bandwidth_mb_s, us / 1000  # kB / (MB/s) = ms
+    want = ms + wire
+    bytes_off = checks.any_of(*(ms + wire * k for k in (1e3, 1e-3, 8)))
     hints = {
         "`transfer_ms` leaves out the latency: every message pays it once, however small, "
         "before its bytes arrive.": wire,
-        "`transfer_ms` mixes units: the latency is in microseconds, 1 ms = 1000 us.": latency
-        + wire,
-        "`transfer_ms` is only the latency: the message's bytes take their time too.": latency
-        / 1000,
+        "`transfer_ms` mixes units: the latency is in microseconds, 1 ms = 1000 us.": us + wire,
+        "`transfer_ms` is only the latency: the message's bytes take their time too.": ms,
         "`transfer_ms`: check the bytes' time. 1 kB at 1 MB/s takes 1 ms, and the message size "
-        "is in kilobytes (not kilobits).": checks.any_of(
-            *(latency / 1000 + wire * k for k in (1e3, 1e-3, 8))
-        ),
+        "is in kilobytes (not kilobits).": bytes_off,
         "`transfer_ms` is not right: a message takes latency + bytes / bandwidth.": OTHERWISE,
     }
     judge(transfer_ms, want, "transfer_ms", hints)
     free = _simulate("gpipe", 2, m, f, b).makespan  # the same step with free links
     step = _simulate("gpipe", 2, m, f, b, p2p=want).makespan
+    one = free + want  # one transfer on the critical path instead of two
     hints = {
         "`transfer_ms` is right, `step_ms` leaves the links out. Device 1 cannot start before "
         "the first activation has arrived, nor device 0 its backward before the first "
@@ -343,9 +341,7 @@ def exercise_7(g, transfer_ms, step_ms):
         "`transfer_ms` is right, but not every transfer adds to the step: a device sends and "
         "goes straight on to its next micro-batch while the bytes travel. Which transfers does "
         "nothing hide?": free + 2 * m * want,
-        "`transfer_ms` is right. One transfer is counted, but the backward needs one too.": (
-            free + want
-        ),
+        "`transfer_ms` is right. One transfer is counted, but the backward needs one too.": one,
         "`transfer_ms` is right. That is the naive schedule's step (each stage on the whole "
         "batch in turn); with GPipe the two devices overlap on different "
         "micro-batches.": 2 * m * (f + b) + 2 * want,

@@ -25,13 +25,12 @@ given_1 = numbers(p=pick("1p", 4, [3, 4, 5, 6, 8]), m=pick("1m", 12, [6, 8, 10, 
 def exercise_1(g, bubble_fraction):
     """GPipe with the given p and m, equal stages: the bubble fraction."""
     p, m = g.p, g.m
-    want = _bubble(p, m)
+    want, fill = _bubble(p, m), p / (m + p)
     hints = {
         f"{p - 1}/{m} is the bubble relative to the ideal (busy) time. The question asks for "
         "the idle share of the whole step: divide by the step's length in slots "
         "instead.": (p - 1) / m,
-        "Count the fill slots again: with p stages, how many slots until the last starts?": p
-        / (m + p),
+        "Count the fill slots again: with p stages, how many slots until the last starts?": fill,
         "Not yet. Per device, count busy slots (one per micro-batch) and idle slots (the "
         "fill and drain); the bubble is idle over all slots.": OTHERWISE,
     }

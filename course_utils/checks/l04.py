@@ -40,24 +40,19 @@ def exercise_1(g, peak_gpipe, peak_1f1b):
     }
     judge(gpipe, [m] * p, "peak_gpipe", hints)
     want = [min(m, p - d) for d in range(p)]
+    short, extra = [w - 1 for w in want], [w + 1 for w in want]
+    grows = one_f == sorted(one_f) != sorted(one_f, reverse=True)
     hints = {
         "`peak_gpipe` is right. `peak_1f1b` copies it, but 1F1B starts backwards early.": [m] * p,
         "`peak_gpipe` is right. `peak_1f1b` grows with the device number, but device 0 is the "
-        "one that waits longest for its first gradient to come back.": lambda x: (
-            x == sorted(x) != sorted(x, reverse=True)
-        ),
+        "one that waits longest for its first gradient to come back.": grows,
         "`peak_gpipe` is right. `peak_1f1b` is one short on every device: the steady phase "
-        "starts with a forward, so count the warm-up forwards plus that one.": [
-            w - 1 for w in want
-        ],
+        "starts with a forward, so count the warm-up forwards plus that one.": short,
         "`peak_gpipe` is right. `peak_1f1b` is one too many on every device: device d runs "
-        "p - 1 - d warm-up forwards, then ONE steady forward before its first backward.": [
-            w + 1 for w in want
-        ],
+        "p - 1 - d warm-up forwards, then ONE steady forward before its first backward.": extra,
         "`peak_gpipe` is right. `peak_1f1b` is the same on every device, but a later device "
-        "gets its first gradient back sooner: it needs fewer warm-up forwards.": lambda x: (
-            len(set(x)) == 1
-        ),
+        "gets its first gradient back sooner: it needs fewer warm-up forwards.": len(set(one_f))
+        == 1,
         "`peak_gpipe` is right, `peak_1f1b` is not yet. For device d: how many forwards does "
         "it run before its first backward? It holds no more than that afterwards.": OTHERWISE,
     }
@@ -229,10 +224,10 @@ given_4 = numbers(  # W <= min(F, I) in every variant: the condition of the ZB-H
 def exercise_4(g, idle_1f1b, idle_zb):
     """Idle time per device of 1F1B and of ZB-H1, with the given p, m, t_F, t_I, t_W."""
     p, f, i, w = g.p, g.t_f, g.t_i, g.t_w
-    want_1f1b, want_zb = (p - 1) * (f + i + w), (p - 1) * (f + i - w)
+    want_1f1b, want_zb, no_w = (p - 1) * (f + i + w), (p - 1) * (f + i - w), (p - 1) * (f + i)
     hints = {
         "`idle_1f1b` leaves out W. 1F1B does not split the backward: each of its backward "
-        "slots takes I + W.": (p - 1) * (f + i),
+        "slots takes I + W.": no_w,
         "`idle_1f1b` is not right yet. With equal stages each device idles p - 1 forward slots "
         "and p - 1 backward slots; a 1F1B backward is I + W long.": OTHERWISE,
     }
@@ -240,8 +235,7 @@ def exercise_4(g, idle_1f1b, idle_zb):
     hints = {
         "`idle_1f1b` is right. `idle_zb` equals it, but ZB-H1 fills part of the bubble.": want_1f1b,
         "`idle_1f1b` is right. `idle_zb` is the bubble if W were only moved out of the way; "
-        "ZB-H1 also runs W's inside the remaining gaps. What does that subtract?": (p - 1)
-        * (f + i),
+        "ZB-H1 also runs W's inside the remaining gaps. What does that subtract?": no_w,
         "`idle_1f1b` is right. `idle_zb` is too optimistic for ZB-H1: it keeps 1F1B's memory "
         "bound, so not every gap can be filled with W.": checks.any_of((p - 1) * f, 0.0),
         "`idle_1f1b` is right, `idle_zb` is not yet. Use the lesson's formula for ZB-H1's "

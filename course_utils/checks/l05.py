@@ -88,7 +88,7 @@ def given_2(variant: Variant = DEFAULT) -> dict:
 def exercise_2(g, bubble_vs_ideal, step_time):
     """Interleaved 1F1B, the given p, m, v, F=1, B=2: bubble relative to ideal, and step time."""
     p, m, chunks = g.p, g.m, g.v
-    bubble = (p - 1) / (chunks * m)
+    bubble, every_stage = (p - 1) / (chunks * m), (p * chunks - 1) / (chunks * m)
     ideal = m * 3.0  # F + B = 1 + 2
     hints = {
         "`bubble_vs_ideal` is 1F1B's bubble without chunks. With v chunks each hop of the "
@@ -96,8 +96,7 @@ def exercise_2(g, bubble_vs_ideal, step_time):
         "`bubble_vs_ideal` is the idle share of the whole step. The question asks for the "
         "idle time relative to the ideal (busy) time.": (p - 1) / (chunks * m + p - 1),
         "`bubble_vs_ideal` counts p*v - 1 hops in the fill. The fill ends when the last DEVICE "
-        "starts: how many devices does the first micro-batch pass first?": (p * chunks - 1)
-        / (chunks * m),
+        "starts: how many devices does the first micro-batch pass first?": every_stage,
         "`bubble_vs_ideal` is not right yet. Idle time per device: (p - 1) hops of one chunk's "
         "forward + backward. Ideal time: m micro-batches of the whole device's forward + "
         "backward. Divide.": OTHERWISE,

@@ -300,6 +300,7 @@ def exercise_5(g, ring_gb_per_worker, naive_gb_rank0):
     n = g.workers
     s = 4 * g.params_m * 1e6 / 1e9  # GB of fp32 gradients
     want_ring, want_naive = 2 * (n - 1) / n * s, (n - 1) * s
+    one_step, values = checks.any_of(s / n, 2 * s / n), want_ring / 4  # values: not bytes
     mb = (1e3, "looks like megabytes; give GB (1 GB = 1000 MB).")
     both = (2, "counts both directions (sent and received); give the bytes one way.")
     hints = {
@@ -307,11 +308,8 @@ def exercise_5(g, ring_gb_per_worker, naive_gb_rank0):
         "reduce-scatter, then all-gather. Both send chunks.": (n - 1) / n * s,
         f"`ring_gb_per_worker` is the limit for very many workers. With {n} workers, how many "
         f"chunks of size S/{n} does each worker send in each phase?": 2 * s,
-        "Each ring step sends one chunk, but there are N - 1 steps per phase.": checks.any_of(
-            s / n, 2 * s / n
-        ),
-        "`ring_gb_per_worker` counts parameters, not bytes: an fp32 number is 4 bytes.": want_ring
-        / 4,
+        "Each ring step sends one chunk, but there are N - 1 steps per phase.": one_step,
+        "`ring_gb_per_worker` counts parameters, not bytes: an fp32 number is 4 bytes.": values,
         "`ring_gb_per_worker` is not right yet. Count chunks: N chunks of S/N; how many steps "
         "per phase, and how many phases?": OTHERWISE,
     }

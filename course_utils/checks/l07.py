@@ -157,7 +157,7 @@ def exercise_2(g, collective, bytes_per_device):
     """Row-parallel output: which collective, and the bytes each device sends (ring)."""
     size, n = g.sequences * g.tokens * g.d_model * 2, g.tp
     want = 2 * (n - 1) / n * size
-    sent = bytes_per_device
+    sent, all_ = bytes_per_device, n * want if n > 2 else None  # all_: every device's together
     hints = {
         "`collective` is right. That is the size of the tensor itself; in a ring all-reduce "
         "each device sends 2(N-1)/N times that (a reduce-scatter, then an all-gather).": size,
@@ -165,10 +165,7 @@ def exercise_2(g, collective, bytes_per_device):
         "(reduce-scatter, then all-gather).": (n - 1) / n * size,
         "`collective` is right, but check the bytes per value: bf16 takes 2 bytes, and the "
         "factor is 2(N-1)/N.": checks.any_of(2 * want, 2 * size),
-        "`collective` is right. That is all devices together; the question asks per device.": n
-        * want
-        if n > 2
-        else None,
+        "`collective` is right. That is all devices together; the question asks per device.": all_,
         "`collective` is right. (N-1) x size is what rank 0 sends in the naive all-reduce; the "
         "question asks for the ring, where every device sends the same amount.": (n - 1) * size,
         "`bytes_per_device` should be in bytes: tokens x d_model x bytes per value, times the "

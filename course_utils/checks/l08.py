@@ -208,9 +208,9 @@ def exercise_4(g, prefetch, gathered):
                 "the limit."
             )
         fail(f"Prefetch {k} fits, but a deeper one does too.")
+    shard = bound(k) / n
     hints = {
-        "`gathered` counts shards; a gathered layer is the whole layer, on every worker.": bound(k)
-        / n,
+        "`gathered` counts shards; a gathered layer is the whole layer, on every worker.": shard,
         "`gathered` adds the smallest layers; the bound must hold for the largest.": sum(
             sorted(numels)[: k + 1]
         )
@@ -277,12 +277,10 @@ def exercise_5(g, waiting_share, fix, gain, variant):
     """A ZeRO-3 step with unhidden gathers: the compute's waiting share, the fix, its gain."""
     theirs, fixed = their_timeline(variant), their_timeline(variant, prefetch=1)
     busy = theirs.busy_per_device()[0]
-    want = 1 - busy / theirs.makespan
+    want, waited_ms = 1 - busy / theirs.makespan, (theirs.makespan - busy) * 1e3
     hints = {
         "`waiting_share` is the share spent computing; the question asks for the wait.": 1 - want,
-        "`waiting_share` is a time; give it as a share of the step (0 to 1).": (
-            (theirs.makespan - busy) * 1e3
-        ),
+        "`waiting_share` is a time; give it as a share of the step (0 to 1).": waited_ms,
         "`waiting_share` is not right: (makespan - compute time) / makespan, for one "
         "worker.": OTHERWISE,
     }

@@ -44,6 +44,7 @@ def exercise_1(g, tp_only, with_sp):
     sbh = g.s * g.b * g.h
     for name, value, sp in (("tp_only", tp_only, False), ("with_sp", with_sp, True)):
         want, other = _block_bytes(g, sp), _block_bytes(g, not sp)
+        mask = want + (g.e - 1) * sbh / (g.t if sp else 1)  # the mask at e bytes per value
         hints = {
             f"`{name}` is the tensor-parallel count. Sequence parallelism also splits the three "
             "sequence-wise terms (LayerNorm input, first linear's input, dropout mask) t "
@@ -58,8 +59,7 @@ def exercise_1(g, tp_only, with_sp):
             f"`{name}` leaves out the dropout mask: one byte per value of [s, b, h].": _block_bytes(
                 g, sp, dropout=False
             ),
-            f"`{name}` counts the dropout mask at e bytes; a mask is one byte per value.": want
-            + (g.e - 1) * sbh / (g.t if sp else 1),
+            f"`{name}` counts the dropout mask at e bytes; a mask is one byte per value.": mask,
             f"`{name}` uses 4-byte values; the block runs in 16-bit, e = 2 bytes.": _block_bytes(
                 g, sp, bytes_per_value=4
             ),
@@ -330,10 +330,9 @@ def exercise_5(g, straggler, idle_share, fix, gain, variant):
         "time.": OTHERWISE,
     }
     judge(straggler, slowest, "straggler", hints)
-    want = 1 - busy[0] / theirs.makespan
+    want, busy_0 = 1 - busy[0] / theirs.makespan, busy[0] / theirs.makespan
     hints = {
-        "`idle_share` is the share worker 0 computed; the question asks how long it idled.": 1
-        - want,
+        "`idle_share` is the share worker 0 computed; the question asks how long it idled.": busy_0,
         "`idle_share` is a time in ms; give it as a share of the makespan (0 to "
         "1).": theirs.makespan - busy[0],
         "`idle_share` is not right: (makespan - worker 0's busy time) / makespan.": OTHERWISE,

@@ -462,14 +462,13 @@ def exercise_6(g, ep, gb_per_gpu, expert_dp):
         "extra expert-parallel rank sends a larger share of the tokens away.": OTHERWISE,
     }
     judge(ep, want_ep, "ep", hints)
-    attention = g.layers * 4 * g.d_model**2 * BYTES_PER_PARAM / g.tp / 1e9
+    no_attn = want_gb - g.layers * 4 * g.d_model**2 * BYTES_PER_PARAM / g.tp / 1e9
     hints = {
         "`gb_per_gpu` forgets tensor parallelism: tp splits every weight tp ways.": want_gb * g.tp,
         "`gb_per_gpu` keeps all the experts on every GPU: each holds E/ep of them.": (
             _gb_per_gpu(g, 1) if ep != 1 else None
         ),
-        "`gb_per_gpu` leaves out the attention (4 x d_model^2 per layer, replicated).": want_gb
-        - attention,
+        "`gb_per_gpu` leaves out the attention (4 x d_model^2 per layer, replicated).": no_attn,
         "`gb_per_gpu` is not right: layers x (attention + router and norm + E/ep experts) "
         "parameters, x 16 bytes, / tp, in GB (10^9 bytes).": OTHERWISE,
     }
