@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import asdict, replace
 
 from course_utils import checks, plan
-from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge
+from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge, numbers, pick
 from course_utils.errors import CourseInputError
 
 for_student = checks.lesson_checks(__name__)
@@ -33,20 +33,16 @@ GIB, GB = plan.GIB, plan.GB
 UNSHARDED = {0: 16, 1: 4, 2: 2, 3: 0}
 
 
-def given_1(variant: Variant = DEFAULT) -> dict:
-    return {
-        "params": variant.pick(
-            "1p", 30_000_000_000, [13_000_000_000, 20_000_000_000, 30_000_000_000]
-        ),
-        "dp": variant.pick("1d", 8, [8, 16]),
-        "gpu_gib": 80,
-        "activation_gib": variant.pick("1a", 20, [16, 20, 24]),
-        "big_params": variant.pick(
-            "1b", 70_000_000_000, [65_000_000_000, 70_000_000_000, 90_000_000_000]
-        ),  # fmt: skip
-        "gpus": 8,
-        "big_reserve_gib": 10,  # what the big model keeps per GPU for its activations
-    }
+B = 1_000_000_000
+given_1 = numbers(
+    params=pick("1p", 30 * B, [13 * B, 20 * B, 30 * B]),
+    dp=pick("1d", 8, [8, 16]),
+    gpu_gib=80,
+    activation_gib=pick("1a", 20, [16, 20, 24]),
+    big_params=pick("1b", 70 * B, [65 * B, 70 * B, 90 * B]),
+    gpus=8,
+    big_reserve_gib=10,  # what the big model keeps per GPU for its activations
+)
 
 
 def _needed(params, gpu_memory_gib, reserve_gib, zero, units=GIB, rounding=math.ceil, slack=1e-9):
@@ -271,12 +267,9 @@ REGRESSION_FIXES = {
 }
 
 
-def given_3(variant: Variant = DEFAULT) -> dict:
-    return {
-        "model": variant.pick("3m", "175B", ["175B", "70B"]),
-        "pp": 8,
-        "microbatches": variant.pick("3b", 64, [32, 64, 128]),
-    }
+given_3 = numbers(
+    model=pick("3m", "175B", ["175B", "70B"]), pp=8, microbatches=pick("3b", 64, [32, 64, 128])
+)
 
 
 def regression(variant: Variant = DEFAULT) -> tuple[plan.Config, plan.Config]:
@@ -312,16 +305,15 @@ def exercise_3(g, grew_most, fix, variant):
     )
 
 
-def given_4(variant: Variant = DEFAULT) -> dict:
-    return {
-        "model": "13B",
-        "slow_gbs": variant.pick("4b", 2.0, [1.0, 2.0, 4.0]),
-        "tp": 8,
-        "pp": 4,
-        "dp": 2,
-        "microbatch_size": 1,
-        "microbatches": variant.pick("4m", 32, [16, 32, 64]),
-    }
+given_4 = numbers(
+    model="13B",
+    slow_gbs=pick("4b", 2.0, [1.0, 2.0, 4.0]),
+    tp=8,
+    pp=4,
+    dp=2,
+    microbatch_size=1,
+    microbatches=pick("4m", 32, [16, 32, 64]),
+)
 
 
 def cross_cluster_times(variant: Variant = DEFAULT) -> tuple[float, float]:
@@ -382,14 +374,13 @@ def exercise_4(g, dp_across_s, pp_across_s, across, variant):
     )
 
 
-def given_5(variant: Variant = DEFAULT) -> dict:
-    return {
-        "model": variant.pick("5m", "30B", ["13B", "30B"]),
-        "gpus": 32,
-        "global_batch": 256,
-        "old": "A100-40GB",
-        "new": "H100-80GB",
-    }
+given_5 = numbers(
+    model=pick("5m", "30B", ["13B", "30B"]),
+    gpus=32,
+    global_batch=256,
+    old="A100-40GB",
+    new="H100-80GB",
+)
 
 
 def _as_config(value, what: str) -> plan.Config:
@@ -506,8 +497,7 @@ SYMPTOMS = {
 }
 
 
-def given_6(variant: Variant = DEFAULT) -> dict:
-    return {"smallest_grad": variant.pick("6g", 1e-9, [1e-9, 3e-9, 2e-10, 5e-8])}
+given_6 = numbers(smallest_grad=pick("6g", 1e-9, [1e-9, 3e-9, 2e-10, 5e-8]))
 
 
 @exercise(
