@@ -10,7 +10,7 @@ of each answer, the right answer and the hints keyed to the mistake they name:
     given_1 = numbers(p=pick("1p", 4, [3, 5, 6]), m=pick("1m", 12, [6, 8, 16]))
 
     @exercise(given_1, bubble_fraction="number")
-    def exercise_1(g, bubble_fraction):
+    def exercise_1(g, bubble_fraction) -> str:
         hints = {
             "That is relative to the busy time; the question asks ...": (g.p - 1) / g.m,
             "Not yet. Count busy slots and idle slots ...": OTHERWISE,

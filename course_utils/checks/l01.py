@@ -43,7 +43,7 @@ given_1 = numbers(billions=pick("1n", 7, [3, 6, 8, 13, 20, 34]))
 
 
 @exercise(given_1, memory_gb="number")
-def exercise_1(g, memory_gb):
+def exercise_1(g, memory_gb) -> str:
     """`billions` billion parameters, fp32, Adam: model state in GB."""
     n = g.billions * 1e9
     want, per = n * _total_per_parameter("fp32") / GB, n / GB  # per: GB per byte a parameter
@@ -97,7 +97,7 @@ def _optimizer_hint(precision: str, optimizer: str) -> str:
 
 
 @exercise(model_state_bytes="function")
-def exercise_2(model_state_bytes, variant):
+def exercise_2(model_state_bytes, variant) -> str:
     """Build model_state_bytes(num_params, precision, optimizer) -> bytes per kind of state."""
     for num_params, precision, optimizer in cases_2(variant)["model_state_bytes"]:
         shown = f"model_state_bytes({num_params}, {precision!r}, {optimizer!r})"
@@ -149,7 +149,7 @@ def fewest_stages(billions: float, gpu_gb: float, reserve_gb: float) -> int:
 
 
 @exercise(given_3, devices="whole number")
-def exercise_3(g, devices):
+def exercise_3(g, devices) -> str:
     """`billions` B parameters, mixed + Adam, GPUs of `gpu_gb`, `reserve_gb` kept free."""
     billions, gpu, reserve = g.values()
     budget = gpu - reserve
@@ -191,7 +191,7 @@ given_4 = numbers(p=pick("4p", 4, [3, 5, 6, 8]))
 
 
 @exercise(given_4, utilization="number", speedup="number")
-def exercise_4(g, utilization, speedup):
+def exercise_4(g, utilization, speedup) -> str:
     """Naive model parallelism over p equal stages: utilization per device and speed-up."""
     p, idle = g.p, 1 - 1 / g.p
     hints = {
@@ -240,7 +240,7 @@ def exercise_4(g, utilization, speedup):
         },
     ),
 )
-def exercise_5(problem, fix):
+def exercise_5(problem, fix) -> str:
     """Diagnose naive model parallelism's chart: the problem, and the fix that keeps the
     split between layers."""
     return (
@@ -253,7 +253,7 @@ SPLITS = checks.choice("tensor", "pipeline")
 
 
 @exercise(scenario_a=SPLITS, scenario_b=SPLITS)
-def exercise_6(scenario_a, scenario_b):
+def exercise_6(scenario_a, scenario_b) -> str:
     """Tensor or pipeline parallelism for two scenarios."""
     if scenario_a != "tensor":
         fail(

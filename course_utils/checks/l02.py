@@ -60,7 +60,7 @@ def given_1(variant: Variant = DEFAULT) -> dict:
 
 
 @exercise(given_1, order=_actions)
-def exercise_1(g, order):
+def exercise_1(g, order) -> str:
     """Order the compute actions of GPipe (p devices, m micro-batches) by start time."""
     starts = _starts(g.p, g.m)
     unknown = [a for a in order if a not in starts]
@@ -102,7 +102,7 @@ given_2 = numbers(
 
 
 @exercise(given_2, stage0_action=_as_action, stage1_action=_as_action)
-def exercise_2(g, stage0_action, stage1_action):
+def exercise_2(g, stage0_action, stage1_action) -> str:
     """GPipe (p stages, m micro-batches): what stages 0 and 1 start when a forward ends."""
     starts = _starts(g.p, g.m)
     moment = starts[Action(g.stage, "F", g.microbatch)] + 1.0  # F takes 1 unit here
@@ -161,7 +161,7 @@ def _device_list(result, shown: str, d: int) -> list[Action]:
 
 
 @exercise(gpipe_device="function")
-def exercise_3(gpipe_device, variant):
+def exercise_3(gpipe_device, variant) -> str:
     """Build gpipe_device(p, m, d) -> device d's GPipe actions, in order, as strings."""
     from course_utils.pipeline.simulate import validate
 
@@ -202,7 +202,7 @@ given_4 = numbers(
 
 
 @exercise(given_4, makespan="number", speedup="number")
-def exercise_4(g, makespan, speedup):
+def exercise_4(g, makespan, speedup) -> str:
     """GPipe with p stages, m micro-batches, F and B per micro-batch: makespan and speed-up."""
     p, m, f, b = g.values()
     want = _simulate("gpipe", p, m, f, b).makespan
@@ -244,7 +244,7 @@ def stage_parameters(blocks_on_stage0: int) -> list[int]:
 
 
 @exercise(given_5, problem="letter", fix="letter")
-def exercise_5(g, problem, fix):
+def exercise_5(g, problem, fix) -> str:
     """Diagnose a GPipe chart with unbalanced stages (which stage is heavy is the variant's)."""
     params = stage_parameters(g.blocks_on_stage0)
     heavy = 0 if params[0] > params[1] else 1
@@ -283,7 +283,7 @@ def given_6(variant: Variant = DEFAULT) -> dict:
 
 
 @exercise(given_6, scale="number")
-def exercise_6(g, scale):
+def exercise_6(g, scale) -> str:
     """Loss scale per micro-batch so accumulated gradients equal the full-batch gradient."""
     batch, m = g.batch, g.m
     size = batch // m
@@ -315,7 +315,7 @@ given_7 = numbers(
 
 
 @exercise(given_7, transfer_ms="number", step_ms="number")
-def exercise_7(g, transfer_ms, step_ms):
+def exercise_7(g, transfer_ms, step_ms) -> str:
     """2-device GPipe on the virtual clock: one transfer's time, then the step's makespan."""
     m, f, b, us = g.m, g.F_ms, g.B_ms, g.latency_us
     wire, ms = g.message_kb / g.bandwidth_mb_s, us / 1000  # kB / (MB/s) = ms

@@ -22,7 +22,7 @@ given_1 = numbers(p=pick("1p", 4, [3, 4, 5, 6, 8]), m=pick("1m", 12, [6, 8, 10, 
 
 
 @exercise(given_1, bubble_fraction="number")
-def exercise_1(g, bubble_fraction):
+def exercise_1(g, bubble_fraction) -> str:
     """GPipe with the given p and m, equal stages: the bubble fraction."""
     p, m = g.p, g.m
     want, fill = _bubble(p, m), p / (m + p)
@@ -49,7 +49,7 @@ def cases_2(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
 
 
 @exercise(gpipe_bubble="function")
-def exercise_2(gpipe_bubble, variant):
+def exercise_2(gpipe_bubble, variant) -> str:
     """Build gpipe_bubble(p, m): any p >= 1, m >= 1, up to millions of stages."""
     cases = cases_2(variant)["gpipe_bubble"]
     for p, m in cases:
@@ -84,7 +84,7 @@ given_3 = numbers(
 
 
 @exercise(given_3, microbatches="whole number")
-def exercise_3(g, microbatches):
+def exercise_3(g, microbatches) -> str:
     """The fewest micro-batches whose bubble is at most the target, for the given p."""
     p, target, m = g.p, g.target, microbatches
     if m < 1:
@@ -114,7 +114,7 @@ given_4 = numbers(
 
 
 @exercise(given_4, max_microbatches="whole number", bubble_at_max="number")
-def exercise_4(g, max_microbatches, bubble_at_max):
+def exercise_4(g, max_microbatches, bubble_at_max) -> str:
     """Largest m whose GPipe activations fit beside the model state, and its bubble."""
     p, gpu, state, per = g.values()
     m = math.floor((gpu - state) / per + 1e-9)
@@ -154,7 +154,7 @@ def exercise_4(g, max_microbatches, bubble_at_max):
         },
     ),
 )
-def exercise_5(left_cause, right_cause):
+def exercise_5(left_cause, right_cause) -> str:
     """Explain both ends of the reference throughput-vs-micro-batches curve."""
     return (
         "Right: few micro-batches leave devices idle in the bubble; many tiny ones each pay a "
@@ -174,7 +174,7 @@ def _unbalanced(variant: Variant):
 
 
 @exercise(given_6, efficiency="number", busiest_device="whole number")
-def exercise_6(g, efficiency, busiest_device, variant):
+def exercise_6(g, efficiency, busiest_device, variant) -> str:
     """A simulated GPipe timeline with a heavy last stage: efficiency and busiest device."""
     timeline = _unbalanced(variant)
     busy = [timeline.busy(d) for d in range(3)]

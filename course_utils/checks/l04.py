@@ -24,7 +24,7 @@ given_1 = numbers(p=pick("1p", 5, [4, 5, 6, 7]), m=pick("1m", 12, [9, 10, 14, 16
 
 
 @exercise(given_1)
-def exercise_1(g, peak_gpipe, peak_1f1b):
+def exercise_1(g, peak_gpipe, peak_1f1b) -> str:
     """The most micro-batches each device holds at once, GPipe and 1F1B, for the given p, m."""
     p, m = g.p, g.m
     gpipe = checks.as_sequence(peak_gpipe, "peak_gpipe", length=p, item=_count)
@@ -119,7 +119,7 @@ def _three_phases(result, shown: str) -> list[list[str]]:
 
 
 @exercise(one_f_one_b="function")
-def exercise_2(one_f_one_b, variant):
+def exercise_2(one_f_one_b, variant) -> str:
     """Build one_f_one_b(p, m, d): device d's 1F1B order as (warm-up, steady, cool-down)."""
     cases = cases_2(variant)["one_f_one_b"]
     for p, m, d in cases:
@@ -175,7 +175,7 @@ given_3 = numbers(
 
 
 @exercise(given_3, makespan_gpipe="number", makespan_1f1b="number", bubble_1f1b="number")
-def exercise_3(g, makespan_gpipe, makespan_1f1b, bubble_1f1b):
+def exercise_3(g, makespan_gpipe, makespan_1f1b, bubble_1f1b) -> str:
     """Equal stages, the given p, m, t_F, t_B: both makespans and 1F1B's bubble fraction."""
     p, m, f, b = g.values()
     want = (m + p - 1) * (f + b)  # equal stages, free communication: GPipe and 1F1B alike
@@ -221,7 +221,7 @@ given_4 = numbers(  # W <= min(F, I) in every variant: the condition of the ZB-H
 
 
 @exercise(given_4, idle_1f1b="number", idle_zb="number")
-def exercise_4(g, idle_1f1b, idle_zb):
+def exercise_4(g, idle_1f1b, idle_zb) -> str:
     """Idle time per device of 1F1B and of ZB-H1, with the given p, m, t_F, t_I, t_W."""
     p, f, i, w = g.p, g.t_f, g.t_i, g.t_w
     want_1f1b, want_zb, no_w = (p - 1) * (f + i + w), (p - 1) * (f + i - w), (p - 1) * (f + i)
@@ -272,7 +272,7 @@ def exercise_4(g, idle_1f1b, idle_zb):
         },
     ),
 )
-def exercise_5(oom_cause, oom_fix):
+def exercise_5(oom_cause, oom_fix) -> str:
     """GPipe p=4, m=12 runs out of activation memory: name the problem and the fix."""
     return (
         "Right: GPipe holds all 12 micro-batches at the peak; 1F1B with the same m holds at "
@@ -302,7 +302,7 @@ def exercise_5(oom_cause, oom_fix):
         },
     ),
 )
-def exercise_6(zb_problem, zb_fix):
+def exercise_6(zb_problem, zb_fix) -> str:
     """A split schedule with every W at the end: name the problem and the fix."""
     return (
         "Right: a micro-batch's activations stay until its W, so W's parked at the end hold "

@@ -33,7 +33,7 @@ def cases_1(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
 
 
 @exercise(looping_placement="function")
-def exercise_1(looping_placement, variant):
+def exercise_1(looping_placement, variant) -> str:
     """Build looping_placement(p, v): for each device, the stages it holds."""
     cases = cases_1(variant)["looping_placement"]
     for p, chunks in cases:
@@ -85,7 +85,7 @@ def given_2(variant: Variant = DEFAULT) -> dict:
 
 
 @exercise(given_2, bubble_vs_ideal="number", step_time="number")
-def exercise_2(g, bubble_vs_ideal, step_time):
+def exercise_2(g, bubble_vs_ideal, step_time) -> str:
     """Interleaved 1F1B, the given p, m, v, F=1, B=2: bubble relative to ideal, and step time."""
     p, m, chunks = g.p, g.m, g.v
     bubble, every_stage = (p - 1) / (chunks * m), (p * chunks - 1) / (chunks * m)
@@ -142,7 +142,7 @@ ORDERS = ("depth-first", "breadth-first", "same")
     ),
     breadth_first_peak="whole number",
 )
-def exercise_3(g, smaller_bubble, less_memory, breadth_first_peak):
+def exercise_3(g, smaller_bubble, less_memory, breadth_first_peak) -> str:
     """The given p, v, m: compare bubble and activation memory of the two orders."""
     # device 0's simulated peaks, in (micro-batch, chunk) pairs
     depth, want = (
@@ -187,7 +187,7 @@ def _parse_devices(my_schedule, p: int):
 
 
 @exercise(given_4)
-def exercise_4(g, my_schedule):
+def exercise_4(g, my_schedule) -> str:
     """A breadth-first schedule, backwards first-in first-out, written by hand."""
     from course_utils.actions import Schedule
     from course_utils.pipeline.simulate import simulate, validate
@@ -278,7 +278,7 @@ given_5 = numbers(m=pick("5m", 8, [8, 12]), transfer=pick("5t", 0.3, [0.2, 0.25,
     ),
     best_chunks="whole number",
 )
-def exercise_5(g, problem, fix, best_chunks):
+def exercise_5(g, problem, fix, best_chunks) -> str:
     """Interleaved with v=8 is slower than 1F1B when a transfer costs the given time."""
     if best_chunks not in CHUNK_CHOICES:
         fail("`best_chunks` is one of the values in the sweep: 1, 2, 4 or 8.")
@@ -326,7 +326,7 @@ SCHEDULES = ("breadth-first", "depth-first")
         },
     ),
 )
-def exercise_6(scenario_a, scenario_b, reason_a):
+def exercise_6(scenario_a, scenario_b, reason_a) -> str:
     """When to pick breadth-first: two scenarios and the reason for the first."""
     return (
         "Right: breadth-first pays in activation memory and wins when a small batch per "

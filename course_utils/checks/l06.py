@@ -23,7 +23,7 @@ def given_1(variant: Variant = DEFAULT) -> dict:
 
 
 @exercise(given_1, per_worker="number", shards="list")
-def exercise_1(g, per_worker, shards):
+def exercise_1(g, per_worker, shards) -> str:
     """The given batch over its workers; then the shard sizes of the odd batch."""
     batch, workers, odd_batch, odd_workers = g.values()
     hints = {
@@ -87,7 +87,7 @@ def exercise_1(g, per_worker, shards):
         },
     )
 )
-def exercise_2(after_backward):
+def exercise_2(after_backward) -> str:
     """What must happen after every worker has finished its local backward pass?"""
     return (
         "Right: an all-reduce combines the gradients, so every replica applies the same update "
@@ -100,7 +100,7 @@ EVENTS = ("a", "b", "c", "d", "e", "f")
 
 
 @exercise(order=checks.sequence(item=lambda x, name: checks.as_choice(x, EVENTS, name)))
-def exercise_3(order):
+def exercise_3(order) -> str:
     """Order the events of one data-parallel step (split and broadcast may come in any order)."""
     if sorted(order) != sorted(EVENTS):
         missing = sorted(set(EVENTS) - set(order))
@@ -262,7 +262,7 @@ def _check_messages(shown: str, data: list[list[float]], log) -> None:
 
 
 @exercise(ring_allreduce="function")
-def exercise_4(ring_allreduce, variant):
+def exercise_4(ring_allreduce, variant) -> str:
     """Build ring_allreduce(data) -> (result, messages): every rank ends with the element-wise
     sum, and the messages are the ring's: to the right neighbour, one chunk per step."""
     shapes = []
@@ -294,7 +294,7 @@ def given_5(variant: Variant = DEFAULT) -> dict:
 
 
 @exercise(given_5, ring_gb_per_worker="number", naive_gb_rank0="number")
-def exercise_5(g, ring_gb_per_worker, naive_gb_rank0):
+def exercise_5(g, ring_gb_per_worker, naive_gb_rank0) -> str:
     """fp32 gradients of the given model, N workers: GB each worker sends in the ring, and
     GB rank 0 sends in the naive all-reduce (1 GB = 10^9 bytes, one direction)."""
     n = g.workers
@@ -367,7 +367,7 @@ def scaling_table(variant: Variant = DEFAULT) -> list[tuple[int, float, float]]:
 
 
 @exercise(efficiency_16="number", cause="letter", fix="letter")
-def exercise_6(efficiency_16, cause, fix, variant):
+def exercise_6(efficiency_16, cause, fix, variant) -> str:
     """Read the scaling table: efficiency at 16 workers, the main cause and a fix."""
     rows = {n: (c, a) for n, c, a in scaling_table(variant)}
     speedup = sum(rows[1]) / sum(rows[16])
@@ -431,7 +431,7 @@ def _as_bool(value, what: str) -> bool:
 
 
 @exercise(exact=checks.sequence(item=_as_bool, length=len(STRATEGY_ANSWERS)))
-def exercise_7(exact):
+def exercise_7(exact) -> str:
     """For 5 strategies: does it compute exactly the weights of the single-worker run named?"""
     wrong = [i for i, (a, b) in enumerate(zip(exact, STRATEGY_ANSWERS, strict=True)) if a != b]
     if wrong:

@@ -57,7 +57,7 @@ def cases_1(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
 
 
 @exercise(split_columns="function", gather_outputs="function")
-def exercise_1(split_columns, gather_outputs, variant):
+def exercise_1(split_columns, gather_outputs, variant) -> str:
     """Build split_columns(A, n) and gather_outputs(parts) for a column-parallel layer."""
     import torch
 
@@ -153,7 +153,7 @@ def given_2(variant: Variant = DEFAULT) -> dict:
     ),
     bytes_per_device="number",
 )
-def exercise_2(g, collective, bytes_per_device):
+def exercise_2(g, collective, bytes_per_device) -> str:
     """Row-parallel output: which collective, and the bytes each device sends (ring)."""
     size, n = g.sequences * g.tokens * g.d_model * 2, g.tp
     want = 2 * (n - 1) / n * size
@@ -201,7 +201,7 @@ SHARDED = {
 
 
 @exercise(zero1_gb="number", zero2_gb="number", zero3_gb="number")
-def exercise_3(zero1_gb, zero2_gb, zero3_gb, variant):
+def exercise_3(zero1_gb, zero2_gb, zero3_gb, variant) -> str:
     """Model states per device under ZeRO-1/2/3 for the given parameters and devices."""
     gb = {z: _zero_gb(z, variant) for z in range(4)}
     for stage, value in ((1, zero1_gb), (2, zero2_gb), (3, zero3_gb)):
@@ -239,7 +239,7 @@ EX4 = {
 
 
 @exercise(tp="whole number", pp="whole number", dp="whole number")
-def exercise_4(tp, pp, dp):
+def exercise_4(tp, pp, dp) -> str:
     """Choose tp, pp, dp for a 20B model on 4 nodes of 8 GPUs, graded by constraints."""
     t, p, d = tp, pp, dp
     s = EX4
@@ -318,7 +318,7 @@ def cases_5(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
 
 
 @exercise(groups_of="function")
-def exercise_5(groups_of, variant):
+def exercise_5(groups_of, variant) -> str:
     """Build groups_of(rank, tp, pp, dp): the tensor, pipeline and data groups of one rank."""
     call = groups_of
     cases = _grids_5(variant)
@@ -387,7 +387,7 @@ def exercise_5(groups_of, variant):
         },
     ),
 )
-def exercise_6(problem, fix):
+def exercise_6(problem, fix) -> str:
     """Diagnose a regression when tensor parallelism grows from 4 to 8 on nodes of 4 GPUs."""
     return (
         "Right: with nodes of 4 GPUs, tp = 8 sends every layer's all-reduces over the slow "
@@ -403,7 +403,7 @@ def given_7(variant: Variant = DEFAULT) -> dict:
 
 
 @exercise(given_7, peak_gb="number", extra_compute="number")
-def exercise_7(g, peak_gb, extra_compute):
+def exercise_7(g, peak_gb, extra_compute) -> str:
     """Activation recomputation: peak activation memory and extra compute with k segments."""
     L, a, x, k = g.values()  # noqa: N806 - the lesson's L
     want = k * x + (L // k) * a

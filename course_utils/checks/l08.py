@@ -29,7 +29,7 @@ def _zero(psi: float, n: int, stage: int, precision: str = "fp32") -> float:
 
 
 @exercise(given_1, stage1="number", stage2="number", stage3="number")
-def exercise_1(g, stage1, stage2, stage3):
+def exercise_1(g, stage1, stage2, stage3) -> str:
     """Model-state bytes per worker for ZeRO stages 1, 2 and 3 (fp32 Adam, 16 bytes/param)."""
     psi, n = g.params, g.N
     fp32 = {stage: _zero(psi, n, stage) for stage in range(4)}
@@ -84,7 +84,7 @@ def _shard_size(flat: list[float], workers: int) -> int:
 
 
 @exercise(shard="function")
-def exercise_2(shard, variant):
+def exercise_2(shard, variant) -> str:
     """Build shard(flat, workers, rank): worker `rank`'s slice of the zero-padded vector."""
     cases = cases_2(variant)["shard"]
     for flat, workers, rank in cases:
@@ -144,7 +144,7 @@ def given_3(variant: Variant = DEFAULT) -> dict:
 
 
 @exercise(given_3, order="list")
-def exercise_3(g, order):
+def exercise_3(g, order) -> str:
     """One layer's events in a ZeRO-3 step (prefetch 0, one micro-batch), as letters."""
     name_of = {letter: key for letter, text in g.items() for key in EVENTS if EVENTS[key] == text}
     names = [name_of[checks.as_choice(x, list(g), f"order[{i}]")] for i, x in enumerate(order)]
@@ -183,7 +183,7 @@ given_4 = numbers(
 
 
 @exercise(given_4, prefetch="whole number", gathered="number")
-def exercise_4(g, prefetch, gathered):
+def exercise_4(g, prefetch, gathered) -> str:
     """The deepest prefetch whose gathered layers fit the limit, and their bytes."""
     from course_utils.parallel.fsdp import gathered_bytes_bound
 
@@ -273,7 +273,7 @@ FIX_HINTS = {
 
 
 @exercise(given_5, waiting_share="number", fix="letter", gain="number")
-def exercise_5(g, waiting_share, fix, gain, variant):
+def exercise_5(g, waiting_share, fix, gain, variant) -> str:
     """A ZeRO-3 step with unhidden gathers: the compute's waiting share, the fix, its gain."""
     theirs, fixed = their_timeline(variant), their_timeline(variant, prefetch=1)
     busy = theirs.busy_per_device()[0]

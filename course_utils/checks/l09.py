@@ -39,7 +39,7 @@ def _block_bytes(g: dict, sequence_parallel: bool, **change) -> float:
 
 
 @exercise(given_1, tp_only="number", with_sp="number")
-def exercise_1(g, tp_only, with_sp):
+def exercise_1(g, tp_only, with_sp) -> str:
     """Bytes one device keeps for the MLP block's backward: tensor parallel, then + SP."""
     sbh = g.s * g.b * g.h
     for name, value, sp in (("tp_only", tp_only, False), ("with_sp", with_sp, True)):
@@ -70,11 +70,12 @@ def exercise_1(g, tp_only, with_sp):
             "bytes), and divide each by what splits it.": OTHERWISE,
         }
         judge(value, want, name, hints, unit="bytes")
-    tp, sp = _block_bytes(g, False), _block_bytes(g, True)
+    tp_bytes, sp_bytes = _block_bytes(g, False), _block_bytes(g, True)
     return (
-        f"Right: {tp:,.0f} bytes without and {sp:,.0f} with sequence parallelism, "
-        f"{tp / sp:.2f}x less. With f = 4h that is (5 + 16/t) sbh against 21 sbh/t: sequence "
-        "parallelism turns the replicated 5 sbh into 5 sbh/t for the same bytes on the wire."
+        f"Right: {tp_bytes:,.0f} bytes without and {sp_bytes:,.0f} with sequence parallelism, "
+        f"{tp_bytes / sp_bytes:.2f}x less. With f = 4h that is (5 + 16/t) sbh against 21 "
+        "sbh/t: sequence parallelism turns the replicated 5 sbh into 5 sbh/t for the same "
+        "bytes on the wire."
     )
 
 
@@ -129,7 +130,7 @@ def _tensor(value, what: str, shape):
 
 
 @exercise(merge="function")
-def exercise_2(merge, variant):
+def exercise_2(merge, variant) -> str:
     """Build merge(out_a, lse_a, out_b, lse_b) -> (out, lse): the log-sum-exp merge."""
     import torch
 
@@ -216,7 +217,7 @@ def given_3(variant: Variant = DEFAULT) -> dict:
 
 
 @exercise(given_3, held="whole numbers", sends="whole number")
-def exercise_3(g, held, sends):
+def exercise_3(g, held, sends) -> str:
     """Ring attention forward: whose K/V block worker w holds at each step; blocks it sends."""
     n, w = g.N, g.w
     want = [(w - k) % n for k in range(n)]
@@ -255,7 +256,7 @@ given_4 = numbers(N=pick("4n", 4, [3, 5, 6, 8]))
 
 
 @exercise(given_4, plain="whole numbers", zigzag="whole numbers", speedup="number")
-def exercise_4(g, plain, zigzag, speedup):
+def exercise_4(g, plain, zigzag, speedup) -> str:
     """Causal ring: block products per worker (plain), chunk products (zig-zag), the gain."""
     from course_utils.parallel.context_parallel import causal_work
 
@@ -318,7 +319,7 @@ def their_timeline(variant: Variant = DEFAULT, zigzag: bool = False):
 
 
 @exercise(given_5, straggler="whole number", idle_share="number", fix="letter", gain="number")
-def exercise_5(g, straggler, idle_share, fix, gain, variant):
+def exercise_5(g, straggler, idle_share, fix, gain, variant) -> str:
     """A causal ring gone uneven: the straggler, worker 0's idle share, the fix and its gain."""
     theirs, fixed = their_timeline(variant), their_timeline(variant, zigzag=True)
     busy = theirs.busy_per_device()
@@ -380,7 +381,7 @@ def _smallest(g: dict, gib) -> int:
 
 
 @exercise(given_6, cp="whole number", gib="number")
-def exercise_6(g, cp, gib):
+def exercise_6(g, cp, gib) -> str:
     """The smallest power-of-2 context-parallel degree whose attention fits the budget."""
     want = _smallest(g, lambda n: _fits(g, n))
     if cp != want:
@@ -457,7 +458,7 @@ def _sent_7(g: dict, kind: str, n: int | None = None) -> float:
     less_traffic=checks.choice(*KINDS),
     at_big=checks.choice(*BOTH),
 )
-def exercise_7(g, ulysses_sent, ring_sent, less_traffic, at_big):
+def exercise_7(g, ulysses_sent, ring_sent, less_traffic, at_big) -> str:
     """Ring or Ulysses: forward bytes per worker of each at degree N (grouped-query attention),
     which sends less there, and which can run on `big` workers without copying heads."""
     n, heads, kv = g.N, g.heads, g.kv_heads
@@ -522,7 +523,7 @@ given_8 = numbers(
 
 
 @exercise(given_8, ulysses_degree="whole number", ring_degree="whole number")
-def exercise_8(g, ulysses_degree, ring_degree):
+def exercise_8(g, ulysses_degree, ring_degree) -> str:
     """Both combined: the Ulysses degree inside a group and the ring degree across groups."""
     gpus, kv, u = g.gpus, g.kv_heads, ulysses_degree
     want = max(d for d in range(1, kv + 1) if kv % d == 0 and gpus % d == 0)

@@ -65,7 +65,7 @@ def _positions(value, what: str) -> list[int]:
     dropped=_positions,
     capacity_top2="whole number",
 )
-def exercise_1(g, tokens_per_expert, capacity, dropped, capacity_top2):
+def exercise_1(g, tokens_per_expert, capacity, dropped, capacity_top2) -> str:
     """Top-1 routing of T tokens: counts, capacity, which tokens are dropped; top-2 capacity."""
     experts, factor, choices = g.experts, g.capacity_factor, g.choices
     tokens = len(choices)
@@ -142,7 +142,7 @@ def cases_2(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
 
 
 @exercise(dispatch_bytes="function")
-def exercise_2(dispatch_bytes, variant):
+def exercise_2(dispatch_bytes, variant) -> str:
     """Build dispatch_bytes(routed, d_model, element_size): the N x N matrix of bytes."""
     cases = cases_2(variant)["dispatch_bytes"]
     for routed, d_model, size in cases:
@@ -199,7 +199,7 @@ NUMBERS = checks.sequence(item=checks.as_number, length=2)
 
 
 @exercise(given_3, dispatch_sent=NUMBERS, combine_sent=NUMBERS, step_sent_0="number")
-def exercise_3(g, dispatch_sent, combine_sent, step_sent_0):
+def exercise_3(g, dispatch_sent, combine_sent, step_sent_0) -> str:
     """Bytes each of 2 workers sends in the dispatch and the combine; worker 0 per step."""
     from course_utils.parallel.moe import all_to_all_bytes_per_worker
 
@@ -287,7 +287,7 @@ TOO_EARLY = {
 @exercise(
     order=checks.sequence(item=lambda x, what: checks.as_choice(x, list(EVENTS), what), length=10)
 )
-def exercise_4(order):
+def exercise_4(order) -> str:
     """The ten events of one expert-parallel training step, in order."""
     got = order
     if sorted(got) != sorted(ORDER):
@@ -346,7 +346,7 @@ FIX_HINTS_5 = {
     waiting_share="number",
     fix="letter",
 )
-def exercise_5(g, straggler, hot_expert, waiting_share, fix, variant):
+def exercise_5(g, straggler, hot_expert, waiting_share, fix, variant) -> str:
     """Read a simulated expert-parallel step: straggler, hot expert, waiting share, the fix."""
     timeline = straggler_timeline(variant)
     per_expert = [sum(col) for col in zip(*g.routed, strict=True)]
@@ -442,7 +442,7 @@ def _plan(g: dict) -> tuple[int, float, int] | None:
 
 
 @exercise(given_6, ep="whole number", gb_per_gpu="number", expert_dp="whole number")
-def exercise_6(g, ep, gb_per_gpu, expert_dp):
+def exercise_6(g, ep, gb_per_gpu, expert_dp) -> str:
     """Smallest ep whose model state fits, its GB per GPU, and each expert's dp degree."""
     plan = _plan(g)
     assert plan is not None, "given_6 only draws budgets some ep fits"
@@ -546,7 +546,7 @@ def _new_bias_7(load, bias, gamma) -> list[float]:
     gates=checks.sequence(item=checks.as_number, length=8),
     new_bias=checks.sequence(item=checks.as_number, length=4),
 )
-def exercise_7(g, chosen, gates, new_bias):
+def exercise_7(g, chosen, gates, new_bias) -> str:
     """DeepSeek-V3's bias balancing, one step by hand: the choice, the gates, the new bias."""
     scores, bias, gamma = g.scores, g.bias, g.gamma
     tokens, experts = len(scores), len(bias)

@@ -25,7 +25,7 @@ given_1 = numbers(p=pick("1p", 4, [3, 5, 6]))
 
 
 @exercise(given_1, stages_of_device="list", loss_device="whole number")
-def exercise_1(g, stages_of_device, loss_device):
+def exercise_1(g, stages_of_device, loss_device) -> str:
     """The V placement for p devices: each device's [down, up] stages, and the loss's device."""
     p, want = g.p, _v(g.p)
     if len(stages_of_device) != p:
@@ -76,7 +76,7 @@ def given_2(variant: Variant = DEFAULT) -> dict:
 
 
 @exercise(given_2, idle_per_device="number", bubble="number")
-def exercise_2(g, idle_per_device, bubble):
+def exercise_2(g, idle_per_device, bubble) -> str:
     """ZB-V inside its condition: idle time per device and the bubble fraction of the step."""
     from course_utils.pipeline import vshape
 
@@ -127,7 +127,7 @@ def _text(action) -> str:
 
 
 @exercise(v_gpipe="function")
-def exercise_3(v_gpipe, variant):
+def exercise_3(v_gpipe, variant) -> str:
     """Build v_gpipe(p, m): fill-and-drain (GPipe) on a V of 2p stages, as per-device lists."""
     from course_utils.actions import Action
     from course_utils.errors import CourseInputError
@@ -201,7 +201,7 @@ given_4 = numbers(p=pick("4p", 4, [3, 5, 6, 8]))
 
 
 @exercise(given_4, plain_1f1b="whole number", looping="whole number", v_shape="whole number")
-def exercise_4(g, plain_1f1b, looping, v_shape):
+def exercise_4(g, plain_1f1b, looping, v_shape) -> str:
     """Transfers between devices of one micro-batch (forward and backward) for 3 placements."""
     from course_utils.pipeline.vshape import transfers_per_microbatch
 
@@ -288,7 +288,7 @@ FIX_HINTS_5 = {
 
 
 @exercise(given_5, culprit="whole number", extra="number", fix="letter")
-def exercise_5(g, culprit, extra, fix, variant):
+def exercise_5(g, culprit, extra, fix, variant) -> str:
     """A ZB-V step gone slow: the device whose order is wrong, the time lost, the fix."""
     from course_utils.pipeline import simulate
     from course_utils.pipeline.vshape import chunk_costs, zb_v
@@ -341,7 +341,7 @@ def given_6(variant: Variant = DEFAULT) -> dict:
 
 
 @exercise(given_6, dualpipe_idle="number", times_zbv="number", dualpipe_peak="whole number")
-def exercise_6(g, dualpipe_idle, times_zbv, dualpipe_peak):
+def exercise_6(g, dualpipe_idle, times_zbv, dualpipe_peak) -> str:
     """DualPipeV against ZB-V: its idle time per device, how many times ZB-V's that is, and
     its peak chunks."""
     from course_utils.pipeline import vshape

@@ -122,7 +122,7 @@ def _wrong_formulas() -> dict[str, Callable[[float, float, float, int], int | No
     zero_stage="whole number",
     what_must_change=tuple(MUST_CHANGE),
 )
-def exercise_1(g, min_gpus_to_fit, zero_stage, what_must_change, variant):
+def exercise_1(g, min_gpus_to_fit, zero_stage, what_must_change, variant) -> str:
     """Build min_gpus_to_fit(params, gpu_memory_gib, reserve_gib, zero); then the smallest
     ZeRO stage for the given model on dp GPUs; then what must change for the big model."""
     call = min_gpus_to_fit
@@ -241,7 +241,7 @@ def teammate_timeline(variant: Variant = DEFAULT):
     ),
     slow_device="whole number",
 )
-def exercise_2(g, problem, fix, slow_device):
+def exercise_2(g, problem, fix, slow_device) -> str:
     """Diagnose a pipeline timeline with low utilization: problem, fix, the slow device."""
     split = g["split"]
     if slow_device not in (0, 1):
@@ -281,7 +281,7 @@ def regression(variant: Variant = DEFAULT) -> tuple[plan.Config, plan.Config]:
 
 
 @exercise(given_3, grew_most=checks.choice(*plan.TIME_PARTS), fix=checks.choice(*REGRESSION_FIXES))
-def exercise_3(g, grew_most, fix, variant):
+def exercise_3(g, grew_most, fix, variant) -> str:
     """Scaling regression: tp 8 -> 16 across nodes. Which part grew most, and the fix."""
     part, f = grew_most, fix
     model = plan.MODEL_PRESETS[g["model"]]
@@ -335,7 +335,7 @@ def cross_cluster_times(variant: Variant = DEFAULT) -> tuple[float, float]:
 
 
 @exercise(given_4, dp_across_s="number", pp_across_s="number", across=checks.choice("dp", "pp"))
-def exercise_4(g, dp_across_s, pp_across_s, across, variant):
+def exercise_4(g, dp_across_s, pp_across_s, across, variant) -> str:
     """One job over two clusters: seconds per step over the slow link for DP or PP across."""
     want_dp, want_pp = cross_cluster_times(variant)
     slips = [
@@ -432,7 +432,7 @@ def _check_best(value, what: str, which: str, variant: Variant) -> float:
 
 
 @exercise(given_5, best_before="answer", best_after="answer", speedup="number")
-def exercise_5(g, best_before, best_after, speedup, variant):
+def exercise_5(g, best_before, best_after, speedup, variant) -> str:
     """Hardware refresh: the planner's best layout on the old and on the new GPUs, and the
     speed-up of the step (old best's step time / new best's)."""
     before = _check_best(best_before, "best_before", "old", variant)
@@ -506,7 +506,7 @@ given_6 = numbers(smallest_grad=pick("6g", 1e-9, [1e-9, 3e-9, 2e-10, 5e-8]))
     loss_scale="number",
     divergence_sign=checks.choice(*SYMPTOMS),
 )
-def exercise_6(g, what_shrinks, loss_scale, divergence_sign):
+def exercise_6(g, what_shrinks, loss_scale, divergence_sign) -> str:
     """Mixed precision for a memory-bound run: what shrinks, fp16 loss scale, divergence."""
     grad, part, scale, sign = g["smallest_grad"], what_shrinks, loss_scale, divergence_sign
     if part != "activations":
@@ -564,7 +564,7 @@ def long_context_layout(cp: int, variant: Variant = DEFAULT) -> tuple[plan.Model
 
 
 @exercise(given_7, smallest_cp="whole number", context_gb="number")
-def exercise_7(g, smallest_cp, context_gb, variant):
+def exercise_7(g, smallest_cp, context_gb, variant) -> str:
     """Long context: the smallest cp that fits, and the ring's GB per GPU per step there."""
     hardware = plan.HARDWARE_PRESETS[g["gpu"]]
     options = [c for c in (1, 2, 4, 8) if g["gpus"] % (g["tp"] * c) == 0]
@@ -651,7 +651,7 @@ def _moe_slips(ep: int, top_k: int) -> list[tuple[float, str]]:
 
 
 @exercise(given_8, smallest_ep="whole number", all_to_all_gb="number")
-def exercise_8(g, smallest_ep, all_to_all_gb, variant):
+def exercise_8(g, smallest_ep, all_to_all_gb, variant) -> str:
     """Mixture of experts: the smallest ep that fits, and the all-to-all GB per GPU there."""
     hardware = plan.HARDWARE_PRESETS[g["gpu"]]
     options = (1, 2, 4, 8)
