@@ -62,7 +62,8 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (1, (_P1 / (_M1 + _P1), Variant("alice")), "Count the fill slots again"),
     (2, (lambda p, m: (p - 1) / m,), "gives (p-1)/m"),
     (2, (lambda p, m: 1 / (m + p),), "should be 0: a single device never waits"),
-    (2, (lambda p, m: 0.5 if p > 1 else 0.0,), "which is not the idle share of the step"),
+    # pi/10 is no ratio of small whole numbers: never right, never (p-1)/m, on any drawn case
+    (2, (lambda p, m: math.pi / 10 if p > 1 else 0.0,), "which is not the idle share of the step"),
     (2, (_simulating,), "did not answer"),
     (3, (70,), "makes (p-1)/m = 10%"),
     (5, ("a", "d"), "the work is equal"),
