@@ -9,7 +9,6 @@ depend on how busy the machine is; a wall-clock limit guards against hangs).
 from __future__ import annotations
 
 import os
-import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -158,9 +157,26 @@ def test_json_output_is_always_valid_json(capsys):
     json.loads(capsys.readouterr().out)  # no NaN or Infinity even with a zero W
 
 
-def test_resource_limits_are_what_the_test_reads():
-    # RUSAGE_CHILDREN is the waited-for children's: the runner waits for the command.
-    assert resource.RUSAGE_CHILDREN is not None
+def test_the_runner_sees_a_childs_cpu_time_and_memory(tmp_path):
+    """The limits above are read from the child's own rusage (RUSAGE_CHILDREN: the runner
+    waits for the command): a child that burns half a second of CPU and fills 300 MB is
+    measured doing so, so a command that did the same would fail them."""
+    import json
+
+    hog = (
+        "import time\nx = b'x' * (300 * 2**20)\nt = time.process_time()\n"
+        "while time.process_time() - t < 0.5:\n    pass"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", RUNNER, sys.executable, "-c", hog],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    result = json.loads(out.stdout)
+    assert result["code"] == 0, result["err"]
+    assert result["cpu"] >= 0.5 and result["mb"] >= 300, result
 
 
 API_MISUSE = [

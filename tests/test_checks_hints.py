@@ -2,11 +2,14 @@
 
 A hint is text a lesson's check module (`course_utils/checks/lNN.py`) writes into a failure
 message. This test finds them itself, in each module's source: every string literal inside
-the arguments of `fail(...)`, `CheckFailed(...)` and `expect_choice(...)` and inside a
-question's `slips=`, following what can become text: the names those arguments use (a local
-or module variable, a `for` loop's iterable, a list built with `append`) and the module's
-private helpers whose results they are (`_moe_slips(...)`). A literal's longest piece
-between format fields (at least 12 characters, with a space) is its fingerprint.
+the arguments of `fail(...)`, `CheckFailed(...)`, `expect_choice(...)`, `judge(...)` (its
+hints: each hint with the wrong answer it names) and `verdict(...)` (a diagnosis's template
+and its hint per wrong choice), wherever they stand (an exercise's body or its `@exercise`
+declaration), and inside a question's `slips=`, following what can become text: the names
+those arguments use (a local or module variable, a `for` loop's iterable, a list built with
+`append`) and the module's private helpers whose results they are (`_moe_slips(...)`). A
+literal's longest piece between format fields (at least 12 characters, with a space) is its
+fingerprint.
 
 Then it runs every wrong answer of the lesson's test file (`WRONG` in
 tests/test_checks_lNN.py, which the contract test also runs), collects the failure messages,
@@ -29,11 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from checkskit import run
+from test_checks_contract import LESSONS
 
 from course_utils.checks import CheckFailed
 
-LESSONS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
-HINT_CALLS = {"fail", "CheckFailed", "expect_choice"}
+HINT_CALLS = {"fail", "CheckFailed", "expect_choice", "judge", "verdict"}
 MIN_FINGERPRINT = 12
 
 
@@ -175,7 +179,7 @@ def messages_of(n: int) -> list[str]:
     for k, args, _ in tests.WRONG:
         with contextlib.redirect_stdout(io.StringIO()):
             try:
-                getattr(tests.check, f"exercise_{k}")(*args)
+                run(tests.check, k, args)
             except CheckFailed as exc:
                 out.append(str(exc))
     return out
@@ -202,7 +206,11 @@ def _slips(k):
     return [(2.0, text)]
 
 
-def exercise_1(x):
+@exercise(y=verdict("a", "`y` = {got!r} is not it: {hint} A verdict's template.", {
+    "b": "a verdict's hint for a wrong choice",
+}))
+def exercise_1(x, y):
+    judge(x, 1.0, "x", {"a hint keyed to its mistake": 2.0, "the fallback of a judge": OTHERWISE})
     hints = {"b": "a hint in a dict of choices, reached"}
     for message, f in {"a wrong formula named in a loop": 1}.items():
         fail(f"{x} {message}")
@@ -216,6 +224,10 @@ def exercise_1(x):
     path.write_text(source)
     found = {h.fingerprint for h in hints_of(path)}
     assert found == {
+        "A verdict's template.",
+        "a verdict's hint for a wrong choice",
+        "a hint keyed to its mistake",
+        "the fallback of a judge",
         "a helper's slip that must be reached",
         "a hint in a dict of choices, reached",
         "a wrong formula named in a loop",

@@ -173,24 +173,8 @@ def test_build_exercise_names_missing_key():
         check.exercise_2(missing)
 
 
-def other_student():
-    """A student whose numbers differ from the default's in every numeric exercise."""
-    for name in (f"s{i}" for i in range(100)):
-        v = Variant(name)
-        given = [getattr(check, f"given_{k}") for k in (1, 3, 4)]
-        if all(numbers(v) != numbers() for numbers in given):
-            return v
-    raise AssertionError("no student with all-different numbers")
-
-
-def test_another_students_answers_come_from_their_numbers(capsys):
-    v = other_student()
-    g1, g3, g4 = check.given_1(v), check.given_3(v), check.given_4(v)
-    check.exercise_1(g1["billions"] * 16, v=v)
-    check.exercise_3(check.fewest_stages(g3["billions"], g3["gpu_gb"], g3["reserve_gb"]), v=v)
-    check.exercise_4(1 / g4["p"], 1.0, v=v)
-    assert capsys.readouterr().out.count("✅") == 3
-    # the default student's answers fail for them: copying a neighbour's answer does not pass
-    for k, args in ((1, RIGHT[1]), (3, RIGHT[3]), (4, RIGHT[4])):
-        with pytest.raises(CheckFailed):
-            getattr(check, f"exercise_{k}")(*args, v=v)
+def right_for(variant):
+    """The right answers of exercises 1, 3 and 4 from the student's own numbers."""
+    g1, g3, g4 = check.given_1(variant), check.given_3(variant), check.given_4(variant)
+    fewest = math.ceil(g3["billions"] * 16 / (g3["gpu_gb"] - g3["reserve_gb"]) - 1e-9)
+    return {1: (g1["billions"] * 16,), 3: (fewest,), 4: (1 / g4["p"], 1.0)}

@@ -6,6 +6,7 @@ import pytest
 
 from course_utils.checks import CheckFailed, NotAnswered, Variant
 from course_utils.checks import l03 as check
+from course_utils.pipeline import CostModel, make_schedule, simulate
 
 
 def gpipe_bubble(p, m):
@@ -61,11 +62,30 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (1, (_P1 / (_M1 + _P1), Variant("alice")), "Count the fill slots again"),
     (2, (lambda p, m: (p - 1) / m,), "gives (p-1)/m"),
     (2, (lambda p, m: 1 / (m + p),), "should be 0: a single device never waits"),
-    (2, (lambda p, m: 0.5 if p > 1 else 0.0,), "which is not the idle share of the step"),
+    # pi/10 is no ratio of small whole numbers: never right, never (p-1)/m, on any drawn case
+    (2, (lambda p, m: math.pi / 10 if p > 1 else 0.0,), "which is not the idle share of the step"),
     (2, (_simulating,), "did not answer"),
     (3, (70,), "makes (p-1)/m = 10%"),
     (5, ("a", "d"), "the work is equal"),
 ]
+
+
+def right_for(variant):
+    """The right answers of exercises 1, 3, 4 and 6 from the student's own numbers."""
+    p1, m1 = check.given_1(variant).values()
+    p3, target = check.given_3(variant).values()
+    p4, gpu, state, per = check.given_4(variant).values()
+    m4 = math.floor((gpu - state) / per + 1e-9)
+    m6, heavy = check.given_6(variant).values()
+    costs = CostModel(stage_forward=[1, 1, heavy], stage_backward=[2, 2, 2 * heavy])
+    timeline = simulate(make_schedule("gpipe", 3, m6), costs)
+    busy = [timeline.busy(d) for d in range(3)]
+    return {
+        1: (gpipe_bubble(p1, m1),),
+        3: (math.ceil((p3 - 1) * (1 - target) / target - 1e-9),),
+        4: (m4, gpipe_bubble(p4, m4)),
+        6: (sum(busy) / (3 * timeline.makespan), busy.index(max(busy))),
+    }
 
 
 def test_build_exercise_catches_wrong_functions():

@@ -3,6 +3,7 @@
 import math
 
 import pytest
+from checkskit import STUDENTS
 
 from course_utils.checks import CheckFailed, NotAnswered, Variant
 from course_utils.checks import l04 as check
@@ -195,25 +196,24 @@ def test_build_exercise_phases_agree_with_the_course_schedule():
                 assert flat == [str(a) for a in make_schedule("1f1b", p, m).devices[d]]
 
 
-def test_build_exercise_accepts_action_values():
+def test_build_exercise_accepts_action_values(capsys):
     from course_utils.actions import Action
 
     def as_actions(p, m, d):
         return tuple([Action.parse(a) for a in part] for part in one_f_one_b(p, m, d))
 
     check.exercise_2(as_actions)
+    assert capsys.readouterr().out.startswith("✅")
 
 
-def test_build_exercise_is_judged_on_replayed_calls():
+def test_build_exercise_is_judged_on_replayed_calls(capsys):
     """The grader draws the cases, the learner's kernel answers them, the check replays."""
     variant = Variant("s7", cases_seed="grader")
     cases = check.cases_2(variant)["one_f_one_b"]
     assert cases == check.cases_2(Variant("s7", cases_seed="grader"))["one_f_one_b"]
     outcomes = [call_outcome(one_f_one_b, decode(encode(tuple(c))), limit_s=5) for c in cases]
-    check.exercise_2(Replay("one_f_one_b", cases, outcomes), v=variant)
-
-
-STUDENTS = ["s1", "s7", "alice", "bob", "zoe"]
+    check.exercise_2(Replay("one_f_one_b", cases, outcomes), variant=variant)
+    assert capsys.readouterr().out.startswith("✅")
 
 
 def right_for(v):
@@ -228,21 +228,6 @@ def right_for(v):
         3: (span, span, (p3 - 1) / (m3 + p3 - 1)),
         4: ((p4 - 1) * (f + i + w), (p4 - 1) * (f + i - w)),
     }
-
-
-@pytest.mark.parametrize("student", STUDENTS)
-def test_every_student_passes_with_their_own_numbers(student, capsys):
-    v = Variant(student)
-    for k, args in right_for(v).items():
-        getattr(check, f"exercise_{k}")(*args, v=v)
-    assert capsys.readouterr().out.count("✅") == 3
-
-
-def test_a_neighbours_answers_fail():
-    v = Variant("s7")
-    assert check.given_3(v) != check.given_3()
-    with pytest.raises(CheckFailed):
-        check.exercise_3(*RIGHT[3], v=v)
 
 
 @pytest.mark.parametrize("student", ["default", *STUDENTS])

@@ -3,6 +3,7 @@
 import math
 
 import pytest
+from checkskit import STUDENTS
 
 from course_utils.actions import Action
 from course_utils.checks import CheckFailed, NotAnswered, Variant
@@ -218,12 +219,13 @@ def test_placement_exercise_catches_wrong_functions():
         check.exercise_1([0, 1, 2, 3, 0, 1, 2, 3])
 
 
-def test_placement_exercise_is_judged_on_replayed_calls():
+def test_placement_exercise_is_judged_on_replayed_calls(capsys):
     variant = Variant("s7", cases_seed="grader")
     cases = check.cases_1(variant)["looping_placement"]
     assert cases == check.cases_1(Variant("s7", cases_seed="grader"))["looping_placement"]
     outcomes = [call_outcome(looping_placement, decode(encode(tuple(c))), 5) for c in cases]
-    check.exercise_1(Replay("looping_placement", cases, outcomes), v=variant)
+    check.exercise_1(Replay("looping_placement", cases, outcomes), variant=variant)
+    assert capsys.readouterr().out.startswith("✅")
 
 
 @pytest.mark.parametrize("schedule, needle", SCHEDULE_WRONG)
@@ -234,16 +236,13 @@ def test_schedule_exercise_catches_wrong_schedules(schedule, needle):
     assert needle in str(info.value)
 
 
-STUDENTS = ["s1", "s7", "alice", "bob", "zoe"]
-
-
-def right_for(v):
+def right_for(variant):
     """Exercises 2-5's right answers from the student's own numbers."""
-    p, m, chunks = check.given_2(v).values()
+    p, m, chunks = check.given_2(variant).values()
     bubble = (p - 1) / (chunks * m)
-    p3, v3, m3 = check.given_3(v).values()
-    _, v4, m4 = check.given_4(v).values()
-    m5, transfer = check.given_5(v).values()
+    p3, v3, m3 = check.given_3(variant).values()
+    _, v4, m4 = check.given_4(variant).values()
+    m5, transfer = check.given_5(variant).values()
     spans = {
         c: simulate(make_schedule("interleaved", 4, m5, chunks=c), CostModel(p2p=transfer)).makespan
         for c in (1, 2, 4, 8)
@@ -254,20 +253,6 @@ def right_for(v):
         4: (fifo_breadth_first(2, v4, m4),),
         5: ("b", "b", min(spans, key=spans.get)),
     }
-
-
-@pytest.mark.parametrize("student", STUDENTS)
-def test_every_student_passes_with_their_own_numbers(student, capsys):
-    v = Variant(student)
-    for k, args in right_for(v).items():
-        getattr(check, f"exercise_{k}")(*args, v=v)
-    assert capsys.readouterr().out.count("✅") == 4
-
-
-def test_a_neighbours_answers_fail():
-    v = next(Variant(s) for s in STUDENTS if check.given_2(Variant(s)) != check.given_2())
-    with pytest.raises(CheckFailed):
-        check.exercise_2(*RIGHT[2], v=v)
 
 
 @pytest.mark.parametrize("student", ["default", *STUDENTS])

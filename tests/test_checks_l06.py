@@ -5,6 +5,7 @@ import re
 
 import numpy as np
 import pytest
+from checkskit import STUDENTS
 
 from course_utils.checks import CheckFailed, NotAnswered, Variant
 from course_utils.checks import l06 as check
@@ -254,7 +255,7 @@ WRONG = [
 ]
 
 
-def test_build_exercise_catches_wrong_functions():
+def test_build_exercise_catches_wrong_functions(capsys):
     with pytest.raises(CheckFailed, match="sent no message"):
         check.exercise_4(cheat)
     with pytest.raises(CheckFailed, match="right neighbour"):
@@ -280,18 +281,20 @@ def test_build_exercise_catches_wrong_functions():
         check.exercise_4(lambda data: (ring_allreduce(data)[0], [(0, 9, [1.0])]))
 
     check.exercise_4(numpy_values)
+    assert capsys.readouterr().out.startswith("✅")
     with pytest.raises(NotAnswered):
         check.exercise_4(stub)
     with pytest.raises(CheckFailed, match="should be a function"):
         check.exercise_4("ring")
 
 
-def test_build_exercise_is_judged_on_replayed_calls():
+def test_build_exercise_is_judged_on_replayed_calls(capsys):
     variant = Variant("s7", cases_seed="grader")
     cases = check.cases_4(variant)["ring_allreduce"]
     assert cases == check.cases_4(Variant("s7", cases_seed="grader"))["ring_allreduce"]
     outcomes = [call_outcome(ring_allreduce, decode(encode(tuple(c))), 5) for c in cases]
-    check.exercise_4(Replay("ring_allreduce", cases, outcomes), v=variant)
+    check.exercise_4(Replay("ring_allreduce", cases, outcomes), variant=variant)
+    assert capsys.readouterr().out.startswith("✅")
 
 
 def test_scaling_table_gives_nearly_eight_at_eight_and_ten_at_sixteen():
@@ -299,9 +302,6 @@ def test_scaling_table_gives_nearly_eight_at_eight_and_ten_at_sixteen():
     rows = {n: (c, a) for n, c, a in check.scaling_table()}
     assert rows[1][0] / sum(rows[16]) == pytest.approx(10.0)
     assert rows[1][0] / sum(rows[8]) == pytest.approx(7.82, abs=0.01)
-
-
-STUDENTS = ["s1", "s7", "alice", "bob", "zoe"]
 
 
 def right_for(v):
@@ -320,14 +320,6 @@ def right_for(v):
     }
 
 
-@pytest.mark.parametrize("student", STUDENTS)
-def test_every_student_passes_with_their_own_numbers(student, capsys):
-    v = Variant(student)
-    for k, args in right_for(v).items():
-        getattr(check, f"exercise_{k}")(*args, v=v)
-    assert capsys.readouterr().out.count("✅") == 3
-
-
 @pytest.mark.parametrize("student", ["default", *STUDENTS])
 def test_every_variant_keeps_the_story_of_exercise_6(student):
     """Nearly N inside one node, far less across two: cause "a" stays the right answer."""
@@ -336,9 +328,3 @@ def test_every_variant_keeps_the_story_of_exercise_6(student):
     assert total / sum(rows[8]) > 7.0
     assert total / sum(rows[16]) < 12.5
     assert rows[16][1] > 5 * rows[8][1]  # the all-reduce jumps when the ring leaves the node
-
-
-def test_a_neighbours_answers_fail():
-    v = next(Variant(s) for s in STUDENTS if check.given_5(Variant(s)) != check.given_5())
-    with pytest.raises(CheckFailed):
-        check.exercise_5(*RIGHT[5], v=v)

@@ -1,10 +1,9 @@
 """The lesson 08 checks: right answers pass, wrong ones fail kindly, placeholders say so."""
 
-import re
-
 import pytest
+from checkskit import STUDENTS
 
-from course_utils.checks import CheckFailed, NotAnswered, Variant
+from course_utils.checks import NotAnswered, Variant
 from course_utils.checks import l08 as check
 
 
@@ -37,8 +36,8 @@ def round_robin(flat, workers, rank):
     return flat[rank::workers]
 
 
-def letters(names, v=None):
-    table = check.given_3(v or Variant("default"))
+def letters(names, variant=check.DEFAULT):
+    table = check.given_3(variant)
     return [next(k for k, t in table.items() if t == check.EVENTS[n]) for n in names]
 
 
@@ -95,7 +94,8 @@ WRONG = [
     (4, (2, 44_000_000), "smallest layers"),
     (4, (2, 50_000_000), "k + 1 largest"),
     (5, (0.625, "a", RIGHT[5][2]), "spent computing"),
-    (5, (1.5e-3 * 1e3, "a", RIGHT[5][2]), "not right"),
+    (5, (1.5, "a", RIGHT[5][2]), "a number between 0 and 1"),
+    (5, (0.5, "a", RIGHT[5][2]), "(makespan - compute time) / makespan"),
     (5, (37.5, "a", RIGHT[5][2]), "percentage"),
     (5, (0.375, "b", RIGHT[5][2]), "(N-1)/N"),
     (5, (0.375, "c", RIGHT[5][2]), "cannot be reduce-scattered earlier"),
@@ -122,12 +122,6 @@ def test_the_default_numbers_are_the_lessons():
     assert RIGHT[5][2] == pytest.approx(1.3913, rel=1e-3)
 
 
-@pytest.mark.parametrize("k", sorted(RIGHT))
-def test_right_answers_pass(k, capsys):
-    getattr(check, f"exercise_{k}")(*RIGHT[k])
-    assert capsys.readouterr().out.startswith("✅")
-
-
 def test_other_right_answers_pass(capsys):
     check.exercise_2(shard_tensor)
     alternative = letters(
@@ -135,27 +129,6 @@ def test_other_right_answers_pass(capsys):
     )
     check.exercise_3(alternative)
     assert capsys.readouterr().out.count("✅") == 2
-
-
-@pytest.mark.parametrize(("k", "args", "hint"), WRONG)
-def test_wrong_answers_fail_with_a_hint(k, args, hint):
-    with pytest.raises(CheckFailed, match=re.escape(hint)) as info:
-        getattr(check, f"exercise_{k}")(*args)
-    assert not isinstance(info.value, NotAnswered)
-
-
-@pytest.mark.parametrize("k", sorted(RIGHT))
-def test_placeholders_are_not_answered(k):
-    with pytest.raises(NotAnswered):
-        getattr(check, f"exercise_{k}")(*[None] * len(RIGHT[k]))
-
-
-@pytest.mark.parametrize("k", [1, 4, 5])
-def test_partly_answered_is_not_answered(k):
-    args = list(RIGHT[k])
-    args[-1] = None
-    with pytest.raises(NotAnswered):
-        getattr(check, f"exercise_{k}")(*args)
 
 
 def test_a_stub_and_a_half_filled_order_are_not_answered():
@@ -174,9 +147,6 @@ def test_build_cases_are_plain_data_and_fixed_by_the_cases_seed():
     assert a != check.cases_2(Variant("s7", cases_seed=4))
     assert any(len(flat) % w for flat, w, _ in a["shard"])  # padding is needed somewhere
     assert any(len(flat) < w for flat, w, _ in a["shard"])  # and a shard of padding only
-
-
-STUDENTS = ["s1", "s7", "alice", "bob", "zoe", "carol", "dave"]
 
 
 def right_for(v: Variant) -> dict:
@@ -204,39 +174,9 @@ def right_for(v: Variant) -> dict:
     }
 
 
-def test_the_default_student_gets_the_lessons_answers():
-    for k, answers in right_for(Variant("default")).items():
-        for a, b in zip(answers, RIGHT[k], strict=True):
-            assert a == (pytest.approx(b) if isinstance(b, float) else b), (k, a, b)
-
-
-@pytest.mark.parametrize("student", STUDENTS)
-def test_every_student_passes_with_their_own_numbers(student, capsys):
-    v = Variant(student)
-    for k, answers in right_for(v).items():
-        getattr(check, f"exercise_{k}")(*answers, v=v)
-        assert capsys.readouterr().out.startswith("✅"), k
-    check.exercise_2(shard, v=v)
-    assert capsys.readouterr().out.startswith("✅")
-
-
-def test_a_neighbours_answers_fail():
-    default = right_for(Variant("default"))
-    failed = 0
-    for student in STUDENTS:
-        v = Variant(student)
-        for k, answers in right_for(v).items():
-            if answers == default[k]:
-                continue
-            with pytest.raises(CheckFailed):
-                getattr(check, f"exercise_{k}")(*default[k], v=v)
-            failed += 1
-    assert failed >= 15
-
-
 def test_every_variant_keeps_the_exercises_sensible():
     seen = {k: set() for k in (1, 3, 4, 5)}
-    for student in ["default", *STUDENTS, "erin", "frank", "grace"]:
+    for student in ["default", *STUDENTS, "erin"]:
         v = Variant(student)
         for k in seen:
             seen[k].add(repr(getattr(check, f"given_{k}")(v)))

@@ -1,12 +1,12 @@
 """The lesson 09 checks: right answers pass, wrong ones fail kindly, placeholders say so."""
 
 import math
-import re
 
 import pytest
 import torch
+from checkskit import STUDENTS
 
-from course_utils.checks import GIB, CheckFailed, NotAnswered, Variant
+from course_utils.checks import GIB, NotAnswered, Variant
 from course_utils.checks import l09 as check
 from course_utils.parallel.context_parallel import attention, block_attention, causal_work
 from course_utils.parallel.sequence_parallel import korthikanti_mlp_block_bytes
@@ -178,37 +178,9 @@ def test_the_default_numbers_are_the_lessons():
     )
 
 
-@pytest.mark.parametrize("k", sorted(RIGHT))
-def test_right_answers_pass(k, capsys):
-    getattr(check, f"exercise_{k}")(*list(RIGHT[k]))
-    assert capsys.readouterr().out.startswith("✅")
-
-
 def test_other_right_merges_pass(capsys):
     check.exercise_2(merge_max_trick)
     assert capsys.readouterr().out.startswith("✅")
-
-
-@pytest.mark.parametrize(("k", "args", "hint"), WRONG)
-def test_wrong_answers_fail_with_a_hint(k, args, hint):
-    with pytest.raises(CheckFailed, match=re.escape(hint)) as info:
-        getattr(check, f"exercise_{k}")(*args)
-    assert not isinstance(info.value, NotAnswered)
-
-
-@pytest.mark.parametrize("k", sorted(RIGHT))
-def test_placeholders_are_not_answered(k):
-    args = [None] * len(list(RIGHT[k]))
-    with pytest.raises(NotAnswered):
-        getattr(check, f"exercise_{k}")(*args)
-
-
-@pytest.mark.parametrize("k", [1, 3, 4, 5, 6, 7, 8])
-def test_partly_answered_is_not_answered(k):
-    args = list(RIGHT[k])
-    args[-1] = None
-    with pytest.raises(NotAnswered):
-        getattr(check, f"exercise_{k}")(*args)
 
 
 def test_a_stub_is_not_answered():
@@ -228,9 +200,6 @@ def test_merge_cases_are_real_attention_and_fixed_by_the_cases_seed():
     out, lse = merge(*block_attention(q, k[:2], v[:2]), *block_attention(q, k[2:], v[2:]))
     assert torch.allclose(out, attention(q, k, v), atol=1e-6)
     assert torch.allclose(lse, torch.logsumexp(q @ k.T / 2.0, dim=-1), atol=1e-6)
-
-
-STUDENTS = ["s1", "s7", "alice", "bob", "zoe", "carol", "dave"]
 
 
 def right_for(v: Variant) -> dict:
@@ -270,45 +239,10 @@ def right_for(v: Variant) -> dict:
     }
 
 
-def test_the_default_student_gets_the_lessons_answers():
-    mine = right_for(Variant("default"))
-    for k, answers in mine.items():
-        want = list(RIGHT[k])
-        for a, b in zip(answers, want, strict=True):
-            if isinstance(b, float):
-                assert a == pytest.approx(b, rel=1e-2 if k == 6 else 1e-9), (k, a, b)
-            else:
-                assert a == b, (k, a, b)
-
-
-@pytest.mark.parametrize("student", STUDENTS)
-def test_every_student_passes_with_their_own_numbers(student, capsys):
-    v = Variant(student)
-    for k, answers in right_for(v).items():
-        getattr(check, f"exercise_{k}")(*answers, v=v)
-        assert capsys.readouterr().out.startswith("✅"), k
-    check.exercise_2(merge, v=v)
-    assert capsys.readouterr().out.startswith("✅")
-
-
-def test_a_neighbours_answers_fail():
-    default = right_for(Variant("default"))
-    failed = 0
-    for student in STUDENTS:
-        v = Variant(student)
-        for k, answers in right_for(v).items():
-            if answers == default[k]:
-                continue  # the same numbers as the default's: nothing to tell apart
-            with pytest.raises(CheckFailed):
-                getattr(check, f"exercise_{k}")(*default[k], v=v)
-            failed += 1
-    assert failed >= 20
-
-
 def test_every_variant_keeps_the_exercises_sensible():
     kinds = set()
     seen = {k: set() for k in (1, 3, 4, 5, 6, 7, 8)}
-    for student in ["default", *STUDENTS, "erin", "frank", "grace"]:
+    for student in ["default", *STUDENTS, "erin"]:
         v = Variant(student)
         for k in seen:
             seen[k].add(repr(getattr(check, f"given_{k}")(v)))

@@ -210,7 +210,7 @@ def test_hints_do_not_give_the_answers_away():
 STUDENTS = ["s1", "s2", "s3", "s4", "s5", "s6", "s7", "alice", "bob", "carol"]
 
 
-def right_answers(v: Variant) -> dict:
+def right_for(v: Variant) -> dict:
     """What a learner with variant `v` answers when every answer is right."""
     g1 = check.given_1(v)
     stage = min(
@@ -238,36 +238,6 @@ def right_answers(v: Variant) -> dict:
         7: (cp, plan.traffic(*check.long_context_layout(cp, v))["context"] / 1e9),
         8: (ep, plan.traffic(*check.moe_layout(ep, v))["expert"] / 1e9),
     }
-
-
-@pytest.mark.parametrize("student", STUDENTS)
-def test_every_variant_has_right_answers_that_pass(student, capsys):
-    v = Variant(student, cases_seed=7)
-    for k, args in right_answers(v).items():
-        getattr(check, f"exercise_{k}")(*args, v=v)
-        assert capsys.readouterr().out.startswith("✅"), (student, k)
-
-
-def _same(a: tuple, b: tuple) -> bool:
-    def norm(x):
-        return f"{x:.3g}" if isinstance(x, float) else repr(x)
-
-    return [norm(x) for x in a] == [norm(x) for x in b]
-
-
-def test_a_copied_answer_fails_for_a_student_whose_numbers_differ():
-    mine = right_answers(check.DEFAULT)
-    failed = set()
-    for student in STUDENTS:
-        v = Variant(student, cases_seed=7)
-        theirs = right_answers(v)
-        for k in range(2, 9):
-            if _same(theirs[k], mine[k]):
-                continue  # the same right answer for both: a copy is right
-            with pytest.raises(CheckFailed):
-                getattr(check, f"exercise_{k}")(*mine[k], v=v)
-            failed.add(k)
-    assert failed >= {2, 4, 5, 6, 7, 8}, failed  # every exercise whose answer varies
 
 
 def test_the_build_cases_include_the_given_numbers_and_fresh_ones():

@@ -341,6 +341,8 @@ def test_measured_timeline_has_the_events_the_simulator_predicts():
 
 
 def test_the_timeline_draws():
+    from test_gantt import bars
+
     from course_utils.charts import gantt
 
     q, k, v, dout = qkv(1, 8, 2)
@@ -349,8 +351,14 @@ def test_the_timeline_draws():
     simulated = cp.simulate_ring(
         2, zigzag=True, backward=True, unit="s", **cp.measured_costs(result, 8)
     )
-    fig = gantt.draw([simulated, result.timeline])
+    fig = gantt.draw([simulated, result.timeline], pyplot=False)
     assert len(fig.axes) == 2
+    for ax, timeline in zip(fig.axes, (simulated, result.timeline), strict=True):
+        # every block computed (and every K/V hop) is a bar in its worker's row
+        drawn = sorted((b["device"], round(b["x0"], 3)) for b in bars(ax) if b["what"] != "bubble")
+        assert drawn == sorted(
+            (e.device, round((e.start - timeline.start) * 1e3, 3)) for e in timeline.events
+        )
 
 
 # -- the simulator ----------------------------------------------------------------------------

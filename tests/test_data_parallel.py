@@ -120,13 +120,36 @@ def test_measured_timeline_and_bytes(algorithm):
 
 
 def test_gantt_draws_the_measured_timeline():
-    from course_utils.charts import gantt
+    """Every measured forward and backward is a bar in its worker's row, at its measured time
+    (milliseconds from the step's start) and in its micro-batch's colour; every all-reduce a
+    thin communication bar at its own measured time."""
+    from collections import Counter
+
+    from test_gantt import bar_key, bars, chart, event_key
 
     model, (batch,) = make_model(), make_batches(batch=8, steps=1)
     with DataParallel(model, 2) as dp:
         timeline = dp.step(*batch).timeline
-    fig = gantt.draw(timeline)
-    assert fig is not None
+    ax = chart(timeline).axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["dev 0", "dev 1"]
+    passes = [e for e in timeline.events if e.action.kind in ("F", "B")]
+    assert len(passes) == 4 and not Counter(
+        event_key(e, timeline.start, 1000.0, 3) for e in passes
+    ) - Counter(bar_key(b, 3) for b in bars(ax, "compute"))
+    reduces = [e for e in timeline.events if e.label == "all-reduce"]
+    assert sorted(
+        (b["device"], round(b["x0"], 3), round(b["x1"], 3)) for b in bars(ax, "comm")
+    ) == (
+        sorted(
+            (
+                e.device,
+                round((e.start - timeline.start) * 1e3, 3),
+                round((e.end - timeline.start) * 1e3, 3),
+            )
+            for e in reduces
+        )
+    )
+    assert len(reduces) == 2  # one per worker
 
 
 def test_speedup_model_explains_sixteen_workers():

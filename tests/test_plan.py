@@ -480,8 +480,14 @@ def test_draw_plan_has_labelled_charts():
 
     est = plan.estimate_from_sliders("6.7B", 8, 2, 2, 1, "1f1b", 1, "none", "bf16-mixed", 64)
     fig = plan.draw_plan(est)
-    for ax in fig.axes:
+    memory, time = fig.axes
+    for ax in (memory, time):
         assert ax.get_title() and ax.get_legend() is not None
+    # the step-time chart stacks one bar per part of the estimate, end to end
+    widths = [patch.get_width() for patch in time.patches]
+    assert widths == pytest.approx([est.time[part] for part in plan.TIME_PARTS])
+    assert sum(widths) == pytest.approx(est.time["total"])
+    assert [t.get_text() for t in time.get_legend().get_texts()] == list(plan.TIME_PARTS)
     plt.close(fig)
 
 

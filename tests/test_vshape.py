@@ -466,10 +466,20 @@ def test_simulator_charges_no_p2p_at_the_bottom_of_the_v(name):
 
 
 @pytest.mark.parametrize("name", BUILDERS)
-def test_gantt_draws_v_schedules_simulated_and_measured_alike(name, tmp_path):
-    sched = BUILDERS[name](2, 4)
-    fig = gantt.draw(simulate(sched, chunk_costs(1.0, 1.0, 0.5)))
-    assert fig.axes and gantt.save(fig, tmp_path / "v.png").read_bytes()[:4] == b"\x89PNG"
+def test_gantt_draws_every_action_of_a_v_schedule_in_its_row(name, tmp_path):
+    """Each action of a V schedule (two chunks per device) is one bar in its device's row,
+    at its simulated time, in its micro-batch's colour and kind's shade; the chart saves."""
+    from collections import Counter
+
+    from test_gantt import bar_key, bars, chart, event_key
+
+    schedule = BUILDERS[name](2, 4)
+    timeline = simulate(schedule, chunk_costs(1.0, 1.0, 0.5))
+    fig = chart(timeline)
+    drawn = Counter(bar_key(b) for b in bars(fig.axes[0], "compute"))
+    assert drawn == Counter(event_key(e, timeline.start) for e in timeline.events)
+    assert sum(drawn.values()) == sum(len(actions) for actions in schedule.devices)
+    assert gantt.save(fig, tmp_path / "v.png").read_bytes()[:4] == b"\x89PNG"
 
 
 # --------------------------------------------------------------------------- on threads

@@ -1,21 +1,31 @@
 """The exercise-check framework: kind, specific feedback for answers in exercise notebooks.
 
 An exercise notebook has, per exercise, an answer cell (tag "answer") and a check cell
-(tag "check", id "check-NN-K") that makes ONE call, e.g. `check.exercise_2(bubble_fraction)`,
-where `check` is the lesson's check module `course_utils.checks.lNN`. A check module is built
-from the helpers here:
+(tag "check", id "check-NN-K") that makes ONE call, e.g. `check.exercise_1(bubble_fraction)`,
+where `check = lNN.for_student(name)` binds the lesson's check module `course_utils.checks.lNN`
+to the learner's numbers. A check module declares, per exercise, its given numbers, the shape
+of each answer, the right answer and the hints keyed to the mistake they name:
 
-    from course_utils.checks import CheckFailed, as_number, close, passed
+    for_student = checks.lesson_checks(__name__)
+    given_1 = numbers(p=pick("1p", 4, [3, 5, 6]), m=pick("1m", 12, [6, 8, 16]))
 
-    def exercise_2(bubble_fraction):
-        value = as_number(bubble_fraction, "bubble_fraction")  # None -> NotAnswered, NaN -> ...
-        if not close(value, 3 / 11):
-            raise CheckFailed("bubble_fraction is not right yet. Hint: count idle slots ...")
-        passed("Right: ...")
+    @exercise(given_1, bubble_fraction="number")
+    def exercise_1(g, bubble_fraction) -> str:
+        hints = {
+            "That is relative to the busy time; the question asks ...": (g.p - 1) / g.m,
+            "Not yet. Count busy slots and idle slots ...": OTHERWISE,
+        }
+        judge(bubble_fraction, (g.p - 1) / (g.m + g.p - 1), "bubble_fraction", hints)
+        return "Right: ..."
+
+`exercise` reads the answers (None -> NotAnswered, NaN -> a message), `judge` names the
+mistake, `verdict` judges a diagnosis's choices, and the returned message is printed with
+its tick. The grader calls the same `exercise_K`, `given_K` and `cases_K` (a Build
+exercise's inputs) in its own process (`course_utils.grading`).
 
 Numbers: every number a learner types passes when it is right to 3 significant figures
-(`expect_number`, `is_right`, `close`; `same_numbers` inside lists and tuples), and the
-slips a check recognises are matched the same way. Counts, indices and the results of a
+(`judge`, `expect_number`, `is_right`, `close`; inside lists and tuples too), and the
+mistakes a check recognises are matched the same way. Counts, indices and the results of a
 learner's Build function are compared exactly (within float rounding).
 
 Rules for feedback: say what is wrong and give a hint, never the answer itself. A learner
@@ -29,35 +39,49 @@ This package never imports torch; a lesson's check module imports it lazily if n
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import random
 import re
+import sys
 from collections.abc import Callable, Iterable, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 __all__ = [
     "DEFAULT",
+    "OTHERWISE",
     "CheckFailed",
     "Given",
     "LessonChecks",
-    "Variant",
-    "expect_number",
-    "for_student",
-    "is_right",
-    "same_numbers",
-    "same_to_3_figures",
     "NotAnswered",
+    "Variant",
+    "any_of",
     "as_choice",
     "as_int",
     "as_number",
     "as_sequence",
     "check_function",
+    "choice",
     "close",
+    "exercise",
     "exercise_label",
+    "expect_choice",
+    "expect_number",
     "fail",
+    "is_right",
+    "judge",
+    "lesson_checks",
+    "matches",
+    "numbers",
     "passed",
+    "pick",
     "require",
+    "same_to_3_figures",
+    "sequence",
+    "verdict",
 ]
 
 # What a learner sees in front of a message (the grader also uses these to find the message).
@@ -99,12 +123,18 @@ class NotAnswered(CheckFailed):
         self.detail = detail
 
 
+_LABEL: ContextVar[str | None] = ContextVar("exercise_label", default=None)  # see `exercise`
+
+
 def exercise_label() -> str:
     """'Exercise 3.2' when called (at any depth) from `exercise_2` in `course_utils.checks.l03`.
 
     Check modules follow one naming convention, so the label comes for free instead of
     every check passing its own number around. Falls back to 'This exercise'.
     """
+    declared = _LABEL.get()
+    if declared is not None:
+        return declared
     frame = inspect.currentframe()
     try:
         while frame is not None:
@@ -250,24 +280,6 @@ def close(value: float, expected: float, rel: float = 1e-3, abs: float = 1e-9) -
     )
 
 
-def same_numbers(got: Any, want: Any) -> bool:
-    """True when `got` and `want` are the same (nested) lists of numbers, each number right to
-    3 significant figures: the rule for single numbers, inside lists and tuples too.
-
-    For answers a learner types. A Build exercise's function results are computed, so its
-    checks compare them within float rounding instead.
-    """
-    if isinstance(want, list | tuple):
-        return (
-            isinstance(got, list | tuple)
-            and len(got) == len(want)
-            and all(same_numbers(g, w) for g, w in zip(got, want, strict=True))
-        )
-    if isinstance(got, bool) or not isinstance(got, int | float):
-        return False
-    return same_to_3_figures(float(got), float(want))
-
-
 def _short(value: Any) -> str:
     """A call argument as a learner should read it: tensors and arrays by their shape."""
     shape = getattr(value, "shape", None)
@@ -390,18 +402,28 @@ def expect_number(
     these applies it returns the number, so the check can give its own hints and then fail.
     """
     number = as_number(value, what)
-    if same_to_3_figures(number, expected):
-        return number
-    unit_name = f" {unit}" if unit and unit not in ("fraction", "percent") else ""
+    if not same_to_3_figures(number, expected):
+        _fail_on_slip(number, expected, what, unit, slips)
+        _fail_if_too_rounded(number, expected, what, unit)
+    return number
+
+
+def _fail_on_slip(
+    number: float, expected: float, what: str, unit: str | None, slips: Sequence[tuple[float, str]]
+) -> None:
+    """Fail with the unit slip `number` matches, or the question's own slip."""
     for factor, slip in UNIT_SLIPS.get(unit or "", []):
         if expected and same_to_3_figures(number, expected * factor):
             fail(f"`{what}` = {number:g} looks like {slip}.")
     for factor, slip in slips:
         if expected and same_to_3_figures(number, expected * factor):
             fail(f"`{what}` = {number:g} {slip}")
+
+
+def _fail_if_too_rounded(number: float, expected: float, what: str, unit: str | None) -> None:
+    unit_name = f" {unit}" if unit and unit not in ("fraction", "percent") else ""
     if _rounded_to_fewer_figures(number, expected):
         fail(f"`{what}` = {number:g}{unit_name} is close: give 3 significant figures.")
-    return number
 
 
 def is_right(value: float, expected: float) -> bool:
@@ -488,11 +510,226 @@ class LessonChecks:
         return numbers
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith(("exercise_", "given_", "cases_")):
-            fn = getattr(self.module, name)
-            return lambda *args, **kwargs: fn(*args, v=self.variant, **kwargs)
-        raise AttributeError(name)
+        if not name.startswith(("exercise_", "given_", "cases_")):
+            raise AttributeError(name)
+        fn = getattr(self.module, name)
+        if name.startswith("exercise_"):
+            return lambda *answers: fn(*answers, variant=self.variant)
+        return lambda: fn(self.variant)
 
 
-def for_student(module: Any, student: str = DEFAULT_STUDENT) -> LessonChecks:
-    return LessonChecks(module, student)
+# --------------------------------------------------------------------------- declaring exercises
+
+
+def lesson_checks(module_name: str) -> Callable[[str], LessonChecks]:
+    """A check module's `for_student`: `for_student = lesson_checks(__name__)`."""
+
+    def for_this_lesson(student: str = DEFAULT_STUDENT) -> LessonChecks:
+        """This lesson's checks with `student`'s numbers (the notebook's first code cell)."""
+        return LessonChecks(sys.modules[module_name], student)
+
+    return for_this_lesson
+
+
+@dataclass(frozen=True)
+class Pick:
+    """A number drawn per student (`Variant.pick`): the course's `default`, or one of `options`."""
+
+    key: str
+    default: Any
+    options: Sequence[Any]
+
+
+def pick(key: str, default: Any, options: Sequence[Any]) -> Pick:
+    return Pick(key, default, options)
+
+
+def numbers(**declared: Any) -> Callable[..., Given]:
+    """An exercise's `given_K`, declared: each name's constant, or its `pick(...)`.
+
+    given_1 = numbers(p=pick("1p", 4, [3, 5, 6]), F=1.0)
+    """
+
+    def given(variant: Variant = DEFAULT) -> Given:
+        return Given(
+            {
+                name: variant.pick(x.key, x.default, x.options) if isinstance(x, Pick) else x
+                for name, x in declared.items()
+            }
+        )
+
+    return given
+
+
+class _Otherwise:
+    def __repr__(self) -> str:
+        return "OTHERWISE"
+
+
+OTHERWISE: Any = _Otherwise()  # in `judge`'s hints: the hint for any other wrong answer
+
+
+@dataclass(frozen=True)
+class AnyOf:
+    """In `judge`'s hints: a mistake that gives any of these answers."""
+
+    answers: tuple[Any, ...]
+
+
+def any_of(*answers: Any) -> AnyOf:
+    return AnyOf(answers)
+
+
+def matches(got: Any, want: Any, rel: float = 0.0) -> bool:
+    """The course's rule for comparing a learner's answer: a float is right to 3 significant
+    figures (or within `rel`, where a check widens it), a whole number exactly, a list item by
+    item; `want` may also be `any_of(...)`, a test (a function of the answer) or None (no
+    answer matches)."""
+    if want is None:
+        return False
+    if isinstance(want, AnyOf):
+        return any(matches(got, w, rel) for w in want.answers)
+    if callable(want):
+        return bool(want(got))
+    if isinstance(got, list | tuple):
+        return (
+            isinstance(want, list | tuple)
+            and len(got) == len(want)
+            and all(matches(g, w, rel) for g, w in zip(got, want, strict=True))
+        )
+    if isinstance(got, float) and isinstance(want, int | float) and not isinstance(want, bool):
+        return close(got, want, rel=rel) if rel else same_to_3_figures(got, want)
+    return bool(got == want)
+
+
+def judge(
+    value: Any,
+    want: Any,
+    what: str,
+    hints: dict[str, Any],
+    *,
+    unit: str | None = None,
+    slips: Sequence[tuple[float, str]] = (),
+    rel: float = 0.0,
+    rounding: bool = True,
+) -> bool:
+    """True when `value` (an answer read by its shape) is `want` (see `matches`). Otherwise
+    fail with, in this order: a unit slip or one of `slips` (as `expect_number`); the first
+    hint whose mistake `value` matches (`hints` maps each hint to the wrong answer it names:
+    an answer, `any_of(...)`, a test of the answer, None where it does not apply, or True or
+    False where the check has already told whether it was made); a fraction outside
+    0..1; the right number rounded too far (unless `rounding` is False: where the answers
+    are small whole numbers or halves, a coarse one is as likely another mistake); the hint
+    marked `OTHERWISE`. Without that one it returns False, for the check to go on."""
+    if matches(value, want, rel):
+        return True
+    number = isinstance(value, float) and isinstance(want, int | float)
+    if number:
+        _fail_on_slip(value, want, what, unit, slips)
+    fallback = None
+    for hint, wrong in hints.items():
+        if wrong is OTHERWISE:
+            fallback = hint
+        elif wrong is True or (wrong is not False and matches(value, wrong, rel)):
+            fail(hint)
+    if number and unit == "fraction" and not 0 <= value <= 1:
+        fail(f"`{what}` is a fraction of the step: a number between 0 and 1, not {value:g}.")
+    if number and rounding:
+        _fail_if_too_rounded(value, want, what, unit)
+    if fallback is not None:
+        fail(fallback)
+    return False
+
+
+Shape = Callable[[Any, str], Any]  # reads an answer: (value, its name) -> value, or fails
+
+
+def choice(*options: Any) -> Shape:
+    """The shape of an answer that is one of `options` (`as_choice`)."""
+    return lambda value, what: as_choice(value, options, what)
+
+
+def sequence(item: Shape | None = None, length: int | None = None) -> Shape:
+    """The shape of a list answer (`as_sequence`), each item read by `item`."""
+    return lambda value, what: as_sequence(value, what, length=length, item=item)
+
+
+LETTERS = ("a", "b", "c", "d")
+# The shapes a lesson names in `exercise(...)`; a tuple of options or a Shape also works.
+SHAPES: dict[str, Shape] = {
+    "answer": require,
+    "number": as_number,
+    "whole number": as_int,
+    "numbers": sequence(item=as_number),
+    "whole numbers": sequence(item=as_int),
+    "list": sequence(),
+    "letter": choice(*LETTERS),
+    "function": check_function,
+}
+
+
+def _shape(spec: str | tuple | Shape) -> Shape:
+    if isinstance(spec, str):
+        return SHAPES[spec]
+    return choice(*spec) if isinstance(spec, tuple) else spec
+
+
+def verdict(right: Any, message: str, hints: dict[Any, str], options: Any = LETTERS) -> Shape:
+    """A multiple-choice answer judged as it is read (a diagnosis: the problem, then the fix):
+    one of `options`, failing unless it is `right` with `message`, in which {got!r} is the
+    choice and {hint} its entry in `hints`, one per wrong choice."""
+
+    def judged(value: Any, what: str) -> Any:
+        got = as_choice(value, options, what)
+        expect_choice(got, right, hints, message)
+        return got
+
+    return judged
+
+
+def exercise(
+    given: Callable[..., Any] | None = None, **shapes: str | tuple | Shape
+) -> Callable[..., Any]:
+    """Declare a lesson's check `exercise_K` from its judging function.
+
+    The function's parameters are the answers, in the order the check cell passes them, and
+    optionally `g` (the learner's numbers, from `given`) and `variant`. Each answer is read
+    with its shape (a name in `SHAPES`, a tuple of the options, or a function such as
+    `verdict(...)`; by default it must only be answered), then the function judges them,
+    failing with a hint, and returns the message a right answer earns. The check is called
+    `exercise_K(*answers, variant=...)`.
+    """
+
+    def declare(judging: Callable[..., str]) -> Callable[..., None]:
+        names = list(inspect.signature(judging).parameters)
+        answers = [name for name in names if name not in ("g", "variant")]
+        lesson = int(judging.__module__.rsplit(".l", 1)[-1])
+        label = f"Exercise {lesson}.{int(judging.__name__.removeprefix('exercise_'))}"
+
+        @functools.wraps(judging)
+        def check(*values: Any, variant: Variant = DEFAULT, v: Variant | None = None) -> None:
+            variant = v or variant  # v=: the keyword the grader passes (grading/judge.py)
+            if len(values) != len(answers):
+                raise TypeError(f"{judging.__name__} takes {len(answers)} answers")
+            token = _LABEL.set(label)
+            try:
+                read = {
+                    n: _shape(shapes.get(n, "answer"))(x, n)
+                    for n, x in zip(answers, values, strict=True)
+                }
+                if given and "g" in names:
+                    read["g"] = Given(given(variant))
+                if "variant" in names:
+                    read["variant"] = variant
+                message = judging(**read)
+            finally:
+                _LABEL.reset(token)
+            passed(message)
+
+        check.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+            [inspect.Parameter(n, inspect.Parameter.POSITIONAL_ONLY) for n in answers]
+            + [inspect.Parameter("variant", inspect.Parameter.KEYWORD_ONLY, default=DEFAULT)]
+        )
+        return check
+
+    return declare

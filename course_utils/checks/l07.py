@@ -1,45 +1,20 @@
-"""Checks for the exercises of lesson 07 (tensor parallelism and hybrid parallelism).
+"""Checks for lesson 07's exercises (tensor parallelism and hybrid parallelism).
 
-Each `exercise_K` is called by the check cell of Exercise 7.K in
-`exercises/07_tensor_hybrid_parallelism.ipynb`, with the learner's variant `v`: `given_K(v)`
-draws the exercise's numbers (the default student gets the course's own) and every expected
-answer is computed from them; the Build exercises (7.1, 7.5) are tried on inputs drawn from
-`v.cases(...)`. Sources: the column/row split of the
-Megatron-LM MLP (Shoeybi et al. 2019, arXiv 1909.08053), the ring all-reduce's
-2(N-1)/N bytes per device (Patarasuk & Yuan 2009), ZeRO's model-state formulas
-(Rajbhandari et al. 2019, arXiv 1910.02054), 3D layouts (Narayanan et al. 2021,
-arXiv 2104.04473) and activation recomputation (Chen et al. 2016, arXiv 1604.06174).
-torch is imported lazily, only by the checks that need it.
+Sources: the column/row split of the Megatron-LM MLP (Shoeybi et al. 2019, arXiv
+1909.08053), the ring all-reduce's 2(N-1)/N bytes per device (Patarasuk & Yuan 2009),
+ZeRO's model-state formulas (Rajbhandari et al. 2019, arXiv 1910.02054), 3D layouts
+(Narayanan et al. 2021, arXiv 2104.04473) and activation recomputation (Chen et al. 2016,
+arXiv 1604.06174). torch is imported lazily, only by the checks that need it.
 """
 
 from __future__ import annotations
 
-from course_utils.checks import (
-    DEFAULT,
-    Variant,
-    as_choice,
-    as_int,
-    as_number,
-    as_sequence,
-    check_function,
-    close,
-    expect_choice,
-    fail,
-    passed,
-)
-from course_utils.checks import (
-    for_student as _for_student,
-)
+from course_utils import checks
+from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge
 
+for_student = checks.lesson_checks(__name__)
 
-def for_student(student: str = "default"):
-    """This lesson's checks with `student`'s numbers (the notebook's first code cell)."""
-    import sys
-
-    return _for_student(sys.modules[__name__], student)
-
-
-# --------------------------------------------------------------------------- 7.1
+GB = 1e9
 
 
 def _tensor(value, what: str):
@@ -50,9 +25,9 @@ def _tensor(value, what: str):
     return value
 
 
-def _shapes_1(v: Variant) -> list[tuple[int, int, int, int]]:
+def _shapes_1(variant: Variant) -> list[tuple[int, int, int, int]]:
     """(d_in, n, d_out, seed) of exercise 7.1's cases, drawn from the student's cases seed."""
-    rng = v.cases("1")
+    rng = variant.cases("1")
     n0 = rng.randint(2, 4)
     cases = [(rng.randint(2, 12), n0, n0 * rng.randint(1, 4))]  # n divides d_out: plain cases
     cases += [
@@ -73,26 +48,26 @@ def _tensors_1(d_in: int, n: int, d_out: int, seed: int):
     return A, X, parts
 
 
-def cases_1(v: Variant = DEFAULT) -> dict[str, list[tuple]]:
-    tensors = [(_tensors_1(*case), case[1]) for case in _shapes_1(v)]
+def cases_1(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
+    tensors = [(_tensors_1(*case), case[1]) for case in _shapes_1(variant)]
     return {
         "split_columns": [(A, n) for (A, _, _), n in tensors],
         "gather_outputs": [(parts,) for (_, _, parts), _ in tensors],
     }
 
 
-def exercise_1(split_columns, gather_outputs, v: Variant = DEFAULT) -> None:
+@exercise(split_columns="function", gather_outputs="function")
+def exercise_1(split_columns, gather_outputs, variant) -> str:
     """Build split_columns(A, n) and gather_outputs(parts) for a column-parallel layer."""
     import torch
 
-    split = check_function(split_columns, "split_columns")
-    gather = check_function(gather_outputs, "gather_outputs")
-    shapes = _shapes_1(v)
+    split, gather = split_columns, gather_outputs
+    shapes = _shapes_1(variant)
     cases = [(d_in, n, d_out) for d_in, n, d_out, _ in shapes]
     for d_in, n, d_out, seed in shapes:
         A, X, parts = _tensors_1(d_in, n, d_out, seed)
         shown = f"split_columns(A, {n}) with A of shape {tuple(A.shape)}"
-        shards = as_sequence(split(A.clone(), n), shown)
+        shards = checks.as_sequence(split(A.clone(), n), shown)
         if len(shards) != n:
             fail(
                 f"{shown} returned {len(shards)} shards; it should return n = {n}, one per device."
@@ -143,148 +118,113 @@ def exercise_1(split_columns, gather_outputs, v: Variant = DEFAULT) -> None:
             fail(f"{shown} has shape {tuple(Y.shape)}, X @ A has {tuple(want.shape)}. {hint}")
         if not torch.allclose(Y, want, atol=1e-5, rtol=1e-5):
             fail(f"{shown} has the right shape but not the values of X @ A: check the order.")
-    passed(
+    return (
         f"Right on {len(cases)} fresh random shapes (d_in, n, d_out) = {cases}: the column "
         "shards reproduce X @ A with no communication but the final concatenation."
     )
 
 
-# --------------------------------------------------------------------------- 7.2
-
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "broadcast", "none")
 
 
-def given_2(v: Variant = DEFAULT) -> dict:
-    tp = v.pick("2tp", 4, [2, 4, 8])
-    sequences, tokens, d_model = v.pick(
-        "2shape", (4, 1024, 3072), [(2, 2048, 4096), (8, 512, 2048), (4, 2048, 5120)]
-    )
+def given_2(variant: Variant = DEFAULT) -> dict:
+    options = [(2, 2048, 4096), (8, 512, 2048), (4, 2048, 5120)]
+    sequences, tokens, d_model = variant.pick("2shape", (4, 1024, 3072), options)
+    tp = variant.pick("2tp", 4, [2, 4, 8])
     return {"tp": tp, "sequences": sequences, "tokens": tokens, "d_model": d_model}
 
 
-def exercise_2(collective, bytes_per_device, v: Variant = DEFAULT) -> None:
-    """Row-parallel output: which collective, and the bytes each device sends (ring)."""
-    g = given_2(v)
-    kind = as_choice(collective, COLLECTIVES, "collective")
-    sent = as_number(bytes_per_device, "bytes_per_device")
-    if kind != "all-reduce":
-        hints = {
+@exercise(
+    given_2,
+    collective=checks.verdict(
+        "all-reduce",
+        "`collective` = {got!r} is not it: {hint}",
+        {
             "all-gather": "an all-gather puts slices side by side, but each device holds a "
             "full-size partial sum: the partial sums have to be added.",
             "reduce-scatter": "a reduce-scatter adds the partial sums but leaves each device "
-            "only 1/N of the result (sequence parallelism uses that); here every device "
-            "needs the whole Y.",
+            "only 1/N of the result (sequence parallelism uses that); here every device needs "
+            "the whole Y.",
             "broadcast": "a broadcast copies one device's tensor to the others, but no single "
             "device has the sum yet.",
             "none": "each device holds only a partial sum X_i A_i; Y is their sum.",
-        }
-        fail(f"`collective` = {kind!r} is not it: {hints[kind]}")
-    size, n = g["sequences"] * g["tokens"] * g["d_model"] * 2, g["tp"]
+        },
+        COLLECTIVES,
+    ),
+    bytes_per_device="number",
+)
+def exercise_2(g, collective, bytes_per_device) -> str:
+    """Row-parallel output: which collective, and the bytes each device sends (ring)."""
+    size, n = g.sequences * g.tokens * g.d_model * 2, g.tp
     want = 2 * (n - 1) / n * size
-    if close(sent, want):
-        passed(
-            f"Right: an all-reduce; with the ring each device sends 2(N-1)/N x {size:,} = "
-            f"{want:,.0f} bytes."
-        )
-        return
-    if close(sent, size):
-        fail(
-            "`collective` is right. That is the size of the tensor itself; in a ring "
-            "all-reduce each device sends 2(N-1)/N times that (a reduce-scatter, then an "
-            "all-gather)."
-        )
-    if close(sent, (n - 1) / n * size):
-        fail(
-            "`collective` is right. That counts only one of the two phases of the ring "
-            "all-reduce (reduce-scatter, then all-gather)."
-        )
-    if close(sent, 2 * want) or close(sent, 2 * size):
-        fail(
-            "`collective` is right, but check the bytes per value: bf16 takes 2 bytes, "
-            "and the factor is 2(N-1)/N."
-        )
-    if n > 2 and close(sent, n * want):
-        fail("`collective` is right. That is all devices together; the question asks per device.")
-    if close(sent, (n - 1) * size):
-        fail(
-            "`collective` is right. (N-1) x size is what rank 0 sends in the naive all-reduce; "
-            "the question asks for the ring, where every device sends the same amount."
-        )
-    if sent > 1e12 or sent < 1e3:
-        fail(
-            "`bytes_per_device` should be in bytes: tokens x d_model x bytes per value, "
-            "times the ring's factor."
-        )
-    fail(
+    sent, all_ = bytes_per_device, n * want if n > 2 else None  # all_: every device's together
+    hints = {
+        "`collective` is right. That is the size of the tensor itself; in a ring all-reduce "
+        "each device sends 2(N-1)/N times that (a reduce-scatter, then an all-gather).": size,
+        "`collective` is right. That counts only one of the two phases of the ring all-reduce "
+        "(reduce-scatter, then all-gather).": (n - 1) / n * size,
+        "`collective` is right, but check the bytes per value: bf16 takes 2 bytes, and the "
+        "factor is 2(N-1)/N.": checks.any_of(2 * want, 2 * size),
+        "`collective` is right. That is all devices together; the question asks per device.": all_,
+        "`collective` is right. (N-1) x size is what rank 0 sends in the naive all-reduce; the "
+        "question asks for the ring, where every device sends the same amount.": (n - 1) * size,
+        "`bytes_per_device` should be in bytes: tokens x d_model x bytes per value, times the "
+        "ring's factor.": not 1e3 <= sent <= 1e12,
         "`collective` is right, `bytes_per_device` is not. Size of the output tensor in bytes "
-        "(sequences x tokens x d_model x 2 for bf16), times the ring's 2(N-1)/N."
+        "(sequences x tokens x d_model x 2 for bf16), times the ring's 2(N-1)/N.": OTHERWISE,
+    }
+    judge(sent, want, "bytes_per_device", hints, rel=1e-3, rounding=False)
+    return (
+        f"Right: an all-reduce; with the ring each device sends 2(N-1)/N x {size:,} = "
+        f"{want:,.0f} bytes."
     )
 
 
-# --------------------------------------------------------------------------- 7.3
-
-GB = 1e9
-
-
-def given_3(v: Variant = DEFAULT) -> dict:
-    params_b, dp = v.pick("3", (5, 16), [(7, 8), (3, 32), (13, 64), (6, 16)])
+def given_3(variant: Variant = DEFAULT) -> dict:
+    params_b, dp = variant.pick("3", (5, 16), [(7, 8), (3, 32), (13, 64), (6, 16)])
     return {"params": params_b * 1e9, "dp": dp}
 
 
-def _zero_gb(stage: int, v: Variant = DEFAULT) -> float:
-    g = given_3(v)
+def _zero_gb(stage: int, variant: Variant = DEFAULT) -> float:
+    g = given_3(variant)
     psi, n = g["params"], g["dp"]
-    return {
-        0: 16 * psi,
-        1: 4 * psi + 12 * psi / n,
-        2: 2 * psi + 14 * psi / n,
-        3: 16 * psi / n,
-    }[stage] / GB
+    return {0: 16 * psi, 1: 4 * psi + 12 * psi / n, 2: 2 * psi + 14 * psi / n, 3: 16 * psi / n}[
+        stage
+    ] / GB
 
 
-def exercise_3(zero1_gb, zero2_gb, zero3_gb, v: Variant = DEFAULT) -> None:
+SHARDED = {
+    1: "the optimizer state",
+    2: "the optimizer state and the gradients",
+    3: "everything (weights, gradients and optimizer state)",
+}
+
+
+@exercise(zero1_gb="number", zero2_gb="number", zero3_gb="number")
+def exercise_3(zero1_gb, zero2_gb, zero3_gb, variant) -> str:
     """Model states per device under ZeRO-1/2/3 for the given parameters and devices."""
-    answers = {
-        1: as_number(zero1_gb, "zero1_gb"),
-        2: as_number(zero2_gb, "zero2_gb"),
-        3: as_number(zero3_gb, "zero3_gb"),
-    }
-    sharded = {
-        1: "the optimizer state",
-        2: "the optimizer state and the gradients",
-        3: "everything (weights, gradients and optimizer state)",
-    }
-    for stage, value in answers.items():
-        name = f"zero{stage}_gb"
-        want = _zero_gb(stage, v)
-        if close(value, want, rel=2e-3):
-            continue
-        if value > 1e6:
-            fail(f"`{name}` looks like bytes; give it in GB (1 GB = 1e9 bytes).")
-        if close(value, want * GB / 2**30, rel=2e-3):
-            fail(f"`{name}` is in GiB (2**30 bytes); the exercise uses GB = 1e9 bytes.")
-        if close(value, _zero_gb(0, v), rel=2e-3):
-            fail(f"`{name}` = {value:g} GB is plain data parallelism: nothing is sharded yet.")
-        for other in (1, 2, 3):
-            if other != stage and close(value, _zero_gb(other, v), rel=2e-3):
-                fail(
-                    f"`{name}` = {value:g} GB is the value of ZeRO-{other}. ZeRO-{stage} shards "
-                    f"{sharded[stage]}"
-                    + ("; the rest stays replicated on every device." if stage < 3 else ".")
-                )
-        fail(
+    gb = {z: _zero_gb(z, variant) for z in range(4)}
+    for stage, value in ((1, zero1_gb), (2, zero2_gb), (3, zero3_gb)):
+        name, rest = f"zero{stage}_gb", "; the rest stays replicated on every device."
+        hints = {
+            f"`{name}` = {value:g} GB is plain data parallelism: nothing is sharded yet.": gb[0],
+            **{
+                f"`{name}` = {value:g} GB is the value of ZeRO-{other}. ZeRO-{stage} shards "
+                f"{SHARDED[stage]}{rest if stage < 3 else '.'}": gb[other]
+                for other in (1, 2, 3)
+                if other != stage
+            },
             f"`{name}` is not right. Start from 2 + 2 + 12 bytes per parameter (bf16 weights, "
-            f"bf16 gradients, fp32 Adam state); ZeRO-{stage} divides {sharded[stage]} by the "
-            f"{given_3(v)['dp']} data-parallel devices"
-            + (" and keeps the rest whole on every device." if stage < 3 else ".")
-        )
-    passed(
-        f"Right: {_zero_gb(0, v):g} GB per device without ZeRO becomes "
-        f"{_zero_gb(1, v):g}, {_zero_gb(2, v):g} and {_zero_gb(3, v):g} GB with ZeRO-1, 2 and 3."
+            f"bf16 gradients, fp32 Adam state); ZeRO-{stage} divides {SHARDED[stage]} by the "
+            f"{given_3(variant)['dp']} data-parallel devices"
+            + (" and keeps the rest whole on every device." if stage < 3 else "."): OTHERWISE,
+        }
+        judge(value, gb[stage], name, hints, unit="GB", rel=2e-3)
+    return (
+        f"Right: {gb[0]:g} GB per device without ZeRO becomes {gb[1]:g}, {gb[2]:g} and "
+        f"{gb[3]:g} GB with ZeRO-1, 2 and 3."
     )
 
-
-# --------------------------------------------------------------------------- 7.4
 
 EX4 = {
     "gpus": 32,
@@ -298,9 +238,10 @@ EX4 = {
 }
 
 
-def exercise_4(tp, pp, dp, v: Variant = DEFAULT) -> None:
+@exercise(tp="whole number", pp="whole number", dp="whole number")
+def exercise_4(tp, pp, dp) -> str:
     """Choose tp, pp, dp for a 20B model on 4 nodes of 8 GPUs, graded by constraints."""
-    t, p, d = as_int(tp, "tp"), as_int(pp, "pp"), as_int(dp, "dp")
+    t, p, d = tp, pp, dp
     s = EX4
     if min(t, p, d) < 1:
         fail("Each degree is a number of devices: at least 1.")
@@ -337,15 +278,13 @@ def exercise_4(tp, pp, dp, v: Variant = DEFAULT) -> None:
             "needs. Every GPU you take from data parallelism adds per-layer (TP) or per-stage "
             "(PP) communication: use the smallest tp x pp that fits, and give the rest to dp."
         )
-    passed(
+    return (
         f"Right: tp={t}, pp={p}, dp={d}. Model state {states:g} GB per GPU, tensor groups inside "
         f"a node, bubble {bubble:.0%} with {m} micro-batches per replica, and as much data "
         "parallelism as the memory allows. (tp=8/pp=1, tp=4/pp=2 and tp=2/pp=4 all pass; a "
         "planner would pick between them by step time.)"
     )
 
-
-# --------------------------------------------------------------------------- 7.5
 
 GROUPS = ("tensor", "pipeline", "data")
 
@@ -364,9 +303,9 @@ def _groups(rank: int, tp: int, pp: int, dp: int) -> dict[str, list[int]]:
     }
 
 
-def _grids_5(v: Variant) -> list[tuple[int, int, int, int]]:
+def _grids_5(variant: Variant) -> list[tuple[int, int, int, int]]:
     """(tp, pp, dp, rank) of exercise 7.5's cases: the lesson's grid, then random ones."""
-    rng = v.cases("5")
+    rng = variant.cases("5")
     cases = [(2, 4, 2, rng.randrange(16))]
     for _ in range(8):
         tp, pp, dp = rng.randint(1, 4), rng.randint(1, 4), rng.randint(1, 3)
@@ -374,14 +313,15 @@ def _grids_5(v: Variant) -> list[tuple[int, int, int, int]]:
     return cases
 
 
-def cases_5(v: Variant = DEFAULT) -> dict[str, list[tuple]]:
-    return {"groups_of": [(rank, tp, pp, dp) for tp, pp, dp, rank in _grids_5(v)]}
+def cases_5(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
+    return {"groups_of": [(rank, tp, pp, dp) for tp, pp, dp, rank in _grids_5(variant)]}
 
 
-def exercise_5(groups_of, v: Variant = DEFAULT) -> None:
+@exercise(groups_of="function")
+def exercise_5(groups_of, variant) -> str:
     """Build groups_of(rank, tp, pp, dp): the tensor, pipeline and data groups of one rank."""
-    call = check_function(groups_of, "groups_of")
-    cases = _grids_5(v)
+    call = groups_of
+    cases = _grids_5(variant)
     for tp, pp, dp, rank in cases:
         shown = f"groups_of({rank}, tp={tp}, pp={pp}, dp={dp})"
         got = call(rank, tp, pp, dp)
@@ -394,7 +334,10 @@ def exercise_5(groups_of, v: Variant = DEFAULT) -> None:
         if missing:
             fail(f"{shown} has no key {missing[0]!r}: return all of 'tensor', 'pipeline', 'data'.")
         want = _groups(rank, tp, pp, dp)
-        mine = {k: sorted(as_sequence(got[k], f"{shown}[{k!r}]", item=as_int)) for k in GROUPS}
+        mine = {
+            k: sorted(checks.as_sequence(got[k], f"{shown}[{k!r}]", item=checks.as_int))
+            for k in GROUPS
+        }
         for kind, size, degree in (
             ("tensor", tp, "tp"),
             ("pipeline", pp, "pp"),
@@ -417,106 +360,75 @@ def exercise_5(groups_of, v: Variant = DEFAULT) -> None:
                     "is innermost (neighbouring ranks), data parallelism outermost."
                 )
                 fail(f"{shown}[{kind!r}] = {group} is not right: {hint}")
-    passed(
+    return (
         f"Right on {len(cases)} grids and ranks (the lesson's and fresh random ones): each "
         "rank talks to its tensor group every layer, its pipeline neighbours per micro-batch "
         "and its data-parallel twins once per step."
     )
 
 
-# --------------------------------------------------------------------------- 7.6
-
-PROBLEMS = ("a", "b", "c", "d")
-FIXES = ("a", "b", "c", "d")
-
-
-def exercise_6(problem, fix, v: Variant = DEFAULT) -> None:
-    """Diagnose a regression when tensor parallelism grows from 4 to 8 on nodes of 4 GPUs."""
-    pr = as_choice(problem, PROBLEMS, "problem")
-    fx = as_choice(fix, FIXES, "fix")
-    expect_choice(
-        pr,
+@exercise(
+    problem=checks.verdict(
         "b",
+        "`problem` = {got!r} is not it: {hint} Which part of the step grew?",
         {
             "a": "compare the bubble bars of the two runs: they hardly changed.",
             "c": "both runs have dp = 1: there is no data-parallel all-reduce at all.",
             "d": "the memory per GPU went down, not up, when tp doubled.",
         },
-        "`problem` = {got!r} is not it: {hint} Which part of the step grew?",
-    )
-    expect_choice(
-        fx,
+    ),
+    fix=checks.verdict(
         "b",
+        "`problem` is right. `fix` = {got!r} is not: {hint}",
         {
             "a": "more micro-batches shrink the bubble, which is not what grew.",
             "c": "a larger tensor group would cross even more nodes.",
             "d": "ZeRO-3 saves memory (and adds communication); memory is not the problem.",
         },
-        "`problem` is right. `fix` = {got!r} is not: {hint}",
-    )
-    passed(
+    ),
+)
+def exercise_6(problem, fix) -> str:
+    """Diagnose a regression when tensor parallelism grows from 4 to 8 on nodes of 4 GPUs."""
+    return (
         "Right: with nodes of 4 GPUs, tp = 8 sends every layer's all-reduces over the slow "
         "network. Keep tp = 4 inside a node and use the new GPUs as data (or pipeline) "
         "parallelism: the step then really gets about 2x faster."
     )
 
 
-# --------------------------------------------------------------------------- 7.7
-
-
-def given_7(v: Variant = DEFAULT) -> dict:
-    layers, segments = v.pick("7ls", (16, 4), [(24, 6), (36, 6), (32, 8), (12, 3)])
-    block_gb, input_gb = v.pick("7gb", (0.5, 0.125), [(0.4, 0.1), (0.6, 0.2), (0.8, 0.25)])
+def given_7(variant: Variant = DEFAULT) -> dict:
+    layers, segments = variant.pick("7ls", (16, 4), [(24, 6), (36, 6), (32, 8), (12, 3)])
+    block_gb, input_gb = variant.pick("7gb", (0.5, 0.125), [(0.4, 0.1), (0.6, 0.2), (0.8, 0.25)])
     return {"layers": layers, "block_gb": block_gb, "input_gb": input_gb, "segments": segments}
 
 
-def exercise_7(peak_gb, extra_compute, v: Variant = DEFAULT) -> None:
+@exercise(given_7, peak_gb="number", extra_compute="number")
+def exercise_7(g, peak_gb, extra_compute) -> str:
     """Activation recomputation: peak activation memory and extra compute with k segments."""
-    peak = as_number(peak_gb, "peak_gb")
-    extra = as_number(extra_compute, "extra_compute")
-    L, a, x, k = given_7(v).values()
-    want_peak = k * x + (L // k) * a
-    if not close(peak, want_peak, rel=2e-3):
-        if close(peak, L * a, rel=2e-3):
-            fail(
-                f"`peak_gb` = {L * a:g} GB is memory without recomputation: every block keeps "
-                "everything."
-            )
-        if close(peak, (L // k) * a, rel=2e-3):
-            fail(
-                "`peak_gb` counts the segment being recomputed, but not the segment inputs "
-                "stored for the other segments."
-            )
-        if close(peak, k * x, rel=2e-3):
-            fail(
-                "`peak_gb` counts the stored segment inputs, but during the backward pass one "
-                "segment's activations are recomputed and alive again."
-            )
-        fail(
-            "`peak_gb` is not right. At the peak of the backward pass: the stored inputs of "
-            "all segments, plus the full activations of the one segment being worked on."
-        )
-    want_extra = 1 / 3
-    if not close(extra, want_extra, rel=1e-2):
-        if close(extra, 4 / 3, rel=1e-2):
-            fail("`extra_compute` is the extra share, not the new total: subtract the original 1.")
-        if close(extra, 1.0, rel=1e-2):
-            fail(
-                "`extra_compute` = 1 would double the step. Only the forward pass is repeated, "
-                "and the backward costs twice the forward."
-            )
-        if close(extra, 0.5, rel=1e-2):
-            fail("Relative to what? The step is forward (1) + backward (2); add one more forward.")
-        fail(
-            "`extra_compute` is not right. Each block's forward runs once more; compare that "
-            "with a step of forward (1) + backward (2)."
-        )
-    passed(
-        f"Right: {want_peak:g} GB instead of {L * a:g} GB of activations, for a third more "
-        "compute. "
+    L, a, x, k = g.values()  # noqa: N806 - the lesson's L
+    want = k * x + (L // k) * a
+    hints = {
+        f"`peak_gb` = {L * a:g} GB is memory without recomputation: every block keeps "
+        "everything.": L * a,
+        "`peak_gb` counts the segment being recomputed, but not the segment inputs stored for "
+        "the other segments.": (L // k) * a,
+        "`peak_gb` counts the stored segment inputs, but during the backward pass one "
+        "segment's activations are recomputed and alive again.": k * x,
+        "`peak_gb` is not right. At the peak of the backward pass: the stored inputs of all "
+        "segments, plus the full activations of the one segment being worked on.": OTHERWISE,
+    }
+    judge(peak_gb, want, "peak_gb", hints, rel=2e-3, rounding=False)
+    hints = {
+        "`extra_compute` is the extra share, not the new total: subtract the original 1.": 4 / 3,
+        "`extra_compute` = 1 would double the step. Only the forward pass is repeated, and the "
+        "backward costs twice the forward.": 1.0,
+        "Relative to what? The step is forward (1) + backward (2); add one more forward.": 0.5,
+        "`extra_compute` is not right. Each block's forward runs once more; compare that with "
+        "a step of forward (1) + backward (2).": OTHERWISE,
+    }
+    judge(extra_compute, 1 / 3, "extra_compute", hints, rel=1e-2)
+    return (
+        f"Right: {want:g} GB instead of {L * a:g} GB of activations, for a third more compute. "
         "With k segments of L/k layers the peak is about k inputs + L/k layers: smallest near "
         "k = sqrt(L)."
     )
-
-
-__all__ = [f"exercise_{k}" for k in range(1, 8)]

@@ -1,55 +1,24 @@
-"""Checks for the exercises of lesson 08 (sharded data parallelism: ZeRO and FSDP, executed).
+"""Checks for lesson 08's exercises (sharded data parallelism: ZeRO and FSDP, executed).
 
-Each `exercise_K` is called by the check cell of Exercise 8.K in
-`exercises/08_sharded_data_parallelism.ipynb`, with the learner's variant `v`: `given_K(v)`
-draws the exercise's numbers (the default student gets the course's own), and every expected
-answer is computed from them, here, with `course_utils.parallel.fsdp` (the ZeRO memory
-formula, the gathered-bytes bound, the step simulator). `cases_2(v)` are the inputs the Build
-exercise's function is tried on.
-
-Conventions shared with the lesson: Adam in fp32 keeps 4 bytes of parameters, 4 of gradient
-and 8 of optimizer state per parameter (16 in all); ZeRO stage 1 shards the optimizer state,
-stage 2 also the gradients, stage 3 also the parameters (Rajbhandari et al. 2019, arXiv
-1910.02054); stage 3 is FSDP (Zhao et al. 2023, arXiv 2304.11277). A layer is one flat
-vector, padded with zeros to a multiple of N and cut into N equal contiguous shards.
+Every expected answer is computed with `course_utils.parallel.fsdp` (the ZeRO memory
+formula, the gathered-bytes bound, the step simulator). Conventions shared with the lesson:
+Adam in fp32 keeps 4 bytes of parameters, 4 of gradient and 8 of optimizer state per
+parameter (16 in all); ZeRO stage 1 shards the optimizer state, stage 2 also the gradients,
+stage 3 also the parameters (Rajbhandari et al. 2019, arXiv 1910.02054); stage 3 is FSDP
+(Zhao et al. 2023, arXiv 2304.11277). A layer is one flat vector, padded with zeros to a
+multiple of N and cut into N equal contiguous shards.
 """
 
 from __future__ import annotations
 
 import random
 
-from course_utils.checks import (
-    DEFAULT,
-    Variant,
-    as_choice,
-    as_int,
-    as_number,
-    as_sequence,
-    check_function,
-    expect_choice,
-    expect_number,
-    fail,
-    is_right,
-    passed,
-    require,
-)
-from course_utils.checks import (
-    for_student as _for_student,
-)
+from course_utils import checks
+from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge, numbers, pick
 
+for_student = checks.lesson_checks(__name__)
 
-def for_student(student: str = "default"):
-    """This lesson's checks with `student`'s numbers (the notebook's first code cell)."""
-    import sys
-
-    return _for_student(sys.modules[__name__], student)
-
-
-# --------------------------------------------------------------------------- 8.1
-
-
-def given_1(v: Variant = DEFAULT) -> dict:
-    return {"params": v.pick("1p", 1.5e9, [1e9, 3e9, 7e9]), "N": v.pick("1n", 8, [4, 16, 64])}
+given_1 = numbers(params=pick("1p", 1.5e9, [1e9, 3e9, 7e9]), N=pick("1n", 8, [4, 16, 64]))
 
 
 def _zero(psi: float, n: int, stage: int, precision: str = "fp32") -> float:
@@ -59,57 +28,47 @@ def _zero(psi: float, n: int, stage: int, precision: str = "fp32") -> float:
     return sum(model_state_bytes(psi, precision, zero=stage, dp=n).values())
 
 
-def exercise_1(stage1, stage2, stage3, v: Variant = DEFAULT) -> None:
+@exercise(given_1, stage1="number", stage2="number", stage3="number")
+def exercise_1(g, stage1, stage2, stage3) -> str:
     """Model-state bytes per worker for ZeRO stages 1, 2 and 3 (fp32 Adam, 16 bytes/param)."""
-    g = given_1(v)
-    psi, n = g["params"], g["N"]
-    for value, name in ((stage1, "stage1"), (stage2, "stage2"), (stage3, "stage3")):
-        require(value, name)
+    psi, n = g.params, g.N
+    fp32 = {stage: _zero(psi, n, stage) for stage in range(4)}
     for stage, value in ((1, stage1), (2, stage2), (3, stage3)):
-        name = f"stage{stage}"
-        want = _zero(psi, n, stage)
-        got = expect_number(value, want, name, unit="bytes")
-        if is_right(got, want):
-            continue
-        mixed = is_right(got, _zero(psi, n, stage, "bf16-mixed"))
-        for other in (1, 2, 3):
-            if other != stage and is_right(got, _zero(psi, n, other)):
-                # fp32 stage 2 (4 + 12/N) is also the paper's mixed-precision stage 1 (4 + 12/N)
-                either = (
-                    f", or stage {stage}'s in the paper's mixed precision (2 + 2 + 12 bytes)"
-                    if mixed
-                    else ""
-                )
-                fail(
-                    f"`{name}` is stage {other}'s count in fp32{either}. Here everything is "
-                    "fp32 (parameters 4, gradients 4, Adam's two states 8 bytes), and stage 1 "
-                    "shards the optimizer state; stage 2 also the gradients; stage 3 also the "
-                    "parameters."
-                )
-        if is_right(got, _zero(psi, n, 0)):
-            fail(f"`{name}` is plain data parallelism: 16 bytes per parameter, nothing sharded.")
-        if mixed:
-            fail(
-                f"`{name}` uses the paper's mixed-precision counts (2 + 2 + 12 bytes). Here "
-                "everything is fp32: parameters 4, gradients 4, Adam's two states 8."
-            )
-        fail(
-            f"`{name}` is not right: add parameters, gradients and optimizer state, dividing "
-            "by N what this stage shards."
+        name, mixed = f"stage{stage}", _zero(psi, n, stage, "bf16-mixed")
+        # fp32 stage 2 (4 + 12/N) is also the paper's mixed-precision stage 1 (4 + 12/N)
+        either = (
+            f", or stage {stage}'s in the paper's mixed precision (2 + 2 + 12 bytes)"
+            if checks.is_right(value, mixed)
+            else ""
         )
-    passed(
-        f"Right: {_zero(psi, n, 1) / 1e9:.3g}, {_zero(psi, n, 2) / 1e9:.3g} and "
-        f"{_zero(psi, n, 3) / 1e9:.3g} GB per worker, against {_zero(psi, n, 0) / 1e9:.3g} "
-        f"GB for plain data parallelism. Only stage 3 scales with N = {n}: it is the one "
-        "that lets a model larger than one device's memory train at all."
+        hints = {
+            **{
+                f"`{name}` is stage {other}'s count in fp32{either}. Here everything is fp32 "
+                "(parameters 4, gradients 4, Adam's two states 8 bytes), and stage 1 shards the "
+                "optimizer state; stage 2 also the gradients; stage 3 also the "
+                "parameters.": fp32[other]
+                for other in (1, 2, 3)
+                if other != stage
+            },
+            f"`{name}` is plain data parallelism: 16 bytes per parameter, nothing sharded.": fp32[
+                0
+            ],
+            f"`{name}` uses the paper's mixed-precision counts (2 + 2 + 12 bytes). Here "
+            "everything is fp32: parameters 4, gradients 4, Adam's two states 8.": mixed,
+            f"`{name}` is not right: add parameters, gradients and optimizer state, dividing by "
+            "N what this stage shards.": OTHERWISE,
+        }
+        judge(value, fp32[stage], name, hints, unit="bytes")
+    return (
+        f"Right: {fp32[1] / 1e9:.3g}, {fp32[2] / 1e9:.3g} and {fp32[3] / 1e9:.3g} GB per "
+        f"worker, against {fp32[0] / 1e9:.3g} GB for plain data parallelism. Only stage 3 "
+        f"scales with N = {n}: it is the one that lets a model larger than one device's "
+        "memory train at all."
     )
 
 
-# --------------------------------------------------------------------------- 8.2
-
-
-def cases_2(v: Variant = DEFAULT) -> dict[str, list[tuple]]:
-    rng = v.cases("2")
+def cases_2(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
+    rng = variant.cases("2")
     cases = [([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0], 3, 2), ([0.5] * 6, 3, 1), ([9.0], 4, 3)]
     for _ in range(5):
         length, workers = rng.randint(1, 13), rng.randint(1, 5)
@@ -124,23 +83,18 @@ def _shard_size(flat: list[float], workers: int) -> int:
     return padded_shard_numels([len(flat)], workers)[0]
 
 
-def _shard(flat: list[float], workers: int, rank: int) -> list[float]:
-    size = _shard_size(flat, workers)
-    padded = list(flat) + [0.0] * (size * workers - len(flat))
-    return padded[rank * size : (rank + 1) * size]
-
-
-def exercise_2(shard, v: Variant = DEFAULT) -> None:
+@exercise(shard="function")
+def exercise_2(shard, variant) -> str:
     """Build shard(flat, workers, rank): worker `rank`'s slice of the zero-padded vector."""
-    call = check_function(shard, "shard")
-    cases = cases_2(v)["shard"]
+    cases = cases_2(variant)["shard"]
     for flat, workers, rank in cases:
         shown = f"shard({flat}, {workers}, {rank})"
-        got = as_sequence(call(list(flat), workers, rank), shown, item=as_number)
-        want = _shard(flat, workers, rank)
+        got = checks.as_sequence(shard(list(flat), workers, rank), shown, item=checks.as_number)
+        size = _shard_size(flat, workers)
+        padded = list(flat) + [0.0] * (size * workers - len(flat))
+        want = padded[rank * size : (rank + 1) * size]
         if got == want:
             continue
-        size = _shard_size(flat, workers)
         if got == flat[rank * size : (rank + 1) * size] and len(got) < size:
             fail(
                 f"{shown} returned {got}: the last shard is short. Pad the vector with zeros to "
@@ -162,13 +116,11 @@ def exercise_2(shard, v: Variant = DEFAULT) -> None:
                 f"{shown} returned {len(got)} elements; every shard has ceil(n / workers) = {size}."
             )
         fail(f"{shown} returned {got}; it should be {want}.")
-    passed(
+    return (
         f"Right on {len(cases)} cases, including more workers than elements. Equal shards are "
         "what a ring all-gather and reduce-scatter need: every step moves one shard per link."
     )
 
-
-# --------------------------------------------------------------------------- 8.3
 
 EVENTS = {
     "gather": "all-gather the layer's parameters",
@@ -181,9 +133,9 @@ EVENTS = {
 ORDER = ["gather", "forward", "free", "gather", "backward", "reduce", "free", "adam"]
 
 
-def given_3(v: Variant = DEFAULT) -> dict:
+def given_3(variant: Variant = DEFAULT) -> dict:
     names = list(EVENTS)
-    seed = v.pick("3s", None, range(1, 10**6))
+    seed = variant.pick("3s", None, range(1, 10**6))
     if seed is not None:
         random.Random(seed).shuffle(names)
     else:
@@ -191,25 +143,19 @@ def given_3(v: Variant = DEFAULT) -> dict:
     return {letter: EVENTS[name] for letter, name in zip("abcdef", names, strict=True)}
 
 
-def exercise_3(order, v: Variant = DEFAULT) -> None:
+@exercise(given_3, order="list")
+def exercise_3(g, order) -> str:
     """One layer's events in a ZeRO-3 step (prefetch 0, one micro-batch), as letters."""
-    table = given_3(v)
-    name_of = {
-        letter: key for letter, text in table.items() for key in EVENTS if EVENTS[key] == text
-    }
-    got = [
-        as_choice(x, list(table), f"order[{i}]") for i, x in enumerate(as_sequence(order, "order"))
-    ]
-    names = [name_of[x] for x in got]
+    name_of = {letter: key for letter, text in g.items() for key in EVENTS if EVENTS[key] == text}
+    names = [name_of[checks.as_choice(x, list(g), f"order[{i}]")] for i, x in enumerate(order)]
     alternative = ORDER[:5] + ["free", "reduce", "adam"]  # freeing the weights first is fine too
     if names in (ORDER, alternative):
-        passed(
+        return (
             "Right: gathered for the forward, freed, gathered again for the backward, its "
-            "gradient reduce-scattered, and only then Adam on the shard. Between uses a "
-            "worker holds 1/N of the layer: that is all of ZeRO-3's memory saving, paid for "
-            "with the second all-gather."
+            "gradient reduce-scattered, and only then Adam on the shard. Between uses a worker "
+            "holds 1/N of the layer: that is all of ZeRO-3's memory saving, paid for with the "
+            "second all-gather."
         )
-        return
     if names.count("gather") == 1 and "forward" in names and "backward" in names:
         fail(
             "The gathered copy is freed after the forward, yet the backward needs the full "
@@ -228,30 +174,25 @@ def exercise_3(order, v: Variant = DEFAULT) -> None:
     fail(f"`order` has {len(names)} events in an order that cannot run; follow one layer's life.")
 
 
-# --------------------------------------------------------------------------- 8.4
+given_4 = numbers(
+    layer_numels=[2_000_000, 8_000_000, 8_000_000, 8_000_000, 8_000_000, 1_000_000],
+    N=pick("4n", 4, [2, 8]),
+    element_size=4,
+    limit_bytes=pick("4l", 100_000_000, [70_000_000, 130_000_000, 138_000_000]),
+)
 
 
-def given_4(v: Variant = DEFAULT) -> dict:
-    return {
-        "layer_numels": [2_000_000, 8_000_000, 8_000_000, 8_000_000, 8_000_000, 1_000_000],
-        "N": v.pick("4n", 4, [2, 8]),
-        "element_size": 4,
-        "limit_bytes": v.pick("4l", 100_000_000, [70_000_000, 130_000_000, 138_000_000]),
-    }
-
-
-def exercise_4(prefetch, gathered, v: Variant = DEFAULT) -> None:
+@exercise(given_4, prefetch="whole number", gathered="number")
+def exercise_4(g, prefetch, gathered) -> str:
     """The deepest prefetch whose gathered layers fit the limit, and their bytes."""
     from course_utils.parallel.fsdp import gathered_bytes_bound
 
-    g = given_4(v)
-    numels, n, e, limit = g["layer_numels"], g["N"], g["element_size"], g["limit_bytes"]
+    numels, n, e, limit = g.layer_numels, g.N, g.element_size, g.limit_bytes
 
     def bound(k: int) -> int:
         return gathered_bytes_bound(numels, n, k, e)
 
-    k = as_int(prefetch, "prefetch")
-    require(gathered, "gathered")
+    k = prefetch
     want = max(d for d in range(len(numels)) if bound(d) <= limit)
     if k != want:
         if k == want + 1 and bound(k) > limit:
@@ -267,28 +208,28 @@ def exercise_4(prefetch, gathered, v: Variant = DEFAULT) -> None:
                 "the limit."
             )
         fail(f"Prefetch {k} fits, but a deeper one does too.")
-    number = expect_number(gathered, bound(k), "gathered", unit="bytes")
-    if not is_right(number, bound(k)):
-        if is_right(number, bound(k) / n):
-            fail("`gathered` counts shards; a gathered layer is the whole layer, on every worker.")
-        if is_right(number, sum(sorted(numels)[: k + 1]) * e):
-            fail("`gathered` adds the smallest layers; the bound must hold for the largest.")
-        fail("`gathered` is not right: the k + 1 largest layers, whole, in bytes.")
+    shard = bound(k) / n
+    hints = {
+        "`gathered` counts shards; a gathered layer is the whole layer, on every worker.": shard,
+        "`gathered` adds the smallest layers; the bound must hold for the largest.": sum(
+            sorted(numels)[: k + 1]
+        )
+        * e,
+        "`gathered` is not right: the k + 1 largest layers, whole, in bytes.": OTHERWISE,
+    }
+    judge(gathered, bound(k), "gathered", hints, unit="bytes")
     deeper = f" ({bound(k + 1):,} with one more)" if k + 1 < len(numels) else ""
-    passed(
+    return (
         f"Right: prefetch {k} holds up to {bound(k):,} bytes of gathered layers{deeper}. "
         "Deeper prefetch hides more gather time only while the gathers are slower than the "
         "compute; the memory it costs is always paid."
     )
 
 
-# --------------------------------------------------------------------------- 8.5
-
-
-def given_5(v: Variant = DEFAULT) -> dict:
-    gather = v.pick("5g", 0.6, [0.4, 0.8, 1.0])
+def given_5(variant: Variant = DEFAULT) -> dict:
+    gather = variant.pick("5g", 0.6, [0.4, 0.8, 1.0])
     return {
-        "layers": v.pick("5l", 4, [3, 5, 6]),
+        "layers": variant.pick("5l", 4, [3, 5, 6]),
         "forward_ms": 1.0,
         "backward_ms": 2.0,
         "gather_ms": gather,
@@ -299,11 +240,11 @@ def given_5(v: Variant = DEFAULT) -> dict:
     }
 
 
-def their_costs(v: Variant = DEFAULT):
+def their_costs(variant: Variant = DEFAULT):
     """Exercise 8.5's costs: equal layers, one all-gather of a layer takes gather_ms."""
     from course_utils.parallel.fsdp import FSDPCosts
 
-    g = given_5(v)
+    g = given_5(variant)
     numel, n = 1_000_000, g["N"]
     shard_bytes = numel // n * 4
     return FSDPCosts(
@@ -314,60 +255,45 @@ def their_costs(v: Variant = DEFAULT):
     )
 
 
-def their_timeline(v: Variant = DEFAULT, prefetch: int = 0):
+def their_timeline(variant: Variant = DEFAULT, prefetch: int = 0):
     """Exercise 8.5's ZeRO-3 step, simulated (no prefetch unless asked)."""
     from course_utils.parallel.fsdp import simulate_fsdp
 
-    return simulate_fsdp(their_costs(v), given_5(v)["N"], stage=3, prefetch=prefetch)
+    return simulate_fsdp(their_costs(variant), given_5(variant)["N"], stage=3, prefetch=prefetch)
 
 
-FIXES = ("a", "b", "c", "d")
+FIX_HINTS = {
+    "b": "with more workers each shard is smaller, but an all-gather still brings (N-1)/N of "
+    "the layer over each link, and the compute still waits for it",
+    "c": "a layer's gradient exists only once its backward is done, so it cannot be "
+    "reduce-scattered earlier; and on the one communication stream each backward gather "
+    "would still wait for the reduce-scatter before it",
+    "d": "a bigger batch dilutes the wait but does not hide it: every gather is still waited for",
+}
 
 
-def exercise_5(waiting_share, fix, gain, v: Variant = DEFAULT) -> None:
+@exercise(given_5, waiting_share="number", fix="letter", gain="number")
+def exercise_5(g, waiting_share, fix, gain, variant) -> str:
     """A ZeRO-3 step with unhidden gathers: the compute's waiting share, the fix, its gain."""
-    theirs, fixed = their_timeline(v), their_timeline(v, prefetch=1)
+    theirs, fixed = their_timeline(variant), their_timeline(variant, prefetch=1)
     busy = theirs.busy_per_device()[0]
-    want = 1 - busy / theirs.makespan
-    share = expect_number(waiting_share, want, "waiting_share", unit="fraction")
-    require(fix, "fix")
-    require(gain, "gain")
-    if not is_right(share, want):
-        if is_right(share, 1 - want):
-            fail("`waiting_share` is the share spent computing; the question asks for the wait.")
-        if is_right(share, (theirs.makespan - busy) * 1e3):
-            fail("`waiting_share` is a time; give it as a share of the step (0 to 1).")
-        fail("`waiting_share` is not right: (makespan - compute time) / makespan, for one worker.")
-    expect_choice(
-        as_choice(fix, FIXES, "fix"),
-        "a",
-        {
-            "b": (
-                "with more workers each shard is smaller, but an all-gather still brings "
-                "(N-1)/N of the layer over each link, and the compute still waits for it"
-            ),
-            "c": (
-                "a layer's gradient exists only once its backward is done, so it cannot be "
-                "reduce-scattered earlier; and on the one communication stream each "
-                "backward gather would still wait for the reduce-scatter before it"
-            ),
-            "d": (
-                "a bigger batch dilutes the wait but does not hide it: every gather is "
-                "still waited for"
-            ),
-        },
-        "`fix` = {got!r} does not hide the gathers: {hint}.",
-    )
+    want, waited_ms = 1 - busy / theirs.makespan, (theirs.makespan - busy) * 1e3
+    hints = {
+        "`waiting_share` is the share spent computing; the question asks for the wait.": 1 - want,
+        "`waiting_share` is a time; give it as a share of the step (0 to 1).": waited_ms,
+        "`waiting_share` is not right: (makespan - compute time) / makespan, for one "
+        "worker.": OTHERWISE,
+    }
+    judge(waiting_share, want, "waiting_share", hints, unit="fraction")
+    checks.expect_choice(fix, "a", FIX_HINTS, "`fix` = {got!r} does not hide the gathers: {hint}.")
     want_gain = theirs.makespan / fixed.makespan
-    got = expect_number(gain, want_gain, "gain")
-    if not is_right(got, want_gain):
-        if is_right(got, 1 / want_gain):
-            fail("`gain` is upside down: the step without prefetch over the step with it.")
-        fail(
-            "`gain` is not right: simulate the same costs with prefetch=1 "
-            "(their_timeline(prefetch=1)) and divide the makespans."
-        )
-    passed(
+    hints = {
+        "`gain` is upside down: the step without prefetch over the step with it.": 1 / want_gain,
+        "`gain` is not right: simulate the same costs with prefetch=1 "
+        "(their_timeline(prefetch=1)) and divide the makespans.": OTHERWISE,
+    }
+    judge(gain, want_gain, "gain", hints)
+    return (
         f"Right: without prefetch the compute waits for every all-gather, {want:.0%} of the "
         f"step. Issuing the next layer's gather before computing the current one hides "
         f"them behind compute: {want_gain:.2f}x as fast, for one more gathered layer of memory."

@@ -1,60 +1,31 @@
-"""Checks for the exercises of lesson 09 (sequence parallelism and context parallelism).
+"""Checks for lesson 09's exercises (sequence parallelism and context parallelism).
 
-Each `exercise_K` is called by the check cell of Exercise 9.K in
-`exercises/09_sequence_context_parallelism.ipynb`, with the learner's variant `v`:
-`given_K(v)` draws the exercise's numbers (the default student gets the course's own), and
-every expected answer is computed from them, here, with `course_utils.parallel` (Korthikanti's
-formula, the ring's layout, work and memory, the ring simulator) or `merge_partials`.
-`cases_2(v)` are the inputs the Build exercise's function is tried on.
-
-Conventions shared with the lesson: an MLP block keeps, per device, Korthikanti's five terms
-(Korthikanti et al. 2022, arXiv 2205.05198): the LayerNorm input, the first linear's input,
-the GeLU input, the second linear's input (e bytes per value each) and the dropout mask (one
-byte per value); f = 4h. Ring attention (Liu et al. 2023, arXiv 2310.01889) on N workers
-passes K/V blocks to the right: at step k worker w holds worker (w - k) mod N's block. The
-zig-zag split gives worker i chunks i and 2N-1-i of 2N (Dubey et al. 2024, arXiv 2407.21783).
+Every expected answer is computed with `course_utils.parallel` (Korthikanti's formula, the
+ring's layout, work and memory, the ring simulator) or `merge_partials`. Conventions shared
+with the lesson: an MLP block keeps, per device, Korthikanti's five terms (Korthikanti et al.
+2022, arXiv 2205.05198): the LayerNorm input, the first linear's input, the GeLU input, the
+second linear's input (e bytes per value each) and the dropout mask (one byte per value);
+f = 4h. Ring attention (Liu et al. 2023, arXiv 2310.01889) on N workers passes K/V blocks to
+the right: at step k worker w holds worker (w - k) mod N's block. The zig-zag split gives
+worker i chunks i and 2N-1-i of 2N (Dubey et al. 2024, arXiv 2407.21783).
 """
 
 from __future__ import annotations
 
-from course_utils.checks import (
-    DEFAULT,
-    GIB,
-    Variant,
-    as_choice,
-    as_int,
-    as_sequence,
-    check_function,
-    expect_choice,
-    expect_number,
-    fail,
-    is_right,
-    passed,
-    require,
-)
-from course_utils.checks import (
-    for_student as _for_student,
-)
+from course_utils import checks
+from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge, numbers, pick
+
+for_student = checks.lesson_checks(__name__)
 
 
-def for_student(student: str = "default"):
-    """This lesson's checks with `student`'s numbers (the notebook's first code cell)."""
-    import sys
-
-    return _for_student(sys.modules[__name__], student)
-
-
-# --------------------------------------------------------------------------- 9.1
-
-
-def given_1(v: Variant = DEFAULT) -> dict:
-    h = v.pick("1h", 4096, [2048, 5120, 8192])
+def given_1(variant: Variant = DEFAULT) -> dict:
+    h = variant.pick("1h", 4096, [2048, 5120, 8192])
     return {
-        "s": v.pick("1s", 2048, [1024, 4096, 8192]),
-        "b": v.pick("1b", 1, [1, 2, 4]),
+        "s": variant.pick("1s", 2048, [1024, 4096, 8192]),
+        "b": variant.pick("1b", 1, [1, 2, 4]),
         "h": h,
         "f": 4 * h,
-        "t": v.pick("1t", 4, [2, 8]),
+        "t": variant.pick("1t", 4, [2, 8]),
         "e": 2,
     }
 
@@ -62,70 +33,50 @@ def given_1(v: Variant = DEFAULT) -> dict:
 def _block_bytes(g: dict, sequence_parallel: bool, **change) -> float:
     from course_utils.parallel.sequence_parallel import korthikanti_mlp_block_bytes
 
-    args = {
-        "tp": g["t"],
-        "sequence_parallel": sequence_parallel,
-        "bytes_per_value": g["e"],
-        "dropout": True,
-    } | change
+    args = {"tp": g["t"], "sequence_parallel": sequence_parallel, "bytes_per_value": g["e"]}
+    args |= {"dropout": True} | change
     return sum(korthikanti_mlp_block_bytes(g["s"], g["b"], g["h"], g["f"], **args).values())
 
 
-def exercise_1(tp_only, with_sp, v: Variant = DEFAULT) -> None:
+@exercise(given_1, tp_only="number", with_sp="number")
+def exercise_1(g, tp_only, with_sp) -> str:
     """Bytes one device keeps for the MLP block's backward: tensor parallel, then + SP."""
-    g = given_1(v)
-    require(tp_only, "tp_only")
-    require(with_sp, "with_sp")
-    sbh = g["s"] * g["b"] * g["h"]
+    sbh = g.s * g.b * g.h
     for name, value, sp in (("tp_only", tp_only, False), ("with_sp", with_sp, True)):
-        want = _block_bytes(g, sp)
-        got = expect_number(value, want, name, unit="bytes")
-        if is_right(got, want):
-            continue
-        other = _block_bytes(g, not sp)
-        if is_right(got, other):
-            if sp:
-                fail(
-                    f"`{name}` is the tensor-parallel count. Sequence parallelism also splits "
-                    "the three sequence-wise terms (LayerNorm input, first linear's input, "
-                    "dropout mask) t ways."
-                )
-            fail(
-                f"`{name}` divides every term by t. Tensor parallelism alone splits only the "
-                "f-sized terms; every device keeps the whole LayerNorm input, first linear's "
-                "input and dropout mask."
-            )
-        if sp and is_right(got, other / g["t"]):
-            fail(
-                "`with_sp` divides the whole tensor-parallel count by t again, but its "
-                "f-sized terms (the GeLU's and the second linear's inputs) were already split "
-                "t ways by tensor parallelism. Sequence parallelism splits only the three "
-                "sequence-wise terms (LayerNorm input, first linear's input, dropout mask)."
-            )
-        if is_right(got, _block_bytes(g, sp, dropout=False)):
-            fail(f"`{name}` leaves out the dropout mask: one byte per value of [s, b, h].")
-        mask = sbh / (g["t"] if sp else 1)
-        if is_right(got, want + (g["e"] - 1) * mask):
-            fail(f"`{name}` counts the dropout mask at e bytes; a mask is one byte per value.")
-        if is_right(got, _block_bytes(g, sp, bytes_per_value=4)):
-            fail(f"`{name}` uses 4-byte values; the block runs in 16-bit, e = 2 bytes.")
-        if is_right(got, _block_bytes(g, sp, tp=1)):
-            fail(f"`{name}` is the unsplit block's count; the question asks per device of t.")
-        fail(
+        want, other = _block_bytes(g, sp), _block_bytes(g, not sp)
+        mask = want + (g.e - 1) * sbh / (g.t if sp else 1)  # the mask at e bytes per value
+        hints = {
+            f"`{name}` is the tensor-parallel count. Sequence parallelism also splits the three "
+            "sequence-wise terms (LayerNorm input, first linear's input, dropout mask) t "
+            "ways.": other if sp else None,
+            f"`{name}` divides every term by t. Tensor parallelism alone splits only the "
+            "f-sized terms; every device keeps the whole LayerNorm input, first linear's input "
+            "and dropout mask.": None if sp else other,
+            "`with_sp` divides the whole tensor-parallel count by t again, but its f-sized "
+            "terms (the GeLU's and the second linear's inputs) were already split t ways by "
+            "tensor parallelism. Sequence parallelism splits only the three sequence-wise terms "
+            "(LayerNorm input, first linear's input, dropout mask).": other / g.t if sp else None,
+            f"`{name}` leaves out the dropout mask: one byte per value of [s, b, h].": _block_bytes(
+                g, sp, dropout=False
+            ),
+            f"`{name}` counts the dropout mask at e bytes; a mask is one byte per value.": mask,
+            f"`{name}` uses 4-byte values; the block runs in 16-bit, e = 2 bytes.": _block_bytes(
+                g, sp, bytes_per_value=4
+            ),
+            f"`{name}` is the unsplit block's count; the question asks per device of "
+            "t.": _block_bytes(g, sp, tp=1),
             f"`{name}` is not right. Add the five terms: LayerNorm input and first linear's "
-            "input (e sbh each), GeLU and second linear's inputs (e sbf each), the mask "
-            "(sbh bytes), and divide each by what splits it."
-        )
-    ratio = _block_bytes(g, False) / _block_bytes(g, True)
-    passed(
-        f"Right: {_block_bytes(g, False):,.0f} bytes without and {_block_bytes(g, True):,.0f} "
-        f"with sequence parallelism, {ratio:.2f}x less. With f = 4h that is "
-        "(5 + 16/t) sbh against 21 sbh/t: sequence parallelism turns the replicated 5 sbh "
-        "into 5 sbh/t for the same bytes on the wire."
+            "input (e sbh each), GeLU and second linear's inputs (e sbf each), the mask (sbh "
+            "bytes), and divide each by what splits it.": OTHERWISE,
+        }
+        judge(value, want, name, hints, unit="bytes")
+    tp_bytes, sp_bytes = _block_bytes(g, False), _block_bytes(g, True)
+    return (
+        f"Right: {tp_bytes:,.0f} bytes without and {sp_bytes:,.0f} with sequence parallelism, "
+        f"{tp_bytes / sp_bytes:.2f}x less. With f = 4h that is (5 + 16/t) sbh against 21 "
+        "sbh/t: sequence parallelism turns the replicated 5 sbh into 5 sbh/t for the same "
+        "bytes on the wire."
     )
-
-
-# --------------------------------------------------------------------------- 9.2
 
 
 def _merge_case(seed: int, t: int, d: int, kv: tuple[int, int], kind: str) -> tuple:
@@ -147,8 +98,8 @@ def _merge_case(seed: int, t: int, d: int, kv: tuple[int, int], kind: str) -> tu
     return (out_a, lse_a, out_b, lse_b)
 
 
-def cases_2(v: Variant = DEFAULT) -> dict[str, list[tuple]]:
-    rng = v.cases("2")
+def cases_2(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
+    rng = variant.cases("2")
     specs = [(3, 4, (2, 3), "plain"), (4, 3, (3, 4), "masked"), (3, 4, (2, 2), "large")]
     for _ in range(3):
         specs.append(
@@ -178,14 +129,15 @@ def _tensor(value, what: str, shape):
     return tensor
 
 
-def exercise_2(merge, v: Variant = DEFAULT) -> None:
+@exercise(merge="function")
+def exercise_2(merge, variant) -> str:
     """Build merge(out_a, lse_a, out_b, lse_b) -> (out, lse): the log-sum-exp merge."""
     import torch
 
     from course_utils.parallel.context_parallel import merge_partials
 
-    call = check_function(merge, "merge")
-    cases = cases_2(v)["merge"]
+    call = merge
+    cases = cases_2(variant)["merge"]
     for i, (out_a, lse_a, out_b, lse_b) in enumerate(cases):
         kind = "masked" if i == 1 else "large" if i == 2 else "plain"
         t, d = out_a.shape
@@ -195,7 +147,7 @@ def exercise_2(merge, v: Variant = DEFAULT) -> None:
             "masked": ", query 0 sees no key of block a: lse_a[0] = -inf)",
             "large": ", sharp attention: log-sum-exps near 100 or more)",
         }[kind]
-        result = as_sequence(
+        result = checks.as_sequence(
             call(out_a.clone(), lse_a.clone(), out_b.clone(), lse_b.clone()), shown
         )
         if len(result) != 2:
@@ -252,128 +204,96 @@ def exercise_2(merge, v: Variant = DEFAULT) -> None:
             f"{shown}: lse is right but out is not. Each block's out is already normalised "
             "by its own sum; rescale each to the common sum, then add."
         )
-    passed(
+    return (
         f"Right on {len(cases)} cases, including a query that sees no key of one block and "
         "log-sum-exps far beyond float32's exp. The merge is exact, so blocks of keys may "
         "arrive one at a time, in any order: that is what lets ring attention pass them round."
     )
 
 
-# --------------------------------------------------------------------------- 9.3
+def given_3(variant: Variant = DEFAULT) -> dict:
+    n = variant.pick("3n", 4, [3, 5, 6, 8])
+    return {"N": n, "w": variant.pick("3w", 1, range(1, n))}
 
 
-def given_3(v: Variant = DEFAULT) -> dict:
-    n = v.pick("3n", 4, [3, 5, 6, 8])
-    return {"N": n, "w": v.pick("3w", 1, range(1, n))}
-
-
-def exercise_3(held, sends, v: Variant = DEFAULT) -> None:
+@exercise(given_3, held="whole numbers", sends="whole number")
+def exercise_3(g, held, sends) -> str:
     """Ring attention forward: whose K/V block worker w holds at each step; blocks it sends."""
-    g = given_3(v)
-    n, w = g["N"], g["w"]
-    got = as_sequence(held, "held", item=as_int)
-    require(sends, "sends")
+    n, w = g.N, g.w
     want = [(w - k) % n for k in range(n)]
-    if got != want:
-        if len(got) != n:
-            fail(f"`held` needs one owner per step: the forward has N = {n} steps.")
-        if got == [x + 1 for x in want]:
-            fail(
-                f"`held` numbers the workers from 1. Workers are numbered 0 to {n - 1}, like "
-                f"everything in the course: at step 0 worker {w} holds its own block, kv{w}."
-            )
-        if got == [(w + k) % n for k in range(n)]:
-            fail(
-                "The blocks go round the wrong way: each worker passes its block to the RIGHT "
-                f"(w + 1), so the block that reaches worker {w} next comes from its left."
-            )
-        if got == [(w - k - 1) % n for k in range(n)]:
-            fail(
-                "Off by one step: at step 0 no block has moved yet; every worker starts "
-                "with its own K/V block."
-            )
-        if sorted(got) != list(range(n)):
-            fail(f"Over the N = {n} steps worker {w} meets every worker's block exactly once.")
-        fail("`held` is not the order the blocks arrive in; follow one hop to the right per step.")
-    count = as_int(sends, "sends")
-    if count != n - 1:
-        if count == n:
-            fail(
-                "`sends`: after the last step nobody needs the block in hand any more; the "
-                "last block is not passed on."
-            )
-        if count == 2 * n - 1:
-            fail("`sends` counts the backward too; the question asks for the forward only.")
-        fail(f"`sends` is not right: how many times does a block change hands before step {n - 1}?")
-    passed(
+    hints = {
+        f"`held` needs one owner per step: the forward has N = {n} steps.": len(held) != n,
+        f"`held` numbers the workers from 1. Workers are numbered 0 to {n - 1}, like everything "
+        f"in the course: at step 0 worker {w} holds its own block, kv{w}.": [x + 1 for x in want],
+        "The blocks go round the wrong way: each worker passes its block to the RIGHT (w + 1), "
+        f"so the block that reaches worker {w} next comes from its left.": [
+            (w + k) % n for k in range(n)
+        ],
+        "Off by one step: at step 0 no block has moved yet; every worker starts with its own "
+        "K/V block.": [(w - k - 1) % n for k in range(n)],
+        f"Over the N = {n} steps worker {w} meets every worker's block exactly once.": sorted(held)
+        != list(range(n)),
+        "`held` is not the order the blocks arrive in; follow one hop to the right per "
+        "step.": OTHERWISE,
+    }
+    judge(held, want, "held", hints)
+    hints = {
+        "`sends`: after the last step nobody needs the block in hand any more; the last block "
+        "is not passed on.": n,
+        "`sends` counts the backward too; the question asks for the forward only.": 2 * n - 1,
+        "`sends` is not right: how many times does a block change hands before step "
+        f"{n - 1}?": OTHERWISE,
+    }
+    judge(sends, n - 1, "sends", hints)
+    return (
         f"Right: worker {w} sees the blocks of {want} and sends {n - 1}. In all each worker "
         "sends (N-1)/N of the sequence's K and V, as a ring all-gather would: nearly constant "
         "as N grows, while its compute shrinks, so the blocks must stay big enough to hide it."
     )
 
 
-# --------------------------------------------------------------------------- 9.4
+given_4 = numbers(N=pick("4n", 4, [3, 5, 6, 8]))
 
 
-def given_4(v: Variant = DEFAULT) -> dict:
-    return {"N": v.pick("4n", 4, [3, 5, 6, 8])}
-
-
-def exercise_4(plain, zigzag, speedup, v: Variant = DEFAULT) -> None:
+@exercise(given_4, plain="whole numbers", zigzag="whole numbers", speedup="number")
+def exercise_4(g, plain, zigzag, speedup) -> str:
     """Causal ring: block products per worker (plain), chunk products (zig-zag), the gain."""
     from course_utils.parallel.context_parallel import causal_work
 
-    n = given_4(v)["N"]
-    got_plain = as_sequence(plain, "plain", item=as_int)
-    got_zigzag = as_sequence(zigzag, "zigzag", item=as_int)
-    require(speedup, "speedup")
+    n = g.N
     want_plain, want_zigzag = causal_work(n, False), causal_work(n, True)
-    if got_plain != want_plain:
-        if len(got_plain) != n:
-            fail(f"`plain` needs one count per worker ({n}).")
-        if got_plain == want_plain[::-1]:
-            fail(
-                "`plain` is reversed: worker 0 holds the FIRST tokens, which may look only at "
-                "themselves."
-            )
-        if got_plain == [n] * n:
-            fail("`plain` ignores the mask: a key block after the worker's queries is skipped.")
-        if got_plain == [i for i in range(n)]:
-            fail("`plain` leaves out the diagonal block: a worker's own block is computed, masked.")
-        fail("`plain` is not right: which earlier blocks may worker i's queries look at?")
-    if got_zigzag != want_zigzag:
-        if got_zigzag == [2 * n] * n:
-            fail(
-                "`zigzag` is one short: count the diagonal chunk products too (early chunk i "
-                "sees chunks 0..i, i+1 of them)."
-            )
-        if got_zigzag == [n + 1] * n:
-            fail(
-                "Count `zigzag` in chunk products (chunks of L/2N tokens), one per pair of "
-                "chunks: a worker holds two chunks, and the late one sees many."
-            )
-        fail(
-            "`zigzag` is not right: worker i holds chunks i and 2N-1-i; count the chunks "
-            "each may look at, itself included."
-        )
+    hints = {
+        f"`plain` needs one count per worker ({n}).": len(plain) != n,
+        "`plain` is reversed: worker 0 holds the FIRST tokens, which may look only at "
+        "themselves.": want_plain[::-1],
+        "`plain` ignores the mask: a key block after the worker's queries is skipped.": [n] * n,
+        "`plain` leaves out the diagonal block: a worker's own block is computed, masked.": list(
+            range(n)
+        ),
+        "`plain` is not right: which earlier blocks may worker i's queries look at?": OTHERWISE,
+    }
+    judge(plain, want_plain, "plain", hints)
+    hints = {
+        "`zigzag` is one short: count the diagonal chunk products too (early chunk i sees "
+        "chunks 0..i, i+1 of them).": [2 * n] * n,
+        "Count `zigzag` in chunk products (chunks of L/2N tokens), one per pair of chunks: a "
+        "worker holds two chunks, and the late one sees many.": [n + 1] * n,
+        "`zigzag` is not right: worker i holds chunks i and 2N-1-i; count the chunks each may "
+        "look at, itself included.": OTHERWISE,
+    }
+    judge(zigzag, want_zigzag, "zigzag", hints)
     want = n / ((2 * n + 1) / 4)  # a chunk product is a quarter of a block product
-    got = expect_number(speedup, want, "speedup")
-    if not is_right(got, want):
-        if is_right(got, n / (2 * n + 1)):
-            fail(
-                "`speedup` compares blocks with chunks: a chunk is half a block on each side, "
-                "so one chunk product is a QUARTER of a block product."
-            )
-        if is_right(got, 2 * n / (n + 1)):
-            fail(
-                "`speedup` = slowest / mean of the plain split. Zig-zag's diagonal chunks are "
-                "finer, so it also computes a little less in total: compare the two slowest "
-                "workers in one unit."
-            )
-        if is_right(got, 1 / want):
-            fail("`speedup` is upside down: the plain split's slowest over zig-zag's.")
-        fail("`speedup` is not right: the plain straggler's work over a zig-zag worker's.")
-    passed(
+    hints = {
+        "`speedup` compares blocks with chunks: a chunk is half a block on each side, so one "
+        "chunk product is a QUARTER of a block product.": n / (2 * n + 1),
+        "`speedup` = slowest / mean of the plain split. Zig-zag's diagonal chunks are finer, so "
+        "it also computes a little less in total: compare the two slowest workers in one "
+        "unit.": 2 * n / (n + 1),
+        "`speedup` is upside down: the plain split's slowest over zig-zag's.": 1 / want,
+        "`speedup` is not right: the plain straggler's work over a zig-zag worker's.": OTHERWISE,
+    }
+    judge(speedup, want, "speedup", hints)
+    return (
         f"Right: plain {want_plain} block products, zig-zag {want_zigzag[0]} chunk products "
         f"each = {want_zigzag[0] / 4:g} blocks, so a compute-bound causal pass is {want:.2f}x "
         "as fast zig-zag. As N grows the gain tends to 2: the plain split leaves half the "
@@ -381,170 +301,138 @@ def exercise_4(plain, zigzag, speedup, v: Variant = DEFAULT) -> None:
     )
 
 
-# --------------------------------------------------------------------------- 9.5
+given_5 = numbers(
+    N=pick("5n", 4, [5, 6, 8]),
+    block_ms=pick("5b", 2.0, [1.5, 3.0]),
+    transfer_ms=pick("5t", 0.5, [0.25, 0.75]),
+)
 
 
-def given_5(v: Variant = DEFAULT) -> dict:
-    return {
-        "N": v.pick("5n", 4, [5, 6, 8]),
-        "block_ms": v.pick("5b", 2.0, [1.5, 3.0]),
-        "transfer_ms": v.pick("5t", 0.5, [0.25, 0.75]),
-    }
-
-
-def their_timeline(v: Variant = DEFAULT, zigzag: bool = False):
+def their_timeline(variant: Variant = DEFAULT, zigzag: bool = False):
     """Exercise 9.5's causal ring forward, simulated (the plain split unless `zigzag`)."""
     from course_utils.parallel.context_parallel import simulate_ring
 
-    g = given_5(v)
+    g = given_5(variant)
     return simulate_ring(
         g["N"], zigzag, True, g["block_ms"], g["transfer_ms"], overlap=True, unit="ms"
     )
 
 
-FIXES = ("a", "b", "c", "d")
-
-
-def exercise_5(straggler, idle_share, fix, gain, v: Variant = DEFAULT) -> None:
+@exercise(given_5, straggler="whole number", idle_share="number", fix="letter", gain="number")
+def exercise_5(g, straggler, idle_share, fix, gain, variant) -> str:
     """A causal ring gone uneven: the straggler, worker 0's idle share, the fix and its gain."""
-    g = given_5(v)
-    n = g["N"]
-    theirs, fixed = their_timeline(v), their_timeline(v, zigzag=True)
+    theirs, fixed = their_timeline(variant), their_timeline(variant, zigzag=True)
     busy = theirs.busy_per_device()
-    who = as_int(straggler, "straggler")
-    require(idle_share, "idle_share")
-    require(fix, "fix")
-    require(gain, "gain")
-    slowest = max(range(n), key=lambda r: busy[r])
-    if who != slowest:
-        if who == 0:
-            fail(
-                "Worker 0 computes least: its queries are the first tokens and see only their "
-                "own block. Whom does everyone wait for?"
-            )
-        fail(f"Worker {who} is not the one computing longest. Read each row's busy time.")
-    want = 1 - busy[0] / theirs.makespan
-    share = expect_number(idle_share, want, "idle_share", unit="fraction")
-    if not is_right(share, want):
-        if is_right(share, 1 - want):
-            fail(
-                "`idle_share` is the share worker 0 computed; the question asks how long it idled."
-            )
-        if is_right(share, theirs.makespan - busy[0]):
-            fail("`idle_share` is a time in ms; give it as a share of the makespan (0 to 1).")
-        fail("`idle_share` is not right: (makespan - worker 0's busy time) / makespan.")
-    expect_choice(
-        as_choice(fix, FIXES, "fix"),
-        "a",
-        {
-            "b": (
-                "the direction only changes the order the blocks arrive in: the last "
-                "worker's queries still see every block"
-            ),
-            "c": (
-                "with more workers the last one still computes N blocks against worker 0's "
-                "one: the imbalance 2N/(N+1) even grows"
-            ),
-            "d": "the transfers are already hidden; exchanging after computing only adds time",
-        },
-        "`fix` = {got!r} does not help: {hint}.",
-    )
+    slowest = max(range(g.N), key=lambda r: busy[r])
+    hints = {
+        "Worker 0 computes least: its queries are the first tokens and see only their own "
+        "block. Whom does everyone wait for?": 0,
+        f"Worker {straggler} is not the one computing longest. Read each row's busy "
+        "time.": OTHERWISE,
+    }
+    judge(straggler, slowest, "straggler", hints)
+    want, busy_0 = 1 - busy[0] / theirs.makespan, busy[0] / theirs.makespan
+    hints = {
+        "`idle_share` is the share worker 0 computed; the question asks how long it idled.": busy_0,
+        "`idle_share` is a time in ms; give it as a share of the makespan (0 to "
+        "1).": theirs.makespan - busy[0],
+        "`idle_share` is not right: (makespan - worker 0's busy time) / makespan.": OTHERWISE,
+    }
+    judge(idle_share, want, "idle_share", hints, unit="fraction")
+    hints = {
+        "b": "the direction only changes the order the blocks arrive in: the last worker's "
+        "queries still see every block",
+        "c": "with more workers the last one still computes N blocks against worker 0's one: "
+        "the imbalance 2N/(N+1) even grows",
+        "d": "the transfers are already hidden; exchanging after computing only adds time",
+    }
+    checks.expect_choice(fix, "a", hints, "`fix` = {got!r} does not help: {hint}.")
     want_gain = theirs.makespan / fixed.makespan
-    got_gain = expect_number(gain, want_gain, "gain")
-    if not is_right(got_gain, want_gain):
-        if is_right(got_gain, 1 / want_gain):
-            fail("`gain` is upside down: the plain makespan over the zig-zag one.")
-        fail(
-            "`gain` is not right: simulate the same ring with zigzag=True and the same costs "
-            "(their_timeline(zigzag=True)), then divide the makespans."
-        )
-    passed(
+    hints = {
+        "`gain` is upside down: the plain makespan over the zig-zag one.": 1 / want_gain,
+        "`gain` is not right: simulate the same ring with zigzag=True and the same costs "
+        "(their_timeline(zigzag=True)), then divide the makespans.": OTHERWISE,
+    }
+    judge(gain, want_gain, "gain", hints)
+    return (
         f"Right: worker {slowest} computes {busy[slowest]:g} ms while worker 0 idles "
         f"{want:.0%} of the {theirs.makespan:g} ms step. The zig-zag split gives every worker "
         f"an early and a late chunk, evens the work and is {want_gain:.2f}x as fast."
     )
 
 
-# --------------------------------------------------------------------------- 9.6
-
-
-def given_6(v: Variant = DEFAULT) -> dict:
-    return {
-        "seq": v.pick("6s", 65536, [32768, 131072]),
-        "heads": v.pick("6h", 8, [8, 16]),
-        "dim": 128,
-        "e": 2,
-        "budget_gib": v.pick("6g", 16, [8, 24]),
-    }
+given_6 = numbers(
+    seq=pick("6s", 65536, [32768, 131072]),
+    heads=pick("6h", 8, [8, 16]),
+    dim=128,
+    e=2,
+    budget_gib=pick("6g", 16, [8, 24]),
+)
 
 
 def _fits(g: dict, cp: int) -> float:
     from course_utils.parallel.context_parallel import attention_activation_bytes
 
-    return attention_activation_bytes(g["seq"], cp, g["heads"], g["dim"], g["e"]) / GIB
+    return attention_activation_bytes(g["seq"], cp, g["heads"], g["dim"], g["e"]) / checks.GIB
 
 
 def _smallest(g: dict, gib) -> int:
     return next(cp for cp in (2**k for k in range(12)) if gib(cp) <= g["budget_gib"])
 
 
-def exercise_6(cp, gib, v: Variant = DEFAULT) -> None:
+@exercise(given_6, cp="whole number", gib="number")
+def exercise_6(g, cp, gib) -> str:
     """The smallest power-of-2 context-parallel degree whose attention fits the budget."""
-    g = given_6(v)
-    got = as_int(cp, "cp")
-    require(gib, "gib")
     want = _smallest(g, lambda n: _fits(g, n))
-    if got != want:
-        if got < 1 or got & (got - 1):
+    if cp != want:
+        if cp < 1 or cp & (cp - 1):
             fail("`cp` here is a power of 2 (1, 2, 4, 8, ...), as the sequence is split evenly.")
 
         def linear(n: int) -> float:  # the score term wrongly divided by N only
-            t = g["seq"] / n
-            return g["e"] * g["heads"] * (6 * t * g["dim"] + t + 2 * t * g["seq"]) / GIB
+            t = g.seq / n
+            return g.e * g.heads * (6 * t * g.dim + t + 2 * t * g.seq) / checks.GIB
 
         # Scores taken as t x L instead of t x t need a larger cp: say why before "smaller".
-        if got == _smallest(g, linear):
+        if cp == _smallest(g, linear):
             fail(
                 "The scores of one block product are t x t with t = L/N tokens: they shrink "
                 "with N squared, not N. A smaller cp fits."
             )
-        if got > want:
-            fail(f"cp = {got} fits, but so does a smaller one: each halving saves communication.")
-        fail(f"At cp = {got} one worker needs {_fits(g, got):.1f} GiB, over the budget.")
-    want_gib = _fits(g, want)
-    number = expect_number(gib, want_gib, "gib", unit="GiB")
-    if not is_right(number, want_gib):
-        t = g["seq"] // want
-        scores = g["e"] * g["heads"] * 2 * t * t / GIB
-        if is_right(number, scores) or is_right(number, scores / 2):
-            fail("`gib` counts only the scores; add q, k, v, the output, the lse and the buffer.")
-        if is_right(number, _fits(g, 1)):
-            fail("`gib` is the unsplit layer's need; give it at your cp.")
-        if is_right(number, want_gib / g["e"]) or is_right(number, want_gib * 2):
-            fail("`gib` has the wrong bytes per value: the layer runs in 16-bit, 2 bytes.")
-        fail("`gib` is not right: e x H x (6 t D + t + 2 t^2) bytes, with t = L / cp.")
-    passed(
-        f"Right: cp = {want} needs {want_gib:.2f} GiB of the {g['budget_gib']} GiB (cp = "
-        f"{want // 2} would need {_fits(g, want // 2):.1f} GiB). Doubling cp "
-        "divides the score matrix by four, the rest by two."
+        if cp > want:
+            fail(f"cp = {cp} fits, but so does a smaller one: each halving saves communication.")
+        fail(f"At cp = {cp} one worker needs {_fits(g, cp):.1f} GiB, over the budget.")
+    want_gib, t = _fits(g, want), g.seq // want
+    scores = g.e * g.heads * 2 * t * t / checks.GIB
+    hints = {
+        "`gib` counts only the scores; add q, k, v, the output, the lse and the "
+        "buffer.": checks.any_of(scores, scores / 2),
+        "`gib` is the unsplit layer's need; give it at your cp.": _fits(g, 1),
+        "`gib` has the wrong bytes per value: the layer runs in 16-bit, 2 bytes.": checks.any_of(
+            want_gib / g.e, want_gib * 2
+        ),
+        "`gib` is not right: e x H x (6 t D + t + 2 t^2) bytes, with t = L / cp.": OTHERWISE,
+    }
+    judge(gib, want_gib, "gib", hints, unit="GiB")
+    return (
+        f"Right: cp = {want} needs {want_gib:.2f} GiB of the {g.budget_gib} GiB (cp = "
+        f"{want // 2} would need {_fits(g, want // 2):.1f} GiB). Doubling cp divides the score "
+        "matrix by four, the rest by two."
     )
 
-
-# --------------------------------------------------------------------------- 9.7
 
 KINDS = ("ring", "ulysses", "equal")
 BOTH = ("ring", "ulysses", "both")
 
 
-def given_7(v: Variant = DEFAULT) -> dict:
-    heads, kv_heads = v.pick("7h", (32, 8), [(32, 8), (64, 8), (32, 4), (16, 16)])
+def given_7(variant: Variant = DEFAULT) -> dict:
+    heads, kv_heads = variant.pick("7h", (32, 8), [(32, 8), (64, 8), (32, 4), (16, 16)])
     return {
-        "seq": v.pick("7s", 32768, [16384, 65536]),
+        "seq": variant.pick("7s", 32768, [16384, 65536]),
         "heads": heads,
         "kv_heads": kv_heads,
         "dim": 128,
         "e": 2,
-        "N": min(v.pick("7n", 4, [2, 4, 8]), kv_heads),  # a degree Ulysses can run
+        "N": min(variant.pick("7n", 4, [2, 4, 8]), kv_heads),  # a degree Ulysses can run
         "big": 2 * kv_heads,
     }
 
@@ -563,128 +451,101 @@ def _sent_7(g: dict, kind: str, n: int | None = None) -> float:
     return ring_bytes_per_worker(g["seq"], n, g["kv_heads"], g["dim"], g["e"])["forward"]
 
 
-def exercise_7(ulysses_sent, ring_sent, less_traffic, at_big, v: Variant = DEFAULT) -> None:
+@exercise(
+    given_7,
+    ulysses_sent="number",
+    ring_sent="number",
+    less_traffic=checks.choice(*KINDS),
+    at_big=checks.choice(*BOTH),
+)
+def exercise_7(g, ulysses_sent, ring_sent, less_traffic, at_big) -> str:
     """Ring or Ulysses: forward bytes per worker of each at degree N (grouped-query attention),
     which sends less there, and which can run on `big` workers without copying heads."""
-    g = given_7(v)
-    n, heads, kv, t = g["N"], g["heads"], g["kv_heads"], g["seq"] // g["N"]
-    for value, name in ((ring_sent, "ring_sent"), (less_traffic, "less_traffic")):
-        require(value, name)
-    require(at_big, "at_big")
+    n, heads, kv = g.N, g.heads, g.kv_heads
+    per_head = g.seq // n * g.dim * g.e  # bytes of one head of a worker's tokens
     want_u = _sent_7(g, "ulysses")
-    per_head = t * g["dim"] * g["e"]  # bytes of one head of a worker's tokens
-    got = expect_number(
-        ulysses_sent, want_u, "ulysses_sent", unit="bytes",
-        slips=[(2, "is twice the forward: it counts the backward's all-to-alls too, or both "
-                   "directions. Count what one worker sends in the forward."),
-               (n, "uses the whole sequence; a worker holds only its L/N tokens.")],
-    )  # fmt: skip
-    if not is_right(got, want_u):
-        if is_right(got, per_head * (2 * heads + 2 * kv)):
-            fail(
-                "`ulysses_sent` counts the chunk that stays home: an all-to-all keeps 1/N of "
-                "the worker's tensor and sends only (N-1)/N of it."
-            )
-        if is_right(got, (n - 1) / n * per_head * 4 * heads):
-            fail(
-                "`ulysses_sent` sends k and v with all H heads; with grouped-query attention "
-                "keys and values have only H_kv heads."
-            )
-        if is_right(got, (n - 1) / n * per_head * (heads + 2 * kv)):
-            fail(
-                "`ulysses_sent` leaves out the output's all-to-all, which takes the attention "
-                "output back to the workers that own the tokens."
-            )
-        fail(
-            "`ulysses_sent` is not right: four all-to-alls (q, k, v, then the output), each "
-            "sending (N-1)/N of the worker's L/N tokens of that tensor: q and the output "
-            "with H heads, k and v with H_kv."
-        )
+    slips = [
+        (2, "is twice the forward: it counts the backward's all-to-alls too, or both "
+            "directions. Count what one worker sends in the forward."),
+        (n, "uses the whole sequence; a worker holds only its L/N tokens."),
+    ]  # fmt: skip
+    hints = {
+        "`ulysses_sent` counts the chunk that stays home: an all-to-all keeps 1/N of the "
+        "worker's tensor and sends only (N-1)/N of it.": per_head * (2 * heads + 2 * kv),
+        "`ulysses_sent` sends k and v with all H heads; with grouped-query attention keys and "
+        "values have only H_kv heads.": (n - 1) / n * per_head * 4 * heads,
+        "`ulysses_sent` leaves out the output's all-to-all, which takes the attention output "
+        "back to the workers that own the tokens.": (n - 1) / n * per_head * (heads + 2 * kv),
+        "`ulysses_sent` is not right: four all-to-alls (q, k, v, then the output), each sending "
+        "(N-1)/N of the worker's L/N tokens of that tensor: q and the output with H heads, k "
+        "and v with H_kv.": OTHERWISE,
+    }
+    judge(ulysses_sent, want_u, "ulysses_sent", hints, unit="bytes", slips=slips)
     want_r = _sent_7(g, "ring")
-    got = expect_number(
-        ring_sent, want_r, "ring_sent", unit="bytes",
-        slips=[(heads / kv, "sends the K/V of all H heads; with grouped-query attention "
-                            "only the H_kv heads of keys and values travel round the ring."),
-               (n / (n - 1), "counts N sends; the block in hand at the last step goes "
-                             "nowhere: N - 1."),
-               (0.5, "counts only the keys; the values travel with them."),
-               ((3 * n - 2) / (n - 1), "counts the backward too; the question asks for "
-                                       "the forward.")],
-    )  # fmt: skip
-    if not is_right(got, want_r):
-        fail(
-            "`ring_sent` is not right: N - 1 steps, each sending the worker's K/V block, "
-            "2 x (L/N) x H_kv x D values of e bytes."
-        )
-    less = as_choice(less_traffic, KINDS, "less_traffic")
+    slips = [
+        (heads / kv, "sends the K/V of all H heads; with grouped-query attention only the "
+                     "H_kv heads of keys and values travel round the ring."),
+        (n / (n - 1), "counts N sends; the block in hand at the last step goes nowhere: N - 1."),
+        (0.5, "counts only the keys; the values travel with them."),
+        ((3 * n - 2) / (n - 1), "counts the backward too; the question asks for the forward."),
+    ]  # fmt: skip
+    hints = {
+        "`ring_sent` is not right: N - 1 steps, each sending the worker's K/V block, 2 x (L/N) "
+        "x H_kv x D values of e bytes.": OTHERWISE,
+    }
+    judge(ring_sent, want_r, "ring_sent", hints, unit="bytes", slips=slips)
     right = "equal" if want_r == want_u else ("ring" if want_r < want_u else "ulysses")
-    if less != right:
+    if less_traffic != right:
         fail(
             f"Both counts are right; `less_traffic` is not: compare them at N = {n}. (The "
             "ring's forward hardly changes with N, Ulysses' shrinks like 1/N.)"
         )
-    big = as_choice(at_big, BOTH, "at_big")
-    if big != "ring":
+    if at_big != "ring":
         fail(
             f"`at_big`: Ulysses gives each worker whole heads, so its degree must divide the "
-            f"{kv} K/V heads: {g['big']} workers would need copies of the heads. What does "
-            "the ring split instead?"
+            f"{kv} K/V heads: {g.big} workers would need copies of the heads. What does the "
+            "ring split instead?"
         )
-    passed(
+    less = "the same bytes" if right == "equal" else f"the {right} sends less here"
+    return (
         f"Right: at N = {n} Ulysses sends {want_u:,.0f} bytes per worker in the forward, the "
-        f"ring {want_r:,.0f}: {_less_words(right)}. Ulysses' share shrinks like 1/N "
-        f"(at N = {kv}: {_sent_7(g, 'ulysses', kv):,.0f}), "
-        f"the ring's stays near 2 L H_kv D e, small with grouped-query attention. Beyond "
-        f"{kv} workers only the ring (or both combined) goes on."
+        f"ring {want_r:,.0f}: {less}. Ulysses' share shrinks like 1/N (at N = {kv}: "
+        f"{_sent_7(g, 'ulysses', kv):,.0f}), the ring's stays near 2 L H_kv D e, small with "
+        f"grouped-query attention. Beyond {kv} workers only the ring (or both combined) goes on."
     )
 
 
-# --------------------------------------------------------------------------- 9.8
+given_8 = numbers(
+    gpus=pick("8g", 32, [16, 32, 64]),
+    heads=pick("8h", 32, [32, 64]),
+    kv_heads=pick("8k", 8, [4, 8]),
+)
 
 
-def given_8(v: Variant = DEFAULT) -> dict:
-    return {
-        "gpus": v.pick("8g", 32, [16, 32, 64]),
-        "heads": v.pick("8h", 32, [32, 64]),
-        "kv_heads": v.pick("8k", 8, [4, 8]),
-    }
-
-
-def exercise_8(ulysses_degree, ring_degree, v: Variant = DEFAULT) -> None:
+@exercise(given_8, ulysses_degree="whole number", ring_degree="whole number")
+def exercise_8(g, ulysses_degree, ring_degree) -> str:
     """Both combined: the Ulysses degree inside a group and the ring degree across groups."""
-    g = given_8(v)
-    gpus, kv = g["gpus"], g["kv_heads"]
-    want_u = max(d for d in range(1, kv + 1) if kv % d == 0 and gpus % d == 0)
-    u = as_int(ulysses_degree, "ulysses_degree")
-    require(ring_degree, "ring_degree")
-    if u != want_u:
-        if u == g["heads"] and g["heads"] != kv:
-            fail(
-                f"`ulysses_degree` = {u} splits the query heads, but the keys and values have "
-                f"only {kv} heads: a larger degree would need copies of them."
-            )
-        if u > want_u:
-            fail(
-                f"`ulysses_degree` = {u}: each GPU of an all-to-all group takes whole K/V "
-                f"heads, so the degree must divide the {kv} K/V heads."
-            )
-        fail(
-            "`ulysses_degree` is too small: the all-to-all sends less as its degree grows. "
-            "Take the largest that divides both the K/V heads and the GPUs."
-        )
-    r = as_int(ring_degree, "ring_degree")
-    if r * u != gpus:
+    gpus, kv, u = g.gpus, g.kv_heads, ulysses_degree
+    want = max(d for d in range(1, kv + 1) if kv % d == 0 and gpus % d == 0)
+    hints = {
+        f"`ulysses_degree` = {u} splits the query heads, but the keys and values have only "
+        f"{kv} heads: a larger degree would need copies of them.": g.heads
+        if g.heads != kv
+        else None,
+        f"`ulysses_degree` = {u}: each GPU of an all-to-all group takes whole K/V heads, so the "
+        f"degree must divide the {kv} K/V heads.": u > want,
+        "`ulysses_degree` is too small: the all-to-all sends less as its degree grows. Take the "
+        "largest that divides both the K/V heads and the GPUs.": OTHERWISE,
+    }
+    judge(u, want, "ulysses_degree", hints)
+    if ring_degree * u != gpus:
         fail(
             f"`ring_degree` x `ulysses_degree` must use the {gpus} GPUs: each of the ring's "
             "steps passes K/V blocks between the Ulysses groups."
         )
-    passed(
-        f"Right: Ulysses over {u} GPUs (one K/V head group each), a ring of {r} such groups. "
-        "The all-to-alls stay inside the groups, where the links are fast (a node), and the "
-        "ring's blocks cross between them: the 2D scheme of USP (Fang & Zhao 2024, arXiv "
+    return (
+        f"Right: Ulysses over {u} GPUs (one K/V head group each), a ring of {ring_degree} such "
+        "groups. The all-to-alls stay inside the groups, where the links are fast (a node), and "
+        "the ring's blocks cross between them: the 2D scheme of USP (Fang & Zhao 2024, arXiv "
         "2405.07719)."
     )
-
-
-def _less_words(right: str) -> str:
-    return "the same bytes" if right == "equal" else f"the {right} sends less here"

@@ -1,17 +1,11 @@
-"""Checks for the exercises of lesson 10 (mixture of experts and expert parallelism).
+"""Checks for lesson 10's exercises (mixture of experts and expert parallelism).
 
-Each `exercise_K` is called by the check cell of Exercise 10.K in
-`exercises/10_mixture_of_experts.ipynb`, with the learner's variant `v`: `given_K(v)` draws
-the exercise's numbers (the default student gets the course's own), and every expected
-answer is computed from them, here, with `course_utils.parallel.moe` (capacity, the
-simulator, parameter counts) or plain arithmetic. `cases_2(v)` are the inputs the Build
-exercise's function is tried on.
-
-Conventions shared with the lesson: capacity = ceil(capacity_factor x tokens x k / E)
-(Switch Transformer, Fedus et al. 2021, arXiv 2101.03961, eq. 3, rounded up); slots are
-filled first come, first served in token order; worker w of N holds the contiguous experts
-w x E/N ... (w+1) x E/N - 1; a token is d_model numbers, and tokens for an expert on the
-sender's own worker never leave it.
+Every expected answer is computed with `course_utils.parallel.moe` (capacity, the simulator,
+parameter counts) or plain arithmetic. Conventions shared with the lesson: capacity =
+ceil(capacity_factor x tokens x k / E) (Switch Transformer, Fedus et al. 2021, arXiv
+2101.03961, eq. 3, rounded up); slots are filled first come, first served in token order;
+worker w of N holds the contiguous experts w x E/N ... (w+1) x E/N - 1; a token is d_model
+numbers, and tokens for an expert on the sender's own worker never leave it.
 """
 
 from __future__ import annotations
@@ -19,37 +13,15 @@ from __future__ import annotations
 import math
 import random
 
-from course_utils.checks import (
-    DEFAULT,
-    Variant,
-    as_choice,
-    as_int,
-    as_number,
-    as_sequence,
-    check_function,
-    expect_choice,
-    expect_number,
-    fail,
-    is_right,
-    passed,
-    require,
-    same_numbers,
-)
-from course_utils.checks import (
-    for_student as _for_student,
-)
+from course_utils import checks
+from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge
+
+for_student = checks.lesson_checks(__name__)
 
 
-def for_student(student: str = "default"):
-    """This lesson's checks with `student`'s numbers (the notebook's first code cell)."""
-    import sys
-
-    return _for_student(sys.modules[__name__], student)
-
-
-def _seeded(v: Variant, key: str) -> random.Random | None:
+def _seeded(variant: Variant, key: str) -> random.Random | None:
     """A random source fixed by the student's name, or None for the default student."""
-    seed = v.pick(key, None, range(1, 10**6))
+    seed = variant.pick(key, None, range(1, 10**6))
     return None if seed is None else random.Random(seed)
 
 
@@ -59,18 +31,12 @@ def _capacity(tokens: int, experts: int, factor: float, k: int) -> int:
     return capacity(tokens, experts, factor, k)
 
 
-def _int_list(value, what: str, length: int) -> list[int]:
-    return as_sequence(value, what, length=length, item=as_int)
-
-
-# --------------------------------------------------------------------------- 10.1
-
 DEFAULT_CHOICES = [0, 2, 0, 1, 0, 3, 0, 2, 1, 0, 0, 3, 2, 0, 1, 0]
 
 
-def given_1(v: Variant = DEFAULT) -> dict:
-    rng = _seeded(v, "1seed")
-    factor = v.pick("1c", 1.0, [1.0, 1.25, 1.5])
+def given_1(variant: Variant = DEFAULT) -> dict:
+    rng = _seeded(variant, "1seed")
+    factor = variant.pick("1c", 1.0, [1.0, 1.25, 1.5])
     if rng is None:
         return {"experts": 4, "capacity_factor": factor, "choices": list(DEFAULT_CHOICES)}
     tokens = rng.choice([12, 16, 20, 24])
@@ -82,94 +48,92 @@ def given_1(v: Variant = DEFAULT) -> dict:
             return {"experts": 4, "capacity_factor": factor, "choices": choices}
 
 
-def exercise_1(tokens_per_expert, capacity, dropped, capacity_top2, v: Variant = DEFAULT) -> None:
+def _positions(value, what: str) -> list[int]:
+    checks.require(value, what)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        fail(
+            f"`{what}` should list the dropped tokens' positions (a list such as [5, 9]), not "
+            "how many there are."
+        )
+    return sorted(checks.as_sequence(value, what, item=checks.as_int))
+
+
+@exercise(
+    given_1,
+    tokens_per_expert=checks.sequence(item=checks.as_int, length=4),  # every variant has 4 experts
+    capacity="whole number",
+    dropped=_positions,
+    capacity_top2="whole number",
+)
+def exercise_1(g, tokens_per_expert, capacity, dropped, capacity_top2) -> str:
     """Top-1 routing of T tokens: counts, capacity, which tokens are dropped; top-2 capacity."""
-    g = given_1(v)
-    experts, factor, choices = g["experts"], g["capacity_factor"], g["choices"]
+    experts, factor, choices = g.experts, g.capacity_factor, g.choices
     tokens = len(choices)
     counts = [choices.count(e) for e in range(experts)]
-    cap = _capacity(tokens, experts, factor, 1)
-    cap2 = _capacity(tokens, experts, factor, 2)
+    cap, cap2 = _capacity(tokens, experts, factor, 1), _capacity(tokens, experts, factor, 2)
     seen = [choices[: t + 1].count(choices[t]) for t in range(tokens)]  # place in the queue
     want_dropped = [t for t in range(tokens) if seen[t] > cap]
-
-    got = _int_list(tokens_per_expert, "tokens_per_expert", experts)
-    if got != counts:
-        if sum(got) != tokens:
-            fail(
-                f"`tokens_per_expert` adds up to {sum(got)}, but top-1 sends each of the "
-                f"{tokens} tokens to exactly one expert: the counts add up to {tokens}."
-            )
-        fail(
-            "`tokens_per_expert` is not right: count how often each expert number 0, 1, 2, 3 "
-            "appears in `g.choices` (entry e is expert e's count)."
-        )
-    c = as_int(capacity, "capacity")
-    if c != cap:
-        exact = factor * tokens / experts
-        if c == math.floor(exact) and c != cap:
-            fail(f"{factor:g} x {tokens} / {experts} = {exact:g}: round up, not down.")
-        if c == math.ceil(tokens / experts) and factor != 1:
-            fail("`capacity` forgets the capacity factor: multiply by it.")
-        if c == cap2:
-            fail("That is the top-2 capacity (k = 2). This routing is top-1: k = 1.")
-        fail(
-            "`capacity` is not right. It is ceil(capacity_factor x tokens x k / experts), "
-            "slots per expert."
-        )
-    require(dropped, "dropped")
-    if isinstance(dropped, int | float) and not isinstance(dropped, bool):
-        fail(
-            "`dropped` should list the dropped tokens' positions (a list such as [5, 9]), "
-            "not how many there are."
-        )
-    got_dropped = sorted(as_sequence(dropped, "dropped", item=as_int))
-    if got_dropped != want_dropped:
-        if got_dropped == [t + 1 for t in want_dropped]:
-            fail(
-                "`dropped` counts positions from 1. Positions are counted from 0, like "
-                "Python's indices: the first token of `g.choices` is token 0."
-            )
-        if len(got_dropped) != len(want_dropped):
-            fail(
-                f"`dropped` lists {len(got_dropped)} tokens. An expert keeps `capacity` tokens "
-                "and drops the rest: how many are left over for each expert?"
-            )
-        fail(
-            "`dropped` has the right number of tokens, but not the right ones. Slots go first "
-            "come, first served in token order: an expert's first `capacity` tokens keep theirs."
-        )
-    c2 = as_int(capacity_top2, "capacity_top2")
-    if c2 != cap2:
-        if c2 == cap:
-            fail(
-                "With top-2 every token makes two assignments, so there are k x tokens "
-                "assignments to share: the capacity has the factor k = 2 in it."
-            )
-        fail("`capacity_top2` is not right: ceil(capacity_factor x tokens x k / experts), k = 2.")
-    passed(
+    hints = {
+        f"`tokens_per_expert` adds up to {sum(tokens_per_expert)}, but top-1 sends each of the "
+        f"{tokens} tokens to exactly one expert: the counts add up to "
+        f"{tokens}.": sum(tokens_per_expert) != tokens,
+        "`tokens_per_expert` is not right: count how often each expert number 0, 1, 2, 3 "
+        "appears in `g.choices` (entry e is expert e's count).": OTHERWISE,
+    }
+    judge(tokens_per_expert, counts, "tokens_per_expert", hints)
+    exact = factor * tokens / experts
+    hints = {
+        f"{factor:g} x {tokens} / {experts} = {exact:g}: round up, not down.": math.floor(exact),
+        "`capacity` forgets the capacity factor: multiply by it.": (
+            math.ceil(tokens / experts) if factor != 1 else None
+        ),
+        "That is the top-2 capacity (k = 2). This routing is top-1: k = 1.": cap2,
+        "`capacity` is not right. It is ceil(capacity_factor x tokens x k / experts), slots "
+        "per expert.": OTHERWISE,
+    }
+    judge(capacity, cap, "capacity", hints)
+    hints = {
+        "`dropped` counts positions from 1. Positions are counted from 0, like Python's "
+        "indices: the first token of `g.choices` is token 0.": [t + 1 for t in want_dropped],
+        f"`dropped` lists {len(dropped)} tokens. An expert keeps `capacity` tokens and drops "
+        "the rest: how many are left over for each expert?": len(dropped) != len(want_dropped),
+        "`dropped` has the right number of tokens, but not the right ones. Slots go first "
+        "come, first served in token order: an expert's first `capacity` tokens keep "
+        "theirs.": OTHERWISE,
+    }
+    judge(dropped, want_dropped, "dropped", hints)
+    hints = {
+        "With top-2 every token makes two assignments, so there are k x tokens assignments to "
+        "share: the capacity has the factor k = 2 in it.": cap,
+        "`capacity_top2` is not right: ceil(capacity_factor x tokens x k / experts), k = "
+        "2.": OTHERWISE,
+    }
+    judge(capacity_top2, cap2, "capacity_top2", hints)
+    return (
         f"Right: counts {counts}, {cap} slots per expert, tokens {want_dropped} dropped (their "
         f"residual carries them through unchanged); top-2 doubles the slots to {cap2}."
     )
 
 
-# --------------------------------------------------------------------------- 10.2
-
-
-def _dispatch_matrix(routed, d_model: int, element_size: int) -> list[list[int]]:
+def _matrix(routed, d_model: int, size: int, owner=None, home: int = 0) -> list[list[int]]:
+    """Bytes worker s sends worker d for the experts d holds (contiguous blocks unless
+    `owner(e, workers)` says otherwise); a worker sends itself `home` times its tokens."""
     workers, experts = len(routed), len(routed[0])
-    per = experts // workers
+    owner = owner or (lambda e, n: e // (experts // n))
     return [
         [
-            0 if s == d else sum(routed[s][d * per : (d + 1) * per]) * d_model * element_size
+            (home if s == d else 1)
+            * sum(routed[s][e] for e in range(experts) if owner(e, workers) == d)
+            * d_model
+            * size
             for d in range(workers)
         ]
         for s in range(workers)
     ]
 
 
-def cases_2(v: Variant = DEFAULT) -> dict[str, list[tuple]]:
-    rng = v.cases("2")
+def cases_2(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
+    rng = variant.cases("2")
     cases = [([[rng.randint(0, 9) for _ in range(2)]], 8, 4)]  # one worker: nothing moves
     for workers, per in [(2, 2), (3, 1), (4, 2), (2, 3), (8, 1)]:
         routed = [[rng.randint(0, 40) for _ in range(workers * per)] for _ in range(workers)]
@@ -177,54 +141,34 @@ def cases_2(v: Variant = DEFAULT) -> dict[str, list[tuple]]:
     return {"dispatch_bytes": cases}
 
 
-def exercise_2(dispatch_bytes, v: Variant = DEFAULT) -> None:
+@exercise(dispatch_bytes="function")
+def exercise_2(dispatch_bytes, variant) -> str:
     """Build dispatch_bytes(routed, d_model, element_size): the N x N matrix of bytes."""
-    call = check_function(dispatch_bytes, "dispatch_bytes")
-    cases = cases_2(v)["dispatch_bytes"]
+    cases = cases_2(variant)["dispatch_bytes"]
     for routed, d_model, size in cases:
         workers, experts = len(routed), len(routed[0])
         shown = f"dispatch_bytes({routed}, {d_model}, {size})"
         shown = shown if len(shown) <= 110 else shown[:100] + "...)"
-        result = call(routed, d_model, size)
-        rows = as_sequence(result, shown, length=workers)
+        rows = checks.as_sequence(dispatch_bytes(routed, d_model, size), shown, length=workers)
         got = [
-            as_sequence(r, f"{shown}[{s}]", length=workers, item=as_number)
+            checks.as_sequence(r, f"{shown}[{s}]", length=workers, item=checks.as_number)
             for s, r in enumerate(rows)
         ]
-        want = _dispatch_matrix(routed, d_model, size)
+        want = _matrix(routed, d_model, size)
         if got == want:
             continue
-        home = [
-            [
-                sum(routed[s][d * (experts // workers) : (d + 1) * (experts // workers)])
-                * d_model
-                * size
-                for d in range(workers)
-            ]
-            for s in range(workers)
-        ]
-        if got == home:
+        if got == _matrix(routed, d_model, size, home=1):
             fail(
                 f"{shown}: a worker's tokens for its own experts stay home and cost 0 bytes: "
                 "the diagonal must be 0."
             )
         if got == [list(col) for col in zip(*want, strict=True)]:
             fail(f"{shown} is transposed: row s is what worker s sends, column d who receives.")
-        tokens = [[x / (d_model * size) for x in row] for row in want]
-        if got == tokens:
+        if got == _matrix(routed, 1, 1):
             fail(f"{shown} counts tokens: a token is d_model numbers of element_size bytes each.")
-        if got == [[x * d_model for x in row] for row in tokens]:
+        if got == _matrix(routed, d_model, 1):
             fail(f"{shown} counts numbers: multiply by element_size for bytes.")
-        round_robin = [
-            [
-                0
-                if s == d
-                else sum(routed[s][e] for e in range(experts) if e % workers == d) * d_model * size
-                for d in range(workers)
-            ]
-            for s in range(workers)
-        ]
-        if experts > workers and got == round_robin:
+        if experts > workers and got == _matrix(routed, d_model, size, lambda e, n: e % n):
             fail(
                 f"{shown} deals experts out round-robin. Here worker d holds a contiguous "
                 "block: experts d x E/N up to (d+1) x E/N - 1."
@@ -234,17 +178,15 @@ def exercise_2(dispatch_bytes, v: Variant = DEFAULT) -> None:
             "worker d holds, times d_model x element_size bytes; 0 when s == d."
         )
     shapes = ", ".join(f"{len(r)}x{len(r[0])}" for r, _, _ in cases)
-    passed(f"Right on fresh random routings (workers x experts = {shapes}).")
+    return f"Right on fresh random routings (workers x experts = {shapes})."
 
-
-# --------------------------------------------------------------------------- 10.3
 
 DEFAULT_ROUTED_3 = [[120, 40, 70, 26], [60, 90, 30, 76]]
 
 
-def given_3(v: Variant = DEFAULT) -> dict:
-    rng = _seeded(v, "3seed")
-    d_model = v.pick("3d", 1024, [512, 768, 1024, 2048, 4096])
+def given_3(variant: Variant = DEFAULT) -> dict:
+    rng = _seeded(variant, "3seed")
+    d_model = variant.pick("3d", 1024, [512, 768, 1024, 2048, 4096])
     routed = (
         [list(r) for r in DEFAULT_ROUTED_3]
         if rng is None
@@ -253,79 +195,60 @@ def given_3(v: Variant = DEFAULT) -> dict:
     return {"routed": routed, "d_model": d_model, "element_size": 2}
 
 
-def _sent(v: Variant) -> tuple[list[int], list[int]]:
+NUMBERS = checks.sequence(item=checks.as_number, length=2)
+
+
+@exercise(given_3, dispatch_sent=NUMBERS, combine_sent=NUMBERS, step_sent_0="number")
+def exercise_3(g, dispatch_sent, combine_sent, step_sent_0) -> str:
+    """Bytes each of 2 workers sends in the dispatch and the combine; worker 0 per step."""
     from course_utils.parallel.moe import all_to_all_bytes_per_worker
 
-    g = given_3(v)
-    args = (g["routed"], g["d_model"], 2, g["element_size"])
-    return (
-        all_to_all_bytes_per_worker(*args, phase="dispatch"),
-        all_to_all_bytes_per_worker(*args, phase="combine"),
+    args = (g.routed, g.d_model, 2, g.element_size)
+    dispatch, combine = (
+        all_to_all_bytes_per_worker(*args, phase=p) for p in ("dispatch", "combine")
     )
-
-
-def exercise_3(dispatch_sent, combine_sent, step_sent_0, v: Variant = DEFAULT) -> None:
-    """Bytes each of 2 workers sends in the dispatch and the combine; worker 0 per step."""
-    dispatch, combine = _sent(v)
-    g = given_3(v)
-    per_token = g["d_model"] * g["element_size"]
-    routed = g["routed"]
-    everything = [sum(row) * per_token for row in routed]
-    got = as_sequence(dispatch_sent, "dispatch_sent", length=2, item=as_number)
-    if not same_numbers(got, dispatch):
-        if same_numbers(got, everything):
-            fail(
-                "`dispatch_sent` counts every routed token, but tokens for the worker's own "
-                "experts stay home. Worker 0 holds experts 0 and 1, worker 1 experts 2 and 3."
-            )
-        if same_numbers(got, [x * 2 for x in dispatch]):
-            fail("`dispatch_sent` looks like 4-byte numbers: bf16 is 2 bytes per number.")
-        if same_numbers(got, [x / 2 for x in dispatch]):
-            fail("`dispatch_sent` looks like 1 byte per number: bf16 is 2 bytes per number.")
-        if same_numbers(got, [x / per_token for x in dispatch]):
-            fail("`dispatch_sent` counts tokens: give bytes (d_model x element_size per token).")
-        fail(
-            "`dispatch_sent` is not right. Worker w sends the tokens it routed to the other "
-            "worker's experts, each d_model x element_size bytes."
-        )
-    got = as_sequence(combine_sent, "combine_sent", length=2, item=as_number)
-    if not same_numbers(got, combine):
-        if same_numbers(got, dispatch) and dispatch != combine:
-            fail(
-                "`combine_sent` equals the dispatch, but the combine goes the other way: "
-                "each expert's outputs return to the tokens' owners, so a worker sends back "
-                "what it received."
-            )
-        fail(
-            "`combine_sent` is not right: in the combine, worker w returns the outputs of "
-            "the tokens it received in the dispatch (one d_model vector per token)."
-        )
+    per_token = g.d_model * g.element_size
+    hints = {
+        "`dispatch_sent` counts every routed token, but tokens for the worker's own experts "
+        "stay home. Worker 0 holds experts 0 and 1, worker 1 experts 2 and 3.": [
+            sum(row) * per_token for row in g.routed
+        ],
+        "`dispatch_sent` looks like 4-byte numbers: bf16 is 2 bytes per number.": [
+            x * 2 for x in dispatch
+        ],
+        "`dispatch_sent` looks like 1 byte per number: bf16 is 2 bytes per number.": [
+            x / 2 for x in dispatch
+        ],
+        "`dispatch_sent` counts tokens: give bytes (d_model x element_size per token).": [
+            x / per_token for x in dispatch
+        ],
+        "`dispatch_sent` is not right. Worker w sends the tokens it routed to the other "
+        "worker's experts, each d_model x element_size bytes.": OTHERWISE,
+    }
+    judge(dispatch_sent, dispatch, "dispatch_sent", hints)
+    hints = {
+        "`combine_sent` equals the dispatch, but the combine goes the other way: each "
+        "expert's outputs return to the tokens' owners, so a worker sends back what it "
+        "received.": dispatch if dispatch != combine else None,
+        "`combine_sent` is not right: in the combine, worker w returns the outputs of the "
+        "tokens it received in the dispatch (one d_model vector per token).": OTHERWISE,
+    }
+    judge(combine_sent, combine, "combine_sent", hints)
     want = 2 * (dispatch[0] + combine[0])
-    step = expect_number(
-        step_sent_0,
-        want,
-        "step_sent_0",
-        unit="bytes",
-        slips=[(2, "counts both directions (sent and received); give only what worker 0 sends.")],
-    )
-    if not is_right(step, want):
-        if is_right(step, dispatch[0] + combine[0]):
-            fail(
-                "`step_sent_0` counts the forward only. The backward sends gradients back "
-                "along both all-to-alls: output gradients to the experts' workers, input "
-                "gradients back to the tokens' owners."
-            )
-        fail(
-            "`step_sent_0` is not right: one training step has four all-to-alls "
-            "(dispatch, combine, and the two in reverse in the backward)."
-        )
-    passed(
+    both = (2, "counts both directions (sent and received); give only what worker 0 sends.")
+    hints = {
+        "`step_sent_0` counts the forward only. The backward sends gradients back along both "
+        "all-to-alls: output gradients to the experts' workers, input gradients back to the "
+        "tokens' owners.": dispatch[0] + combine[0],
+        "`step_sent_0` is not right: one training step has four all-to-alls (dispatch, "
+        "combine, and the two in reverse in the backward).": OTHERWISE,
+    }
+    judge(step_sent_0, want, "step_sent_0", hints, unit="bytes", slips=[both])
+    return (
         f"Right: the dispatch sends {dispatch} bytes, the combine {combine}; worker 0 sends "
         f"{want:,} bytes per step, and the backward doubles the forward's traffic."
     )
 
-
-# --------------------------------------------------------------------------- 10.4
 
 # The letters as the exercise lists them, and the order they happen in on one worker.
 EVENTS = {
@@ -361,10 +284,12 @@ TOO_EARLY = {
 }
 
 
-def exercise_4(order, v: Variant = DEFAULT) -> None:
+@exercise(
+    order=checks.sequence(item=lambda x, what: checks.as_choice(x, list(EVENTS), what), length=10)
+)
+def exercise_4(order) -> str:
     """The ten events of one expert-parallel training step, in order."""
-    letters = as_sequence(order, "order", length=len(ORDER))
-    got = [as_choice(x, list(EVENTS), f"order[{i}]") for i, x in enumerate(letters)]
+    got = order
     if sorted(got) != sorted(ORDER):
         missing = sorted(set(ORDER) - set(got))
         fail(f"`order` must use each letter once; missing: {', '.join(missing)}.")
@@ -375,20 +300,18 @@ def exercise_4(order, v: Variant = DEFAULT) -> None:
                 f"The first {i} event(s) are in the right order; position {i + 1} is not "
                 f"{mine!r}: {TOO_EARLY[mine]}. Which of the events left can happen now?"
             )
-    passed(
+    return (
         "Right: route, dispatch, experts, combine, weighted sum; then the same two "
         "all-to-alls in reverse carry the gradients, and the replicated router and norm "
         "gradients are all-reduced last."
     )
 
 
-# --------------------------------------------------------------------------- 10.5
-
 DEFAULT_ROUTED_5 = [[10, 14, 12, 60], [11, 13, 9, 63]]
 
 
-def given_5(v: Variant = DEFAULT) -> dict:
-    rng = _seeded(v, "5seed")
+def given_5(variant: Variant = DEFAULT) -> dict:
+    rng = _seeded(variant, "5seed")
     if rng is None:
         return {"routed": [list(r) for r in DEFAULT_ROUTED_5]}
     hot = rng.randrange(4)
@@ -399,91 +322,75 @@ def given_5(v: Variant = DEFAULT) -> dict:
     return {"routed": routed}
 
 
-def straggler_timeline(v: Variant = DEFAULT):
+def straggler_timeline(variant: Variant = DEFAULT):
     """The simulated step Exercise 10.5 draws: 4 experts on 2 workers, unit costs."""
     from course_utils.parallel.moe import simulate_moe
 
-    return simulate_moe(given_5(v)["routed"], 2)
+    return simulate_moe(given_5(variant)["routed"], 2)
 
 
-FIXES = ("a", "b", "c", "d")
+FIX_HINTS_5 = {
+    "b": "a larger capacity factor lets the hot expert keep even more tokens: the straggler "
+    "gets no faster (capacity only caps it by dropping tokens).",
+    "c": "the links are free in this simulation, and the waiting is for compute: a faster "
+    "network would not shorten it.",
+    "d": "micro-batches shrink a pipeline's bubble; here one worker simply has more tokens "
+    "to compute in every micro-batch.",
+}
 
 
-def exercise_5(straggler, hot_expert, waiting_share, fix, v: Variant = DEFAULT) -> None:
+@exercise(
+    given_5,
+    straggler="whole number",
+    hot_expert="whole number",
+    waiting_share="number",
+    fix="letter",
+)
+def exercise_5(g, straggler, hot_expert, waiting_share, fix, variant) -> str:
     """Read a simulated expert-parallel step: straggler, hot expert, waiting share, the fix."""
-    timeline = straggler_timeline(v)
-    routed = given_5(v)["routed"]
-    per_expert = [sum(col) for col in zip(*routed, strict=True)]
+    timeline = straggler_timeline(variant)
+    per_expert = [sum(col) for col in zip(*g.routed, strict=True)]
     hot = per_expert.index(max(per_expert))
     busy = timeline.busy_per_device()
     slow = busy.index(max(busy))
     fast = 1 - slow
-    waiting = (
-        sum(e.duration for e in timeline.device_events(fast) if not e.action.is_compute)
-        / timeline.makespan
-    )
-
-    w = as_int(straggler, "straggler")
-    if w not in (0, 1):
-        fail("`straggler` is a worker number: 0 or 1.")
-    if w != slow:
-        fail(
-            "`straggler` is not the worker everybody waits for. In the chart, whose expert "
-            "bars are longest? The other worker's row shows the waiting hatch meanwhile."
-        )
-    e = as_int(hot_expert, "hot_expert")
-    if e not in range(4):
-        fail("`hot_expert` is an expert number: 0, 1, 2 or 3.")
-    if e != hot:
-        if e // 2 == slow:
-            fail(
-                "That expert is on the straggler, but it is not the one with the most "
-                "tokens: add up `g.routed` over both workers, expert by expert."
-            )
-        fail("`hot_expert` is on the worker that waits. Which worker's bars are longest?")
-    share = expect_number(waiting_share, waiting, "waiting_share", unit="fraction")
-    if not is_right(share, waiting):
-        busy_share = timeline.busy(fast) / timeline.makespan
-        if is_right(share, busy_share):
-            fail(f"That is worker {fast}'s busy share. The question asks for its waiting share.")
-        fail(
-            f"`waiting_share` is not right. Add up worker {fast}'s communication bars "
-            "(all-to-alls and all-reduce: with free links they are pure waiting) and divide "
-            "by the makespan; `timeline.device_events(w)` lists them."
-        )
-    expect_choice(
-        as_choice(fix, FIXES, "fix"),
-        "a",
-        {
-            "b": (
-                "a larger capacity factor lets the hot expert keep even more tokens: the "
-                "straggler gets no faster (capacity only caps it by dropping tokens)."
-            ),
-            "c": (
-                "the links are free in this simulation, and the waiting is for compute: a "
-                "faster network would not shorten it."
-            ),
-            "d": (
-                "micro-batches shrink a pipeline's bubble; here one worker simply has more "
-                "tokens to compute in every micro-batch."
-            ),
-        },
-        "The numbers are right. `fix` = {got!r} does not help: {hint}",
-    )
-    passed(
+    waiting = sum(e.duration for e in timeline.device_events(fast) if not e.action.is_compute)
+    waiting /= timeline.makespan
+    hints = {
+        "`straggler` is a worker number: 0 or 1.": straggler not in (0, 1),
+        "`straggler` is not the worker everybody waits for. In the chart, whose expert bars "
+        "are longest? The other worker's row shows the waiting hatch meanwhile.": OTHERWISE,
+    }
+    judge(straggler, slow, "straggler", hints)
+    hints = {
+        "`hot_expert` is an expert number: 0, 1, 2 or 3.": hot_expert not in range(4),
+        "That expert is on the straggler, but it is not the one with the most tokens: add up "
+        "`g.routed` over both workers, expert by expert.": hot_expert // 2 == slow,
+        "`hot_expert` is on the worker that waits. Which worker's bars are longest?": OTHERWISE,
+    }
+    judge(hot_expert, hot, "hot_expert", hints)
+    hints = {
+        f"That is worker {fast}'s busy share. The question asks for its waiting "
+        "share.": timeline.busy(fast) / timeline.makespan,
+        f"`waiting_share` is not right. Add up worker {fast}'s communication bars (all-to-alls "
+        "and all-reduce: with free links they are pure waiting) and divide by the makespan; "
+        "`timeline.device_events(w)` lists them.": OTHERWISE,
+    }
+    judge(waiting_share, waiting, "waiting_share", hints, unit="fraction")
+    message = "The numbers are right. `fix` = {got!r} does not help: {hint}"
+    checks.expect_choice(fix, "a", FIX_HINTS_5, message)
+    return (
         f"Right: expert {hot} got {max(per_expert)} of {sum(per_expert)} tokens, so worker "
         f"{slow} computes longest and worker {fast} waits {waiting:.1%} of the step. The "
         "balancing loss spreads the tokens, and the wait shrinks."
     )
 
 
-# --------------------------------------------------------------------------- 10.6
-
 BYTES_PER_PARAM = 16  # mixed-precision Adam: 2 + 2 + 12 (ZeRO, arXiv 1910.02054)
 
 
-def given_6(v: Variant = DEFAULT) -> dict:
-    rng = _seeded(v, "6seed")
+def given_6(variant: Variant = DEFAULT) -> dict:
+    rng = _seeded(variant, "6seed")
     if rng is None:
         return {
             "layers": 32,
@@ -534,70 +441,55 @@ def _plan(g: dict) -> tuple[int, float, int] | None:
     return None
 
 
-def exercise_6(ep, gb_per_gpu, expert_dp, v: Variant = DEFAULT) -> None:
+@exercise(given_6, ep="whole number", gb_per_gpu="number", expert_dp="whole number")
+def exercise_6(g, ep, gb_per_gpu, expert_dp) -> str:
     """Smallest ep whose model state fits, its GB per GPU, and each expert's dp degree."""
-    g = given_6(v)
     plan = _plan(g)
     assert plan is not None, "given_6 only draws budgets some ep fits"
     want_ep, want_gb, want_edp = plan
-    dp = g["gpus"] // g["tp"]
-    e = as_int(ep, "ep")
-    if e not in _valid_ep(g):
+    if ep not in _valid_ep(g):
         fail(
-            f"ep = {e} does not work: ep must divide the {g['experts']} experts (each worker "
-            f"holds E/ep whole experts) and the data-parallel degree dp = gpus / tp = {dp} "
-            "(the expert-parallel groups are cut out of the data-parallel ones)."
+            f"ep = {ep} does not work: ep must divide the {g.experts} experts (each worker "
+            f"holds E/ep whole experts) and the data-parallel degree dp = gpus / tp = "
+            f"{g.gpus // g.tp} (the expert-parallel groups are cut out of the data-parallel "
+            "ones)."
         )
-    if e != want_ep:
-        gb = _gb_per_gpu(g, e)
-        if gb > g["budget_gb"]:
-            fail(
-                f"With ep = {e} each GPU holds {gb:.1f} GB of model state, more than the "
-                f"{g['budget_gb']} GB budget: spread the experts further."
-            )
-        fail(
-            f"ep = {e} fits, but a smaller ep fits too. The question asks for the smallest: "
-            "every extra expert-parallel rank sends a larger share of the tokens away."
-        )
-    number = expect_number(gb_per_gpu, want_gb, "gb_per_gpu", unit="GB")
-    if not is_right(number, want_gb):
-        if is_right(number, want_gb * g["tp"]):
-            fail("`gb_per_gpu` forgets tensor parallelism: tp splits every weight tp ways.")
-        if e != 1 and is_right(number, _gb_per_gpu(g, 1)):
-            fail("`gb_per_gpu` keeps all the experts on every GPU: each holds E/ep of them.")
-        no_attention = want_gb - g["layers"] * 4 * g["d_model"] ** 2 * 16 / g["tp"] / 1e9
-        if is_right(number, no_attention):
-            fail("`gb_per_gpu` leaves out the attention (4 x d_model^2 per layer, replicated).")
-        fail(
-            "`gb_per_gpu` is not right: layers x (attention + router and norm + E/ep experts) "
-            "parameters, x 16 bytes, / tp, in GB (10^9 bytes)."
-        )
-    d = as_int(expert_dp, "expert_dp")
-    if d != want_edp:
-        if d == g["gpus"] // e and g["tp"] > 1:
-            fail(
-                f"`expert_dp` = {d} is gpus / ep: it counts every GPU that holds a piece of "
-                f"the expert, tp = {g['tp']} of them per copy. The expert's data-parallel "
-                "degree counts its copies, the GPUs that hold the same shard: dp / ep, with "
-                "dp = gpus / tp."
-            )
-        if d == g["experts"] // e:
-            fail(
-                "`expert_dp` is the number of experts on each GPU, E / ep. The question asks "
-                "how many GPUs hold the same expert shard: dp / ep."
-            )
-        fail(
-            "`expert_dp` is not right: how many GPUs hold the same expert shard? The dp "
-            "replicas are cut into groups of ep."
-        )
-    passed(
-        f"Right: ep = {want_ep} puts {g['experts'] // want_ep} experts on each GPU, "
-        f"{want_gb:.1f} GB of model state, and every expert is replicated on {want_edp} GPUs "
-        "whose gradients it all-reduces."
+    gb = _gb_per_gpu(g, ep)
+    hints = {
+        f"With ep = {ep} each GPU holds {gb:.1f} GB of model state, more than the "
+        f"{g.budget_gb} GB budget: spread the experts further.": gb > g.budget_gb,
+        f"ep = {ep} fits, but a smaller ep fits too. The question asks for the smallest: every "
+        "extra expert-parallel rank sends a larger share of the tokens away.": OTHERWISE,
+    }
+    judge(ep, want_ep, "ep", hints)
+    no_attn = want_gb - g.layers * 4 * g.d_model**2 * BYTES_PER_PARAM / g.tp / 1e9
+    hints = {
+        "`gb_per_gpu` forgets tensor parallelism: tp splits every weight tp ways.": want_gb * g.tp,
+        "`gb_per_gpu` keeps all the experts on every GPU: each holds E/ep of them.": (
+            _gb_per_gpu(g, 1) if ep != 1 else None
+        ),
+        "`gb_per_gpu` leaves out the attention (4 x d_model^2 per layer, replicated).": no_attn,
+        "`gb_per_gpu` is not right: layers x (attention + router and norm + E/ep experts) "
+        "parameters, x 16 bytes, / tp, in GB (10^9 bytes).": OTHERWISE,
+    }
+    judge(gb_per_gpu, want_gb, "gb_per_gpu", hints, unit="GB")
+    hints = {
+        f"`expert_dp` = {expert_dp} is gpus / ep: it counts every GPU that holds a piece of the "
+        f"expert, tp = {g.tp} of them per copy. The expert's data-parallel degree counts its "
+        "copies, the GPUs that hold the same shard: dp / ep, with dp = gpus / "
+        "tp.": g.gpus // ep if g.tp > 1 else None,
+        "`expert_dp` is the number of experts on each GPU, E / ep. The question asks how many "
+        "GPUs hold the same expert shard: dp / ep.": g.experts // ep,
+        "`expert_dp` is not right: how many GPUs hold the same expert shard? The dp replicas "
+        "are cut into groups of ep.": OTHERWISE,
+    }
+    judge(expert_dp, want_edp, "expert_dp", hints)
+    return (
+        f"Right: ep = {want_ep} puts {g.experts // want_ep} experts on each GPU, {want_gb:.1f} "
+        f"GB of model state, and every expert is replicated on {want_edp} GPUs whose gradients "
+        "it all-reduces."
     )
 
-
-# --------------------------------------------------------------------------- 10.7
 
 DEFAULT_SCORES_7 = [
     [0.62, 0.18, 0.12, 0.08],
@@ -611,10 +503,11 @@ DEFAULT_SCORES_7 = [
 ]
 
 
-def given_7(v: Variant = DEFAULT) -> dict:
-    rng = _seeded(v, "7seed")
-    bias = v.pick("7b", [-0.1, 0.05, 0.0, 0.05], [[-0.15, 0.0, 0.05, 0.1], [-0.1, 0.1, 0.0, 0.0]])
-    gamma = v.pick("7g", 0.02, [0.01, 0.05])
+def given_7(variant: Variant = DEFAULT) -> dict:
+    rng = _seeded(variant, "7seed")
+    options = [[-0.15, 0.0, 0.05, 0.1], [-0.1, 0.1, 0.0, 0.0]]
+    bias = variant.pick("7b", [-0.1, 0.05, 0.0, 0.05], options)
+    gamma = variant.pick("7g", 0.02, [0.01, 0.05])
     if rng is None:
         return {"scores": [list(r) for r in DEFAULT_SCORES_7], "bias": bias, "gamma": gamma}
     while True:  # a favoured expert 0, no ties after the bias, a load above and below the mean
@@ -647,61 +540,50 @@ def _new_bias_7(load, bias, gamma) -> list[float]:
     ]
 
 
-def exercise_7(chosen, gates, new_bias, v: Variant = DEFAULT) -> None:
+@exercise(  # every variant routes 8 tokens to 4 experts
+    given_7,
+    chosen=checks.sequence(item=checks.as_int, length=8),
+    gates=checks.sequence(item=checks.as_number, length=8),
+    new_bias=checks.sequence(item=checks.as_number, length=4),
+)
+def exercise_7(g, chosen, gates, new_bias) -> str:
     """DeepSeek-V3's bias balancing, one step by hand: the choice, the gates, the new bias."""
-    g = given_7(v)
-    scores, bias, gamma = g["scores"], g["bias"], g["gamma"]
+    scores, bias, gamma = g.scores, g.bias, g.gamma
     tokens, experts = len(scores), len(bias)
     want = _choice_7(scores, bias)
-    got = _int_list(chosen, "chosen", tokens)
-    require(gates, "gates")
-    require(new_bias, "new_bias")
-    if got != want:
-        if got == _choice_7(scores, [0.0] * experts):
-            fail(
-                "`chosen` follows the scores alone. The bias is added to each expert's score "
-                "to choose: pick the largest score + bias."
-            )
-        if got == [e + 1 for e in want]:
-            fail("`chosen` numbers the experts from 1; they are numbered 0 to 3.")
-        fail("`chosen` is not right: for each token, the expert with the largest score + bias.")
-    want_gates = [scores[t][e] for t, e in enumerate(want)]
-    got_gates = as_sequence(gates, "gates", length=tokens, item=as_number)
-    if not same_numbers(got_gates, want_gates):
-        if same_numbers(got_gates, [scores[t][e] + bias[e] for t, e in enumerate(want)]):
-            fail(
-                "`gates` adds the bias. The bias only steers the choice; the gate that weighs "
-                "the expert's output is the score itself."
-            )
-        if same_numbers(got_gates, [1.0] * tokens):
-            fail("`gates` are all 1: with top-1 the gate is the chosen expert's score.")
-        fail("`gates` is not right: each token's score for the expert it was sent to.")
-    load = _load_7(scores, bias)
+    hints = {
+        "`chosen` follows the scores alone. The bias is added to each expert's score to "
+        "choose: pick the largest score + bias.": _choice_7(scores, [0.0] * experts),
+        "`chosen` numbers the experts from 1; they are numbered 0 to 3.": [e + 1 for e in want],
+        "`chosen` is not right: for each token, the expert with the largest score + "
+        "bias.": OTHERWISE,
+    }
+    judge(chosen, want, "chosen", hints)
+    biased = [scores[t][e] + bias[e] for t, e in enumerate(want)]
+    hints = {
+        "`gates` adds the bias. The bias only steers the choice; the gate that weighs the "
+        "expert's output is the score itself.": biased,
+        "`gates` are all 1: with top-1 the gate is the chosen expert's score.": [1.0] * tokens,
+        "`gates` is not right: each token's score for the expert it was sent to.": OTHERWISE,
+    }
+    judge(gates, [scores[t][e] for t, e in enumerate(want)], "gates", hints)
+    load, mean = _load_7(scores, bias), tokens / experts
     want_bias = _new_bias_7(load, bias, gamma)
-    got_bias = as_sequence(new_bias, "new_bias", length=experts, item=as_number)
-    if not same_numbers(got_bias, want_bias):
-        flipped = [2 * b - w for b, w in zip(bias, want_bias, strict=True)]
-        if same_numbers(got_bias, flipped):
-            fail(
-                "`new_bias` moves the wrong way: an expert that got more than its share "
-                "must become LESS attractive, so its bias goes down by gamma."
-            )
-        mean = tokens / experts
-        by_load = [b - gamma * (n - mean) for n, b in zip(load, bias, strict=True)]
-        if same_numbers(got_bias, by_load):
-            fail(
-                "`new_bias` moves each bias in proportion to its excess load. The update "
-                "moves by a fixed gamma, down or up: only the sign of the excess counts."
-            )
-        fail(
-            "`new_bias` is not right: count each expert's tokens; b - gamma where that is "
-            f"more than the mean ({mean:g}), b + gamma where less, unchanged where equal."
-        )
-    passed(
-        f"Right: loads {load} against a mean of {tokens / experts:g}, so the biases become "
+    hints = {
+        "`new_bias` moves the wrong way: an expert that got more than its share must become "
+        "LESS attractive, so its bias goes down by gamma.": [
+            2 * b - w for b, w in zip(bias, want_bias, strict=True)
+        ],
+        "`new_bias` moves each bias in proportion to its excess load. The update moves by a "
+        "fixed gamma, down or up: only the sign of the excess counts.": [
+            b - gamma * (n - mean) for n, b in zip(load, bias, strict=True)
+        ],
+        "`new_bias` is not right: count each expert's tokens; b - gamma where that is more than "
+        f"the mean ({mean:g}), b + gamma where less, unchanged where equal.": OTHERWISE,
+    }
+    judge(new_bias, want_bias, "new_bias", hints)
+    return (
+        f"Right: loads {load} against a mean of {mean:g}, so the biases become "
         f"{[round(b, 3) for b in want_bias]}. The busy experts get slightly less attractive, "
         "step after step, without any gradient on the router."
     )
-
-
-__all__ = [f"exercise_{k}" for k in range(1, 8)]

@@ -1,10 +1,10 @@
 """Checks for the exercises of lesson 12 (capstone: planning a training run).
 
 Each `exercise_K` is called by the check cell of Exercise 12.K in
-`exercises/12_capstone_planning.ipynb`, with the learner's variant `v`: `given_K(v)` draws
+`exercises/12_capstone_planning.ipynb`, with the learner's variant `v`: `given_K(variant)` draws
 the exercise's numbers (the default student gets the course's own), and every expected
 answer is computed from them with `course_utils.plan` (the formulas the lesson cites) or
-the pipeline simulator, never stored as a bare number. `cases_1(v)` are the inputs the
+the pipeline simulator, never stored as a bare number. `cases_1(variant)` are the inputs the
 Build exercise's function is tried on. Wrong answers get a hint, never the answer.
 
 Conventions the questions state and the checks share: memory in GiB (2^30 bytes) where a
@@ -20,54 +20,29 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, replace
 
-from course_utils import plan
-from course_utils.checks import (
-    DEFAULT,
-    Variant,
-    as_choice,
-    as_int,
-    as_number,
-    check_function,
-    expect_number,
-    fail,
-    is_right,
-    passed,
-    require,
-)
-from course_utils.checks import (
-    for_student as _for_student,
-)
+from course_utils import checks, plan
+from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge, numbers, pick
 from course_utils.errors import CourseInputError
 
+for_student = checks.lesson_checks(__name__)
 GIB, GB = plan.GIB, plan.GB
 
-
-def for_student(student: str = "default"):
-    """This lesson's checks with `student`'s numbers (the notebook's first code cell)."""
-    import sys
-
-    return _for_student(sys.modules[__name__], student)
-
-
-# --------------------------------------------------------------------------- 12.1
 
 # Bytes per parameter of mixed-precision Adam (ZeRO paper, Section 3.1): weights 2,
 # gradients 2, optimizer states K = 12; what stays whole on every GPU at each ZeRO stage.
 UNSHARDED = {0: 16, 1: 4, 2: 2, 3: 0}
 
 
-def given_1(v: Variant = DEFAULT) -> dict:
-    return {
-        "params": v.pick("1p", 30_000_000_000, [13_000_000_000, 20_000_000_000, 30_000_000_000]),
-        "dp": v.pick("1d", 8, [8, 16]),
-        "gpu_gib": 80,
-        "activation_gib": v.pick("1a", 20, [16, 20, 24]),
-        "big_params": v.pick(
-            "1b", 70_000_000_000, [65_000_000_000, 70_000_000_000, 90_000_000_000]
-        ),  # fmt: skip
-        "gpus": 8,
-        "big_reserve_gib": 10,  # what the big model keeps per GPU for its activations
-    }
+B = 1_000_000_000
+given_1 = numbers(
+    params=pick("1p", 30 * B, [13 * B, 20 * B, 30 * B]),
+    dp=pick("1d", 8, [8, 16]),
+    gpu_gib=80,
+    activation_gib=pick("1a", 20, [16, 20, 24]),
+    big_params=pick("1b", 70 * B, [65 * B, 70 * B, 90 * B]),
+    gpus=8,
+    big_reserve_gib=10,  # what the big model keeps per GPU for its activations
+)
 
 
 def _needed(params, gpu_memory_gib, reserve_gib, zero, units=GIB, rounding=math.ceil, slack=1e-9):
@@ -99,9 +74,9 @@ def min_gpus_needed(params: float, gpu_memory_gib: float, reserve_gib: float, ze
     return _needed(params, gpu_memory_gib, reserve_gib, zero)
 
 
-def cases_1(v: Variant = DEFAULT) -> dict[str, list[tuple]]:
-    g = given_1(v)
-    rng = v.cases("1")
+def cases_1(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
+    g = given_1(variant)
+    rng = variant.cases("1")
     cases = [(g["params"], g["gpu_gib"], g["activation_gib"], z) for z in range(4)]
     cases.append((g["big_params"], g["gpu_gib"], g["big_reserve_gib"], 3))
     for _ in range(8):
@@ -141,18 +116,23 @@ def _wrong_formulas() -> dict[str, Callable[[float, float, float, int], int | No
     }
 
 
-def exercise_1(min_gpus_to_fit, zero_stage, what_must_change, v: Variant = DEFAULT) -> None:
+@exercise(
+    given_1,
+    min_gpus_to_fit="function",
+    zero_stage="whole number",
+    what_must_change=tuple(MUST_CHANGE),
+)
+def exercise_1(g, min_gpus_to_fit, zero_stage, what_must_change, variant) -> str:
     """Build min_gpus_to_fit(params, gpu_memory_gib, reserve_gib, zero); then the smallest
     ZeRO stage for the given model on dp GPUs; then what must change for the big model."""
-    g = given_1(v)
-    call = check_function(min_gpus_to_fit, "min_gpus_to_fit")
-    cases = cases_1(v)["min_gpus_to_fit"]
+    call = min_gpus_to_fit
+    cases = cases_1(variant)["min_gpus_to_fit"]
     answers = []
     for case in cases:
         shown = "min_gpus_to_fit({:.3g}, {}, {}, {})".format(*case)
         got = call(*case)
         if got is not None:
-            got = as_number(got, shown)
+            got = checks.as_number(got, shown)
         answers.append((shown, got))
     wrong = [
         (shown, got, case)
@@ -179,7 +159,7 @@ def exercise_1(min_gpus_to_fit, zero_stage, what_must_change, v: Variant = DEFAU
             "parameter whole and shards the other 16 - u over the N GPUs: solve "
             "u x params + (16 - u) x params / N <= free bytes for N."
         )
-    stage = as_int(zero_stage, "zero_stage")
+    stage = zero_stage
     if stage not in plan.ZERO_STAGES:
         fail(f"`zero_stage` should be 0, 1, 2 or 3, but it is {stage}.")
     p, dp, mem, act = g["params"], g["dp"], g["gpu_gib"], g["activation_gib"]
@@ -203,7 +183,7 @@ def exercise_1(min_gpus_to_fit, zero_stage, what_must_change, v: Variant = DEFAU
             "too (and communicates less). Try your function on each stage with the given "
             "numbers."
         )
-    choice = as_choice(what_must_change, MUST_CHANGE, "what_must_change")
+    choice = what_must_change
     big, gpus = g["big_params"], g["gpus"]
     if choice != "c":
         hint = {
@@ -215,7 +195,7 @@ def exercise_1(min_gpus_to_fit, zero_stage, what_must_change, v: Variant = DEFAU
         }[choice]
         fail(f"`min_gpus_to_fit` and `zero_stage` are right; `what_must_change` is not. {hint}")
     need = min_gpus_needed(big, mem, g["big_reserve_gib"], 3)
-    passed(
+    return (
         f"Right: ZeRO-{right} leaves {states[right] / GIB:.1f} GiB of model states per GPU; "
         f"{big / 1e9:g}B needs at least {need} GPUs of {mem} GiB just for its fully sharded "
         f"model states, so on {gpus} GPUs only fewer bytes per parameter (offload, 8-bit "
@@ -223,73 +203,61 @@ def exercise_1(min_gpus_to_fit, zero_stage, what_must_change, v: Variant = DEFAU
     )
 
 
-# --------------------------------------------------------------------------- 12.2
-
-PROBLEMS = {
-    "a": "too few micro-batches: the fill-and-drain bubble dominates",
-    "b": "one stage is slower than the others: the rest wait for it in the steady state",
-    "c": "slow communication between stages",
-    "d": "the data-parallel all-reduce at the end of the step",
-}
-FIXES = {
-    "a": "more micro-batches per step",
-    "b": "re-balance the partition so every stage costs the same",
-    "c": "more tensor parallelism",
-    "d": "ZeRO-3",
-}
 LAYERS_2 = 9  # the teammate's MLP: 9 layers of equal cost (lesson 12's measured one)
 
 
-def given_2(v: Variant = DEFAULT) -> dict:
-    first = v.pick("2s", 2, [1, 2, 3, 6, 7])
+def given_2(variant: Variant = DEFAULT) -> dict:
+    first = variant.pick("2s", 2, [1, 2, 3, 6, 7])
     return {"split": (first, LAYERS_2 - first), "microbatches": 8}
 
 
-def teammate_timeline(v: Variant = DEFAULT):
+def teammate_timeline(variant: Variant = DEFAULT):
     """The simulated 1F1B step of the given split: a stage costs its layers (F = 1, B = 2)."""
     from course_utils.pipeline import CostModel, make_schedule, simulate
 
-    split, m = given_2(v).values()
+    split, m = given_2(variant).values()
     costs = CostModel(stage_forward=list(split), stage_backward=[2 * n for n in split])
     return simulate(make_schedule("1f1b", 2, m), costs)
 
 
-def exercise_2(problem, fix, slow_device, v: Variant = DEFAULT) -> None:
-    """Diagnose a pipeline timeline with low utilization: problem, fix, the slow device."""
-    p = as_choice(problem, PROBLEMS, "problem")
-    f = as_choice(fix, FIXES, "fix")
-    split = given_2(v)["split"]
-    if p != "b":
-        hint = {
+@exercise(
+    given_2,
+    problem=checks.verdict(
+        "b",
+        "`problem` is not right yet. {hint}",
+        {
             "a": "Look at the middle of the step, not the ends: does a device still idle once "
             "the pipeline is full?",
             "c": "Sends take no time in this simulation. Which device's compute bars are "
             "longer than the other's?",
             "d": "There is no data parallelism in this run.",
-        }[p]
-        fail(f"`problem` is not right yet. {hint}")
-    if f != "b":
-        fail(
-            "`problem` is right, but that fix does not remove it. What makes one stage slower "
-            "than the other, and how would you even them out?"
-        )
-    device = as_int(slow_device, "slow_device")
-    if device not in (0, 1):
+        },
+    ),
+    fix=checks.verdict(
+        "b",
+        "`problem` is right, but that fix does not remove it. What makes one stage slower "
+        "than the other, and how would you even them out?",
+        {},
+    ),
+    slow_device="whole number",
+)
+def exercise_2(g, problem, fix, slow_device) -> str:
+    """Diagnose a pipeline timeline with low utilization: problem, fix, the slow device."""
+    split = g["split"]
+    if slow_device not in (0, 1):
         fail("`slow_device` is a device number: 0 or 1 (the course numbers devices from 0).")
     slow = 0 if split[0] > split[1] else 1
-    if device != slow:
+    if slow_device != slow:
         fail(
             "`problem` and `fix` are right; `slow_device` is not: which device has no grey "
             "in the middle of the step (the others wait for it)?"
         )
-    passed(
+    return (
         f"Right: device {slow} holds {max(split)} of the {sum(split)} layers and sets the pace; "
         "the other device waits for it all through the step, not just at the ends. More "
         "micro-batches would not help: give every stage the same cost."
     )
 
-
-# --------------------------------------------------------------------------- 12.3
 
 REGRESSION_FIXES = {
     "a": "use more micro-batches",
@@ -299,28 +267,25 @@ REGRESSION_FIXES = {
 }
 
 
-def given_3(v: Variant = DEFAULT) -> dict:
-    return {
-        "model": v.pick("3m", "175B", ["175B", "70B"]),
-        "pp": 8,
-        "microbatches": v.pick("3b", 64, [32, 64, 128]),
-    }
+given_3 = numbers(
+    model=pick("3m", "175B", ["175B", "70B"]), pp=8, microbatches=pick("3b", 64, [32, 64, 128])
+)
 
 
-def regression(v: Variant = DEFAULT) -> tuple[plan.Config, plan.Config]:
+def regression(variant: Variant = DEFAULT) -> tuple[plan.Config, plan.Config]:
     """The run before (tp=8 on 64 GPUs) and after (tp=16 on 128 GPUs)."""
-    g = given_3(v)
+    g = given_3(variant)
     before = plan.Config(tp=8, pp=g["pp"], dp=1, microbatches=g["microbatches"],
                          recompute="selective", sequence_parallel=True)  # fmt: skip
     return before, replace(before, tp=16)
 
 
-def exercise_3(grew_most, fix, v: Variant = DEFAULT) -> None:
+@exercise(given_3, grew_most=checks.choice(*plan.TIME_PARTS), fix=checks.choice(*REGRESSION_FIXES))
+def exercise_3(g, grew_most, fix, variant) -> str:
     """Scaling regression: tp 8 -> 16 across nodes. Which part grew most, and the fix."""
-    part = as_choice(grew_most, plan.TIME_PARTS, "grew_most")
-    f = as_choice(fix, REGRESSION_FIXES, "fix")
-    model = plan.MODEL_PRESETS[given_3(v)["model"]]
-    before, after = regression(v)
+    part, f = grew_most, fix
+    model = plan.MODEL_PRESETS[g["model"]]
+    before, after = regression(variant)
     t0, t1 = plan.step_time(model, before), plan.step_time(model, after)
     growth = {k: t1[k] - t0[k] for k in plan.TIME_PARTS}
     right = max(growth, key=lambda k: growth[k])
@@ -334,28 +299,24 @@ def exercise_3(grew_most, fix, v: Variant = DEFAULT) -> None:
             "`grew_most` is right. Now the fix: where do the tp=16 all-reduces run, over "
             "which links, and what could use the extra GPUs instead?"
         )
-    passed(
+    return (
         f"Right: tensor-parallel communication went from {t0['tp_comm']:.1f} s to "
         f"{t1['tp_comm']:.1f} s once a TP group spans two nodes. Keep TP inside a node."
     )
 
 
-# --------------------------------------------------------------------------- 12.4
+given_4 = numbers(
+    model="13B",
+    slow_gbs=pick("4b", 2.0, [1.0, 2.0, 4.0]),
+    tp=8,
+    pp=4,
+    dp=2,
+    microbatch_size=1,
+    microbatches=pick("4m", 32, [16, 32, 64]),
+)
 
 
-def given_4(v: Variant = DEFAULT) -> dict:
-    return {
-        "model": "13B",
-        "slow_gbs": v.pick("4b", 2.0, [1.0, 2.0, 4.0]),
-        "tp": 8,
-        "pp": 4,
-        "dp": 2,
-        "microbatch_size": 1,
-        "microbatches": v.pick("4m", 32, [16, 32, 64]),
-    }
-
-
-def cross_cluster_times(v: Variant = DEFAULT) -> tuple[float, float]:
+def cross_cluster_times(variant: Variant = DEFAULT) -> tuple[float, float]:
     """(DP across, PP across): seconds per step each GPU sends over the slow link.
 
     One convention: the bytes one GPU sends, over the link's bandwidth in one direction.
@@ -364,7 +325,7 @@ def cross_cluster_times(v: Variant = DEFAULT) -> tuple[float, float]:
     of each micro-batch's activations forward; the gradients coming back are the other
     direction, sent by its partner at the same time (as `plan.traffic` counts pipelines).
     """
-    g = given_4(v)
+    g = given_4(variant)
     model = plan.MODEL_PRESETS[g["model"]]
     bw = g["slow_gbs"] * 1e9
     grads = model.params / (g["tp"] * g["pp"]) * 2  # bf16 gradients per GPU
@@ -373,67 +334,57 @@ def cross_cluster_times(v: Variant = DEFAULT) -> tuple[float, float]:
     return dp, g["microbatches"] * message / bw
 
 
-def exercise_4(dp_across_s, pp_across_s, across, v: Variant = DEFAULT) -> None:
+@exercise(given_4, dp_across_s="number", pp_across_s="number", across=checks.choice("dp", "pp"))
+def exercise_4(g, dp_across_s, pp_across_s, across, variant) -> str:
     """One job over two clusters: seconds per step over the slow link for DP or PP across."""
-    g = given_4(v)
-    want_dp, want_pp = cross_cluster_times(v)
-    dp = expect_number(
-        dp_across_s, want_dp, "dp_across_s", unit="s",
-        slips=[(2, "is twice the right time: it counts both directions, 4-byte (fp32) "
-                   "gradients instead of bf16's 2 bytes, or a ring sending 2S. A ring of 2 "
-                   "workers sends 2 (N - 1) / N = 1 copy of this GPU's bf16 gradients, one way."),
-               (g["tp"] * g["pp"], "counts all the model's gradients; each GPU all-reduces "
-                                   "only its own shard, params / (tp x pp) values.")],
-    )  # fmt: skip
-    if not is_right(dp, want_dp):
-        fail(
-            "`dp_across_s` is not right yet. Use plan.ring_allreduce_time with this GPU's "
-            "gradient bytes (2 per value), 2 workers and the slow link's bytes per second."
-        )
-    pp = expect_number(
-        pp_across_s, want_pp, "pp_across_s", unit="s",
-        slips=[(2, "is twice the right time: it counts both directions, or 4-byte values "
-                   "instead of bf16's 2 bytes. Count the bf16 activations one GPU sends, one "
-                   "way: the gradients come back on the other direction of the same "
-                   "full-duplex link at the same time."),
-               (g["tp"], "counts the whole activation; each of the tp GPUs at the boundary "
-                         "sends only its 1/tp slice."),
-               (2 * g["tp"], "counts the whole activation (each GPU sends only its 1/tp "
-                             "slice), and twice over: both directions, or 4-byte values "
-                             "instead of bf16's 2.")],
-    )  # fmt: skip
-    if not is_right(pp, want_pp):
-        fail(
-            "`pp_across_s` is not right yet. Count the bytes of one micro-batch's boundary "
-            "activations on one GPU (b x s x h x 2 / tp), times the micro-batches, over the "
-            "slow link's bytes per second."
-        )
-    choice = as_choice(across, ("dp", "pp"), "across")
-    right = "pp" if want_pp < want_dp else "dp"
-    if choice != right:
+    want_dp, want_pp = cross_cluster_times(variant)
+    slips = [
+        (2, "is twice the right time: it counts both directions, 4-byte (fp32) gradients "
+            "instead of bf16's 2 bytes, or a ring sending 2S. A ring of 2 workers sends "
+            "2 (N - 1) / N = 1 copy of this GPU's bf16 gradients, one way."),
+        (g["tp"] * g["pp"], "counts all the model's gradients; each GPU all-reduces only its "
+                            "own shard, params / (tp x pp) values."),
+    ]  # fmt: skip
+    hints = {
+        "`dp_across_s` is not right yet. Use plan.ring_allreduce_time with this GPU's gradient "
+        "bytes (2 per value), 2 workers and the slow link's bytes per second.": OTHERWISE,
+    }
+    judge(dp_across_s, want_dp, "dp_across_s", hints, unit="s", slips=slips)
+    slips = [
+        (2, "is twice the right time: it counts both directions, or 4-byte values instead of "
+            "bf16's 2 bytes. Count the bf16 activations one GPU sends, one way: the gradients "
+            "come back on the other direction of the same full-duplex link at the same time."),
+        (g["tp"], "counts the whole activation; each of the tp GPUs at the boundary sends only "
+                  "its 1/tp slice."),
+        (2 * g["tp"], "counts the whole activation (each GPU sends only its 1/tp slice), and "
+                      "twice over: both directions, or 4-byte values instead of bf16's 2."),
+    ]  # fmt: skip
+    hints = {
+        "`pp_across_s` is not right yet. Count the bytes of one micro-batch's boundary "
+        "activations on one GPU (b x s x h x 2 / tp), times the micro-batches, over the slow "
+        "link's bytes per second.": OTHERWISE,
+    }
+    judge(pp_across_s, want_pp, "pp_across_s", hints, unit="s", slips=slips)
+    if across != ("pp" if want_pp < want_dp else "dp"):
         fail("Both times are right. Which dimension sends fewer bytes over the slow link?")
-    passed(
+    return (
         f"Right: {want_pp:.3g} s of pipeline sends against {want_dp:.3g} s of gradient "
         "all-reduce, counted the same way (what one GPU sends). Put the pipeline boundary over "
         "the slow link; keep DP and TP on fast links."
     )
 
 
-# --------------------------------------------------------------------------- 12.5
-
-
-def given_5(v: Variant = DEFAULT) -> dict:
-    return {
-        "model": v.pick("5m", "30B", ["13B", "30B"]),
-        "gpus": 32,
-        "global_batch": 256,
-        "old": "A100-40GB",
-        "new": "H100-80GB",
-    }
+given_5 = numbers(
+    model=pick("5m", "30B", ["13B", "30B"]),
+    gpus=32,
+    global_batch=256,
+    old="A100-40GB",
+    new="H100-80GB",
+)
 
 
 def _as_config(value, what: str) -> plan.Config:
-    require(value, what)
+    checks.require(value, what)
     if isinstance(value, plan.Estimate):
         return value.config
     if isinstance(value, plan.Config):
@@ -454,9 +405,9 @@ def _best(model: str, gpus: int, batch: int, gpu: str) -> tuple[plan.Config, flo
     return best.config, best.time["total"]
 
 
-def _check_best(value, what: str, which: str, v: Variant) -> float:
+def _check_best(value, what: str, which: str, variant: Variant) -> float:
     """The step time of the learner's layout on that hardware, once it is the fastest."""
-    g = given_5(v)
+    g = given_5(variant)
     config = _as_config(value, what)
     hardware = plan.HARDWARE_PRESETS[g[which]]
     try:
@@ -480,36 +431,35 @@ def _check_best(value, what: str, which: str, v: Variant) -> float:
     return estimate.time["total"]
 
 
-def exercise_5(best_before, best_after, speedup, v: Variant = DEFAULT) -> None:
+@exercise(given_5, best_before="answer", best_after="answer", speedup="number")
+def exercise_5(g, best_before, best_after, speedup, variant) -> str:
     """Hardware refresh: the planner's best layout on the old and on the new GPUs, and the
     speed-up of the step (old best's step time / new best's)."""
-    g = given_5(v)
-    before = _check_best(best_before, "best_before", "old", v)
-    after = _check_best(best_after, "best_after", "new", v)
+    before = _check_best(best_before, "best_before", "old", variant)
+    after = _check_best(best_after, "best_after", "new", variant)
     want = before / after
     old, new = plan.HARDWARE_PRESETS[g["old"]], plan.HARDWARE_PRESETS[g["new"]]
     peak = new.peak_tflops_bf16 / old.peak_tflops_bf16
-    value = expect_number(
-        speedup, want, "speedup",
-        slips=[(1 / want, "is a speed-up of 1: the same hardware twice? Search the new "
-                          f"GPUs with plan.HARDWARE_PRESETS[{g['new']!r}]."),
-               (1 / want**2, "is upside down: the speed-up is the old step time over the "
-                             "new one.")],
-    )  # fmt: skip
-    if not is_right(value, want):
-        if is_right(value, peak):
-            fail(
-                f"{peak:.3g} is the ratio of the peak FLOP rates, close to the speed-up here "
-                "but not it: divide the old best layout's step time by the new best's."
-            )
-        fail("`speedup` is not right yet: the old best's step time / the new best's.")
+    slips = [
+        (1 / want, "is a speed-up of 1: the same hardware twice? Search the new GPUs with "
+                   f"plan.HARDWARE_PRESETS[{g['new']!r}]."),
+        (1 / want**2, "is upside down: the speed-up is the old step time over the new one."),
+    ]  # fmt: skip
+    hints = {
+        f"{peak:.3g} is the ratio of the peak FLOP rates, close to the speed-up here but not "
+        "it: divide the old best layout's step time by the new best's.": peak,
+        "`speedup` is not right yet: the old best's step time / the new best's.": OTHERWISE,
+    }
+    judge(speedup, want, "speedup", hints, slips=slips)
     ob, nb = _as_config(best_before, "best_before"), _as_config(best_after, "best_after")
-    passed(f"Right: {ob.short()} on the old GPUs, {nb.short()} on the new. " + _refresh_story(v))
+    return f"Right: {ob.short()} on the old GPUs, {nb.short()} on the new. " + _refresh_story(
+        variant
+    )
 
 
-def _refresh_story(v: Variant) -> str:
+def _refresh_story(variant: Variant) -> str:
     """What 12.5's numbers say: how close the speed-up came to the FLOP ratio, and why."""
-    g = given_5(v)
+    g = given_5(variant)
     model = plan.MODEL_PRESETS[g["model"]]
     steps = {}
     for which in ("old", "new"):
@@ -537,8 +487,6 @@ def _refresh_story(v: Variant) -> str:
     return told
 
 
-# --------------------------------------------------------------------------- 12.6
-
 SHRINKS = ("model states", "activations", "both", "neither")
 SYMPTOMS = {
     "a": "the loss slowly drifts upwards while the gradients stay finite",
@@ -549,16 +497,18 @@ SYMPTOMS = {
 }
 
 
-def given_6(v: Variant = DEFAULT) -> dict:
-    return {"smallest_grad": v.pick("6g", 1e-9, [1e-9, 3e-9, 2e-10, 5e-8])}
+given_6 = numbers(smallest_grad=pick("6g", 1e-9, [1e-9, 3e-9, 2e-10, 5e-8]))
 
 
-def exercise_6(what_shrinks, loss_scale, divergence_sign, v: Variant = DEFAULT) -> None:
+@exercise(
+    given_6,
+    what_shrinks=checks.choice(*SHRINKS),
+    loss_scale="number",
+    divergence_sign=checks.choice(*SYMPTOMS),
+)
+def exercise_6(g, what_shrinks, loss_scale, divergence_sign) -> str:
     """Mixed precision for a memory-bound run: what shrinks, fp16 loss scale, divergence."""
-    grad = given_6(v)["smallest_grad"]
-    part = as_choice(what_shrinks, SHRINKS, "what_shrinks")
-    scale = as_number(loss_scale, "loss_scale")
-    sign = as_choice(divergence_sign, SYMPTOMS, "divergence_sign")
+    grad, part, scale, sign = g["smallest_grad"], what_shrinks, loss_scale, divergence_sign
     if part != "activations":
         fail(
             "`what_shrinks`: compare the two plan.memory results, adding parameters + "
@@ -586,28 +536,26 @@ def exercise_6(what_shrinks, loss_scale, divergence_sign, v: Variant = DEFAULT) 
             "`what_shrinks` and `loss_scale` are right. `divergence_sign` is not: what happens "
             "to values above fp16's largest number, 65504, and what does a loss scaler do?"
         )
-    passed(
+    return (
         f"Right: bf16-mixed halves the activations (model states stay 16 bytes per parameter), "
         f"loss scale {want} = 2^{int(math.log2(want))} keeps a {grad:g} gradient a normal fp16 "
         "number, and overflow shows as inf/NaN and skipped steps."
     )
 
 
-# --------------------------------------------------------------------------- 12.7
-
 LONG_CONTEXT = [("13B", 65536), ("13B", 131072), ("6.7B", 65536), ("6.7B", 131072),
                 ("30B", 65536)]  # fmt: skip
 
 
-def given_7(v: Variant = DEFAULT) -> dict:
-    model, seq = v.pick("7c", LONG_CONTEXT[0], LONG_CONTEXT)
+def given_7(variant: Variant = DEFAULT) -> dict:
+    model, seq = variant.pick("7c", LONG_CONTEXT[0], LONG_CONTEXT)
     return {"model": model, "seq": seq, "gpus": 64, "tp": 8, "global_batch": 64, "zero": 1,
             "gpu": "A100-80GB"}  # fmt: skip
 
 
-def long_context_layout(cp: int, v: Variant = DEFAULT) -> tuple[plan.ModelShape, plan.Config]:
+def long_context_layout(cp: int, variant: Variant = DEFAULT) -> tuple[plan.ModelShape, plan.Config]:
     """The 64 GPUs as tp=8 (+sp) x cp x dp, selective recomputation, b = 1, 1F1B, pp = 1."""
-    g = given_7(v)
+    g = given_7(variant)
     model = replace(plan.MODEL_PRESETS[g["model"]], seq=g["seq"])
     dp = g["gpus"] // (g["tp"] * cp)
     config = plan.Config(tp=g["tp"], dp=dp, cp=cp, microbatches=g["global_batch"] // dp,
@@ -615,14 +563,14 @@ def long_context_layout(cp: int, v: Variant = DEFAULT) -> tuple[plan.ModelShape,
     return model, config
 
 
-def exercise_7(smallest_cp, context_gb, v: Variant = DEFAULT) -> None:
+@exercise(given_7, smallest_cp="whole number", context_gb="number")
+def exercise_7(g, smallest_cp, context_gb, variant) -> str:
     """Long context: the smallest cp that fits, and the ring's GB per GPU per step there."""
-    g = given_7(v)
     hardware = plan.HARDWARE_PRESETS[g["gpu"]]
     options = [c for c in (1, 2, 4, 8) if g["gpus"] % (g["tp"] * c) == 0]
-    fit = {c: plan.evaluate(*long_context_layout(c, v), hardware=hardware) for c in options}
+    fit = {c: plan.evaluate(*long_context_layout(c, variant), hardware=hardware) for c in options}
     right = min(c for c in options if fit[c].fits)
-    cp = as_int(smallest_cp, "smallest_cp")
+    cp = smallest_cp
     if cp not in options:
         fail(f"`smallest_cp` should be one of {options} (cp x dp = {g['gpus'] // g['tp']}).")
     if cp < right:
@@ -636,44 +584,39 @@ def exercise_7(smallest_cp, context_gb, v: Variant = DEFAULT) -> None:
             f"cp={cp} fits, but a smaller cp fits too, and every extra ring step costs "
             "traffic. Find the smallest."
         )
-    model, config = long_context_layout(right, v)
+    model, config = long_context_layout(right, variant)
     want = plan.traffic(model, config)["context"] / GB
-    value = expect_number(
-        context_gb, want, "context_gb", unit="GB",
-        slips=[(2, "is twice the right amount: it counts both directions, or 4-byte values "
-                   "instead of bf16's 2. Count what one GPU sends, in bf16, as everywhere in "
-                   "the planner."),
-               ((right - 1) / (3 * right - 2), "counts the forward ring only; the backward "
-                "sends the K/V blocks around again and the dK/dV home."),
-               (config.tp, "counts the K/V of all heads; each tensor-parallel GPU sends only "
-                "its own heads' K/V, h / tp values per token.")],
-    )  # fmt: skip
-    if not is_right(value, want):
-        fail(
-            "`smallest_cp` is right; `context_gb` is not yet. Per layer and micro-batch a GPU "
-            "sends its K/V block (2 x s/cp x h/tp values, 2 bytes each) cp - 1 times forward, "
-            "and backward cp - 1 times plus cp hops of dK/dV; or ask "
-            "plan.traffic(model, config)['context']."
-        )
-    passed(
+    slips = [
+        (2, "is twice the right amount: it counts both directions, or 4-byte values instead "
+            "of bf16's 2. Count what one GPU sends, in bf16, as everywhere in the planner."),
+        ((right - 1) / (3 * right - 2), "counts the forward ring only; the backward sends the "
+                                        "K/V blocks around again and the dK/dV home."),
+        (config.tp, "counts the K/V of all heads; each tensor-parallel GPU sends only its own "
+                    "heads' K/V, h / tp values per token."),
+    ]  # fmt: skip
+    hints = {
+        "`smallest_cp` is right; `context_gb` is not yet. Per layer and micro-batch a GPU sends "
+        "its K/V block (2 x s/cp x h/tp values, 2 bytes each) cp - 1 times forward, and "
+        "backward cp - 1 times plus cp hops of dK/dV; or ask "
+        "plan.traffic(model, config)['context'].": OTHERWISE,
+    }
+    judge(context_gb, want, "context_gb", hints, unit="GB", slips=slips)
+    return (
         f"Right: at {g['seq']:,} tokens cp={right} is the smallest ring that fits "
         f"({fit[right].memory['total'] / GIB:.1f} GiB per GPU), and each GPU sends "
         f"{want:.3g} GB per step around it, over NVLink inside the node."
     )
 
 
-# --------------------------------------------------------------------------- 12.8
-
-
-def given_8(v: Variant = DEFAULT) -> dict:
-    gpus, zero = v.pick("8g", (16, 1), [(16, 1), (16, 2), (32, 1), (32, 2)])
+def given_8(variant: Variant = DEFAULT) -> dict:
+    gpus, zero = variant.pick("8g", (16, 1), [(16, 1), (16, 2), (32, 1), (32, 2)])
     return {"model": "8x6.7B-MoE", "gpus": gpus, "zero": zero, "global_batch": 128,
             "gpu": "A100-80GB"}  # fmt: skip
 
 
-def moe_layout(ep: int, v: Variant = DEFAULT) -> tuple[plan.ModelShape, plan.Config]:
+def moe_layout(ep: int, variant: Variant = DEFAULT) -> tuple[plan.ModelShape, plan.Config]:
     """Pure data parallelism over all GPUs (tp = pp = cp = 1), experts split over ep."""
-    g = given_8(v)
+    g = given_8(variant)
     dp = g["gpus"]
     config = plan.Config(dp=dp, ep=ep, microbatches=g["global_batch"] // dp, zero=g["zero"],
                          recompute="selective")  # fmt: skip
@@ -707,14 +650,14 @@ def _moe_slips(ep: int, top_k: int) -> list[tuple[float, str]]:
     return slips
 
 
-def exercise_8(smallest_ep, all_to_all_gb, v: Variant = DEFAULT) -> None:
+@exercise(given_8, smallest_ep="whole number", all_to_all_gb="number")
+def exercise_8(g, smallest_ep, all_to_all_gb, variant) -> str:
     """Mixture of experts: the smallest ep that fits, and the all-to-all GB per GPU there."""
-    g = given_8(v)
     hardware = plan.HARDWARE_PRESETS[g["gpu"]]
     options = (1, 2, 4, 8)
-    fit = {e: plan.evaluate(*moe_layout(e, v), hardware=hardware) for e in options}
+    fit = {e: plan.evaluate(*moe_layout(e, variant), hardware=hardware) for e in options}
     right = min(e for e in options if fit[e].fits)
-    ep = as_int(smallest_ep, "smallest_ep")
+    ep = smallest_ep
     if ep not in options:
         fail("`smallest_ep` should be 1, 2, 4 or 8 (it divides the 8 experts).")
     if ep < right:
@@ -724,27 +667,18 @@ def exercise_8(smallest_ep, all_to_all_gb, v: Variant = DEFAULT) -> None:
         )
     if ep > right:
         fail(f"ep={ep} fits, but a smaller ep fits too. Find the smallest.")
-    model, config = moe_layout(right, v)
+    model, config = moe_layout(right, variant)
     want = plan.traffic(model, config)["expert"] / GB
-    value = expect_number(
-        all_to_all_gb,
-        want,
-        "all_to_all_gb",
-        unit="GB",
-        slips=_moe_slips(right, model.top_k),
-    )
-    if not is_right(value, want):
-        fail(
-            "`smallest_ep` is right; `all_to_all_gb` is not yet. Per MoE layer and "
-            "micro-batch: 4 all-to-alls (dispatch and combine, forward and backward), each "
-            "sending this GPU's tokens x top-k x h values of 2 bytes, (ep - 1) / ep of them; "
-            "or ask plan.traffic(model, config)['expert']."
-        )
-    passed(
+    hints = {
+        "`smallest_ep` is right; `all_to_all_gb` is not yet. Per MoE layer and micro-batch: 4 "
+        "all-to-alls (dispatch and combine, forward and backward), each sending this GPU's "
+        "tokens x top-k x h values of 2 bytes, (ep - 1) / ep of them; or ask "
+        "plan.traffic(model, config)['expert'].": OTHERWISE,
+    }
+    slips = _moe_slips(right, model.top_k)
+    judge(all_to_all_gb, want, "all_to_all_gb", hints, unit="GB", slips=slips)
+    return (
         f"Right: ep={right} splits the {model.expert_params / 1e9:.3g}B expert parameters "
         f"{right} ways ({fit[right].memory['total'] / GIB:.1f} GiB per GPU), and each GPU sends "
         f"{want:.3g} GB per step in all-to-alls: inside a node while ep <= 8."
     )
-
-
-__all__ = [f"exercise_{k}" for k in range(1, 9)]
