@@ -389,7 +389,9 @@ class _Run:
         if to_device != stream.device:
             self.sent_bytes.append(nbytes)
             offset, product = _MESSAGES[kind]  # the sender is the stage the receiver needs
-            send = Action(stage + offset, KINDS[self.maker[product]].sends, mb)
+            sends = KINDS[self.maker[product]].sends
+            assert sends is not None  # F sends activations, B and I input gradients
+            send = Action(stage + offset, sends, mb)
             stream.send(key, to_device, nbytes, send)
         else:
             stream.send(key, to_device, nbytes)

@@ -95,14 +95,15 @@ def simulate_moe(
     _check_top_k(top_k, experts)
     per = experts // workers
     if expert_seconds is not None:
-        expert_seconds = [tuple(pair) for pair in expert_seconds]
-        if len(expert_seconds) != experts or any(len(pair) != 2 for pair in expert_seconds):
+        pairs = [tuple(pair) for pair in expert_seconds]
+        if len(pairs) != experts or any(len(pair) != 2 for pair in pairs):
             raise CourseInputError(
                 f"expert_seconds needs one (forward, backward) pair per expert ({experts})"
             )
-        for pair in expert_seconds:
+        for pair in pairs:
             for seconds in pair:
                 _check_float("expert_seconds", seconds, 0.0, 1e12)
+        expert_seconds = [(float(f), float(b)) for f, b in pairs]
     computed = [sum(routed[s][e] for s in range(workers)) for e in range(experts)]
     assignments = [sum(row) for row in routed]  # what each worker sends and gets back
     if tokens_per_worker is None:
