@@ -707,8 +707,7 @@ def exercise(
         label = f"Exercise {lesson}.{int(judging.__name__.removeprefix('exercise_'))}"
 
         @functools.wraps(judging)
-        def check(*values: Any, variant: Variant = DEFAULT, v: Variant | None = None) -> None:
-            variant = v or variant  # v=: the keyword the grader passes (grading/judge.py)
+        def check(*values: Any, variant: Variant = DEFAULT) -> None:
             if len(values) != len(answers):
                 raise TypeError(f"{judging.__name__} takes {len(answers)} answers")
             token = _LABEL.set(label)

@@ -1,6 +1,6 @@
 """Verdicts, decided in the grader's own process from a submission's answers as data.
 
-For each exercise the grader calls the lesson's own check, `exercise_K(*answers, v=variant)`,
+For each exercise the grader calls the lesson's own check, `exercise_K(*answers, variant=...)`,
 exactly as the notebook does, but here, where the learner's code never ran: the answers
 are decoded values (`course_utils.checks.wire`), and a function answer is a `Replay` of what
 it returned in the learner's kernel on the inputs `cases_K` drew. An exercise passes only
@@ -59,7 +59,7 @@ def judge(
     out = io.StringIO()
     try:
         with contextlib.redirect_stdout(out):
-            getattr(module, f"exercise_{k}")(*args, **kwargs, v=variant)
+            getattr(module, f"exercise_{k}")(*args, **kwargs, variant=variant)
     except NotAnswered as exc:
         return Verdict(k, False, _with_problems(exc.message, problems))
     except CheckFailed as exc:
