@@ -173,7 +173,7 @@ def test_command_line_check_exit_codes(folders):
             "-m",
             "course_utils.grading.make_exercises",
             "--solutions",
-            "/nonexistent",
+            str(solutions.parent / "missing"),  # not /nonexistent: a tool can create that
         ],
         capture_output=True,
         text=True,
