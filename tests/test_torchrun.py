@@ -24,7 +24,7 @@ import torch
 from course_utils.distributed import checkpoint
 from course_utils.distributed.cluster import free_port
 from course_utils.distributed.job import Place, make_plan, place_from_env
-from course_utils.distributed.launch import launch, start_agent, torchrun_command
+from course_utils.distributed.launch import Job, _failure, launch, start_agent, torchrun_command
 from course_utils.distributed.parallelize import model_part, stage_layers
 from course_utils.distributed.setup import Setup, build_model, make_batch
 from course_utils.distributed.train import parser
@@ -97,6 +97,41 @@ def test_a_csv_for_another_world_size_is_refused(tmp_path):
     plan = plan_for(["--csv", str(path)], 3, 1)  # the world size it was exported for
     assert plan.pipeline is not None and plan.pipeline.kind == "csv"
     assert plan.pipeline.placement == {0: 0, 1: 1, 2: 2} and plan.parallel == "pipeline"
+
+
+BOX = """[rank1]: Traceback (most recent call last):
+[rank1]:   File "train.py", line 9, in <module>
+[rank1]: RuntimeError: Connection reset by peer
+E1126 16:20:01 torch/distributed/elastic/multiprocessing/api.py:882] failed (exitcode: 1)
+Traceback (most recent call last):
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+course_utils.distributed.train FAILED
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-26_16:20:01
+  rank      : 1 (local_rank: 0)
+  exitcode  : 1 (pid: 4242)
+  error_file: <N/A>
+============================================================
+"""
+
+
+@pytest.mark.parametrize(
+    "logs, says",
+    [
+        (["", BOX], "exit codes [-9, 1]; rank 1, exitcode 1): RuntimeError: Connection reset"),
+        (["", BOX.replace("[rank1]: RuntimeError: Connection reset by peer\n", "")],
+         "rank 1, exitcode 1): no error printed (COURSE_DEBUG=1 keeps the agents' logs)"),
+        (["oops\n=====\n", "=====\n"], "exit codes [-9, 1]): oops"),
+        (["", ""], "): no output"),
+    ],
+)  # fmt: skip
+def test_a_rank_that_dies_unreported_is_named_with_its_exit_code_and_exception(logs, says):
+    # CI once printed only "the torchrun job failed (exit codes [-9, 1]): =====": the box's rule.
+    error = _failure(Job([], [-9, 1], logs, 1.0, 0.0))
+    assert says in str(error) and "\n" not in str(error) and "====" not in str(error)
 
 
 def test_plans_lay_out_the_mesh_as_lesson_12_recommends():

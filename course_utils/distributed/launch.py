@@ -38,6 +38,10 @@ from course_utils.timeline import Event, Timeline
 MAX_NODES, MAX_PROCS_PER_NODE = 4, 4
 ERROR = re.compile(r"course_utils\.distributed\.train: error: (.*)")
 FAILED = re.compile(r"course_utils\.distributed\.train: (rank \d+ \(node \d+\) failed.*)")
+ROOT_CAUSE = re.compile(r"^\s*(rank|exitcode)\s*: (-?\d+)", re.M)
+EXCEPTION = re.compile(
+    r"^(?:\[rank\d+\]:\s*)?((?:\w+\.)*\w*(?:Error|Exception|Interrupt): .+)$", re.M
+)
 STORY = re.compile(
     r"course_utils\.distributed\.train: |Worker group FAILED|Detected \d+ new nodes|"
     r"failed \(exitcode|Rendezvous complete|restart_count=|successfully finished"
@@ -311,5 +315,19 @@ def _failure(job: Job) -> Exception:
         return WorkerError(match.group(1))
     if "RendezvousTimeoutError" in text:
         return WorkerError("rendezvous timed out: not every node joined in time (join_timeout)")
-    last = [line for line in text.splitlines() if line.strip()][-1:] or ["no output"]
-    return WorkerError(f"the torchrun job failed (exit codes {job.returncodes}): {last[0]}")
+    # A rank that died before train.py could report (killed, or an error at start-up): torchrun's
+    # "Root Cause" box names the rank and its exit code, and the rank's traceback ends in the
+    # exception's line. (The box's rules of "=" are no message.)
+    where = ", ".join(
+        f"{key} {value}" for key, value in ROOT_CAUSE.findall(text.split("Root Cause", 1)[-1])
+    )
+    errors = [e for e in EXCEPTION.findall(text) if "ChildFailedError" not in e]
+    said = [line for line in text.splitlines() if line.strip(" =-")][-1:] or ["no output"]
+    if "Root Cause" in text and where:
+        where = "; " + where
+        why = errors[-1] if errors else "no error printed (COURSE_DEBUG=1 keeps the agents' logs)"
+    else:
+        where, why = "", errors[-1] if errors else said[0].strip()
+    return WorkerError(
+        f"the torchrun job failed (agents' exit codes {job.returncodes}{where}): {why}"
+    )
