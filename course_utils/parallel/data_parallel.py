@@ -66,8 +66,9 @@ def shard_sizes(batch: int, workers: int) -> list[int]:
 class DPStepResult:
     """One data-parallel step: whole-batch loss, measured timeline, bytes each replica sent.
 
-    `trace` is the recording behind the timeline (`trace.timeline("wall")` draws the same
-    step on the other clock).
+    `trace` is the recording behind the timeline: `trace.timeline("virtual", links)` draws a
+    wall-clock step on the virtual clock too (a virtual-clock step's replicas take turns on one
+    core, so its wall view shows them one after another).
     """
 
     loss: float
@@ -111,7 +112,7 @@ class DataParallel:
         self.replicas = [copy.deepcopy(model) for _ in range(workers)]
         factory = optimizer or sgd()
         self.optimizers = [factory(r.parameters()) for r in self.replicas]
-        self.threads = DeviceThreads(workers, name="replica")
+        self.threads = DeviceThreads(workers, name="replica", one_core=self.clock == "virtual")
         self.group = ThreadGroup(workers, abort=self.threads.abort, timeout=timeout)
         self.timeout = timeout
 

@@ -286,7 +286,9 @@ class SequenceParallelMLP:
             raise CourseInputError(f"dropout must be in [0, 1), got {block.dropout!r}")
         self.block, self.workers = block, workers
         self.sequence_parallel, self.save_gathered_input = sequence_parallel, save_gathered_input
-        self.threads = DeviceThreads(workers, name="sp" if sequence_parallel else "tp")
+        self.threads = DeviceThreads(
+            workers, name="sp" if sequence_parallel else "tp", one_core=self.clock == "virtual"
+        )
         self.group = ThreadGroup(workers, abort=self.threads.abort, timeout=timeout)
         try:
             # A by columns, B by rows: exactly tensor parallelism's split (reused)

@@ -226,7 +226,7 @@ class TensorParallelMLP:
         self.clock, self.links = check_clock(clock), links
         self.workers = workers
         self.activation = activation
-        self.threads = DeviceThreads(workers, name="tp")
+        self.threads = DeviceThreads(workers, name="tp", one_core=self.clock == "virtual")
         self.group = ThreadGroup(workers, abort=self.threads.abort, timeout=timeout)
         try:
             self.shards = shard_mlp(linear1, linear2, workers, self.group, algorithm)

@@ -68,8 +68,11 @@ class StepResult:
     """One step: the full-batch mean loss, what each device did when, and stage costs.
 
     `timeline` is on the executor's clock; `trace` is the recording it came from, so the
-    same step can be drawn on the other clock too (`trace.timeline("wall")`). `message_bytes`
-    is the mean size of a message between stages, per micro-batch.
+    same step can be drawn on the other clock too. Run on the wall clock to see both: there
+    the devices compute at once and `trace.timeline("virtual", links)` is the same run on the
+    virtual clock, while a virtual-clock run's devices take turns on one core, so its
+    `trace.timeline("wall")` shows them one after another. `message_bytes` is the mean size
+    of a message between stages, per micro-batch.
     """
 
     loss: float
@@ -192,7 +195,7 @@ class PipelineExecutor:
 
             links = default_links()
         self.links = links
-        self.pool = DeviceThreads(num_devices, name="device")
+        self.pool = DeviceThreads(num_devices, name="device", one_core=clock == "virtual")
 
     def parameters(self):
         for stage in self.stages:

@@ -29,6 +29,10 @@ What could still make a virtual figure wrong, and what is done about it:
 - freeing and page faults are real CPU work inside an action (a new large tensor is
   faulted in page by page): allocators keep freed memory for the next step of the same size,
   so steady-state steps pay little of it; a closed pool returns its memory;
+- two threads computing at once on neighbouring cores slow each other (shared caches,
+  memory bandwidth, hyper-threading units): each measured 20-35% more CPU time for the
+  same work on the course's 2-vCPU machine, so a run on the virtual clock pins its device
+  threads to one core, where they take turns (`DeviceThreads(one_core=True)`);
 - caches and the CPU's clock frequency vary from run to run, and another program on the
   same core evicts caches: a variant's runs differ by a few percent, so figures are the
   best of a few runs, taken in turns, with their spread printed.

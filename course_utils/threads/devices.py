@@ -6,6 +6,12 @@ reuses them for every step, because starting threads per step would cost more th
 tiny models' compute. Each thread calls `torch.set_num_threads(1)` first so that one
 "device" really uses one core and the devices do not fight over intra-op threads.
 
+With `one_core=True` (every run on the virtual clock) the threads take turns on one core:
+a thread's CPU time for some work grows when another thread computes at the same moment
+on a core that shares its caches, memory bus or (hyper-threading) execution units,
+by 20-35% on the course's 2-core machine. Taking turns, each device's CPU time is what it
+would be alone, as on its own accelerator; the virtual clock needs no real parallelism.
+
 `run(fns)` runs `fns[d]` on device `d` concurrently and returns the results. When one
 function raises, the pool sets `abort` (a `threading.Event`) so peers blocked on a
 message that will never come can give up, waits for everybody, and raises a
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import queue
 import threading
 import time
@@ -61,12 +68,14 @@ class _Job:
 _STOP = object()
 
 
-def _worker_loop(tasks: queue.SimpleQueue, device: int) -> None:
+def _worker_loop(tasks: queue.SimpleQueue, device: int, cpus: set[int] | None) -> None:
     # Must not reference the pool object, so a forgotten pool can be garbage collected
     # (its finalizer then stops this loop).
     import torch
 
     torch.set_num_threads(1)
+    if cpus is not None:  # on Linux, pid 0 is the calling thread: only this one moves
+        os.sched_setaffinity(0, cpus)
     while True:
         item = tasks.get()
         if item is _STOP:
@@ -129,21 +138,33 @@ def _few_malloc_arenas() -> None:
 _M_ARENA_MAX = -8  # glibc's mallopt parameter number
 
 
+def _one_cpu() -> set[int] | None:
+    """One of the cores this process may use, for threads that take turns (None where the
+    system cannot pin a thread: they then run wherever it puts them)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    return {min(os.sched_getaffinity(0))}
+
+
 class DeviceThreads:
     """`num_devices` persistent worker threads; `run(fns)` runs fns[d] on thread d."""
 
-    def __init__(self, num_devices: int, name: str = "device") -> None:
+    def __init__(self, num_devices: int, name: str = "device", one_core: bool = False) -> None:
         if not isinstance(num_devices, int) or isinstance(num_devices, bool) or num_devices < 1:
             raise CourseInputError(f"num_devices must be an integer >= 1, got {num_devices!r}")
         _few_malloc_arenas()
         self.num_devices = num_devices
         self.name = name
         self.abort = threading.Event()
+        self.cpus = _one_cpu() if one_core else None
         self._queues: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(num_devices)]
         self._threads = [
             # daemon only as a last resort: close() and the finalizer join them properly
             threading.Thread(
-                target=_worker_loop, args=(self._queues[d], d), name=f"{name}-{d}", daemon=True
+                target=_worker_loop,
+                args=(self._queues[d], d, self.cpus),
+                name=f"{name}-{d}",
+                daemon=True,
             )
             for d in range(num_devices)
         ]

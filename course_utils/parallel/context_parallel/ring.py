@@ -271,7 +271,7 @@ class RingAttention:
                 f"timeout must be a finite number of seconds > 0, got {timeout!r}"
             )
         self.workers, self.causal, self.zigzag = workers, bool(causal), bool(zigzag)
-        self.threads = DeviceThreads(workers, name="cp")
+        self.threads = DeviceThreads(workers, name="cp", one_core=self.clock == "virtual")
         self.group = ThreadGroup(workers, abort=self.threads.abort, timeout=timeout)
         self._warm_up()
 

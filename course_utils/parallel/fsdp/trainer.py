@@ -226,7 +226,7 @@ class ShardedDataParallel:
         self.program, self.comms = fsdp_program(len(layers), stage, prefetch, microbatches)
         self.steps_done = 0
         # threads 0..N-1 compute, threads N..2N-1 communicate (worker w's are w and N + w)
-        self.threads = DeviceThreads(2 * workers, name="fsdp")
+        self.threads = DeviceThreads(2 * workers, name="fsdp", one_core=self.clock == "virtual")
         self.group = ThreadGroup(workers, abort=self.threads.abort, timeout=timeout)
         self.timeout = timeout
         for state in self.states:

@@ -92,7 +92,7 @@ class ExpertParallel:
                     expert_ids=ids,
                 )
             )
-        self.threads = DeviceThreads(workers, name="ep worker")
+        self.threads = DeviceThreads(workers, name="ep worker", one_core=self.clock == "virtual")
         self.group = ThreadGroup(workers, abort=self.threads.abort, timeout=timeout)
 
     def step(
