@@ -34,9 +34,9 @@ BAD = [
     (["schedule", "zigzag", "--stages", "4", "--microbatches", "4"], "schedule must be one of"),
     # gantt
     (["gantt", "gpipe", "-p", "100000", "-m", "4", "-o", "x.png"], "--max-actions"),
-    (["gantt", "gpipe", "-p", "4", "-m", "4", "-o", "/proc/x.png"], "--output"),
-    (["gantt", "gpipe", "-p", "4", "-m", "4", "-o", "chart.bmp"], "--output"),
-    (["gantt", "gpipe", "-p", "4", "-m", "4", "-o", "/no/such/folder/chart.png"], "--output"),
+    (["gantt", "gpipe", "-p", "4", "-m", "4", "-o", "/proc/x.png"], "-o"),
+    (["gantt", "gpipe", "-p", "4", "-m", "4", "-o", "chart.bmp"], "-o"),
+    (["gantt", "gpipe", "-p", "4", "-m", "4", "-o", "/no/such/folder/chart.png"], "-o"),
     # run
     (["run", "1f1b", "--stages", "64", "--microbatches", "64"], "--stages"),
     (["run", "1f1b", "--stages", "2", "--microbatches", "4", "--fail-at", "xyz"], "--fail-at"),
@@ -79,7 +79,7 @@ BAD = [
     (["grade", NB, "--cell-timeout", "nan"], "--cell-timeout"),
     (["grade", NB, "--call-timeout", "inf"], "--call-timeout"),
     (["grade", NB, "--csv", "/tmp"], "--csv"),
-    (["grade", NB, "-j", "0"], "--jobs"),
+    (["grade", NB, "-j", "0"], "-j"),
     (["grade", "missing.ipynb"], "missing.ipynb"),
     # fsdp, moe, context-parallel
     (["fsdp", "--workers", "0"], "--workers"),
