@@ -32,6 +32,8 @@ MAX_THREADS = 16  # simulated devices (threads) in any one pool
 MAX_PIPELINE_DEVICES, MAX_PIPELINE_STAGES = 8, 32  # PipelineExecutor and `run`
 MAX_SEED = 2**31 - 1
 MAX_GPUS = 65_536  # GPUs the planner searches
+MAX_NOTEBOOK_BYTES = 25 * MB  # a submitted notebook (ours are under 1 MB with outputs)
+MAX_ROSTER_BYTES = 5 * MB  # a class list
 
 # Bytes one more schedule action costs (measured by tests/test_limits.py), on top of what
 # the process holds before it starts: building only, printed as a table, printed as JSON,
