@@ -99,13 +99,15 @@ class Action:
     microbatch: int | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
+        if not isinstance(self.kind, str) or self.kind not in KINDS:
             allowed = ", ".join(KINDS)
             raise CourseInputError(f"action kind must be one of {allowed}, got {self.kind!r}")
-        if not isinstance(self.stage, int) or self.stage < 0:
+        if isinstance(self.stage, bool) or not isinstance(self.stage, int) or self.stage < 0:
             raise CourseInputError(f"action stage must be an integer >= 0, got {self.stage!r}")
         if self.microbatch is not None and (
-            not isinstance(self.microbatch, int) or self.microbatch < 0
+            isinstance(self.microbatch, bool)
+            or not isinstance(self.microbatch, int)
+            or self.microbatch < 0
         ):
             raise CourseInputError(
                 f"action micro-batch must be an integer >= 0 or None, got {self.microbatch!r}"
@@ -179,6 +181,31 @@ class Schedule:
             raise CourseInputError(
                 "send_groups must give, per device, sizes >= 1 that add up to its number of actions"
             )
+
+    def __post_init__(self) -> None:
+        """Wrong types are one line naming the field, here, not an AttributeError later in
+        the simulator (a list of strings is not a Schedule: see `Action.parse`)."""
+        from course_utils import validation
+
+        if not isinstance(self.name, str):
+            raise CourseInputError(f"Schedule name must be a string, got {self.name!r}")
+        validation.integer(self.stages, "Schedule stages")
+        validation.integer(self.microbatches, "Schedule microbatches")
+        validation.integer(self.batch_scale, "Schedule batch_scale")
+        if not isinstance(self.devices, tuple | list) or not all(
+            isinstance(actions, tuple | list) for actions in self.devices
+        ):
+            raise CourseInputError(
+                "Schedule devices must hold one tuple of actions per device, got "
+                f"{type(self.devices).__name__}"
+            )
+        for d, actions in enumerate(self.devices):
+            for action in actions:
+                if not isinstance(action, Action):
+                    raise CourseInputError(
+                        f"Schedule devices[{d}] must hold Action values (Action.parse('0F0')), "
+                        f"got {action!r}"
+                    )
 
     @property
     def num_devices(self) -> int:
