@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             "printed: run it without '>&-' (or send the output to /dev/null)")  # fmt: skip
         return 2
     original = sys.stdout
-    sys.stdout = _GuardedStdout(original)  # type: ignore[assignment]
+    sys.stdout = _GuardedStdout(original)
     try:
         code = _main(argv)
         sys.stdout.flush()

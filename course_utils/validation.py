@@ -28,8 +28,9 @@ MEMORY_BUDGET = 1500 * MB  # what one run at a documented limit may use, at most
 
 MAX_ACTIONS = 500_000  # actions in one schedule built or simulated (about 0.4 GB as JSON)
 MAX_GANTT_ACTIONS = 20_000  # bars matplotlib draws in a few seconds
-MAX_THREADS = 16  # simulated devices (threads) in any one pool
-MAX_PIPELINE_DEVICES, MAX_PIPELINE_STAGES = 8, 32  # PipelineExecutor and `run`
+MAX_THREADS = 16  # simulated devices (threads) in any one pool: data parallelism's limit
+MAX_WORKERS = 8  # threads of a tensor-, context- or expert-parallel or ZeRO run
+MAX_PIPELINE_DEVICES, MAX_PIPELINE_STAGES = MAX_WORKERS, 32  # PipelineExecutor and `run`
 MAX_SEED = 2**31 - 1
 MAX_GPUS = 65_536  # GPUs the planner searches
 MAX_NOTEBOOK_BYTES = 25 * MB  # a submitted notebook (ours are under 1 MB with outputs)
@@ -102,7 +103,7 @@ def _shown(value: object) -> str:
 def available_memory() -> int | None:
     """Bytes of memory available now (free plus reclaimable cache), or None if unknown."""
     try:
-        import psutil
+        import psutil  # type: ignore[import-untyped]
 
         return int(psutil.virtual_memory().available)
     except Exception:  # noqa: BLE001 - psutil missing or unsupported here: say unknown

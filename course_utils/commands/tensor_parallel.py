@@ -15,9 +15,9 @@ from course_utils.commands.common import (
 )
 from course_utils.errors import CourseInputError
 from course_utils.parallel.costs import ALGORITHMS
+from course_utils.validation import MAX_WORKERS  # threads on a laptop
 
 HELP = "tensor-parallel MLP on threads vs unsplit"
-MAX_WORKERS = 8  # threads on a laptop
 MAX_D_MODEL, MAX_TOKENS = 1024, 4096  # an MLP of d -> 4d -> d on at most this many tokens
 # Activations (and each worker's copy of the output and input gradient) grow with tokens x d:
 # at 2**20 a run on 8 workers peaks under 1 GB, at 2**21 at 1.3 GB (tests/test_limits.py).
