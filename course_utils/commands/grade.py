@@ -20,7 +20,7 @@ from course_utils import validation
 from course_utils.errors import CourseInputError
 
 HELP = "grade exercise notebooks (each in a sandbox, judged outside the learner's kernel)"
-MAX_JOBS = 8
+MAX_JOBS = validation.MAX_GRADE_JOBS  # 4 kernels of about 300 MB each stay under 1.5 GB
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -72,7 +72,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run learners' code WITHOUT a sandbox, with your permissions (only if you must)",
     )
     parser.add_argument(
-        "-j", "--jobs", type=int, default=1, help=f"notebooks graded at once (1-{MAX_JOBS})"
+        "-j",
+        "--jobs",
+        type=int,
+        default=1,
+        help=f"notebooks graded at once (limit: 1-{MAX_JOBS}, each a kernel of about 300 MB)",
     )
     parser.add_argument(
         "--timeout", type=float, default=600, help="seconds per notebook (default 600)"

@@ -41,6 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from course_utils import validation
 from course_utils.checks import DEFAULT_STUDENT
 from course_utils.errors import CourseInputError
 from course_utils.grading.grader import GradeResult
@@ -193,6 +194,7 @@ def grade_all(
     from course_utils.grading import isolation
     from course_utils.grading.journal import Journal, key
 
+    validation.integer(jobs, "jobs", 1, validation.MAX_GRADE_JOBS)
     if sandbox and (why := isolation.problem()):
         raise CourseInputError(why)
     submissions = find_submissions(paths, roster)
