@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from measured import run_course
 
 ROOT = Path(__file__).resolve().parents[1]
 NB = str(ROOT / "solutions" / "03_bubble_tradeoff.ipynb")
@@ -186,3 +187,223 @@ def test_python_api_misuse_raises_the_courses_error_naming_the_argument(call, wo
     with pytest.raises(CourseInputError, match=words) as info:
         call()
     assert "\n" not in str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 26: each class of misuse in a table of its own (the issue's examples, then at least
+# three more of each), run in a real child: exit code, one line, no traceback, under a second
+# of CPU and 500 MB for a refusal. Placeholders: {nb} a solved notebook, {tmp} the test's
+# folder, {long} a name over 255 bytes, {fifo} a FIFO, {ro} a read-only folder.
+
+MB_REFUSAL = 500
+LONG = "a" * 300
+# A pipe closed early: 141 (128 + SIGPIPE) when a write fails; 0 when the one big write was
+# cut short instead (Python's buffered writer then reports the part written, not an error)
+QUIET = (0, 141)
+
+# (args, expected exit code, words of the one line, stdout mode, stderr mode, env)
+OUTPUT_ERRORS = [
+    # the issue's
+    (["schedule", "1f1b", "--stages", "2", "--microbatches", "2"], 2, "cannot write the output",
+     "full", "capture", {}),
+    (["schedule", "1f1b", "--stages", "2", "--microbatches", "2"], 2, "standard output is closed",
+     "closed", "capture", {}),
+    (["schedule", "1f1b", "--stages", "40", "--microbatches", "400"], QUIET, None,
+     "early", "capture", {}),
+    (["gantt", "1f1b", "-p", "2", "-m", "2", "-o", "{long}.png"], 2, "-o",
+     "capture", "capture", {}),
+    (["run", "1f1b", "--gantt", "{tmp}/{long}.png"], 2, "--gantt", "capture", "capture", {}),
+    (["grade", "{nb}", "--csv", "{long}.csv"], 2, "--csv", "capture", "capture", {}),
+    (["grade", "{nb}", "--csv", "/proc/version"], 2, "--csv", "capture", "capture", {}),
+    (["grade", "{nb}", "--csv", "/dev/full"], 2, "not a regular file", "capture", "capture", {}),
+    (["grade", "{nb}", "--csv", "{ro}/grades.csv"], 2, "--csv", "capture", "capture", {}),
+    (["gantt", "1f1b", "-p", "2", "-m", "2", "-o", "c.png"], 2, "MPLBACKEND",
+     "capture", "capture", {"MPLBACKEND": "nosuchbackend"}),
+    (["gantt", "1f1b", "-p", "2", "-m", "2", "-o", "newdir.png/"], 2, "names a folder",
+     "capture", "capture", {}),
+    (["run", "1f1b", "--gantt", ""], 2, "--gantt needs a file name", "capture", "capture", {}),
+    # stderr closed: the error is the one line on stdout
+    (["schedule", "1f1b", "--stages", "0", "--microbatches", "2"], 2, "--stages",
+     "capture", "closed", {}),
+    # more of our own
+    (["schedule", "zb-h1", "--stages", "100", "--microbatches", "400", "--json"], QUIET, None,
+     "early", "capture", {}),
+    (["plan", "search", "--params", "70B", "--layers", "80", "--hidden", "8192", "--heads", "64",
+      "--seq", "2048", "--global-batch", "512", "--gpus", "64"], QUIET, None,
+     "early", "capture", {}),
+    (["plan", "memory", "--params", "7B"], 2, "cannot write the output", "full", "capture", {}),
+    (["plan", "memory", "--params", "7B"], 2, "standard output is closed", "closed", "capture", {}),
+    (["schedule", "1f1b", "--stages", "x", "--microbatches", "2"], 2, "--stages",
+     "capture", "closed", {}),
+    (["gantt", "1f1b", "-p", "2", "-m", "2", "-o", "{fifo}"], 2, "not a regular file",
+     "capture", "capture", {}),
+    (["gantt", "1f1b", "-p", "2", "-m", "2", "-o", "/sys/c.png"], 2, "-o",
+     "capture", "capture", {}),
+    (["gantt", "1f1b", "-p", "2", "-m", "2", "-o", "{ro}/c.png"], 2, "-o",
+     "capture", "capture", {}),
+    (["grade", "{nb}", "--similarity", "/dev/null"], 2, "--similarity", "capture", "capture", {}),
+    (["grade", "{nb}", "--feedback", "/proc/feedback"], 2, "--feedback", "capture", "capture", {}),
+    (["grade", "{nb}", "--stats", "s.png"], 2, "MPLBACKEND", "capture", "capture",
+     {"MPLBACKEND": "TkAgg2"}),
+    (["run", "1f1b", "--gantt", "c.svg"], 2, "MPLBACKEND", "capture", "capture",
+     {"MPLBACKEND": "nosuchbackend"}),
+    (["run", "1f1b", "--gantt", "{tmp}/sub/"], 2, "names a folder", "capture", "capture", {}),
+]  # fmt: skip
+
+# (args, words of the one line): the flag named as the user typed it, refused in < 1 s of CPU
+TYPED_AND_FAST = [
+    # the issue's: -v, --batch-size (typed --batch), -m; refusals of grade paths before import
+    (["gantt", "1f1b", "-p", "2", "-m", "2", "-v", "2", "-o", "c.png"], "-v 2 do not fit 1f1b"),
+    (["run", "1f1b", "--batch", "7"], "--batch must be a positive multiple of --microbatches"),
+    (["gantt", "gpipe", "-p", "2", "-m", "0", "-o", "c.png"], "-m must be"),
+    (["grade", "{nb}", "--csv", "/proc/version"], "--csv"),
+    (["grade", "{tmp}/missing.ipynb"], "does not exist"),
+    # more of our own
+    (["gantt", "interleaved", "-p", "2", "-m", "3", "-v", "2", "-o", "c.png"], "-p 2, -m 3, -v 2"),
+    (["run", "1f1b", "--micro", "0"], "--micro must be"),
+    (["schedule", "1f1b", "--stag", "0", "--microbatches", "2"], "--stag must be"),
+    (["grade", "{nb}", "-j", "9"], "-j must be an integer from 1 to 4"),
+    (["run", "1f1b", "--microbatches=0"], "--microbatches must be"),
+    (["grade", "{nb}", "--roster", "{fifo}"], "--roster"),
+    (["grade", "{tmp}/{long}.ipynb"], "submission"),
+]  # fmt: skip
+
+# (args, words): numbers out of range (each one line naming the flag)
+NUMBERS = [
+    (["run", "1f1b", "--seed", "18446744073709551616"], "--seed"),
+    (["plan", "memory", "--params", "7B", "--pp", "4", "--microbatches", "0"], "--microbatches"),
+    (["run", "1f1b", "--seed", "-1"], "--seed"),
+    (["moe", "--seed", "2147483648"], "--seed"),
+    (["data-parallel", "--steps", "21"], "--steps"),
+    (["plan", "memory", "--params", "7B", "--microbatch-size", "0"], "--microbatch-size"),
+    (["grade", "{nb}", "--lesson", "0"], "--lesson"),
+    (["grade", "{nb}", "--timeout", "1e999"], "--timeout"),
+    (["schedule", "1f1b", "--stages", "2", "--microbatches", "2", "--max-actions", "0"],
+     "--max-actions"),
+]  # fmt: skip
+
+# (args, words): documented limits (memory), refused before any work
+LIMITS = [
+    (["schedule", "gpipe", "--stages", "3000", "--microbatches", "3000", "--max-actions",
+      "1000000000000"], "--max-actions"),
+    (["run", "interleaved", "--stages", "8", "--chunks", "4", "--microbatches", "64",
+      "--batch-size", "1024"], "--batch-size must be at most 192"),
+    (["gantt", "1f1b", "-p", "1000", "-m", "1000", "-o", "c.png", "--max-actions", "10000000"],
+     "--max-actions"),
+    (["tensor-parallel", "--d-model", "1024", "--tokens", "2048"], "--tokens x --d-model"),
+    (["context-parallel", "--heads", "16", "--seq", "368", "--workers", "8"], "--heads x --seq"),
+    (["run", "1f1b", "--stages", "4", "--microbatches", "4", "--batch-size", "4096"],
+     "--batch-size must be at most 1536"),
+    (["data-parallel", "--workers", "17"], "--workers"),
+]  # fmt: skip
+
+
+@pytest.fixture
+def places(tmp_path):
+    """The placeholders' values, and how to run in a read-only folder."""
+    import shutil
+
+    fifo = tmp_path / "pipe.png"
+    os.mkfifo(fifo)
+    ro = tmp_path / "read-only"
+    ro.mkdir()
+    wrap = None
+    if os.geteuid() == 0:  # root writes anywhere: a read-only bind mount says no to root too
+        if shutil.which("bwrap") is None:
+            pytest.skip("a read-only folder as root needs bwrap")
+        wrap = ["bwrap", "--dev-bind", "/", "/", "--ro-bind", str(ro), str(ro)]
+    else:
+        ro.chmod(0o555)
+    work = tmp_path / "work"
+    work.mkdir()
+    values = {"nb": NB, "tmp": str(work), "long": LONG, "fifo": str(fifo), "ro": str(ro)}
+    return values, wrap, work
+
+
+def _filled(args: list[str], values: dict) -> list[str]:
+    return [a.format(**values) for a in args]
+
+
+def _one_clean_line(result: dict, code: int, words: str | None, where: str = "err") -> None:
+    text = result[where]
+    assert "Traceback" not in result["err"] + result["out"], result["err"][-800:]
+    assert result["code"] in (code if isinstance(code, tuple) else (code,)), (
+        result["code"],
+        text[-500:],
+    )
+    lines = text.strip().splitlines()
+    if words is None:  # a closed pipe: nothing to say
+        assert result["err"] == "", result["err"]
+        return
+    assert len(lines) == 1, text
+    assert words in lines[0], lines[0]
+    if code == 2:
+        assert result["cpu"] < 1.0, f"{result['cpu']:.2f} s of CPU to say no"
+        assert result["mb"] < MB_REFUSAL, f"{result['mb']:.0f} MB to say no"
+
+
+@pytest.mark.parametrize(
+    "args, code, words, stdout, stderr, env",
+    OUTPUT_ERRORS,
+    ids=[f"{a[0]} {o}/{e} {w}" for a, _, w, o, e, _ in OUTPUT_ERRORS],
+)
+def test_output_errors_are_one_line_or_quiet(args, code, words, stdout, stderr, env, places):
+    values, wrap, work = places
+    result = run_course(
+        _filled(args, values),
+        work,
+        stdout=stdout,
+        stderr=stderr,
+        env=env,
+        wrap=wrap if "{ro}" in " ".join(args) else None,
+    )
+    _one_clean_line(result, code, words, "out" if stderr == "closed" else "err")
+    assert sorted(p.name for p in work.iterdir()) == []  # nothing written, not even a probe
+
+
+@pytest.mark.parametrize("args, words", TYPED_AND_FAST + NUMBERS + LIMITS)
+def test_refusals_name_the_flag_as_typed_fast(args, words, places):
+    values, _, work = places
+    result = run_course(_filled(args, values), work)
+    _one_clean_line(result, 2, words)
+    assert result["out"] == ""
+
+
+def test_refusals_come_before_torch_and_the_grader():
+    # what the commands import to say no: never torch, nbformat, jupyter or matplotlib
+    code = """
+import sys, contextlib, io
+from course_utils.cli import main
+for argv in (
+    ["run", "1f1b", "--seed", "-1"],
+    ["grade", sys.argv[1], "--csv", "/dev/full"],
+    ["data-parallel", "--workers", "99"],
+    ["gantt", "1f1b", "-p", "2", "-m", "2", "-o", "x/"],
+):
+    with contextlib.redirect_stderr(io.StringIO()):
+        assert main(argv) == 2, argv
+heavy = [m for m in ("torch", "nbformat", "jupyter_client", "matplotlib") if m in sys.modules]
+assert not heavy, heavy
+"""
+    out = subprocess.run([sys.executable, "-c", code, NB], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert out.returncode == 0, out.stderr
+
+
+def test_max_actions_rises_only_while_the_memory_fits(monkeypatch):
+    from course_utils import validation
+    from course_utils.errors import CourseInputError
+    from course_utils.pipeline import make_schedule
+
+    # in the budget: raised on purpose, it builds
+    assert len(make_schedule("1f1b", 100, 2600, max_actions=600_000).devices) == 100
+    # half of the memory available now is the limit where that is less than 1.5 GB
+    monkeypatch.setattr(validation, "available_memory", lambda: 200_000_000)
+    with pytest.raises(CourseInputError, match="half of the 0.2 GB available now") as info:
+        make_schedule("1f1b", 100, 2600, max_actions=600_000)
+    assert "max_actions" in str(info.value) and "\n" not in str(info.value)
+    # the default limit holds whatever the machine has
+    assert make_schedule("1f1b", 4, 8).microbatches == 8
+    monkeypatch.setattr(validation, "available_memory", lambda: 64 * 10**9)
+    with pytest.raises(CourseInputError, match="over the 1.5 GB a run may use"):
+        make_schedule("1f1b", 2000, 2000, max_actions=10**12)
