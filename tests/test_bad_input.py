@@ -404,6 +404,97 @@ def test_max_actions_rises_only_while_the_memory_fits(monkeypatch):
     assert "max_actions" in str(info.value) and "\n" not in str(info.value)
     # the default limit holds whatever the machine has
     assert make_schedule("1f1b", 4, 8).microbatches == 8
+    # a hand-made schedule claiming a billion stages is said to be broken at once
+    from course_utils.errors import ScheduleError
+    from course_utils.pipeline import Schedule, simulate
+
+    with pytest.raises(ScheduleError, match="need 1,000,000,000,000,000,000 forward actions"):
+        simulate(Schedule("x", 10**9, 10**9, ((),)))
     monkeypatch.setattr(validation, "available_memory", lambda: 64 * 10**9)
     with pytest.raises(CourseInputError, match="over the 1.5 GB a run may use"):
         make_schedule("1f1b", 2000, 2000, max_actions=10**12)
+
+
+def _api():
+    """What the API table calls (imported inside the test, so collecting is cheap)."""
+    import types
+
+    from torch import nn
+
+    from course_utils import plan
+    from course_utils.models import MLP, partition
+    from course_utils.parallel.data_parallel import DataParallel
+    from course_utils.parallel.tensor_parallel import TensorParallelMLP
+    from course_utils.pipeline import (
+        Action,
+        CostModel,
+        Schedule,
+        make_schedule,
+        schedules,
+        simulate,
+        validate,
+        vshape,
+    )
+    from course_utils.pipeline.executor import PipelineExecutor
+    from course_utils.threads.devices import DeviceThreads
+
+    return types.SimpleNamespace(
+        nn=nn, plan=plan, MLP=MLP, partition=partition, DataParallel=DataParallel,
+        TensorParallelMLP=TensorParallelMLP, Action=Action, CostModel=CostModel,
+        Schedule=Schedule, make_schedule=make_schedule, schedules=schedules, simulate=simulate,
+        validate=validate, vshape=vshape, PipelineExecutor=PipelineExecutor,
+        DeviceThreads=DeviceThreads,
+    )  # fmt: skip
+
+
+# (call on the namespace above, words the one line must hold: the argument's name)
+API_LIMITS_AND_TYPES = [
+    # the issue's
+    (lambda a: a.make_schedule("gpipe", 100000, 100000), "max_actions"),
+    (lambda a: a.make_schedule("interleaved", 2, 2, 10**8), "max_actions"),
+    (lambda a: a.plan.search(a.plan.ModelShape(7e9, 32, 4096, 32, 2048), 10**9, 64), "gpus"),
+    (lambda a: a.PipelineExecutor(a.partition(a.MLP(4, 8, 2, depth=4), 4), 2000), "num_devices"),
+    (lambda a: a.make_schedule(["1f1b"], 2, 2), "schedule must be one of"),
+    (lambda a: a.simulate(a.Schedule("x", 2, 2, (("0F0",),))), "Action"),
+    (lambda a: a.make_schedule("1f1b", -1, 2), "devices"),
+    (lambda a: a.Schedule("x", 2, 2, (), batch_scale=0), "batch_scale"),
+    (lambda a: a.make_schedule("1f1b", 2, "2"), "microbatches"),
+    (lambda a: a.validate([["0F0"]], stages=1.5, microbatches=1), "stages"),
+    (lambda a: a.PipelineExecutor(a.nn.Linear(4, 4), 1), "stages must be a list of modules"),
+    (lambda a: a.CostModel(forward=True), "forward cost"),
+    (lambda a: a.Action(True, "F", True), "stage"),
+    (lambda a: a.CostModel(forward=1e308), "forward cost"),
+    # more of our own
+    (lambda a: a.make_schedule("zb-v", 10**6, 10**6), "max_actions"),
+    (lambda a: a.make_schedule("1f1b", 2000, 2000, max_actions=10**12), "max_actions"),
+    (lambda a: a.make_schedule("1f1b", 2, 2, max_actions="big"), "max_actions"),
+    (lambda a: a.schedules.gpipe(10**5, 10**5), "max_actions"),
+    (lambda a: a.vshape.dualpipe_v_slots(10**4, 10**4), "max_actions"),
+    (lambda a: a.simulate(a.make_schedule("1f1b", 2, 2), "fast"), "costs must be a CostModel"),
+    (lambda a: a.validate([["0F0"]], stages=10**9, microbatches=10**9), "stages x microbatches"),
+    (lambda a: a.Action(0, ["F"], 0), "kind"),
+    (lambda a: a.Action(0, "F", 1.5), "micro-batch"),
+    (lambda a: a.CostModel(stage_forward=[1e308]), "stage_forward"),
+    (lambda a: a.DeviceThreads(2000), "num_devices"),
+    (lambda a: a.DataParallel(a.MLP(4, 8, 2), 100), "workers"),
+    (lambda a: a.TensorParallelMLP(a.nn.Linear(4, 16), a.nn.Linear(16, 4), 64), "workers"),
+    (lambda a: a.PipelineExecutor([1, 2], 1), "stages must be a non-empty list of modules"),
+    (lambda a: a.plan.search(a.plan.ModelShape(7e9, 32, 4096, 32, 2048), 8.0, 64), "gpus"),
+]
+
+
+@pytest.mark.parametrize("call, words", API_LIMITS_AND_TYPES)
+def test_the_api_refuses_with_one_line_naming_the_argument_at_once(call, words):
+    import time
+
+    from course_utils.errors import CourseInputError
+
+    api = _api()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.process_time()
+    with pytest.raises(CourseInputError) as info:
+        call(api)
+    assert time.process_time() - start < 1.0
+    assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024 < 100  # MB
+    message = str(info.value)
+    assert "\n" not in message and words in message, message
