@@ -498,3 +498,53 @@ def test_the_api_refuses_with_one_line_naming_the_argument_at_once(call, words):
     assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024 < 100  # MB
     message = str(info.value)
     assert "\n" not in message and words in message, message
+
+
+def _fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+def _sparse(size: int):
+    def make(path: Path) -> None:
+        with path.open("wb") as f:  # a file that big, without writing it
+            f.truncate(size)
+
+    return make
+
+
+def _link(target: str):
+    return lambda path: path.symlink_to(target)
+
+
+# (what to make at PATH, the command, exit code, words of its output): nothing that is not a
+# regular file of a reasonable size is read, and nothing of what it holds is printed
+SLOW = pytest.mark.slow  # a row of the batch: the grader starts (about 5 s)
+NOT_FILES = [
+    pytest.param(_fifo, ["grade", "{path}.ipynb"], 0, "a FIFO", marks=SLOW),
+    pytest.param(_link("/dev/zero"), ["grade", "{path}.ipynb"], 0, "a symbolic link", marks=SLOW),
+    pytest.param(_link("/etc/passwd"), ["grade", "{path}.ipynb"], 0, "a symbolic link", marks=SLOW),
+    pytest.param(
+        _sparse(30 * 10**6), ["grade", "{path}.ipynb"], 0, "over the limit of 25 MB", marks=SLOW
+    ),  # fmt: skip
+    (_fifo, ["grade", "{nb}", "--roster", "{path}.csv"], 2, "--roster"),
+    (_link("/dev/zero"), ["grade", "{nb}", "--roster", "{path}.csv"], 2, "not a regular file"),
+    (_sparse(6 * 10**6), ["grade", "{nb}", "--roster", "{path}.csv"], 2, "over the limit of 5 MB"),
+]
+
+
+@pytest.mark.parametrize("make, args, code, words", NOT_FILES)
+def test_inputs_that_are_not_files_are_never_read(make, args, code, words, tmp_path):
+    name = "alice_03"
+    suffix = ".csv" if "--roster" in args else ".ipynb"
+    make(tmp_path / f"{name}{suffix}")
+    filled = [a.format(path=name, nb=NB) for a in args]
+    result = run_course(filled, tmp_path, timeout=60)
+    assert "TIMED OUT" not in result["err"]  # a FIFO is never opened
+    assert "Traceback" not in result["err"] + result["out"]
+    assert result["code"] == code, result["err"]
+    said = result["out"] + result["err"]
+    assert words in said, said
+    assert "root:" not in said
+    assert result["mb"] < MB_REFUSAL, f"{result['mb']:.0f} MB"
+    if code == 2:
+        assert len(result["err"].strip().splitlines()) == 1 and result["cpu"] < 1.0
