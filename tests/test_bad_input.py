@@ -548,3 +548,32 @@ def test_inputs_that_are_not_files_are_never_read(make, args, code, words, tmp_p
     assert result["mb"] < MB_REFUSAL, f"{result['mb']:.0f} MB"
     if code == 2:
         assert len(result["err"].strip().splitlines()) == 1 and result["cpu"] < 1.0
+
+
+def test_help_states_the_limits_the_commands_enforce():
+    import contextlib
+    import io
+
+    from course_utils import validation
+    from course_utils.cli import main
+    from course_utils.commands import context_parallel, data_parallel, run, tensor_parallel
+
+    def shown(*argv: str) -> str:
+        text = io.StringIO()
+        with contextlib.redirect_stdout(text):
+            assert main([*argv, "--help"]) == 0
+        return " ".join(text.getvalue().split())  # argparse wraps lines anywhere
+
+    assert f"{run.MAX_SAMPLE_LAYERS['gpt']:,} for gpt" in shown("run")
+    assert f"at most {validation.MAX_PIPELINE_DEVICES} devices" in shown("run")
+    assert f"(1-{data_parallel.MAX_STEPS})" in shown("data-parallel")
+    assert f"at most {data_parallel.MAX_WORKERS} workers" in shown("data-parallel")
+    assert f"<= {tensor_parallel.MAX_TOKEN_DIMS:,}" in shown("tensor-parallel")
+    text = shown("context-parallel")
+    assert f"up to {context_parallel.MAX_SEQ} with one head" in text and "200 MB" not in text
+    assert f"1-{validation.MAX_GRADE_JOBS}" in shown("grade")
+    assert f"default {validation.MAX_ACTIONS:,}" in shown("schedule")
+    assert f"default {validation.MAX_GANTT_ACTIONS:,}" in shown("gantt")
+    # and they are enforced: one past each is refused (tests/test_limits.py runs each limit)
+    assert context_parallel.MAX_SEQ**2 <= context_parallel.MAX_SCORES
+    assert (context_parallel.MAX_SEQ + 1) ** 2 > context_parallel.MAX_SCORES
