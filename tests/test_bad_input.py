@@ -287,13 +287,13 @@ LIMITS = [
     (["schedule", "gpipe", "--stages", "3000", "--microbatches", "3000", "--max-actions",
       "1000000000000"], "--max-actions"),
     (["run", "interleaved", "--stages", "8", "--chunks", "4", "--microbatches", "64",
-      "--batch-size", "1024"], "--batch-size must be at most 192"),
+      "--batch-size", "1024"], "--batch-size must be at most 128"),
     (["gantt", "1f1b", "-p", "1000", "-m", "1000", "-o", "c.png", "--max-actions", "10000000"],
      "--max-actions"),
     (["tensor-parallel", "--d-model", "1024", "--tokens", "2048"], "--tokens x --d-model"),
     (["context-parallel", "--heads", "16", "--seq", "368", "--workers", "8"], "--heads x --seq"),
     (["run", "1f1b", "--stages", "4", "--microbatches", "4", "--batch-size", "4096"],
-     "--batch-size must be at most 1536"),
+     "--batch-size must be at most 1024"),
     (["data-parallel", "--workers", "17"], "--workers"),
 ]  # fmt: skip
 

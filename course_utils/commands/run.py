@@ -28,9 +28,10 @@ HELP = "run one pipelined training step for real on CPU threads"
 MODELS = ("gpt", "mlp")
 # Limits that fit a laptop (under 1.5 GB, tests/test_limits.py): threads, layers (a stage
 # each, 4 at least), micro-batches, samples. Activations grow with samples x layers: a GPT
-# layer keeps about 150 kB per sample (32 tokens) for its backward, an MLP layer about 8 kB.
+# layer keeps about 190 kB per sample (32 tokens) for its backward, an MLP layer about 15 kB
+# (both measured with all of them in flight: 6,144 GPT sample-layers peaked at 1.4 GB).
 MAX_MICROBATCHES, MAX_BATCH = 64, 4096
-MAX_SAMPLE_LAYERS = {"gpt": 6144, "mlp": 131_072}
+MAX_SAMPLE_LAYERS = {"gpt": 4096, "mlp": 65_536}
 DEFAULT_PER_MICROBATCH = {"gpt": 16, "mlp": 64}
 
 
