@@ -29,9 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "submissions", nargs="+", type=Path, help="submitted .ipynb files or folders of them"
     )
-    parser.add_argument(
-        "--csv", type=Path, help="one row per notebook, written as each finishes (resumable)"
-    )
+    parser.add_argument("--csv", help="one row per notebook, written as each finishes (resumable)")
     parser.add_argument("--json", action="store_true", help="print the results as a JSON list")
     parser.add_argument("--solutions", type=Path, default=SOLUTIONS, help="folder of solutions")
     parser.add_argument("--lesson", type=int, default=None, help="grade as this lesson (1-99)")
@@ -49,14 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--roster", type=Path, help="CSV with id,name[,lms_id]: whose each file is (Moodle, Canvas)"
     )
+    parser.add_argument("--gradebook", help="CSV, one row per student, for Canvas or Moodle")
     parser.add_argument(
-        "--gradebook", type=Path, help="CSV, one row per student, for Canvas or Moodle"
+        "--feedback", metavar="DIR", help="write one HTML feedback page per notebook"
     )
     parser.add_argument(
-        "--feedback", type=Path, metavar="DIR", help="write one HTML feedback page per notebook"
-    )
-    parser.add_argument(
-        "--stats", type=Path, metavar="PNG", help="class statistics: bar chart (and .csv beside)"
+        "--stats", metavar="PNG", help="class statistics: bar chart (and .csv beside)"
     )
     parser.add_argument(
         "--similarity",
@@ -128,15 +124,18 @@ def _check(args: argparse.Namespace) -> None:
         raise CourseInputError(f"--solutions {str(args.solutions)!r} is not a folder")
     # every output, before a notebook is graded: a name, a folder that takes files, no device
     if args.csv is not None:
-        validation.output_file(args.csv, "--csv", siblings=(".jsonl",))
+        args.csv = validation.output_file(args.csv, "--csv", siblings=(".jsonl",))
     if args.gradebook is not None:
-        validation.output_file(args.gradebook, "--gradebook")
+        args.gradebook = validation.output_file(args.gradebook, "--gradebook")
     if isinstance(args.similarity, str):
-        args.similarity = Path(validation.output_file(args.similarity, "--similarity"))
+        args.similarity = validation.output_file(args.similarity, "--similarity")
     if args.stats is not None:
-        validation.output_file(args.stats, "--stats", (".png",), siblings=(".csv",))
+        args.stats = validation.output_file(args.stats, "--stats", (".png",), siblings=(".csv",))
         validation.matplotlib_ready()
     if args.feedback is not None:
+        if not args.feedback.strip():
+            raise CourseInputError("--feedback needs a folder name, got ''")
+        args.feedback = Path(args.feedback)
         _output_folder(args.feedback, "--feedback")
     if args.roster is not None:
         validation.input_file(args.roster, "--roster", validation.MAX_ROSTER_BYTES)
