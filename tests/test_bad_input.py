@@ -577,3 +577,11 @@ def test_help_states_the_limits_the_commands_enforce():
     # and they are enforced: one past each is refused (tests/test_limits.py runs each limit)
     assert context_parallel.MAX_SEQ**2 <= context_parallel.MAX_SCORES
     assert (context_parallel.MAX_SEQ + 1) ** 2 > context_parallel.MAX_SCORES
+
+
+@pytest.mark.slow
+def test_grade_grades_with_a_home_it_cannot_write(tmp_path):
+    # HOME=/proc: the kernel without a sandbox keeps its IPython folder in its scratch folder
+    result = run_course(["grade", NB, "--no-sandbox"], tmp_path, env={"HOME": "/proc"}, timeout=300)
+    assert result["code"] == 0 and "Traceback" not in result["err"], result["err"][-1000:]
+    assert "score: 6/6" in result["out"], result["out"][-1000:]
