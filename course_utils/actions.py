@@ -87,7 +87,7 @@ PIPELINE_KINDS = tuple(code for code, k in KINDS.items() if k.produces)  # F, B,
 
 # Longest codes first, so "REDUCE_GRAD" is not read as "R..." of a shorter code.
 _CODES = "|".join(sorted(KINDS, key=len, reverse=True))
-_ACTION_RE = re.compile(rf"^\s*(\d+)({_CODES})(\d*)\s*$")
+_ACTION_RE = re.compile(rf"^\s*(\d{{1,9}})({_CODES})(\d{{0,9}})\s*$")  # 9 digits: plenty
 
 
 @dataclass(frozen=True, order=True)
@@ -139,9 +139,10 @@ class Action:
             return text
         match = _ACTION_RE.match(str(text))
         if not match:
+            shown = repr(text) if len(repr(text)) <= 40 else repr(text)[:37] + "..."
             raise CourseInputError(
-                f"cannot read action {text!r}: write stage, kind, micro-batch like '2F0', "
-                "'1B3', '0I1' or '0W1'"
+                f"cannot read action {shown}: write stage, kind, micro-batch like '2F0', "
+                "'1B3', '0I1' or '0W1' (at most 9 digits each)"
             )
         stage, kind, mb = match.groups()
         return cls(int(stage), kind, int(mb) if mb else None)

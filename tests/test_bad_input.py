@@ -474,6 +474,7 @@ API_LIMITS_AND_TYPES = [
     (lambda a: a.validate([["0F0"]], stages=10**9, microbatches=10**9), "stages x microbatches"),
     (lambda a: a.Action(0, ["F"], 0), "kind"),
     (lambda a: a.Action(0, "F", 1.5), "micro-batch"),
+    (lambda a: a.Action.parse("9" * 5000 + "F0"), "cannot read action"),
     (lambda a: a.CostModel(stage_forward=[1e308]), "stage_forward"),
     (lambda a: a.DeviceThreads(2000), "num_devices"),
     (lambda a: a.DataParallel(a.MLP(4, 8, 2), 100), "workers"),
