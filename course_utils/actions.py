@@ -172,18 +172,6 @@ class Schedule:
     send_groups: tuple[tuple[int, ...], ...] | None = None
 
     def __post_init__(self) -> None:
-        groups = self.send_groups
-        if groups is None:
-            return
-        if len(groups) != len(self.devices) or any(
-            any(not isinstance(n, int) or n < 1 for n in sizes) or sum(sizes) != len(actions)
-            for sizes, actions in zip(groups, self.devices, strict=False)
-        ):
-            raise CourseInputError(
-                "send_groups must give, per device, sizes >= 1 that add up to its number of actions"
-            )
-
-    def __post_init__(self) -> None:
         """Wrong types are one line naming the field, here, not an AttributeError later in
         the simulator (a list of strings is not a Schedule: see `Action.parse`)."""
         from course_utils import validation
@@ -207,6 +195,16 @@ class Schedule:
                         f"Schedule devices[{d}] must hold Action values (Action.parse('0F0')), "
                         f"got {action!r}"
                     )
+        groups = self.send_groups
+        if groups is None:
+            return
+        if len(groups) != len(self.devices) or any(
+            any(not isinstance(n, int) or n < 1 for n in sizes) or sum(sizes) != len(actions)
+            for sizes, actions in zip(groups, self.devices, strict=False)
+        ):
+            raise CourseInputError(
+                "send_groups must give, per device, sizes >= 1 that add up to its number of actions"
+            )
 
     @property
     def num_devices(self) -> int:
