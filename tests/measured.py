@@ -50,7 +50,7 @@ except subprocess.TimeoutExpired:
     err = (err or "") + "\nTIMED OUT"
 usage = resource.getrusage(resource.RUSAGE_CHILDREN)
 print(json.dumps({"code": proc.returncode, "out": out or "", "err": err or "",
-                  "cpu": usage.ru_utime + usage.ru_stime, "mb": usage.ru_maxrss / 1024,
+                  "cpu": usage.ru_utime + usage.ru_stime, "mb": usage.ru_maxrss * 1024 / 1e6,
                   "wall": time.monotonic() - start}))
 """
 
@@ -65,7 +65,7 @@ def run_course(
     timeout: float = 60,
     wrap: list[str] | None = None,
 ) -> dict:
-    """{code, out, err, cpu, mb, wall} of `python -m course_utils ARGS` run in `cwd`.
+    """{code, out, err, cpu, mb (10^6 bytes), wall} of `python -m course_utils ARGS` in `cwd`.
     `stdout`: capture, full (/dev/full), closed or early (a reader that leaves after 10
     bytes); `stderr`: capture or closed; `wrap`: a command it runs under (bwrap ...)."""
     command = [*(wrap or []), sys.executable, "-m", "course_utils", *map(str, args)]

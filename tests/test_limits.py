@@ -24,6 +24,8 @@ import nbformat
 import pytest
 from measured import ROOT, run_course, tree_peak_mb
 
+from course_utils import validation
+from course_utils.pipeline.schedules import count_actions
 from course_utils.validation import MAX_ACTIONS, MAX_GANTT_ACTIONS, MEMORY_BUDGET
 
 pytestmark = pytest.mark.slow
@@ -69,6 +71,11 @@ def test_every_documented_limit_runs_under_the_budget(args, what, tmp_path):
     result = run_course(args, tmp_path, timeout=600)
     assert result["code"] == 0, result["err"][-2000:]
     assert result["mb"] < BUDGET_MB, f"{what}: {result['mb']:.0f} MB"
+    if args[0] in ("schedule", "gantt"):  # what --max-actions is raised on: never predicted low
+        use = "gantt" if args[0] == "gantt" else "json"
+        actions = count_actions(args[1], int(args[3]), int(args[5]))
+        predicted = validation.BASE_BYTES[use] + validation.ACTION_BYTES[use] * actions
+        assert result["mb"] * 1e6 <= predicted, (result["mb"], predicted / 1e6)
     print(f"{' '.join(args)}: {result['mb']:.0f} MB, {result['cpu']:.1f} s of CPU")
 
 
