@@ -87,7 +87,7 @@ PIPELINE_KINDS = tuple(code for code, k in KINDS.items() if k.produces)  # F, B,
 
 # Longest codes first, so "REDUCE_GRAD" is not read as "R..." of a shorter code.
 _CODES = "|".join(sorted(KINDS, key=len, reverse=True))
-_ACTION_RE = re.compile(rf"^\s*(\d+)({_CODES})(\d*)\s*$")
+_ACTION_RE = re.compile(rf"^\s*(\d{{1,9}})({_CODES})(\d{{0,9}})\s*$")  # 9 digits: plenty
 
 
 @dataclass(frozen=True, order=True)
@@ -99,13 +99,15 @@ class Action:
     microbatch: int | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
+        if not isinstance(self.kind, str) or self.kind not in KINDS:
             allowed = ", ".join(KINDS)
             raise CourseInputError(f"action kind must be one of {allowed}, got {self.kind!r}")
-        if not isinstance(self.stage, int) or self.stage < 0:
+        if isinstance(self.stage, bool) or not isinstance(self.stage, int) or self.stage < 0:
             raise CourseInputError(f"action stage must be an integer >= 0, got {self.stage!r}")
         if self.microbatch is not None and (
-            not isinstance(self.microbatch, int) or self.microbatch < 0
+            isinstance(self.microbatch, bool)
+            or not isinstance(self.microbatch, int)
+            or self.microbatch < 0
         ):
             raise CourseInputError(
                 f"action micro-batch must be an integer >= 0 or None, got {self.microbatch!r}"
@@ -137,9 +139,10 @@ class Action:
             return text
         match = _ACTION_RE.match(str(text))
         if not match:
+            shown = repr(text) if len(repr(text)) <= 40 else repr(text)[:37] + "..."
             raise CourseInputError(
-                f"cannot read action {text!r}: write stage, kind, micro-batch like '2F0', "
-                "'1B3', '0I1' or '0W1'"
+                f"cannot read action {shown}: write stage, kind, micro-batch like '2F0', "
+                "'1B3', '0I1' or '0W1' (at most 9 digits each)"
             )
         stage, kind, mb = match.groups()
         return cls(int(stage), kind, int(mb) if mb else None)
@@ -169,6 +172,29 @@ class Schedule:
     send_groups: tuple[tuple[int, ...], ...] | None = None
 
     def __post_init__(self) -> None:
+        """Wrong types are one line naming the field, here, not an AttributeError later in
+        the simulator (a list of strings is not a Schedule: see `Action.parse`)."""
+        from course_utils import validation
+
+        if not isinstance(self.name, str):
+            raise CourseInputError(f"Schedule name must be a string, got {self.name!r}")
+        validation.integer(self.stages, "Schedule stages")
+        validation.integer(self.microbatches, "Schedule microbatches")
+        validation.integer(self.batch_scale, "Schedule batch_scale")
+        if not isinstance(self.devices, tuple | list) or not all(
+            isinstance(actions, tuple | list) for actions in self.devices
+        ):
+            raise CourseInputError(
+                "Schedule devices must hold one tuple of actions per device, got "
+                f"{type(self.devices).__name__}"
+            )
+        for d, actions in enumerate(self.devices):
+            for action in actions:
+                if not isinstance(action, Action):
+                    raise CourseInputError(
+                        f"Schedule devices[{d}] must hold Action values (Action.parse('0F0')), "
+                        f"got {action!r}"
+                    )
         groups = self.send_groups
         if groups is None:
             return

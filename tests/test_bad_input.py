@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from measured import run_course
 
 ROOT = Path(__file__).resolve().parents[1]
 NB = str(ROOT / "solutions" / "03_bubble_tradeoff.ipynb")
@@ -33,9 +34,9 @@ BAD = [
     (["schedule", "zigzag", "--stages", "4", "--microbatches", "4"], "schedule must be one of"),
     # gantt
     (["gantt", "gpipe", "-p", "100000", "-m", "4", "-o", "x.png"], "--max-actions"),
-    (["gantt", "gpipe", "-p", "4", "-m", "4", "-o", "/proc/x.png"], "--output"),
-    (["gantt", "gpipe", "-p", "4", "-m", "4", "-o", "chart.bmp"], "--output"),
-    (["gantt", "gpipe", "-p", "4", "-m", "4", "-o", "/no/such/folder/chart.png"], "--output"),
+    (["gantt", "gpipe", "-p", "4", "-m", "4", "-o", "/proc/x.png"], "-o"),
+    (["gantt", "gpipe", "-p", "4", "-m", "4", "-o", "chart.bmp"], "-o"),
+    (["gantt", "gpipe", "-p", "4", "-m", "4", "-o", "/no/such/folder/chart.png"], "-o"),
     # run
     (["run", "1f1b", "--stages", "64", "--microbatches", "64"], "--stages"),
     (["run", "1f1b", "--stages", "2", "--microbatches", "4", "--fail-at", "xyz"], "--fail-at"),
@@ -78,7 +79,7 @@ BAD = [
     (["grade", NB, "--cell-timeout", "nan"], "--cell-timeout"),
     (["grade", NB, "--call-timeout", "inf"], "--call-timeout"),
     (["grade", NB, "--csv", "/tmp"], "--csv"),
-    (["grade", NB, "-j", "0"], "--jobs"),
+    (["grade", NB, "-j", "0"], "-j"),
     (["grade", "missing.ipynb"], "missing.ipynb"),
     # fsdp, moe, context-parallel
     (["fsdp", "--workers", "0"], "--workers"),
@@ -202,3 +203,402 @@ def test_python_api_misuse_raises_the_courses_error_naming_the_argument(call, wo
     with pytest.raises(CourseInputError, match=words) as info:
         call()
     assert "\n" not in str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 26: each class of misuse in a table of its own (the issue's examples, then at least
+# three more of each), run in a real child: exit code, one line, no traceback, under a second
+# of CPU and 500 MB for a refusal. Placeholders: {nb} a solved notebook, {tmp} the test's
+# folder, {long} a name over 255 bytes, {fifo} a FIFO, {ro} a read-only folder.
+
+MB_REFUSAL = 500
+LONG = "a" * 300
+# A pipe closed early: 141 (128 + SIGPIPE) when a write fails; 0 when the one big write was
+# cut short instead (Python's buffered writer then reports the part written, not an error)
+QUIET = (0, 141)
+
+# (args, expected exit code, words of the one line, stdout mode, stderr mode, env)
+OUTPUT_ERRORS = [
+    # the issue's
+    (["schedule", "1f1b", "--stages", "2", "--microbatches", "2"], 2, "cannot write the output",
+     "full", "capture", {}),
+    (["schedule", "1f1b", "--stages", "2", "--microbatches", "2"], 2, "standard output is closed",
+     "closed", "capture", {}),
+    (["schedule", "1f1b", "--stages", "40", "--microbatches", "400"], QUIET, None,
+     "early", "capture", {}),
+    (["gantt", "1f1b", "-p", "2", "-m", "2", "-o", "{long}.png"], 2, "-o",
+     "capture", "capture", {}),
+    (["run", "1f1b", "--gantt", "{tmp}/{long}.png"], 2, "--gantt", "capture", "capture", {}),
+    (["grade", "{nb}", "--csv", "{long}.csv"], 2, "--csv", "capture", "capture", {}),
+    (["grade", "{nb}", "--csv", "/proc/version"], 2, "--csv", "capture", "capture", {}),
+    (["grade", "{nb}", "--csv", "/dev/full"], 2, "not a regular file", "capture", "capture", {}),
+    (["grade", "{nb}", "--csv", "{ro}/grades.csv"], 2, "--csv", "capture", "capture", {}),
+    (["gantt", "1f1b", "-p", "2", "-m", "2", "-o", "c.png"], 2, "MPLBACKEND",
+     "capture", "capture", {"MPLBACKEND": "nosuchbackend"}),
+    (["gantt", "1f1b", "-p", "2", "-m", "2", "-o", "newdir.png/"], 2, "names a folder",
+     "capture", "capture", {}),
+    (["run", "1f1b", "--gantt", ""], 2, "--gantt needs a file name", "capture", "capture", {}),
+    # stderr closed: the error is the one line on stdout
+    (["schedule", "1f1b", "--stages", "0", "--microbatches", "2"], 2, "--stages",
+     "capture", "closed", {}),
+    # more of our own
+    (["schedule", "zb-h1", "--stages", "100", "--microbatches", "400", "--json"], QUIET, None,
+     "early", "capture", {}),
+    (["plan", "search", "--params", "70B", "--layers", "80", "--hidden", "8192", "--heads", "64",
+      "--seq", "2048", "--global-batch", "512", "--gpus", "64"], QUIET, None,
+     "early", "capture", {}),
+    (["plan", "memory", "--params", "7B"], 2, "cannot write the output", "full", "capture", {}),
+    (["plan", "memory", "--params", "7B"], 2, "standard output is closed", "closed", "capture", {}),
+    (["schedule", "1f1b", "--stages", "x", "--microbatches", "2"], 2, "--stages",
+     "capture", "closed", {}),
+    (["gantt", "1f1b", "-p", "2", "-m", "2", "-o", "{fifo}"], 2, "not a regular file",
+     "capture", "capture", {}),
+    (["gantt", "1f1b", "-p", "2", "-m", "2", "-o", "/sys/c.png"], 2, "-o",
+     "capture", "capture", {}),
+    (["gantt", "1f1b", "-p", "2", "-m", "2", "-o", "{ro}/c.png"], 2, "-o",
+     "capture", "capture", {}),
+    (["grade", "{nb}", "--similarity", "/dev/null"], 2, "--similarity", "capture", "capture", {}),
+    (["grade", "{nb}", "--feedback", "/proc/feedback"], 2, "--feedback", "capture", "capture", {}),
+    (["grade", "{nb}", "--stats", "s.png"], 2, "MPLBACKEND", "capture", "capture",
+     {"MPLBACKEND": "TkAgg2"}),
+    (["run", "1f1b", "--gantt", "c.svg"], 2, "MPLBACKEND", "capture", "capture",
+     {"MPLBACKEND": "nosuchbackend"}),
+    (["run", "1f1b", "--gantt", "{tmp}/sub/"], 2, "names a folder", "capture", "capture", {}),
+]  # fmt: skip
+
+# (args, words of the one line): the flag named as the user typed it, refused in < 1 s of CPU
+TYPED_AND_FAST = [
+    # the issue's: -v, --batch-size (typed --batch), -m; refusals of grade paths before import
+    (["gantt", "1f1b", "-p", "2", "-m", "2", "-v", "2", "-o", "c.png"], "-v 2 do not fit 1f1b"),
+    (["run", "1f1b", "--batch", "7"], "--batch must be a positive multiple of --microbatches"),
+    (["gantt", "gpipe", "-p", "2", "-m", "0", "-o", "c.png"], "-m must be"),
+    (["grade", "{nb}", "--csv", "/proc/version"], "--csv"),
+    (["grade", "{tmp}/missing.ipynb"], "does not exist"),
+    # more of our own
+    (["gantt", "interleaved", "-p", "2", "-m", "3", "-v", "2", "-o", "c.png"], "-p 2, -m 3, -v 2"),
+    (["run", "1f1b", "--micro", "0"], "--micro must be"),
+    (["schedule", "1f1b", "--stag", "0", "--microbatches", "2"], "--stag must be"),
+    (["grade", "{nb}", "-j", "9"], "-j must be an integer from 1 to 4"),
+    (["run", "1f1b", "--microbatches=0"], "--microbatches must be"),
+    (["grade", "{nb}", "--roster", "{fifo}"], "--roster"),
+    (["grade", "{tmp}/{long}.ipynb"], "submission"),
+]  # fmt: skip
+
+# (args, words): numbers out of range (each one line naming the flag)
+NUMBERS = [
+    (["run", "1f1b", "--seed", "18446744073709551616"], "--seed"),
+    (["plan", "memory", "--params", "7B", "--pp", "4", "--microbatches", "0"], "--microbatches"),
+    (["run", "1f1b", "--seed", "-1"], "--seed"),
+    (["moe", "--seed", "2147483648"], "--seed"),
+    (["data-parallel", "--steps", "21"], "--steps"),
+    (["plan", "memory", "--params", "7B", "--microbatch-size", "0"], "--microbatch-size"),
+    (["grade", "{nb}", "--lesson", "0"], "--lesson"),
+    (["grade", "{nb}", "--timeout", "1e999"], "--timeout"),
+    (["schedule", "1f1b", "--stages", "2", "--microbatches", "2", "--max-actions", "0"],
+     "--max-actions"),
+]  # fmt: skip
+
+# (args, words): documented limits (memory), refused before any work
+LIMITS = [
+    (["schedule", "gpipe", "--stages", "3000", "--microbatches", "3000", "--max-actions",
+      "1000000000000"], "--max-actions"),
+    (["run", "interleaved", "--stages", "8", "--chunks", "4", "--microbatches", "64",
+      "--batch-size", "1024"], "--batch-size must be at most 128"),
+    (["gantt", "1f1b", "-p", "1000", "-m", "1000", "-o", "c.png", "--max-actions", "10000000"],
+     "--max-actions"),
+    (["tensor-parallel", "--d-model", "1024", "--tokens", "2048"], "--tokens x --d-model"),
+    (["context-parallel", "--heads", "16", "--seq", "368", "--workers", "8"], "--heads x --seq"),
+    (["run", "1f1b", "--stages", "4", "--microbatches", "4", "--batch-size", "4096"],
+     "--batch-size must be at most 1024"),
+    (["data-parallel", "--workers", "17"], "--workers"),
+]  # fmt: skip
+
+
+@pytest.fixture
+def places(tmp_path):
+    """The placeholders' values, and how to run in a read-only folder."""
+    import shutil
+
+    fifo = tmp_path / "pipe.png"
+    os.mkfifo(fifo)
+    ro = tmp_path / "read-only"
+    ro.mkdir()
+    wrap = None
+    if os.geteuid() == 0:  # root writes anywhere: a read-only bind mount says no to root too
+        if shutil.which("bwrap") is None:
+            pytest.skip("a read-only folder as root needs bwrap")
+        wrap = ["bwrap", "--dev-bind", "/", "/", "--ro-bind", str(ro), str(ro)]
+    else:
+        ro.chmod(0o555)
+    work = tmp_path / "work"
+    work.mkdir()
+    values = {"nb": NB, "tmp": str(work), "long": LONG, "fifo": str(fifo), "ro": str(ro)}
+    return values, wrap, work
+
+
+def _filled(args: list[str], values: dict) -> list[str]:
+    return [a.format(**values) for a in args]
+
+
+def _one_clean_line(result: dict, code: int, words: str | None, where: str = "err") -> None:
+    text = result[where]
+    assert "Traceback" not in result["err"] + result["out"], result["err"][-800:]
+    assert result["code"] in (code if isinstance(code, tuple) else (code,)), (
+        result["code"],
+        text[-500:],
+    )
+    lines = text.strip().splitlines()
+    if words is None:  # a closed pipe: nothing to say
+        assert result["err"] == "", result["err"]
+        return
+    assert len(lines) == 1, text
+    assert words in lines[0], lines[0]
+    if code == 2:
+        assert result["cpu"] < 1.0, f"{result['cpu']:.2f} s of CPU to say no"
+        assert result["mb"] < MB_REFUSAL, f"{result['mb']:.0f} MB to say no"
+
+
+@pytest.mark.parametrize(
+    "args, code, words, stdout, stderr, env",
+    OUTPUT_ERRORS,
+    ids=[f"{a[0]} {o}/{e} {w}" for a, _, w, o, e, _ in OUTPUT_ERRORS],
+)
+def test_output_errors_are_one_line_or_quiet(args, code, words, stdout, stderr, env, places):
+    values, wrap, work = places
+    result = run_course(
+        _filled(args, values),
+        work,
+        stdout=stdout,
+        stderr=stderr,
+        env=env,
+        wrap=wrap if "{ro}" in " ".join(args) else None,
+    )
+    _one_clean_line(result, code, words, "out" if stderr == "closed" else "err")
+    assert sorted(p.name for p in work.iterdir()) == []  # nothing written, not even a probe
+
+
+@pytest.mark.parametrize("args, words", TYPED_AND_FAST + NUMBERS + LIMITS)
+def test_refusals_name_the_flag_as_typed_fast(args, words, places):
+    values, _, work = places
+    result = run_course(_filled(args, values), work)
+    _one_clean_line(result, 2, words)
+    assert result["out"] == ""
+
+
+def test_refusals_come_before_torch_and_the_grader():
+    # what the commands import to say no: never torch, nbformat, jupyter or matplotlib
+    code = """
+import sys, contextlib, io
+from course_utils.cli import main
+for argv in (
+    ["run", "1f1b", "--seed", "-1"],
+    ["grade", sys.argv[1], "--csv", "/dev/full"],
+    ["data-parallel", "--workers", "99"],
+    ["gantt", "1f1b", "-p", "2", "-m", "2", "-o", "x/"],
+):
+    with contextlib.redirect_stderr(io.StringIO()):
+        assert main(argv) == 2, argv
+heavy = [m for m in ("torch", "nbformat", "jupyter_client", "matplotlib") if m in sys.modules]
+assert not heavy, heavy
+"""
+    out = subprocess.run([sys.executable, "-c", code, NB], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert out.returncode == 0, out.stderr
+
+
+def test_max_actions_rises_only_while_the_memory_fits(monkeypatch):
+    from course_utils import validation
+    from course_utils.errors import CourseInputError
+    from course_utils.pipeline import make_schedule
+
+    # in the budget: raised on purpose, it builds
+    assert len(make_schedule("1f1b", 100, 2600, max_actions=600_000).devices) == 100
+    # half of the memory available now is the limit where that is less than 1.5 GB
+    monkeypatch.setattr(validation, "available_memory", lambda: 200_000_000)
+    with pytest.raises(CourseInputError, match="half of the 0.2 GB available now") as info:
+        make_schedule("1f1b", 100, 2600, max_actions=600_000)
+    assert "max_actions" in str(info.value) and "\n" not in str(info.value)
+    # the default limit holds whatever the machine has
+    assert make_schedule("1f1b", 4, 8).microbatches == 8
+    # a hand-made schedule claiming a billion stages is said to be broken at once
+    from course_utils.errors import ScheduleError
+    from course_utils.pipeline import Schedule, simulate
+
+    with pytest.raises(ScheduleError, match="need 1,000,000,000,000,000,000 forward actions"):
+        simulate(Schedule("x", 10**9, 10**9, ((),)))
+    monkeypatch.setattr(validation, "available_memory", lambda: 64 * 10**9)
+    with pytest.raises(CourseInputError, match="over the 1.5 GB a run may use"):
+        make_schedule("1f1b", 2000, 2000, max_actions=10**12)
+
+
+def _api():
+    """What the API table calls (imported inside the test, so collecting is cheap)."""
+    import types
+
+    from torch import nn
+
+    from course_utils import plan
+    from course_utils.models import MLP, partition
+    from course_utils.parallel.data_parallel import DataParallel
+    from course_utils.parallel.tensor_parallel import TensorParallelMLP
+    from course_utils.pipeline import (
+        Action,
+        CostModel,
+        Schedule,
+        make_schedule,
+        schedules,
+        simulate,
+        validate,
+        vshape,
+    )
+    from course_utils.pipeline.executor import PipelineExecutor
+    from course_utils.threads.devices import DeviceThreads
+
+    return types.SimpleNamespace(
+        nn=nn, plan=plan, MLP=MLP, partition=partition, DataParallel=DataParallel,
+        TensorParallelMLP=TensorParallelMLP, Action=Action, CostModel=CostModel,
+        Schedule=Schedule, make_schedule=make_schedule, schedules=schedules, simulate=simulate,
+        validate=validate, vshape=vshape, PipelineExecutor=PipelineExecutor,
+        DeviceThreads=DeviceThreads,
+    )  # fmt: skip
+
+
+# (call on the namespace above, words the one line must hold: the argument's name)
+API_LIMITS_AND_TYPES = [
+    # the issue's
+    (lambda a: a.make_schedule("gpipe", 100000, 100000), "max_actions"),
+    (lambda a: a.make_schedule("interleaved", 2, 2, 10**8), "max_actions"),
+    (lambda a: a.plan.search(a.plan.ModelShape(7e9, 32, 4096, 32, 2048), 10**9, 64), "gpus"),
+    (lambda a: a.PipelineExecutor(a.partition(a.MLP(4, 8, 2, depth=4), 4), 2000), "num_devices"),
+    (lambda a: a.make_schedule(["1f1b"], 2, 2), "schedule must be one of"),
+    (lambda a: a.simulate(a.Schedule("x", 2, 2, (("0F0",),))), "Action"),
+    (lambda a: a.make_schedule("1f1b", -1, 2), "devices"),
+    (lambda a: a.Schedule("x", 2, 2, (), batch_scale=0), "batch_scale"),
+    (lambda a: a.make_schedule("1f1b", 2, "2"), "microbatches"),
+    (lambda a: a.validate([["0F0"]], stages=1.5, microbatches=1), "stages"),
+    (lambda a: a.PipelineExecutor(a.nn.Linear(4, 4), 1), "stages must be a list of modules"),
+    (lambda a: a.CostModel(forward=True), "forward cost"),
+    (lambda a: a.Action(True, "F", True), "stage"),
+    (lambda a: a.CostModel(forward=1e308), "forward cost"),
+    # more of our own
+    (lambda a: a.make_schedule("zb-v", 10**6, 10**6), "max_actions"),
+    (lambda a: a.make_schedule("1f1b", 2000, 2000, max_actions=10**12), "max_actions"),
+    (lambda a: a.make_schedule("1f1b", 2, 2, max_actions="big"), "max_actions"),
+    (lambda a: a.schedules.gpipe(10**5, 10**5), "max_actions"),
+    (lambda a: a.vshape.dualpipe_v_slots(10**4, 10**4), "max_actions"),
+    (lambda a: a.simulate(a.make_schedule("1f1b", 2, 2), "fast"), "costs must be a CostModel"),
+    (lambda a: a.validate([["0F0"]], stages=10**9, microbatches=10**9), "stages x microbatches"),
+    (lambda a: a.Action(0, ["F"], 0), "kind"),
+    (lambda a: a.Action(0, "F", 1.5), "micro-batch"),
+    (lambda a: a.Action.parse("9" * 5000 + "F0"), "cannot read action"),
+    (lambda a: a.CostModel(stage_forward=[1e308]), "stage_forward"),
+    (lambda a: a.DeviceThreads(2000), "num_devices"),
+    (lambda a: a.DataParallel(a.MLP(4, 8, 2), 100), "workers"),
+    (lambda a: a.TensorParallelMLP(a.nn.Linear(4, 16), a.nn.Linear(16, 4), 64), "workers"),
+    (lambda a: a.PipelineExecutor([1, 2], 1), "stages must be a non-empty list of modules"),
+    (lambda a: a.plan.search(a.plan.ModelShape(7e9, 32, 4096, 32, 2048), 8.0, 64), "gpus"),
+]
+
+
+@pytest.mark.parametrize("call, words", API_LIMITS_AND_TYPES)
+def test_the_api_refuses_with_one_line_naming_the_argument_at_once(call, words):
+    import time
+
+    from course_utils.errors import CourseInputError
+
+    api = _api()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.process_time()
+    with pytest.raises(CourseInputError) as info:
+        call(api)
+    assert time.process_time() - start < 1.0
+    assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024 < 100  # MB
+    message = str(info.value)
+    assert "\n" not in message and words in message, message
+
+
+def _fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+def _sparse(size: int):
+    def make(path: Path) -> None:
+        with path.open("wb") as f:  # a file that big, without writing it
+            f.truncate(size)
+
+    return make
+
+
+def _link(target: str):
+    return lambda path: path.symlink_to(target)
+
+
+# (what to make at PATH, the command, exit code, words of its output): nothing that is not a
+# regular file of a reasonable size is read, and nothing of what it holds is printed
+SLOW = pytest.mark.slow  # a row of the batch: the grader starts (about 5 s)
+NOT_FILES = [
+    pytest.param(_fifo, ["grade", "{path}.ipynb"], 0, "a FIFO", marks=SLOW),
+    pytest.param(_link("/dev/zero"), ["grade", "{path}.ipynb"], 0, "a symbolic link", marks=SLOW),
+    pytest.param(_link("/etc/passwd"), ["grade", "{path}.ipynb"], 0, "a symbolic link", marks=SLOW),
+    pytest.param(
+        _sparse(30 * 10**6), ["grade", "{path}.ipynb"], 0, "over the limit of 25 MB", marks=SLOW
+    ),  # fmt: skip
+    (_fifo, ["grade", "{nb}", "--roster", "{path}.csv"], 2, "--roster"),
+    (_link("/dev/zero"), ["grade", "{nb}", "--roster", "{path}.csv"], 2, "not a regular file"),
+    (_sparse(6 * 10**6), ["grade", "{nb}", "--roster", "{path}.csv"], 2, "over the limit of 5 MB"),
+]
+
+
+@pytest.mark.parametrize("make, args, code, words", NOT_FILES)
+def test_inputs_that_are_not_files_are_never_read(make, args, code, words, tmp_path):
+    name = "alice_03"
+    suffix = ".csv" if "--roster" in args else ".ipynb"
+    make(tmp_path / f"{name}{suffix}")
+    filled = [a.format(path=name, nb=NB) for a in args]
+    result = run_course(filled, tmp_path, timeout=60)
+    assert "TIMED OUT" not in result["err"]  # a FIFO is never opened
+    assert "Traceback" not in result["err"] + result["out"]
+    assert result["code"] == code, result["err"]
+    said = result["out"] + result["err"]
+    assert words in said, said
+    assert "root:" not in said
+    assert result["mb"] < MB_REFUSAL, f"{result['mb']:.0f} MB"
+    if code == 2:
+        assert len(result["err"].strip().splitlines()) == 1 and result["cpu"] < 1.0
+
+
+def test_help_states_the_limits_the_commands_enforce():
+    import contextlib
+    import io
+
+    from course_utils import validation
+    from course_utils.cli import main
+    from course_utils.commands import context_parallel, data_parallel, run, tensor_parallel
+
+    def shown(*argv: str) -> str:
+        text = io.StringIO()
+        with contextlib.redirect_stdout(text):
+            assert main([*argv, "--help"]) == 0
+        return " ".join(text.getvalue().split())  # argparse wraps lines anywhere
+
+    assert f"{run.MAX_SAMPLE_LAYERS['gpt']:,} for gpt" in shown("run")
+    assert f"at most {validation.MAX_PIPELINE_DEVICES} devices" in shown("run")
+    assert f"(1-{data_parallel.MAX_STEPS})" in shown("data-parallel")
+    assert f"at most {data_parallel.MAX_WORKERS} workers" in shown("data-parallel")
+    assert f"<= {tensor_parallel.MAX_TOKEN_DIMS:,}" in shown("tensor-parallel")
+    text = shown("context-parallel")
+    assert f"up to {context_parallel.MAX_SEQ} with one head" in text and "200 MB" not in text
+    assert f"1-{validation.MAX_GRADE_JOBS}" in shown("grade")
+    assert f"default {validation.MAX_ACTIONS:,}" in shown("schedule")
+    assert f"default {validation.MAX_GANTT_ACTIONS:,}" in shown("gantt")
+    # and they are enforced: one past each is refused (tests/test_limits.py runs each limit)
+    assert context_parallel.MAX_SEQ**2 <= context_parallel.MAX_SCORES
+    assert (context_parallel.MAX_SEQ + 1) ** 2 > context_parallel.MAX_SCORES
+
+
+@pytest.mark.slow
+def test_grade_grades_with_a_home_it_cannot_write(tmp_path):
+    # HOME=/proc: the kernel without a sandbox keeps its IPython folder in its scratch folder
+    result = run_course(["grade", NB, "--no-sandbox"], tmp_path, env={"HOME": "/proc"}, timeout=300)
+    assert result["code"] == 0 and "Traceback" not in result["err"], result["err"][-1000:]
+    assert "score: 6/6" in result["out"], result["out"][-1000:]

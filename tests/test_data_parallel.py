@@ -169,7 +169,7 @@ def test_speedup_model_explains_sixteen_workers():
 
 def test_bad_input():
     model = make_model()
-    with pytest.raises(CourseInputError, match="workers must be an integer >= 1"):
+    with pytest.raises(CourseInputError, match="workers must be an integer from 1 to 16"):
         DataParallel(model, 0)
     with pytest.raises(CourseInputError, match="algorithm must be one of ring, naive"):
         DataParallel(model, 2, "tree")

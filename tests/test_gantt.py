@@ -674,7 +674,8 @@ def test_cli_rejects_unsupported_output_extensions(cli, tmp_path, name):
         "gpipe", "--stages", "2", "--microbatches", "2", "-o", str(tmp_path / name)
     )
     assert code == 2 and out == ""
-    assert err.count("\n") == 1 and "--output must end in .png, .svg or .pdf" in err
+    # named as typed: -o, not --output
+    assert err.count("\n") == 1 and "-o must end in .png, .svg or .pdf" in err
     assert list(tmp_path.iterdir()) == []
 
 

@@ -97,7 +97,7 @@ def test_communication_is_one_output_sized_all_reduce_each_way():
 
 def test_bad_input():
     linear1, linear2 = make_mlp(hidden=4)
-    with pytest.raises(CourseInputError, match="workers must be an integer >= 1"):
+    with pytest.raises(CourseInputError, match="workers must be an integer from 1 to 8"):
         TensorParallelMLP(linear1, linear2, 0)
     with pytest.raises(CourseInputError, match="workers must be <= the hidden size 4"):
         TensorParallelMLP(linear1, linear2, 5)

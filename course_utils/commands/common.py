@@ -6,17 +6,17 @@ import argparse
 import math
 from pathlib import Path
 
+from course_utils import validation
 from course_utils.errors import CourseInputError
+
+
+def _value(args: argparse.Namespace, flag: str):
+    return getattr(args, flag.lstrip("-").replace("-", "_"))
 
 
 def int_flag(args: argparse.Namespace, flag: str, low: int = 1, high: int | None = None) -> int:
     """The value of `--flag` as an int in [low, high], or a one-line error naming the flag."""
-    value = getattr(args, flag.lstrip("-").replace("-", "_"))
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise CourseInputError(f"{flag} must be an integer >= {low}, got {value!r}")
-    if high is not None and value > high:
-        raise CourseInputError(f"{flag} must be an integer from {low} to {high}, got {value!r}")
-    return value
+    return validation.integer(_value(args, flag), flag, low, high)
 
 
 def number_flag(
@@ -27,45 +27,12 @@ def number_flag(
     strict: bool = False,
 ) -> float:
     """The value of `--flag` as a finite float >= low (> low if strict) and <= high."""
-    value = getattr(args, flag.lstrip("-").replace("-", "_"))
-    bound = f"> {low:g}" if strict else f">= {low:g}"
-    if (
-        not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value < low
-        or (strict and value == low)
-        or value > high
-    ):
-        within = f" and <= {high:g}" if math.isfinite(high) else ""
-        raise CourseInputError(f"{flag} must be a finite number {bound}{within}, got {value!r}")
-    return float(value)
+    return validation.number(_value(args, flag), flag, low, high, strict)
 
 
 def output_path(path: str, flag: str, suffixes: tuple[str, ...]) -> Path:
-    """Check an output file's extension, folder and write access before any work is done."""
-    out = Path(path)
-    if out.suffix.lower() not in suffixes:
-        allowed = ", ".join(suffixes[:-1]) + " or " + suffixes[-1] if suffixes[1:] else suffixes[0]
-        raise CourseInputError(f"{flag} must end in {allowed}, got {path!r}")
-    if out.parent.exists() and not out.parent.is_dir():
-        raise CourseInputError(
-            f"{flag} {path!r} cannot be written: {str(out.parent)!r} is a file, not a folder"
-        )
-    if not out.parent.is_dir():
-        raise CourseInputError(f"{flag} {path!r}: folder {str(out.parent)!r} does not exist")
-    if out.is_dir():
-        raise CourseInputError(f"{flag} {path!r} is a folder: give a file name")
-    existed = out.exists()
-    try:  # the only sure test of write access is writing
-        with out.open("ab"):
-            pass
-    except OSError as exc:
-        raise CourseInputError(
-            f"{flag} {path!r} cannot be written: {exc.strerror or exc}"
-        ) from None
-    if not existed:
-        out.unlink()
-    return out
+    """Check an output file (name, extension, folder, write access) before any work is done."""
+    return validation.output_file(path, flag, suffixes)
 
 
 def add_max_actions(parser: argparse.ArgumentParser, default: int) -> None:
@@ -73,26 +40,28 @@ def add_max_actions(parser: argparse.ArgumentParser, default: int) -> None:
         "--max-actions",
         type=int,
         default=default,
-        help=f"limit: refuse schedules of more compute actions (default {default:,}; raise it "
-        "deliberately for bigger runs)",
+        help=f"limit: refuse schedules of more compute actions (default {default:,}); raising "
+        f"it works while the run is predicted to need under {validation.MEMORY_BUDGET / 1e9:g} "
+        "GB and under half of the memory available now",
     )
 
 
-def check_size(args: argparse.Namespace) -> None:
-    """Refuse a schedule bigger than --max-actions before building it (3 actions per stage
-    and micro-batch at most: F, and I + W or B)."""
-    from course_utils.pipeline.schedules import schedule_info
+def check_size(args: argparse.Namespace, use: str, default: int) -> None:
+    """Refuse a schedule bigger than --max-actions before building it; a --max-actions
+    raised above `default` holds only while the predicted memory fits (`use`: table, json
+    or gantt; see `validation.check_actions`)."""
+    from course_utils.pipeline.schedules import count_actions
 
-    info = schedule_info(args.name)
-    for flag in ("--stages", "--microbatches", "--chunks"):
-        int_flag(args, flag)
-    limit = int_flag(args, "--max-actions")
-    actions = 3 * args.stages * info.chunks(args.chunks) * args.microbatches
-    if actions > limit:
-        raise CourseInputError(
-            f"{args.stages} stages x {args.microbatches} micro-batches is up to {actions:,} "
-            f"actions, over the limit of {limit:,}: use fewer, or raise --max-actions"
-        )
+    p, m, v = (int_flag(args, flag) for flag in ("--stages", "--microbatches", "--chunks"))
+    actions = count_actions(args.name, p, m, v)
+    validation.check_actions(
+        actions,
+        args.max_actions,
+        "--max-actions",
+        use=use,
+        default=default,
+        what=f"{args.name} on {p} stages x {m} micro-batches",
+    )
 
 
 def add_schedule_arguments(parser: argparse.ArgumentParser, short: bool = False) -> None:
@@ -140,15 +109,20 @@ def costs_from_args(args: argparse.Namespace):
 
 
 def schedule_from_args(args: argparse.Namespace):
-    """The schedule the name, --stages, --microbatches and --chunks flags describe."""
-    from course_utils.pipeline.schedules import make_schedule, schedule_info
+    """The schedule the name, --stages, --microbatches and --chunks flags describe (its size
+    checked first where the command has --max-actions)."""
+    from course_utils.pipeline.schedules import check_shape, make_schedule, schedule_info
 
     schedule_info(args.name)  # an unknown name is the first thing to say
-    if hasattr(args, "max_actions"):
-        check_size(args)
-    for flag in ("--stages", "--microbatches", "--chunks"):
-        int_flag(args, flag)
-    return make_schedule(args.name, args.stages, args.microbatches, args.chunks)
+    p, m, v = (int_flag(args, flag) for flag in ("--stages", "--microbatches", "--chunks"))
+    limit = getattr(args, "max_actions", validation.MAX_ACTIONS)
+    try:
+        check_shape(args.name, p, m, v, limit)
+    except CourseInputError as exc:  # the library names its arguments, not the flags
+        raise CourseInputError(
+            f"--stages {p}, --microbatches {m}, --chunks {v} do not fit {args.name}: {exc}"
+        ) from None
+    return make_schedule(args.name, p, m, v, limit)
 
 
 # -- the clock and the emulated cluster (run, data-parallel, tensor-parallel, fsdp, ...) ------

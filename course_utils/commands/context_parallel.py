@@ -18,26 +18,30 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 
 from course_utils.commands.common import add_clock_arguments, clock_figures, links_from_args
 from course_utils.errors import CourseInputError
+from course_utils.validation import integer
 
 HELP = "ring attention (context parallelism) on threads vs one device"
 MAX_WORKERS = 8
-MAX_SEQ = 2048
 MAX_HEADS = 16
 MAX_DIM = 128
 # The single-device reference builds heads x seq x seq score matrices (a few of them, for
-# autograd): 2**21 elements x 8 bytes x ~6 copies stays near 100 MB.
+# autograd), and so does the ring, a block at a time: at 2**21 scores a run peaks at about
+# 0.6 GB (tests/test_limits.py keeps every corner under 1 GB).
 MAX_SCORES = 2**21
+MAX_SEQ = math.isqrt(MAX_SCORES)  # 1448: one head (16 heads: up to 362)
 REPEATS = 3  # timed runs after one warm-up; the fastest is reported
 DTYPES = ("float64", "float32")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
-        f"{HELP}. Limits: at most {MAX_WORKERS} workers, a sequence of {MAX_SEQ}, {MAX_HEADS} "
-        f"heads of {MAX_DIM} dims, heads x seq^2 <= {MAX_SCORES:,}."
+        f"{HELP}. Limits: at most {MAX_WORKERS} workers, {MAX_HEADS} heads of {MAX_DIM} dims, "
+        f"heads x seq^2 <= {MAX_SCORES:,} (a sequence of {MAX_SEQ} with one head, "
+        f"{math.isqrt(MAX_SCORES // MAX_HEADS)} with {MAX_HEADS}); memory stays under 1 GB."
     )
     parser.add_argument(
         "--workers", type=int, default=4, help=f"context-parallel threads, 1 to {MAX_WORKERS}"
@@ -46,8 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--seq",
         type=int,
         default=256,
-        help=f"sequence length, up to {MAX_SEQ}; a multiple of workers (2 x workers with "
-        f"--zigzag); heads x seq^2 <= {MAX_SCORES:,} (keeps memory under ~200 MB)",
+        help=f"sequence length, a multiple of workers (2 x workers with --zigzag); "
+        f"heads x seq^2 <= {MAX_SCORES:,}, so up to {MAX_SEQ} with one head (keeps memory "
+        "under 1 GB)",
     )
     parser.add_argument("--heads", type=int, default=4, help=f"attention heads, 1 to {MAX_HEADS}")
     parser.add_argument("--dim", type=int, default=32, help=f"head dimension, 1 to {MAX_DIM}")
@@ -66,16 +71,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _int_arg(args: argparse.Namespace, flag: str, low: int, high: int) -> int:
-    value = getattr(args, flag.lstrip("-"))
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise CourseInputError(f"{flag} must be an integer from {low} to {high}, got {value!r}")
-    return value
+    return integer(getattr(args, flag.lstrip("-")), flag, low, high)
 
 
 def check_arguments(args: argparse.Namespace) -> None:
     """One-line CourseInputError naming the flag, before any torch work."""
     workers = _int_arg(args, "--workers", 1, MAX_WORKERS)
-    seq = _int_arg(args, "--seq", 1, MAX_SEQ)
+    seq = _int_arg(args, "--seq", 1, MAX_SCORES)  # the heads x seq^2 rule below is the limit
     heads = _int_arg(args, "--heads", 1, MAX_HEADS)
     _int_arg(args, "--dim", 1, MAX_DIM)
     if args.ulysses and args.zigzag:
@@ -94,7 +96,7 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise CourseInputError(f"--seq must be a multiple of {what}, got {seq}")
     if heads * seq * seq > MAX_SCORES:
         raise CourseInputError(
-            f"--heads x --seq^2 must be <= {MAX_SCORES:,} to keep memory under ~200 MB, "
+            f"--heads x --seq^2 must be <= {MAX_SCORES:,} to keep memory under 1 GB, "
             f"got {heads} x {seq}^2 = {heads * seq * seq:,}"
         )
     if args.dtype not in DTYPES:

@@ -21,11 +21,13 @@ from course_utils.commands.common import (
 )
 from course_utils.errors import CourseInputError
 from course_utils.parallel.costs import ALGORITHMS
+from course_utils.validation import MAX_THREADS
 
 HELP = "data-parallel step on threads vs one worker"
 
-# threads, samples, steps: laptop limits
-MAX_WORKERS, MAX_BATCH, MAX_STEPS = 16, 65_536, 100
+# threads, samples, steps: laptop limits (under 1.5 GB at every corner: tests/test_limits.py;
+# the batches are made one step at a time, so the steps cost time, not memory)
+MAX_WORKERS, MAX_BATCH, MAX_STEPS = MAX_THREADS, 65_536, 20
 BATCH = 65_536  # samples per step (of 64 numbers each)
 D_IN, WIDTH, DEPTH, CLASSES = 64, 96, 2, 10
 
@@ -41,8 +43,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--allreduce", default="ring", help=f"all-reduce algorithm: {', '.join(ALGORITHMS)}"
     )
-    parser.add_argument("--batch", type=int, default=BATCH, help="global mini-batch size")
-    parser.add_argument("--steps", type=int, default=3, help="steps compared with one worker")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=BATCH,
+        help=f"global mini-batch size, --workers to {MAX_BATCH} (default {BATCH})",
+    )
+    parser.add_argument(
+        "--steps", type=int, default=3, help=f"steps compared with one worker (1-{MAX_STEPS})"
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     add_clock_arguments(parser)
 
@@ -84,18 +93,22 @@ def compare(
     )
 
     model = _model()
-    gen = torch.Generator().manual_seed(1)
-    batches = [
-        (torch.randn(batch, D_IN, generator=gen), torch.randint(CLASSES, (batch,), generator=gen))
-        for _ in range(steps)
-    ]
-    reference, _ = single_worker_steps(model, batches)
+
+    def batches():
+        """The same `steps` batches each time, made one at a time (100 steps of 65,536
+        samples held at once would be 1.7 GB)."""
+        gen = torch.Generator().manual_seed(1)
+        for _ in range(steps):
+            x = torch.randn(batch, D_IN, generator=gen)
+            yield x, torch.randint(CLASSES, (batch,), generator=gen)
+
+    reference, _ = single_worker_steps(model, batches())
     options = {"clock": clock, "links": links}
     with DataParallel(model, workers, algorithm, **options) as dp:
-        for x, y in batches:
+        for x, y in batches():
             dp.step(x, y)
         diff = max_param_diff(dp.replicas[0], reference)
-    x, y = batches[0]
+    x, y = next(batches())
     with DataParallel(model, 1, **options) as one:
         first, t_one = _best_step(one, x, y, repeats)
     with DataParallel(model, workers, algorithm, **options) as dp:

@@ -8,15 +8,17 @@ import argparse
 from course_utils.commands.common import (
     add_max_actions,
     add_schedule_arguments,
+    check_size,
     costs_from_args,
     output_path,
     schedule_from_args,
 )
 from course_utils.errors import CourseInputError
+from course_utils.validation import MAX_GANTT_ACTIONS as MAX_ACTIONS
+from course_utils.validation import matplotlib_ready
 
 HELP = "draw a schedule's simulated timeline as a Gantt chart"
 FORMATS = (".png", ".svg", ".pdf")
-MAX_ACTIONS = 20_000  # bars matplotlib draws in a few seconds
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,9 +29,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_size(args, "gantt", MAX_ACTIONS)
     costs = costs_from_args(args)
-    schedule = schedule_from_args(args)
     output_path(args.output, "--output", FORMATS)
+    matplotlib_ready()
+    schedule = schedule_from_args(args)
 
     from course_utils.charts import gantt  # matplotlib: only once the arguments are right
     from course_utils.pipeline.simulate import simulate

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
+import signal
 import sys
 from pathlib import Path
 
+from course_utils import validation
 from course_utils.errors import CourseInputError
 
 HELP = "grade exercise notebooks (each in a sandbox, judged outside the learner's kernel)"
-MAX_JOBS = 8
+MAX_JOBS = validation.MAX_GRADE_JOBS  # 4 kernels of about 300 MB each stay under 1.5 GB
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,9 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "submissions", nargs="+", type=Path, help="submitted .ipynb files or folders of them"
     )
-    parser.add_argument(
-        "--csv", type=Path, help="one row per notebook, written as each finishes (resumable)"
-    )
+    parser.add_argument("--csv", help="one row per notebook, written as each finishes (resumable)")
     parser.add_argument("--json", action="store_true", help="print the results as a JSON list")
     parser.add_argument("--solutions", type=Path, default=SOLUTIONS, help="folder of solutions")
     parser.add_argument("--lesson", type=int, default=None, help="grade as this lesson (1-99)")
@@ -48,14 +47,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--roster", type=Path, help="CSV with id,name[,lms_id]: whose each file is (Moodle, Canvas)"
     )
+    parser.add_argument("--gradebook", help="CSV, one row per student, for Canvas or Moodle")
     parser.add_argument(
-        "--gradebook", type=Path, help="CSV, one row per student, for Canvas or Moodle"
+        "--feedback", metavar="DIR", help="write one HTML feedback page per notebook"
     )
     parser.add_argument(
-        "--feedback", type=Path, metavar="DIR", help="write one HTML feedback page per notebook"
-    )
-    parser.add_argument(
-        "--stats", type=Path, metavar="PNG", help="class statistics: bar chart (and .csv beside)"
+        "--stats", metavar="PNG", help="class statistics: bar chart (and .csv beside)"
     )
     parser.add_argument(
         "--similarity",
@@ -71,7 +68,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run learners' code WITHOUT a sandbox, with your permissions (only if you must)",
     )
     parser.add_argument(
-        "-j", "--jobs", type=int, default=1, help=f"notebooks graded at once (1-{MAX_JOBS})"
+        "-j",
+        "--jobs",
+        type=int,
+        default=1,
+        help=f"notebooks graded at once (limit: 1-{MAX_JOBS}, each a kernel of about 300 MB)",
     )
     parser.add_argument(
         "--timeout", type=float, default=600, help="seconds per notebook (default 600)"
@@ -88,18 +89,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _seconds(value: float, flag: str) -> float:
-    if not math.isfinite(value) or value <= 0 or value > 86400:
-        raise CourseInputError(f"{flag} must be a number of seconds from 0 to 86400, got {value!r}")
-    return value
+    return validation.number(value, flag, 0.0, 86400.0, strict=True)
 
 
-def _output_file(path: Path | None, flag: str) -> None:
-    if path is None:
-        return
-    if path.is_dir():
-        raise CourseInputError(f"{flag} {str(path)!r} is a folder: give a file name")
-    if not path.parent.is_dir():
-        raise CourseInputError(f"{flag} {str(path)!r}: folder {str(path.parent)!r} is missing")
+def _output_folder(path: Path, flag: str) -> None:
+    """A folder that exists and takes files, or one that can be made there."""
+    if path.exists() and not path.is_dir():
+        raise CourseInputError(f"{flag} {str(path)!r} is a file: give a folder")
+    # a file in it must be writable: checked like any output file, on a probe name
+    probe = path / "feedback.html" if path.is_dir() else path.parent / "feedback.html"
+    try:
+        validation.output_file(probe, flag)
+    except CourseInputError as exc:
+        raise CourseInputError(str(exc).replace(repr(str(probe)), repr(str(path)))) from None
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -108,11 +110,10 @@ def _check(args: argparse.Namespace) -> None:
 
     for flag in ("--timeout", "--cell-timeout", "--call-timeout"):
         _seconds(getattr(args, flag.lstrip("-").replace("-", "_")), flag)
-    if not 1 <= args.jobs <= MAX_JOBS:
-        raise CourseInputError(f"--jobs must be an integer from 1 to {MAX_JOBS}, got {args.jobs}")
-    if args.lesson is not None and not 1 <= args.lesson <= 99:
-        raise CourseInputError(f"--lesson must be a lesson number from 1 to 99, got {args.lesson}")
-    if not args.solutions.is_dir():
+    validation.integer(args.jobs, "--jobs", 1, MAX_JOBS)
+    if args.lesson is not None:
+        validation.integer(args.lesson, "--lesson", 1, 99)
+    if not _is_dir(args.solutions):
         from course_utils.grading import SOLUTIONS
 
         if args.solutions == SOLUTIONS:  # the default: course_utils is an installed package
@@ -121,29 +122,56 @@ def _check(args: argparse.Namespace) -> None:
                 "course_utils package; give the solutions/ folder of a course checkout"
             )
         raise CourseInputError(f"--solutions {str(args.solutions)!r} is not a folder")
-    for flag in ("--csv", "--gradebook", "--stats"):
-        _output_file(getattr(args, flag.lstrip("-")), flag)
+    # every output, before a notebook is graded: a name, a folder that takes files, no device
+    if args.csv is not None:
+        args.csv = validation.output_file(args.csv, "--csv", siblings=(".jsonl",))
+    if args.gradebook is not None:
+        args.gradebook = validation.output_file(args.gradebook, "--gradebook")
     if isinstance(args.similarity, str):
-        args.similarity = Path(args.similarity)
-        _output_file(args.similarity, "--similarity")
-    if args.stats is not None and args.stats.suffix.lower() != ".png":
-        raise CourseInputError(f"--stats {str(args.stats)!r}: give a .png file name")
-    if args.feedback is not None and args.feedback.exists() and not args.feedback.is_dir():
-        raise CourseInputError(f"--feedback {str(args.feedback)!r} is a file: give a folder")
+        args.similarity = validation.output_file(args.similarity, "--similarity")
+    if args.stats is not None:
+        args.stats = validation.output_file(args.stats, "--stats", (".png",), siblings=(".csv",))
+        validation.matplotlib_ready()
+    if args.feedback is not None:
+        if not args.feedback.strip():
+            raise CourseInputError("--feedback needs a folder name, got ''")
+        args.feedback = Path(args.feedback)
+        _output_folder(args.feedback, "--feedback")
+    if args.roster is not None:
+        validation.input_file(args.roster, "--roster", validation.MAX_ROSTER_BYTES)
     for path in args.submissions:
-        if not path.exists() and not path.is_symlink():
-            raise CourseInputError(f"submission {str(path)!r} does not exist")
-        if not path.is_dir() and path.suffix != ".ipynb":
+        try:
+            path.lstat()
+        except FileNotFoundError:
+            raise CourseInputError(f"submission {str(path)!r} does not exist") from None
+        except OSError as exc:  # a name too long, a loop of links, no permission
+            raise CourseInputError(f"submission {str(path)!r}: {exc.strerror}") from None
+        if not _is_dir(path) and path.suffix != ".ipynb":
             raise CourseInputError(f"submission {str(path)!r} is not a notebook (.ipynb)")
     if args.student is not None:
         args.student = check_name(args.student, "--student")
-        if len(args.submissions) != 1 or args.submissions[0].is_dir():
+        if len(args.submissions) != 1 or _is_dir(args.submissions[0]):
             raise CourseInputError("--student regrades one notebook: give exactly one .ipynb file")
     args.roster = read_roster(args.roster) if args.roster is not None else None
 
 
+def _is_dir(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except OSError:  # a name too long for the file system is not a folder
+        return False
+
+
+def _terminated(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds like Ctrl-C: the workers are stopped on the way
+
+
 def run(args: argparse.Namespace) -> int:
     _check(args)
+    try:  # SIGTERM stops the batch's workers too (they live in sessions of their own)
+        signal.signal(signal.SIGTERM, _terminated)
+    except ValueError:  # not the main thread (main() called from a thread): no handler
+        pass
     from course_utils.grading import isolation
 
     if not args.no_sandbox and (why := isolation.problem()):

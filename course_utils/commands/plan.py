@@ -37,11 +37,12 @@ from course_utils.plan import (
     states_lower_bound,
 )
 from course_utils.plan.inputs import RESERVE_FIXED_GIB, RESERVE_FRACTION, _positive_int
+from course_utils.validation import MAX_GPUS
 
 HELP = "memory and throughput planner for a training run"
 
 # Limits that keep a plan to a second on a laptop: GPUs searched, pipeline stages simulated.
-MAX_GPUS, MAX_PP, MAX_SIMULATED = 65_536, 1024, 200_000
+MAX_PP, MAX_SIMULATED = 1024, 200_000
 MAX_DEGREE = 4096  # tp, cp, dp, ep of one layout
 MAX_SHAPE = 10**7  # layers, hidden, heads, seq, vocab, experts
 
@@ -258,7 +259,9 @@ def run(args) -> int:
         pp = _limited(args.pp, "--pp", MAX_PP)
         degrees = {flag: _limited(getattr(args, flag[2:]), flag, MAX_DEGREE)
                    for flag in ("--tp", "--cp", "--dp", "--ep")}  # fmt: skip
-        m = _limited(args.microbatches or pp, "--microbatches", 10**6)
+        m = _limited(
+            pp if args.microbatches is None else args.microbatches, "--microbatches", 10**6
+        )
         b = _limited(args.microbatch_size, "--microbatch-size", 10**4)
         chunks = _limited(args.chunks, "--chunks", 64)
         if 3 * pp * m * chunks > MAX_SIMULATED:

@@ -20,11 +20,19 @@ from course_utils.commands.common import (
     schedule_from_args,
 )
 from course_utils.errors import CourseInputError, ScheduleError, WorkerError
+from course_utils.validation import MAX_PIPELINE_DEVICES as MAX_DEVICES
+from course_utils.validation import MAX_PIPELINE_STAGES as MAX_STAGES
+from course_utils.validation import integer, matplotlib_ready, seed
 
 HELP = "run one pipelined training step for real on CPU threads"
 MODELS = ("gpt", "mlp")
-# Limits that fit a laptop: threads, layers (a stage each) and samples of the tiny models.
-MAX_DEVICES, MAX_STAGES, MAX_MICROBATCHES, MAX_BATCH = 8, 32, 64, 4096
+# Limits that fit a laptop (under 1.5 GB, tests/test_limits.py): threads, layers (a stage
+# each, 4 at least), micro-batches, samples. Activations grow with samples x layers: a GPT
+# layer keeps about 190 kB per sample (32 tokens) for its backward, an MLP layer about 15 kB
+# (both measured with all of them in flight: 6,144 GPT sample-layers peaked at 1.4 GB).
+MAX_MICROBATCHES, MAX_BATCH = 64, 4096
+MAX_SAMPLE_LAYERS = {"gpt": 4096, "mlp": 65_536}
+DEFAULT_PER_MICROBATCH = {"gpt": 16, "mlp": 64}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,7 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.description = (
         f"{HELP}. Limits: at most {MAX_DEVICES} devices (threads), {MAX_STAGES} stages in all, "
-        f"{MAX_MICROBATCHES} micro-batches and a batch of {MAX_BATCH}."
+        f"{MAX_MICROBATCHES} micro-batches and a batch of {MAX_BATCH}; the batch times the "
+        f"layers (one a stage, 4 at least) at most {MAX_SAMPLE_LAYERS['gpt']:,} for gpt and "
+        f"{MAX_SAMPLE_LAYERS['mlp']:,} for mlp (activations stay under 1.5 GB)."
     )
     parser.add_argument("name", help=f"the schedule: {', '.join(SCHEDULES)}")
     parser.add_argument(
@@ -53,12 +63,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--batch-size",
         type=int,
         default=None,
-        help=f"default: 16 x M (gpt), 64 x M (mlp); at most {MAX_BATCH}",
+        help=f"samples in the step, a multiple of M: at most {MAX_BATCH} and batch x layers "
+        "within the limit above (default: 16 x M for gpt, 64 x M for mlp, lowered to fit)",
     )
     parser.add_argument("--fail-at", default=None, help="inject an error in ACTION, e.g. 1F2")
     parser.add_argument("--gantt", default=None, metavar="PNG", help="draw measured vs simulated")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="random seed, 0 to 2**31 - 1")
     add_clock_arguments(parser)
 
 
@@ -74,12 +85,11 @@ def run(args: argparse.Namespace) -> int:
         raise CourseInputError(
             f"--stages x chunks = {stages} stages, over the limit of {MAX_STAGES} (a layer each)"
         )
-    if args.batch_size is None:  # enough work per micro-batch that threads pay off
-        batch = (16 if args.model == "gpt" else 64) * m
-    else:
-        batch = int_flag(args, "--batch-size", 1, MAX_BATCH)
-    if batch % m:
-        raise CourseInputError(f"--batch-size must be a positive multiple of --microbatches ({m})")
+    seed(args.seed, "--seed")
+    batch = _batch(args, m, layers=max(4, stages))
+    if args.gantt is not None:
+        output_path(args.gantt, "--gantt", (".png", ".svg", ".pdf"))
+        matplotlib_ready()
     schedule = schedule_from_args(args)
     fail_at = None
     if args.fail_at is not None:
@@ -91,8 +101,6 @@ def run(args: argparse.Namespace) -> int:
             ) from None
         if not any(fail_at in actions for actions in schedule.devices):
             raise CourseInputError(f"--fail-at must be an action of the schedule, got {fail_at}")
-    if args.gantt:
-        output_path(args.gantt, "--gantt", (".png", ".svg", ".pdf"))
     links = links_from_args(args)
 
     import copy
@@ -179,6 +187,23 @@ def run(args: argparse.Namespace) -> int:
         if args.gantt:
             print(f"wrote {args.gantt}")
     return 0
+
+
+def _batch(args: argparse.Namespace, m: int, layers: int) -> int:
+    """--batch-size, checked: a multiple of M, at most MAX_BATCH, and batch x layers within
+    the model's limit; by default the most of 16 (gpt) or 64 (mlp) per micro-batch that fits."""
+    most = min(MAX_BATCH, MAX_SAMPLE_LAYERS[args.model] // layers)
+    if args.batch_size is None:  # enough work per micro-batch that threads pay off
+        return max(m, min(DEFAULT_PER_MICROBATCH[args.model] * m, most // m * m))
+    batch = integer(args.batch_size, "--batch-size", 1, MAX_BATCH)
+    if batch % m:
+        raise CourseInputError(f"--batch-size must be a positive multiple of --microbatches ({m})")
+    if batch > most:
+        raise CourseInputError(
+            f"--batch-size must be at most {most} for {layers} layers of {args.model} (batch x "
+            f"layers <= {MAX_SAMPLE_LAYERS[args.model]:,} keeps a run under 1.5 GB), got {batch}"
+        )
+    return batch
 
 
 def _clock_words(args: argparse.Namespace, links) -> str:

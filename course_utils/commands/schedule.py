@@ -13,12 +13,13 @@ from course_utils.actions import Schedule
 from course_utils.commands.common import (
     add_max_actions,
     add_schedule_arguments,
+    check_size,
     costs_from_args,
     schedule_from_args,
 )
+from course_utils.validation import MAX_ACTIONS  # a few seconds, under 0.5 GB even as JSON
 
 HELP = "print a pipeline schedule and its simulated timeline"
-MAX_ACTIONS = 500_000  # about a second of simulation and 40 MB of JSON
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,6 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from course_utils.pipeline.simulate import simulate_arrays
 
+    check_size(args, "json" if args.json else "table", MAX_ACTIONS)
     costs = costs_from_args(args)
     with _no_cyclic_gc():
         sched = schedule_from_args(args)

@@ -15,17 +15,20 @@ from course_utils.commands.common import (
 )
 from course_utils.errors import CourseInputError
 from course_utils.parallel.costs import ALGORITHMS
+from course_utils.validation import MAX_WORKERS  # threads on a laptop
 
 HELP = "tensor-parallel MLP on threads vs unsplit"
-MAX_WORKERS = 8  # threads on a laptop
 MAX_D_MODEL, MAX_TOKENS = 1024, 4096  # an MLP of d -> 4d -> d on at most this many tokens
+# Activations (and each worker's copy of the output and input gradient) grow with tokens x d:
+# at 2**20 a run on 8 workers peaks under 1 GB, at 2**21 at 1.3 GB (tests/test_limits.py).
+MAX_TOKEN_DIMS = 2**20
 D_MODEL, TOKENS = 64, 512
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         f"{HELP}. Limits: at most {MAX_WORKERS} workers, --d-model {MAX_D_MODEL} and "
-        f"{MAX_TOKENS} tokens."
+        f"{MAX_TOKENS} tokens, --tokens x --d-model <= {MAX_TOKEN_DIMS:,} (under 1 GB)."
     )
     parser.add_argument(
         "--workers", type=int, default=2, help=f"tensor-parallel devices (limit: 1-{MAX_WORKERS})"
@@ -34,10 +37,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--allreduce", default="ring", help=f"all-reduce algorithm: {', '.join(ALGORITHMS)}"
     )
     parser.add_argument(
-        "--d-model", type=int, default=D_MODEL, help=f"the MLP is d -> 4d -> d (default {D_MODEL})"
+        "--d-model",
+        type=int,
+        default=D_MODEL,
+        help=f"the MLP is d -> 4d -> d, 1 to {MAX_D_MODEL} (default {D_MODEL})",
     )
     parser.add_argument(
-        "--tokens", type=int, default=TOKENS, help=f"tokens in the batch (default {TOKENS})"
+        "--tokens",
+        type=int,
+        default=TOKENS,
+        help=f"tokens in the batch, 1 to {MAX_TOKENS} (default {TOKENS})",
     )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     add_clock_arguments(parser)
@@ -110,6 +119,11 @@ def run(args: argparse.Namespace) -> int:
         )
     d_model = int_flag(args, "--d-model", 1, MAX_D_MODEL)
     tokens = int_flag(args, "--tokens", 1, MAX_TOKENS)
+    if tokens * d_model > MAX_TOKEN_DIMS:
+        raise CourseInputError(
+            f"--tokens x --d-model must be <= {MAX_TOKEN_DIMS:,} to keep memory under 1 GB, "
+            f"got {tokens} x {d_model} = {tokens * d_model:,}"
+        )
     links = links_from_args(args)
     result = compare(
         workers, args.allreduce, d_model=d_model, tokens=tokens, clock=args.clock, links=links

@@ -15,6 +15,9 @@
    in a sandbox (`isolation`). A worker reports on a pipe the learner's kernel cannot see,
    with a token only it knows; a worker that is killed, hangs past its time limit or
    reports nonsense gives that submission a row with the reason and no marks.
+   Interrupted (Ctrl-C, SIGTERM: `stop_workers`), the batch stops every worker at once and
+   writes no row for the notebooks it did not finish; killed outright, its workers notice
+   and end themselves (`worker.py`), so no worker or kernel outlives the batch.
 4. With a `journal` (the per-notebook CSV), each row reaches the disk the moment its
    notebook is graded; a rerun reuses the rows of notebooks that have not changed and
    grades only the rest (`journal.py`).
@@ -28,6 +31,7 @@ import base64
 import json
 import os
 import secrets
+import signal
 import stat
 import subprocess
 import sys
@@ -37,13 +41,21 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from course_utils import validation
 from course_utils.checks import DEFAULT_STUDENT
 from course_utils.errors import CourseInputError
 from course_utils.grading.grader import GradeResult
 from course_utils.grading.notebook_tools import SOLUTIONS
 from course_utils.grading.roster import Student, label, match
+from course_utils.validation import MAX_NOTEBOOK_BYTES
 
 MAX_FOLDER_BYTES = 50_000_000  # data files copied beside a notebook, at most
+STOP_GRACE_S = 1.0  # a stopped worker's time to exit on SIGTERM before SIGKILL
+
+# The workers running now, so that an interrupted batch can stop them all.
+_live: set[subprocess.Popen] = set()
+_live_lock = threading.Lock()
+_stopping = threading.Event()
 
 
 @dataclass
@@ -92,13 +104,20 @@ def _whose(path: Path, relative: Path, roster: list[Student] | None, root) -> Su
     return Submission(path, student.id, student.name, root)
 
 
-def _not_regular(path: Path) -> str | None:
-    """Why `path` is not read: it is a link, a FIFO, a device... (None: a regular file)."""
+def _not_regular(path: Path, max_bytes: int | None = None) -> str | None:
+    """Why `path` is not read: it is a link, a FIFO, a device, or bigger than `max_bytes`
+    (None: a regular file of a reasonable size)."""
     try:
-        mode = os.lstat(path).st_mode
+        info = os.lstat(path)
     except OSError as exc:
         return f"could not read {path}: {exc.strerror or exc}"
+    mode = info.st_mode
     if stat.S_ISREG(mode):
+        if max_bytes is not None and info.st_size > max_bytes:
+            return (
+                f"{path} is {info.st_size / 1e6:.1f} MB, over the limit of "
+                f"{max_bytes / 1e6:g} MB for a notebook: not read"
+            )
         return None
     kind = "a symbolic link" if stat.S_ISLNK(mode) else "a FIFO" if stat.S_ISFIFO(mode) else None
     return f"{path} is not a regular file ({kind or 'not a file'}): not read"
@@ -131,7 +150,7 @@ class _Job:
 def _read(sub: Submission, variant: str, lesson: int | None) -> _Job:
     from course_utils.grading.grader import detect_lesson, read_submission
 
-    problem = _not_regular(sub.path)
+    problem = _not_regular(sub.path, MAX_NOTEBOOK_BYTES)
     data, files = None, {}
     if problem is None:
         try:
@@ -175,6 +194,7 @@ def grade_all(
     from course_utils.grading import isolation
     from course_utils.grading.journal import Journal, key
 
+    validation.integer(jobs, "jobs", 1, validation.MAX_GRADE_JOBS)
     if sandbox and (why := isolation.problem()):
         raise CourseInputError(why)
     submissions = find_submissions(paths, roster)
@@ -233,6 +253,8 @@ def grade_all(
         if result.lesson is None:
             result.lesson = job.lesson
         with lock:
+            if _stopping.is_set():  # interrupted: this row is not a grade, keep it out
+                return
             results[i] = result
             if book:
                 book.add(result)
@@ -240,15 +262,47 @@ def grade_all(
                 on_result(result)
 
     finished: list[GradeResult] | None = None
+    _stopping.clear()
+    pool = ThreadPoolExecutor(max_workers=max(1, jobs))
     try:
-        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            list(pool.map(grade, todo))
+        list(pool.map(grade, todo))
         finished = [r for r in results if r is not None]
         finished += missing_rows(finished, roster or [], lessons)
+    except BaseException:  # Ctrl-C, SIGTERM: stop every worker now, not after its notebook
+        stop_workers()
+        raise
     finally:
+        pool.shutdown(wait=True, cancel_futures=True)
         if book:  # interrupted: the rows graded so far, in order
-            book.close(finished if finished is not None else [r for r in results if r])
+            with lock:
+                book.close(finished if finished is not None else [r for r in results if r])
     return finished
+
+
+def stop_workers(grace: float = STOP_GRACE_S) -> None:
+    """Stop every running worker at once and start no more: SIGTERM (the worker kills its
+    kernel, removes its files and exits), then SIGKILL to its process group after `grace` s.
+    The rows of the notebooks they were grading are not written."""
+    import time
+
+    _stopping.set()
+    with _live_lock:
+        procs = list(_live)
+    for proc in procs:
+        _signal(proc, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for proc in procs:
+        try:
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _signal(proc, signal.SIGKILL)
+
+
+def _signal(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _exercise_ids(lessons: list[int], solutions: Path) -> list[str]:
@@ -294,18 +348,26 @@ def _run_worker(job: dict, limit: float) -> GradeResult:
     """Grade one job in a worker process; any failure of the worker is a row, not a crash."""
     token = secrets.token_hex(16)
     job["token"] = token
-    with tempfile.TemporaryDirectory(prefix="course-grade-") as private:
+    if _stopping.is_set():
+        return _failed(job, "grading was interrupted")
+    with tempfile.TemporaryDirectory(prefix="course-grade-", ignore_cleanup_errors=True) as private:
         read_end, write_end = os.pipe()
+        worker = "course_utils.grading.worker"
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-m", "course_utils.grading.worker", str(write_end)],
+            [sys.executable, "-I", "-m", worker, str(write_end), str(os.getpid())],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             pass_fds=(write_end,),
             cwd=private,  # nothing in its working folder or TMPDIR comes from a submission
-            env={**os.environ, "TMPDIR": private},
+            # the worker draws nothing on screen: a stray MPLBACKEND must not break it
+            env={**os.environ, "TMPDIR": private, "MPLBACKEND": "agg"},
             start_new_session=True,  # its own process group: a time-out kills the kernel too
         )
+        with _live_lock:
+            _live.add(proc)
+        if _stopping.is_set():  # stopped while it started
+            _signal(proc, signal.SIGKILL)
         os.close(write_end)
         chunks: list[bytes] = []
         reader = threading.Thread(target=_drain, args=(read_end, chunks))
@@ -316,6 +378,9 @@ def _run_worker(job: dict, limit: float) -> GradeResult:
             _kill(proc)
             reader.join(5)
             return _failed(job, f"grading did not finish within {limit:g} s")
+        finally:
+            with _live_lock:
+                _live.discard(proc)
         reader.join(10)
     report = b"".join(chunks).decode(errors="replace")
     base = _failed(job, "")

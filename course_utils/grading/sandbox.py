@@ -74,6 +74,21 @@ MAX_IPC_BYTES = 1 << 20  # sockets and the connection file; anything more is not
 MAX_IPC_ENTRIES = 16
 
 
+# What this process started and has not cleaned up yet, for `abandon` (a worker whose batch
+# died, or that is told to stop, ends at once and leaves nothing behind).
+_LIVE_KERNELS: set = set()
+_SOCKET_FOLDERS: set[Path] = set()
+
+
+def abandon() -> None:
+    """Kill every kernel this process started and remove their socket folders in /tmp, now
+    (the worker calls it just before it exits without the usual cleanup)."""
+    for km in list(_LIVE_KERNELS):
+        _kill(km)
+    for folder in list(_SOCKET_FOLDERS):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 class KernelStartError(RuntimeError):
     """The learner's kernel never became ready: the submission could not be graded."""
 
@@ -162,8 +177,9 @@ def _kernel_spec(folder: Path, argv: list[str], sandboxed: bool) -> Path:
     kernel: dict[str, object] = {"argv": argv, "display_name": "grader", "language": "python"}
     if sandboxed:
         kernel["interrupt_mode"] = "message"
-    else:
-        kernel["env"] = {"MPLBACKEND": "Agg", "PYTHONNOUSERSITE": "1"}
+    else:  # its IPython folder in the scratch folder: $HOME may not take one (HOME=/proc)
+        ipython = str(folder / "ipython")
+        kernel["env"] = {"MPLBACKEND": "Agg", "PYTHONNOUSERSITE": "1", "IPYTHONDIR": ipython}
     (spec / "kernel.json").write_text(json.dumps(kernel))
     return folder
 
@@ -329,6 +345,7 @@ def run_submission(
             )
             ready = False
             watch = _Watch(ipc, lambda km=km: _kill(km))
+            _LIVE_KERNELS.add(km)
             try:
                 # The kernel's own output goes nowhere: it must not reach the grader's streams.
                 with client.setup_kernel(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL):
@@ -348,8 +365,10 @@ def run_submission(
                     raise KernelStartError(why) from exc
                 continue
             finally:
+                _LIVE_KERNELS.discard(km)
                 if ipc.parent != Path(tmp):
                     shutil.rmtree(ipc.parent, ignore_errors=True)
+                    _SOCKET_FOLDERS.discard(ipc.parent)
             if watch.tripped:
                 run.notes.append(
                     "the kernel was stopped: it wrote files beside its sockets, "
@@ -365,7 +384,9 @@ def _socket_folder(tmp: Path, attempt: int) -> Path:
     bytes), so where the temporary folder's path is long it goes to /tmp instead."""
     folder = tmp / f"ipc{attempt}"
     if len(str(folder / "kernel-ipc-65535")) > 100:
-        folder = Path(tempfile.mkdtemp(prefix="cg-", dir="/tmp")) / "ipc"
+        short = Path(tempfile.mkdtemp(prefix="cg-", dir="/tmp"))
+        _SOCKET_FOLDERS.add(short)
+        folder = short / "ipc"
     folder.mkdir()
     return folder
 

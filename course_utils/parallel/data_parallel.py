@@ -42,6 +42,9 @@ from course_utils.threads.devices import DeviceThreads
 from course_utils.threads.links import Links
 from course_utils.threads.trace import Recorder, check_clock, on
 from course_utils.timeline import Timeline
+from course_utils.validation import MAX_THREADS, integer
+
+MAX_WORKERS = MAX_THREADS  # threads: the `data-parallel` command's limit
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
@@ -102,8 +105,7 @@ class DataParallel:
         clock: str = "virtual",
         links: Links | None = None,
     ) -> None:
-        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
-            raise CourseInputError(f"workers must be an integer >= 1, got {workers!r}")
+        integer(workers, "workers", 1, MAX_WORKERS)  # the command's limit
         check_options("sum", algorithm)
         self.clock, self.links = check_clock(clock), links
         self.workers = workers

@@ -48,6 +48,7 @@ from course_utils.threads.devices import DeviceThreads
 from course_utils.threads.links import Links
 from course_utils.threads.trace import Recorder, check_clock, on, traced
 from course_utils.timeline import Timeline
+from course_utils.validation import MAX_WORKERS, integer  # the command's limit, 8 threads
 
 # -- Megatron's f and g -------------------------------------------------------------------
 
@@ -220,8 +221,7 @@ class TensorParallelMLP:
         clock: str = "virtual",
         links: Links | None = None,
     ) -> None:
-        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
-            raise CourseInputError(f"workers must be an integer >= 1, got {workers!r}")
+        integer(workers, "workers", 1, MAX_WORKERS)  # the command's limit
         check_options("sum", algorithm)
         self.clock, self.links = check_clock(clock), links
         self.workers = workers

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from course_utils import validation
 from course_utils.actions import ACTIVATIONS, INPUT_GRAD, KIND_NAMES, KINDS, Action, Schedule
 from course_utils.errors import CourseInputError, ScheduleError, WorkerError
 from course_utils.pipeline.simulate import structure_problems
@@ -43,6 +44,7 @@ from course_utils.threads.devices import Aborted, DeviceThreads
 from course_utils.threads.links import Links
 from course_utils.threads.trace import Recorder, Stream, check_clock
 from course_utils.timeline import Event, Timeline
+from course_utils.validation import MAX_PIPELINE_DEVICES, MAX_PIPELINE_STAGES
 
 # A message between stages is keyed ("act" | "grad", receiving stage, micro-batch): what
 # the receiver needs from the stage at `offset` from its own (KINDS[kind].needs).
@@ -151,6 +153,23 @@ class Mailboxes:
 # --------------------------------------------------------------------------- the executor
 
 
+def _module_list(stages) -> list[nn.Module]:
+    """`stages` as a non-empty list of modules (a list, tuple or ModuleList of them), else one
+    line: one module is not a list of stages."""
+    if isinstance(stages, nn.Module) and not isinstance(stages, nn.ModuleList | nn.Sequential):
+        raise CourseInputError(
+            f"stages must be a list of modules, one per stage (partition(model, n)), got one "
+            f"{type(stages).__name__}"
+        )
+    try:
+        found = list(stages)
+    except TypeError:
+        found = None
+    if not found or not all(isinstance(stage, nn.Module) for stage in found):
+        raise CourseInputError(f"stages must be a non-empty list of modules, got {stages!r:.80}")
+    return found
+
+
 class PipelineExecutor:
     """Runs pipeline schedules on `num_devices` persistent threads (placement: the schedule's)."""
 
@@ -168,10 +187,12 @@ class PipelineExecutor:
             raise CourseInputError(
                 f"links must be a Links (course_utils.threads.links), got {links!r}"
             )
-        if not stages:
-            raise CourseInputError("stages must be a non-empty list of modules")
-        if not isinstance(num_devices, int) or num_devices < 1:
-            raise CourseInputError(f"num_devices must be an integer >= 1, got {num_devices!r}")
+        stages = _module_list(stages)
+        validation.integer(num_devices, "num_devices", 1, MAX_PIPELINE_DEVICES)
+        if len(stages) > MAX_PIPELINE_STAGES:  # the `run` command's limits
+            raise CourseInputError(
+                f"stages must hold at most {MAX_PIPELINE_STAGES} modules, got {len(stages)}"
+            )
         if len(stages) % num_devices:
             raise CourseInputError(
                 f"the number of stages ({len(stages)}) must be a multiple of num_devices "

@@ -31,9 +31,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from course_utils import validation
 from course_utils.actions import Action, Schedule
 from course_utils.errors import CourseInputError
 from course_utils.pipeline import vshape
+from course_utils.validation import MAX_ACTIONS
 
 
 def _act(stage: int, kind: str, microbatch: int) -> Action:
@@ -45,29 +47,34 @@ def _act(stage: int, kind: str, microbatch: int) -> Action:
 
 
 def _check(name: str, value, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise CourseInputError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
+    return validation.integer(value, name, minimum)
+
+
+def _sized(name: str, p: int, m: int, v: int = 1, max_actions: int = MAX_ACTIONS) -> None:
+    """The builders' guard: the shape's numbers, then its size against `max_actions` (a
+    schedule of millions of actions is refused in a millisecond, not built into a MemoryError)."""
+    _check("devices", p), _check("microbatches", m), _check("chunks", v)
+    validation.check_actions(count_actions(name, p, m, v), max_actions, what=f"{name} of {p} x {m}")
 
 
 def _schedule(name: str, p: int, m: int, devices: list[list[Action]], v: int = 1, scale: int = 1):
     return Schedule(name, p * v, m, tuple(tuple(a) for a in devices), batch_scale=scale)
 
 
-def naive(p: int, m: int) -> Schedule:
+def naive(p: int, m: int, *, max_actions: int = MAX_ACTIONS) -> Schedule:
     """The whole batch through stage 0, 1, ..., then back: one device works at a time.
 
     The batch is not split, so each action processes all `m` micro-batches' worth of data
     (`batch_scale=m`) and uses micro-batch index 0.
     """
-    _check("devices", p), _check("microbatches", m)
+    _sized("naive", p, m, max_actions=max_actions)
     devices = [[_act(d, "F", 0), _act(d, "B", 0)] for d in range(p)]
     return _schedule("naive", p, m, devices, scale=m)
 
 
-def gpipe(p: int, m: int) -> Schedule:
+def gpipe(p: int, m: int, *, max_actions: int = MAX_ACTIONS) -> Schedule:
     """Fill and drain: every device forwards all micro-batches, then backwards them all."""
-    _check("devices", p), _check("microbatches", m)
+    _sized("gpipe", p, m, max_actions=max_actions)
     devices = [
         [_act(d, "F", i) for i in range(m)] + [_act(d, "B", i) for i in range(m)] for d in range(p)
     ]
@@ -86,9 +93,9 @@ def _one_f_one_b_order(p: int, d: int, m: int, backward: str = "B") -> list[Acti
     return order
 
 
-def one_f_one_b(p: int, m: int) -> Schedule:
+def one_f_one_b(p: int, m: int, *, max_actions: int = MAX_ACTIONS) -> Schedule:
     """PipeDream-Flush (1F1B): warm-up forwards, then alternate one forward, one backward."""
-    _check("devices", p), _check("microbatches", m)
+    _sized("1f1b", p, m, max_actions=max_actions)
     return _schedule("1f1b", p, m, [_one_f_one_b_order(p, d, m) for d in range(p)])
 
 
@@ -101,7 +108,7 @@ def _interleaved_rule(p: int, m: int, v: int) -> str | None:
     )
 
 
-def interleaved(p: int, m: int, v: int) -> Schedule:
+def interleaved(p: int, m: int, v: int, *, max_actions: int = MAX_ACTIONS) -> Schedule:
     """Megatron-LM interleaved 1F1B: v chunks per device, micro-batches in groups of p.
 
     Each device walks its chunks in rounds of p micro-batches (chunk 0 for micro-batches
@@ -111,6 +118,7 @@ def interleaved(p: int, m: int, v: int) -> Schedule:
     _check("devices", p), _check("microbatches", m), _check("chunks", v)
     if problem := _interleaved_rule(p, m, v):
         raise CourseInputError(problem)
+    _sized("interleaved", p, m, v, max_actions)
     units = v * m  # (chunk, micro-batch) pairs per device, in each direction
 
     def unit(k: int, d: int, kind: str) -> Action:
@@ -135,7 +143,7 @@ def interleaved(p: int, m: int, v: int) -> Schedule:
     return _schedule("interleaved", p, m, devices, v)
 
 
-def breadth_first(p: int, m: int, v: int) -> Schedule:
+def breadth_first(p: int, m: int, v: int, *, max_actions: int = MAX_ACTIONS) -> Schedule:
     """Breadth-first (looped BFS): all micro-batches through a local stage, then the next one.
 
     Forward visits the device's stages in ascending order, backward in descending order;
@@ -143,7 +151,7 @@ def breadth_first(p: int, m: int, v: int) -> Schedule:
     Finishing a stage's backward for all micro-batches early lets its gradient reduction
     start while later backwards still run (see `course_utils.parallel.timelines.dp_pp_timeline`).
     """
-    _check("devices", p), _check("microbatches", m), _check("chunks", v)
+    _sized("breadth-first", p, m, v, max_actions)
     devices = []
     for d in range(p):
         local = [c * p + d for c in range(v)]
@@ -153,7 +161,7 @@ def breadth_first(p: int, m: int, v: int) -> Schedule:
     return _schedule("breadth-first", p, m, devices, v)
 
 
-def zb_h1(p: int, m: int) -> Schedule:
+def zb_h1(p: int, m: int, *, max_actions: int = MAX_ACTIONS) -> Schedule:
     """Zero bubble ZB-H1: 1F1B with the backward split into I and W, each W delayed.
 
     I (input gradient) is all the previous stage waits for, so it goes first; device d
@@ -166,7 +174,7 @@ def zb_h1(p: int, m: int) -> Schedule:
     i.e. (p-1)I when F is the shorter and (p-1)F when I is (the registry's closed form,
     checked against the simulator in tests/test_registry.py).
     """
-    _check("devices", p), _check("microbatches", m)
+    _sized("zb-h1", p, m, max_actions=max_actions)
     devices = []
     for d in range(p):
         order = _one_f_one_b_order(p, d, m, backward="I")
@@ -227,7 +235,7 @@ class ScheduleInfo:
 
     name: str  # what commands and code use: "1f1b"
     label: str  # what a learner reads: "1F1B"
-    build: Callable[[int, int, int], Schedule]  # (devices, microbatches, chunks)
+    build: Callable[..., Schedule]  # (devices, microbatches, chunks, max_actions=...)
     uses_chunks: bool  # the learner chooses v (looping placement)
     bubble: ClosedForm  # idle share of devices x makespan
     peak: ClosedForm  # most micro-batches of activations one device holds (whole-stage units)
@@ -300,9 +308,9 @@ def _dualpipe_v_rule(p: int, m: int, v: int) -> str | None:
     return None
 
 
-def _build_one_chunk(builder: Callable[[int, int], Schedule]):
-    def build(p: int, m: int, v: int = 1) -> Schedule:
-        return builder(p, m)
+def _build_one_chunk(builder: Callable[..., Schedule]):
+    def build(p: int, m: int, v: int = 1, max_actions: int = MAX_ACTIONS) -> Schedule:
+        return builder(p, m, max_actions=max_actions)
 
     return build
 
@@ -450,7 +458,7 @@ RECOMMENDED = "1f1b"
 
 def schedule_info(name: str) -> ScheduleInfo:
     """The registry entry for `name`, or a one-line error listing the schedules."""
-    if name not in SCHEDULES:
+    if not isinstance(name, str) or name not in SCHEDULES:
         raise CourseInputError(f"schedule must be one of {', '.join(SCHEDULES)}; got {name!r}")
     return SCHEDULES[name]
 
@@ -461,10 +469,24 @@ def label(name: str) -> str:
     return info.label if info else name
 
 
-def check_shape(name: str, devices: int, microbatches: int, chunks: int = 1) -> ScheduleInfo:
-    """Raise the one-line error `make_schedule` would, without building anything."""
-    _check("devices", devices), _check("microbatches", microbatches), _check("chunks", chunks)
+def count_actions(name: str, devices: int, microbatches: int, chunks: int = 1) -> int:
+    """How many compute actions schedule `name` has (F and B, or F, I and W, per stage and
+    micro-batch; the unsplit naive schedule has two per stage), without building it."""
     info = schedule_info(name)
+    return validation.schedule_actions(
+        devices * info.chunks(chunks),
+        microbatches,
+        kinds=3 if info.split_backward else 2,
+        unsplit=not info.microbatched,
+    )
+
+
+def check_shape(
+    name: str, devices: int, microbatches: int, chunks: int = 1, max_actions: int = MAX_ACTIONS
+) -> ScheduleInfo:
+    """Raise the one-line error `make_schedule` would, without building anything."""
+    info = schedule_info(name)
+    _check("devices", devices), _check("microbatches", microbatches), _check("chunks", chunks)
     if chunks > 1 and not info.uses_chunks:
         with_chunks = " or ".join(n for n, i in SCHEDULES.items() if i.uses_chunks)
         raise CourseInputError(
@@ -472,9 +494,21 @@ def check_shape(name: str, devices: int, microbatches: int, chunks: int = 1) -> 
         )
     if problem := info.shape_rule(devices, microbatches, chunks):
         raise CourseInputError(problem)
+    validation.check_actions(
+        count_actions(name, devices, microbatches, chunks),
+        max_actions,
+        what=f"{name} of {devices} x {microbatches}" + (f" x {chunks}" if chunks > 1 else ""),
+    )
     return info
 
 
-def make_schedule(name: str, devices: int, microbatches: int, chunks: int = 1) -> Schedule:
-    """Build schedule `name` (a key of SCHEDULES) for `devices` devices and `microbatches`."""
-    return check_shape(name, devices, microbatches, chunks).build(devices, microbatches, chunks)
+def make_schedule(
+    name: str, devices: int, microbatches: int, chunks: int = 1, max_actions: int = MAX_ACTIONS
+) -> Schedule:
+    """Build schedule `name` (a key of SCHEDULES) for `devices` devices and `microbatches`.
+
+    Refused in a millisecond: a shape the schedule cannot take, and more than `max_actions`
+    compute actions (`validation.MAX_ACTIONS` by default, the `schedule` command's limit; a
+    higher value holds while the schedule is predicted to fit in memory)."""
+    info = check_shape(name, devices, microbatches, chunks, max_actions)
+    return info.build(devices, microbatches, chunks, max_actions=max_actions)

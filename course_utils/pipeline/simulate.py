@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from numbers import Real
 
+from course_utils import validation
 from course_utils.actions import KINDS, PIPELINE_KINDS, Action, Schedule
 from course_utils.errors import CourseInputError, ScheduleError
 from course_utils.timeline import Timeline
@@ -72,8 +73,11 @@ class CostModel:
     def __post_init__(self) -> None:
         for name in ("forward", "backward", "p2p"):
             value: float = getattr(self, name)
-            if not isinstance(value, Real) or not 0 <= value < math.inf:
-                raise CourseInputError(f"{name} cost must be a finite number >= 0, got {value!r}")
+            if not _finite(value) or not 0 <= value <= MAX_COST:  # True is not a cost
+                raise CourseInputError(
+                    f"{name} cost must be a finite number >= 0 and at most {MAX_COST:g}, "
+                    f"got {value!r}"
+                )
         if not _finite(self.weight_fraction) or not 0 <= self.weight_fraction <= 1:
             raise CourseInputError(
                 f"weight_fraction must be a number between 0 and 1, got {self.weight_fraction!r}"
@@ -84,8 +88,11 @@ class CostModel:
                 continue
             if isinstance(values, str | bytes) or not isinstance(values, Sequence):
                 raise CourseInputError(f"{name} must be a list of numbers >= 0, got {values!r}")
-            if any(not _finite(x) or x < 0 for x in values):
-                raise CourseInputError(f"{name} must be a list of numbers >= 0, got {values!r}")
+            if any(not _finite(x) or not 0 <= x <= MAX_COST for x in values):
+                raise CourseInputError(
+                    f"{name} must be a list of numbers >= 0 and at most {MAX_COST:g}, "
+                    f"got {values!r}"
+                )
 
     @classmethod
     def from_times(
@@ -403,6 +410,12 @@ def _prepare(schedule: Schedule, costs: CostModel):
         raise CourseInputError(f"costs must be a CostModel, got {type(costs).__name__}")
     devices = _as_device_lists(schedule)
     microbatches = schedule.numbered  # naive: just one
+    slots, present = schedule.stages * microbatches, sum(len(a) for a in devices)
+    if slots > max(present, validation.MAX_ACTIONS):  # said at once, not listed one by one
+        raise ScheduleError(
+            f"{schedule.name}: {schedule.stages} stages x {microbatches} micro-batches need "
+            f"{slots:,} forward actions, the schedule has {present:,} actions in all"
+        )
     problems = structure_problems(devices, schedule.stages, microbatches)
     if problems:
         raise ScheduleError(f"{schedule.name}: " + "; ".join(problems))
@@ -481,8 +494,13 @@ def validate(
             microbatches = sched.numbered
     if stages is None or microbatches is None:
         raise CourseInputError("validate needs stages and microbatches for plain action lists")
-    if stages < 1 or microbatches < 1:
-        raise CourseInputError("stages and microbatches must be >= 1")
+    validation.integer(stages, "stages")
+    validation.integer(microbatches, "microbatches")
+    if stages * microbatches > validation.MAX_ACTIONS:  # a hand-written order is small
+        raise CourseInputError(
+            f"stages x microbatches must be at most {validation.MAX_ACTIONS:,}, got "
+            f"{stages} x {microbatches}"
+        )
     try:
         devices = _as_device_lists(devices_or_schedule)
     except CourseInputError as exc:

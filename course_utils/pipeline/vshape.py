@@ -82,27 +82,22 @@ import math
 from collections import deque
 from numbers import Real
 
+from course_utils import validation
 from course_utils.actions import Action, Schedule
 from course_utils.errors import CourseInputError
 from course_utils.pipeline.simulate import CostModel
-
-MAX_ACTIONS = 1_000_000  # 6 p m compute actions at most: keeps a typo from filling memory
+from course_utils.validation import MAX_ACTIONS  # 6 p m compute actions at most, by default
 
 
 def _check_int(name: str, value, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise CourseInputError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
+    return validation.integer(value, name, minimum)
 
 
-def _check_shape(p: int, m: int) -> None:
+def _check_shape(p: int, m: int, max_actions: int = MAX_ACTIONS) -> None:
     _check_int("devices", p)
     _check_int("microbatches", m)
-    if 6 * p * m > MAX_ACTIONS:
-        raise CourseInputError(
-            f"devices x microbatches must be at most {MAX_ACTIONS // 6} "
-            f"(6 actions each), got {p} x {m}"
-        )
+    # F, I and W of 2 chunks per device and micro-batch: the limit every schedule shares
+    validation.check_actions(6 * p * m, max_actions, what=f"a V schedule of {p} x {m}")
 
 
 def _check_costs(**costs: float) -> None:
@@ -187,7 +182,7 @@ def _zb_v_order(p: int, d: int, m: int) -> list[Action]:
     return [a for a in order if a.microbatch is not None and a.microbatch < m]
 
 
-def zb_v(p: int, m: int) -> Schedule:
+def zb_v(p: int, m: int, *, max_actions: int = MAX_ACTIONS) -> Schedule:
     """ZB-V (Qi et al. 2024, arXiv 2401.10241): zero-bubble I/W split on a V of 2p stages.
 
     Each device runs F, I and W of its down chunk and of its up chunk. With equal costs and
@@ -195,7 +190,7 @@ def zb_v(p: int, m: int) -> Schedule:
     holds at most 2p chunks (p micro-batches' worth of its layers, 1F1B's peak).
     Any m >= 1 works; below 2p-1 the warm-up cannot fill the V and the bubble grows.
     """
-    _check_shape(p, m)
+    _check_shape(p, m, max_actions)
     devices = tuple(tuple(_zb_v_order(p, d, m)) for d in range(p))
     return Schedule("zb-v", 2 * p, m, devices)
 
@@ -247,17 +242,21 @@ def zb_v_peak(p: int, m: int, device: int) -> int:
 # --------------------------------------------------------------------------- DualPipeV
 
 
-def dualpipe_v_slots(p: int, m: int) -> list[list[tuple[Action, ...]]]:
+def dualpipe_v_slots(
+    p: int, m: int, *, max_actions: int = MAX_ACTIONS
+) -> list[list[tuple[Action, ...]]]:
     """DualPipeV per device as slots: one action, or an overlapped (F, B) pair ("F&B").
 
     The phases are those of DeepSeek's dualpipev.py (names as in its comments, chunk 0 the
     down chunk, chunk 1 the up chunk); `dualpipe_v` flattens the slots.
     """
-    return [slots for slots, _ in _dualpipe_v_all(p, m)]
+    return [slots for slots, _ in _dualpipe_v_all(p, m, max_actions)]
 
 
-def _dualpipe_v_all(p: int, m: int) -> list[tuple[list[tuple[Action, ...]], tuple[int, ...]]]:
-    _check_shape(p, m)
+def _dualpipe_v_all(
+    p: int, m: int, max_actions: int = MAX_ACTIONS
+) -> list[tuple[list[tuple[Action, ...]], tuple[int, ...]]]:
+    _check_shape(p, m, max_actions)
     if m < 2 * p:
         raise CourseInputError(
             f"microbatches must be >= 2 x devices = {2 * p} for dualpipe-v "
@@ -346,7 +345,9 @@ def _dualpipe_v_device(p: int, d: int, m: int) -> tuple[list[tuple[Action, ...]]
     return slots, tuple(groups)
 
 
-def dualpipe_v(p: int, m: int, early_send: bool = False) -> Schedule:
+def dualpipe_v(
+    p: int, m: int, early_send: bool = False, *, max_actions: int = MAX_ACTIONS
+) -> Schedule:
     """DualPipeV (DeepSeek-AI 2024, arXiv 2412.19437; github.com/deepseek-ai/DualPipe).
 
     Needs m >= 2p. Each overlapped F&B slot is written as F then B; the warm-up and the
@@ -355,7 +356,7 @@ def dualpipe_v(p: int, m: int, early_send: bool = False) -> Schedule:
     ends. `early_send=True` gives the course's variant, "DualPipeV, early send", where
     every output leaves as its action ends (what the thread executor does today).
     """
-    both = _dualpipe_v_all(p, m)
+    both = _dualpipe_v_all(p, m, max_actions)
     devices = tuple(tuple(a for slot in slots for a in slot) for slots, _ in both)
     if early_send:
         return Schedule("dualpipe-v-early-send", 2 * p, m, devices)

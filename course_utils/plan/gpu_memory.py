@@ -6,7 +6,7 @@ import functools
 
 from course_utils.errors import CourseInputError
 from course_utils.pipeline.schedules import SCHEDULES as REGISTRY
-from course_utils.pipeline.schedules import Case, make_schedule
+from course_utils.pipeline.schedules import Case, count_actions, make_schedule
 from course_utils.pipeline.simulate import CostModel, simulate
 from course_utils.plan.inputs import (
     RECOMPUTE,
@@ -19,6 +19,7 @@ from course_utils.plan.inputs import (
     check_config,
     get_precision,
 )
+from course_utils.validation import MAX_ACTIONS
 
 # --------------------------------------------------------------------------- model states
 
@@ -209,7 +210,9 @@ def ulysses_attention_bytes(
 @functools.lru_cache(maxsize=4096)
 def _simulated(schedule: str, pp: int, m: int, v: int) -> tuple[float, float]:
     """(bubble fraction, peak in-flight micro-batches on the busiest device), simulated."""
-    timeline = simulate(make_schedule(schedule, pp, m, v), CostModel())
+    # sized by the planner's own limits; above the default only while it fits in memory
+    actions = count_actions(schedule, pp, m, v)
+    timeline = simulate(make_schedule(schedule, pp, m, v, max(MAX_ACTIONS, actions)), CostModel())
     chunks = REGISTRY[schedule].chunks(v)
     peak = max(timeline.peak_activations or [0]) / chunks  # chunks -> whole-stage micro-batches
     return timeline.bubble_fraction, peak

@@ -9,6 +9,7 @@ import math
 import time
 from dataclasses import asdict
 
+from course_utils import validation
 from course_utils.errors import CourseInputError
 from course_utils.pipeline.schedules import RECOMMENDED
 from course_utils.pipeline.schedules import SCHEDULES as REGISTRY
@@ -31,6 +32,7 @@ from course_utils.plan.inputs import (
     get_precision,
 )
 from course_utils.plan.model import Estimate, evaluate
+from course_utils.validation import MAX_GPUS
 
 
 def _divisors(n: int) -> list[int]:
@@ -71,7 +73,7 @@ def search(
     the first layout that fits (what `min_gpus` needs). `cp_kind` is how context
     parallelism crosses its GPUs: "ring" or "ulysses" (cp must then divide heads / tp).
     """
-    _positive_int(gpus, "gpus")
+    validation.integer(gpus, "gpus", 1, MAX_GPUS)  # the plan command's limit: a second or two
     _positive_int(global_batch, "global_batch")
     prec = get_precision(precision)
     feasible: list[Estimate] = []

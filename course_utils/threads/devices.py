@@ -31,6 +31,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from course_utils import validation
 from course_utils.errors import CourseInputError, ScheduleError, WorkerError
 
 T = TypeVar("T")
@@ -150,8 +151,8 @@ class DeviceThreads:
     """`num_devices` persistent worker threads; `run(fns)` runs fns[d] on thread d."""
 
     def __init__(self, num_devices: int, name: str = "device", one_core: bool = False) -> None:
-        if not isinstance(num_devices, int) or isinstance(num_devices, bool) or num_devices < 1:
-            raise CourseInputError(f"num_devices must be an integer >= 1, got {num_devices!r}")
+        # at most MAX_THREADS (16): the most any command runs; thousands would not even start
+        validation.integer(num_devices, "num_devices", 1, validation.MAX_THREADS)
         _few_malloc_arenas()
         self.num_devices = num_devices
         self.name = name
