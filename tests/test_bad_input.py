@@ -9,6 +9,7 @@ depend on how busy the machine is; a wall-clock limit guards against hangs).
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
 from pathlib import Path
