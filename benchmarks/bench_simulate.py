@@ -2,7 +2,7 @@
 
 Times the whole command as a learner runs it, process start included:
 
-    python -m course_utils schedule 1f1b --stages 64 --microbatches 1024 --json
+    python -m course_utils schedule 1f1b --devices 64 --microbatches 1024 --json
 
 Each run's wall time and CPU time (user + system, from the OS) are measured; the figure
 is the best of several runs, since other programs on a shared machine only ever add time.
@@ -24,7 +24,7 @@ TARGET_S = 1.0
 RUNS = 5
 P, M = 64, 1024
 COMMAND = [sys.executable, "-m", "course_utils", "schedule", "1f1b"]
-COMMAND += ["--stages", str(P), "--microbatches", str(M), "--json"]
+COMMAND += ["--devices", str(P), "--microbatches", str(M), "--json"]
 
 
 def timed(command: list[str]) -> tuple[float, float, int]:

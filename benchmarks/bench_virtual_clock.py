@@ -32,8 +32,8 @@ ROUNDS = 2
 IDEAL_GPIPE = 32 / 11  # p m (F+B) / ((m + p - 1)(F+B)) for p = 4, m = 8
 
 CASES = {
-    "naive": ["run", "naive", "--stages", "4", "--microbatches", "8"],
-    "gpipe": ["run", "gpipe", "--stages", "4", "--microbatches", "8"],
+    "naive": ["run", "naive", "--devices", "4", "--microbatches", "8"],
+    "gpipe": ["run", "gpipe", "--devices", "4", "--microbatches", "8"],
     "dp8": ["data-parallel", "--workers", "8", "--steps", "1"],
     "dp16": ["data-parallel", "--workers", "16", "--steps", "1"],
     "fsdp0": ["fsdp", "--workers", "2", "--stage", "3", "--prefetch", "0"],

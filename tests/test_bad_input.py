@@ -22,27 +22,27 @@ NB = str(ROOT / "solutions" / "03_bubble_tradeoff.ipynb")
 
 BAD = [
     # schedule: sizes, numbers, names
-    (["schedule", "1f1b", "--stages", "1000000", "--microbatches", "1000000"], "--max-actions"),
-    (["schedule", "1f1b", "--stages", "0", "--microbatches", "4"], "--stages"),
-    (["schedule", "1f1b", "--stages", "4", "--microbatches", "4", "--forward-cost", "1e308",
+    (["schedule", "1f1b", "--devices", "1000000", "--microbatches", "1000000"], "--max-actions"),
+    (["schedule", "1f1b", "--devices", "0", "--microbatches", "4"], "--devices"),
+    (["schedule", "1f1b", "--devices", "4", "--microbatches", "4", "--forward-cost", "1e308",
       "--backward-cost", "1e308"], "--forward-cost"),
-    (["schedule", "1f1b", "--stages", "4", "--microbatches", "4", "--p2p-cost", "inf"],
+    (["schedule", "1f1b", "--devices", "4", "--microbatches", "4", "--p2p-cost", "inf"],
      "--p2p-cost"),
-    (["schedule", "1f1b", "--stages", "4", "--microbatches", "4", "--forward-cost", "nan"],
+    (["schedule", "1f1b", "--devices", "4", "--microbatches", "4", "--forward-cost", "nan"],
      "--forward-cost"),
-    (["schedule", "1f1b", "--stages", "4", "--microbatches", "4", "--max-actions", "-1"],
+    (["schedule", "1f1b", "--devices", "4", "--microbatches", "4", "--max-actions", "-1"],
      "--max-actions"),
-    (["schedule", "zigzag", "--stages", "4", "--microbatches", "4"], "schedule must be one of"),
+    (["schedule", "zigzag", "--devices", "4", "--microbatches", "4"], "schedule must be one of"),
     # gantt
     (["gantt", "gpipe", "-p", "100000", "-m", "4", "-o", "x.png"], "--max-actions"),
     (["gantt", "gpipe", "-p", "4", "-m", "4", "-o", "/proc/x.png"], "-o"),
     (["gantt", "gpipe", "-p", "4", "-m", "4", "-o", "chart.bmp"], "-o"),
     (["gantt", "gpipe", "-p", "4", "-m", "4", "-o", "/no/such/folder/chart.png"], "-o"),
     # run
-    (["run", "1f1b", "--stages", "64", "--microbatches", "64"], "--stages"),
-    (["run", "1f1b", "--stages", "2", "--microbatches", "4", "--fail-at", "xyz"], "--fail-at"),
-    (["run", "1f1b", "--stages", "2", "--microbatches", "4", "--fail-at", "9F9"], "--fail-at"),
-    (["run", "1f1b", "--stages", "0"], "--stages"),
+    (["run", "1f1b", "--devices", "64", "--microbatches", "64"], "--devices"),
+    (["run", "1f1b", "--devices", "2", "--microbatches", "4", "--fail-at", "xyz"], "--fail-at"),
+    (["run", "1f1b", "--devices", "2", "--microbatches", "4", "--fail-at", "9F9"], "--fail-at"),
+    (["run", "1f1b", "--devices", "0"], "--devices"),
     (["run", "1f1b", "--gantt", "/proc/x.png"], "--gantt"),
     (["run", "1f1b", "--gantt", "out.jpg"], "--gantt"),
     (["run", "1f1b", "--batch-size", "100000000"], "--batch-size"),
@@ -154,7 +154,7 @@ def test_json_output_is_always_valid_json(capsys):
 
     from course_utils.cli import main
 
-    assert main(["schedule", "zb-h1", "--stages", "3", "--microbatches", "4", "--json",
+    assert main(["schedule", "zb-h1", "--devices", "3", "--microbatches", "4", "--json",
                  "--weight-cost", "0"]) == 0  # fmt: skip
     json.loads(capsys.readouterr().out)  # no NaN or Infinity even with a zero W
 
@@ -221,11 +221,11 @@ QUIET = (0, 141)
 # (args, expected exit code, words of the one line, stdout mode, stderr mode, env)
 OUTPUT_ERRORS = [
     # the issue's
-    (["schedule", "1f1b", "--stages", "2", "--microbatches", "2"], 2, "cannot write the output",
+    (["schedule", "1f1b", "--devices", "2", "--microbatches", "2"], 2, "cannot write the output",
      "full", "capture", {}),
-    (["schedule", "1f1b", "--stages", "2", "--microbatches", "2"], 2, "standard output is closed",
+    (["schedule", "1f1b", "--devices", "2", "--microbatches", "2"], 2, "standard output is closed",
      "closed", "capture", {}),
-    (["schedule", "1f1b", "--stages", "40", "--microbatches", "400"], QUIET, None,
+    (["schedule", "1f1b", "--devices", "40", "--microbatches", "400"], QUIET, None,
      "early", "capture", {}),
     (["gantt", "1f1b", "-p", "2", "-m", "2", "-o", "{long}.png"], 2, "-o",
      "capture", "capture", {}),
@@ -240,17 +240,17 @@ OUTPUT_ERRORS = [
      "capture", "capture", {}),
     (["run", "1f1b", "--gantt", ""], 2, "--gantt needs a file name", "capture", "capture", {}),
     # stderr closed: the error is the one line on stdout
-    (["schedule", "1f1b", "--stages", "0", "--microbatches", "2"], 2, "--stages",
+    (["schedule", "1f1b", "--devices", "0", "--microbatches", "2"], 2, "--devices",
      "capture", "closed", {}),
     # more of our own
-    (["schedule", "zb-h1", "--stages", "100", "--microbatches", "400", "--json"], QUIET, None,
+    (["schedule", "zb-h1", "--devices", "100", "--microbatches", "400", "--json"], QUIET, None,
      "early", "capture", {}),
     (["plan", "search", "--params", "70B", "--layers", "80", "--hidden", "8192", "--heads", "64",
       "--seq", "2048", "--global-batch", "512", "--gpus", "64"], QUIET, None,
      "early", "capture", {}),
     (["plan", "memory", "--params", "7B"], 2, "cannot write the output", "full", "capture", {}),
     (["plan", "memory", "--params", "7B"], 2, "standard output is closed", "closed", "capture", {}),
-    (["schedule", "1f1b", "--stages", "x", "--microbatches", "2"], 2, "--stages",
+    (["schedule", "1f1b", "--devices", "x", "--microbatches", "2"], 2, "--devices",
      "capture", "closed", {}),
     (["gantt", "1f1b", "-p", "2", "-m", "2", "-o", "{fifo}"], 2, "not a regular file",
      "capture", "capture", {}),
@@ -295,21 +295,21 @@ NUMBERS = [
     (["plan", "memory", "--params", "7B", "--microbatch-size", "0"], "--microbatch-size"),
     (["grade", "{nb}", "--lesson", "0"], "--lesson"),
     (["grade", "{nb}", "--timeout", "1e999"], "--timeout"),
-    (["schedule", "1f1b", "--stages", "2", "--microbatches", "2", "--max-actions", "0"],
+    (["schedule", "1f1b", "--devices", "2", "--microbatches", "2", "--max-actions", "0"],
      "--max-actions"),
 ]  # fmt: skip
 
 # (args, words): documented limits (memory), refused before any work
 LIMITS = [
-    (["schedule", "gpipe", "--stages", "3000", "--microbatches", "3000", "--max-actions",
+    (["schedule", "gpipe", "--devices", "3000", "--microbatches", "3000", "--max-actions",
       "1000000000000"], "--max-actions"),
-    (["run", "interleaved", "--stages", "8", "--chunks", "4", "--microbatches", "64",
+    (["run", "interleaved", "--devices", "8", "--chunks", "4", "--microbatches", "64",
       "--batch-size", "1024"], "--batch-size must be at most 128"),
     (["gantt", "1f1b", "-p", "1000", "-m", "1000", "-o", "c.png", "--max-actions", "10000000"],
      "--max-actions"),
     (["tensor-parallel", "--d-model", "1024", "--tokens", "2048"], "--tokens x --d-model"),
     (["context-parallel", "--heads", "16", "--seq", "368", "--workers", "8"], "--heads x --seq"),
-    (["run", "1f1b", "--stages", "4", "--microbatches", "4", "--batch-size", "4096"],
+    (["run", "1f1b", "--devices", "4", "--microbatches", "4", "--batch-size", "4096"],
      "--batch-size must be at most 1024"),
     (["data-parallel", "--workers", "17"], "--workers"),
 ]  # fmt: skip

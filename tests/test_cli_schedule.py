@@ -19,7 +19,7 @@ def schedule(run_cli):
 
 
 def test_json_output_has_the_agreed_shape(schedule):
-    result = schedule("1f1b", "--stages", "4", "--microbatches", "8", "--json")
+    result = schedule("1f1b", "--devices", "4", "--microbatches", "8", "--json")
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
     assert set(doc) == {
@@ -43,25 +43,25 @@ def test_json_output_has_the_agreed_shape(schedule):
 
 
 def test_costs_change_the_timeline(schedule):
-    args = ("zb-h1", "--stages", "4", "--microbatches", "8", "--json")
+    args = ("zb-h1", "--devices", "4", "--microbatches", "8", "--json")
     doc = json.loads(schedule(*args, "--forward-cost", "2", "--backward-cost", "4").stdout)
     assert doc["makespan"] == 8 * 6 + 3 * 2  # m(F+B) + (p-1)(F+I-W), I = W = 2
     doc = json.loads(schedule(*args, "--weight-cost", "0.5").stdout)
     assert doc["makespan"] == 8 * 3 + 3 * (1 + 1.5 - 0.5)
-    doc = json.loads(schedule("gpipe", "--stages", "2", "--microbatches", "1", "--json",
+    doc = json.loads(schedule("gpipe", "--devices", "2", "--microbatches", "1", "--json",
                               "--p2p-cost", "0.5").stdout)  # fmt: skip
     assert doc["makespan"] == 3 * 2 + 2 * 0.5
 
 
 def test_naive_runs_the_whole_batch(schedule):
-    doc = json.loads(schedule("naive", "--stages", "3", "--microbatches", "4", "--json").stdout)
+    doc = json.loads(schedule("naive", "--devices", "3", "--microbatches", "4", "--json").stdout)
     assert doc["devices"] == [["0F0", "0B0"], ["1F0", "1B0"], ["2F0", "2B0"]]
     assert doc["makespan"] == 3 * 4 * 3
     assert doc["peak_activations"] == [4, 4, 4]
 
 
 def test_readable_table(schedule):
-    result = schedule("interleaved", "--stages", "2", "--microbatches", "4", "--chunks", "2")
+    result = schedule("interleaved", "--devices", "2", "--microbatches", "4", "--chunks", "2")
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "interleaved: 2 devices x 2 chunk(s) = 4 stages, 4 micro-batches" in out
@@ -75,21 +75,21 @@ def test_readable_table(schedule):
 @pytest.mark.parametrize(
     "args, words",
     [
-        (["pipedream", "--stages", "4", "--microbatches", "8"], "schedule must be one of"),
-        (["gpipe", "--stages", "0", "--microbatches", "8"], "--stages must be an integer >= 1"),
-        (["gpipe", "--stages", "2", "--microbatches", "-3"], "--microbatches must be"),
-        (["gpipe", "--stages", "2", "--microbatches", "2", "--chunks", "0"], "--chunks"),
-        (["interleaved", "--stages", "4", "--microbatches", "6"], "multiple of devices (4)"),
-        (["1f1b", "--stages", "2", "--microbatches", "4", "--chunks", "2"], "chunks > 1 works"),
-        (["gpipe", "--stages", "2", "--microbatches", "2", "--forward-cost", "-1"],
+        (["pipedream", "--devices", "4", "--microbatches", "8"], "schedule must be one of"),
+        (["gpipe", "--devices", "0", "--microbatches", "8"], "--devices must be an integer >= 1"),
+        (["gpipe", "--devices", "2", "--microbatches", "-3"], "--microbatches must be"),
+        (["gpipe", "--devices", "2", "--microbatches", "2", "--chunks", "0"], "--chunks"),
+        (["interleaved", "--devices", "4", "--microbatches", "6"], "multiple of devices (4)"),
+        (["1f1b", "--devices", "2", "--microbatches", "4", "--chunks", "2"], "chunks > 1 works"),
+        (["gpipe", "--devices", "2", "--microbatches", "2", "--forward-cost", "-1"],
          "--forward-cost must be a finite number > 0"),
-        (["gpipe", "--stages", "2", "--microbatches", "2", "--backward-cost", "nan"],
+        (["gpipe", "--devices", "2", "--microbatches", "2", "--backward-cost", "nan"],
          "--backward-cost"),
-        (["zb-h1", "--stages", "2", "--microbatches", "2", "--weight-cost", "3"],
+        (["zb-h1", "--devices", "2", "--microbatches", "2", "--weight-cost", "3"],
          "--weight-cost must be between 0 and --backward-cost"),
-        (["gpipe", "--stages", "2", "--microbatches", "2", "--p2p-cost", "-0.1"], "--p2p-cost"),
-        (["gpipe", "--stages", "two", "--microbatches", "2"], "invalid int value"),
-        (["gpipe", "--microbatches", "2"], "--stages"),
+        (["gpipe", "--devices", "2", "--microbatches", "2", "--p2p-cost", "-0.1"], "--p2p-cost"),
+        (["gpipe", "--devices", "two", "--microbatches", "2"], "invalid int value"),
+        (["gpipe", "--microbatches", "2"], "--devices"),
     ],
 )  # fmt: skip
 def test_bad_input_is_one_line_on_stderr_and_exit_2(schedule, args, words):
@@ -103,13 +103,13 @@ def test_bad_input_is_one_line_on_stderr_and_exit_2(schedule, args, words):
 
 
 def test_smoke_in_a_subprocess():
-    ok = run_module("schedule", "1f1b", "--stages", "4", "--microbatches", "8", timeout=60)
+    ok = run_module("schedule", "1f1b", "--devices", "4", "--microbatches", "8", timeout=60)
     assert ok.returncode == 0, ok.stderr
     assert "1f1b: 4 devices x 1 chunk(s) = 4 stages, 8 micro-batches" in ok.stdout
     assert "makespan: 33 units" in ok.stdout  # (m + p - 1)(F + B)
-    bad = run_module("schedule", "gpipe", "--stages", "0", "--microbatches", "8", timeout=60)
+    bad = run_module("schedule", "gpipe", "--devices", "0", "--microbatches", "8", timeout=60)
     assert bad.returncode == 2 and bad.stdout == ""
-    assert bad.stderr.count("\n") == 1 and "--stages must be an integer >= 1" in bad.stderr
+    assert bad.stderr.count("\n") == 1 and "--devices must be an integer >= 1" in bad.stderr
 
 
 def test_the_schedule_command_never_imports_torch():
@@ -117,10 +117,23 @@ def test_the_schedule_command_never_imports_torch():
         "import sys, io, contextlib\n"
         "from course_utils.cli import main\n"
         "with contextlib.redirect_stdout(io.StringIO()):\n"
-        "    main(['schedule', 'zb-h1', '--stages', '3', '--microbatches', '4', '--json'])\n"
+        "    main(['schedule', 'zb-h1', '--devices', '3', '--microbatches', '4', '--json'])\n"
         "import course_utils.pipeline.schedules, course_utils.pipeline.simulate\n"
         "print('torch' in sys.modules)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("command", ["schedule", "gantt"])
+def test_stages_still_works_and_errors_name_the_flag_as_typed(run_cli, tmp_path, command):
+    # --devices was called --stages before V schedules put two stages on each device
+    out = ["--output", tmp_path / "g.png"] if command == "gantt" else ["--json"]
+    old = run_cli(command, "1f1b", "--stages", "2", "--microbatches", "4", *out)
+    new = run_cli(command, "1f1b", "--devices", "2", "--microbatches", "4", *out)
+    assert old.returncode == new.returncode == 0 and old.stdout == new.stdout
+    bad = run_cli(command, "1f1b", "--stages", "0", "--microbatches", "4", *out)
+    assert bad.returncode == 2 and "--stages must be an integer >= 1" in bad.stderr
+    short = run_cli(command, "1f1b", "-p", "0", "-m", "4", *out)  # only gantt has short flags
+    assert short.returncode == 2 and ("-p must be" in short.stderr) == (command == "gantt")

@@ -172,7 +172,7 @@ def test_bad_clock_and_link_settings_are_one_line_errors(call, message):
 # -- the commands that run threads: one clock flag, one set of JSON keys ----------------------
 
 TIMED = {
-    "run": ["gpipe", "--stages", "2", "--microbatches", "2"],
+    "run": ["gpipe", "--devices", "2", "--microbatches", "2"],
     "data-parallel": ["--workers", "2", "--batch", "64", "--steps", "1"],
     "tensor-parallel": ["--workers", "2", "--tokens", "32"],
     "fsdp": ["--workers", "2", "--steps", "2"],

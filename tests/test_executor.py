@@ -256,7 +256,7 @@ def cli(run_cli):
 
 def test_cli_json_figures(cli, tmp_path):
     png = tmp_path / "gantt.png"
-    out = cli("1f1b", "--stages", "2", "--microbatches", "4", "--json", "--gantt", str(png))
+    out = cli("1f1b", "--devices", "2", "--microbatches", "4", "--json", "--gantt", str(png))
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     for key in ("measured_step_s", "unsplit_step_s", "speedup", "simulated_step_s"):
@@ -272,22 +272,22 @@ def test_cli_json_figures(cli, tmp_path):
 
 
 def test_cli_fail_at_and_bad_input_are_one_line(cli):
-    out = cli("gpipe", "--stages", "2", "--microbatches", "4", "--fail-at", "1F2")
+    out = cli("gpipe", "--devices", "2", "--microbatches", "4", "--fail-at", "1F2")
     assert out.returncode == 1
     assert out.stderr.count("\n") == 1 and "1F2" in out.stderr and "Traceback" not in out.stderr
-    out = cli("gpipe", "--stages", "2", "--microbatches", "0")
+    out = cli("gpipe", "--devices", "2", "--microbatches", "0")
     assert out.returncode == 2 and out.stderr.count("\n") == 1
-    out = cli("nope", "--stages", "2")
+    out = cli("nope", "--devices", "2")
     assert out.returncode == 2 and out.stderr.count("\n") == 1
 
 
 @pytest.mark.slow
 def test_cli_smoke_in_a_subprocess():
-    ok = run_module("run", "gpipe", "--stages", "2", "--microbatches", "2", "--model", "mlp")
+    ok = run_module("run", "gpipe", "--devices", "2", "--microbatches", "2", "--model", "mlp")
     assert ok.returncode == 0, ok.stderr
     assert "max gradient difference" in ok.stdout and "speed-up" in ok.stdout
     assert "peak activations per device (micro-batches): [2, 2]" in ok.stdout
-    bad = run_module("run", "gpipe", "--stages", "2", "--microbatches", "0")
+    bad = run_module("run", "gpipe", "--devices", "2", "--microbatches", "0")
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.count("\n") == 1 and "--microbatches" in bad.stderr
 

@@ -598,7 +598,7 @@ def cli(run_cli):
 
 def test_cli_writes_png_and_svg(cli, tmp_path):
     code, out, err = cli(
-        "zb-h1", "--stages", "3", "--microbatches", "4", "-o", str(tmp_path / "c.png")
+        "zb-h1", "--devices", "3", "--microbatches", "4", "-o", str(tmp_path / "c.png")
     )
     assert code == 0, err
     tl = sim("zb-h1", 3, 4)
@@ -607,7 +607,7 @@ def test_cli_writes_png_and_svg(cli, tmp_path):
     png_size(data)
     assert len(data) > 10_000
 
-    args = ("interleaved", "--stages", "2", "--microbatches", "4", "--chunks", "2")
+    args = ("interleaved", "--devices", "2", "--microbatches", "4", "--chunks", "2")
     code, out, err = cli(*args, "-o", str(tmp_path / "c.svg"))
     assert code == 0, err
     svg = (tmp_path / "c.svg").read_text()
@@ -620,14 +620,14 @@ def test_cli_writes_png_and_svg(cli, tmp_path):
 
 def test_cli_costs_change_the_chart(cli, tmp_path):
     path = str(tmp_path / "c.png")
-    args = ("gpipe", "--stages", "2", "--microbatches", "2", "-o", path)
+    args = ("gpipe", "--devices", "2", "--microbatches", "2", "-o", path)
     assert "makespan 9 units, bubble 33.3%" in cli(*args)[1]  # (m + p - 1)(F + B)
     out = cli(*args, "--forward-cost", "2", "--backward-cost", "4")[1]
     assert "makespan 18.0 units" in out  # (m + p - 1)(F + B)
     out = cli(*args, "--p2p-cost", "0.5")[1]
     costs = CostModel(p2p=0.5)
     assert gantt.title_for(sim("gpipe", 2, 2, costs=costs)) in out
-    out = cli("zb-h1", "--stages", "2", "--microbatches", "4", "-o", path, "--weight-cost", "0.5")[
+    out = cli("zb-h1", "--devices", "2", "--microbatches", "4", "-o", path, "--weight-cost", "0.5")[
         1
     ]
     costs = CostModel(weight_fraction=0.25)
@@ -635,23 +635,23 @@ def test_cli_costs_change_the_chart(cli, tmp_path):
 
 
 BAD_INPUT = [
-    (["gpipe", "--stages", "0", "--microbatches", "2"], "--stages"),
-    (["gpipe", "--stages", "2", "--microbatches", "-3"], "--microbatches"),
-    (["gpipe", "--stages", "2", "--microbatches", "2", "--chunks", "0"], "--chunks"),
-    (["pipedream", "--stages", "2", "--microbatches", "2"], "schedule must be one of"),
-    (["interleaved", "--stages", "4", "--microbatches", "6", "--chunks", "2"],
+    (["gpipe", "--devices", "0", "--microbatches", "2"], "--devices"),
+    (["gpipe", "--devices", "2", "--microbatches", "-3"], "--microbatches"),
+    (["gpipe", "--devices", "2", "--microbatches", "2", "--chunks", "0"], "--chunks"),
+    (["pipedream", "--devices", "2", "--microbatches", "2"], "schedule must be one of"),
+    (["interleaved", "--devices", "4", "--microbatches", "6", "--chunks", "2"],
      "multiple of devices (4)"),
-    (["1f1b", "--stages", "2", "--microbatches", "4", "--chunks", "2"],
+    (["1f1b", "--devices", "2", "--microbatches", "4", "--chunks", "2"],
      "chunks > 1 works only with"),
-    (["gpipe", "--stages", "2", "--microbatches", "2", "--forward-cost", "0"],
+    (["gpipe", "--devices", "2", "--microbatches", "2", "--forward-cost", "0"],
      "--forward-cost must be a finite number > 0"),
-    (["gpipe", "--stages", "2", "--microbatches", "2", "--backward-cost", "nan"],
+    (["gpipe", "--devices", "2", "--microbatches", "2", "--backward-cost", "nan"],
      "--backward-cost must be a finite number > 0"),
-    (["gpipe", "--stages", "2", "--microbatches", "2", "--p2p-cost", "-1"],
+    (["gpipe", "--devices", "2", "--microbatches", "2", "--p2p-cost", "-1"],
      "--p2p-cost must be a finite number >= 0"),
-    (["zb-h1", "--stages", "2", "--microbatches", "2", "--weight-cost", "3"],
+    (["zb-h1", "--devices", "2", "--microbatches", "2", "--weight-cost", "3"],
      "--weight-cost must be between 0 and --backward-cost"),
-    (["gpipe", "--stages", "two", "--microbatches", "2"], "invalid int value"),
+    (["gpipe", "--devices", "two", "--microbatches", "2"], "invalid int value"),
 ]  # fmt: skip
 
 
@@ -671,7 +671,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(cli, tmp_path, args, words):
 @pytest.mark.parametrize("name", ["chart.jpg", "chart", "chart.png.txt"])
 def test_cli_rejects_unsupported_output_extensions(cli, tmp_path, name):
     code, out, err = cli(
-        "gpipe", "--stages", "2", "--microbatches", "2", "-o", str(tmp_path / name)
+        "gpipe", "--devices", "2", "--microbatches", "2", "-o", str(tmp_path / name)
     )
     assert code == 2 and out == ""
     # named as typed: -o, not --output
@@ -683,7 +683,7 @@ def test_cli_unwritable_output_is_one_line(cli, tmp_path):
     (tmp_path / "a_file").write_text("not a folder")
     (tmp_path / "taken.png").mkdir()  # a folder where the file should go
     for target in (tmp_path / "a_file" / "chart.png", tmp_path / "taken.png"):
-        code, out, err = cli("gpipe", "--stages", "2", "--microbatches", "2", "-o", str(target))
+        code, out, err = cli("gpipe", "--devices", "2", "--microbatches", "2", "-o", str(target))
         assert code == 2, err
         assert "Traceback" not in err and err.count("\n") == 1, err
         assert str(target) in err and ("cannot be written" in err or "is a folder" in err)
@@ -691,12 +691,12 @@ def test_cli_unwritable_output_is_one_line(cli, tmp_path):
 
 def test_cli_end_to_end_in_a_subprocess(tmp_path):
     png = tmp_path / "chart.png"
-    ok = run_module("gantt", "1f1b", "--stages", "4", "--microbatches", "8", "-o", png, timeout=120)
+    ok = run_module("gantt", "1f1b", "--devices", "4", "--microbatches", "8", "-o", png, timeout=120)
     assert ok.returncode == 0, ok.stderr
     assert "1F1B, p=4, m=8 — makespan 33.0 units, bubble 27.3%" in ok.stdout
     assert png.read_bytes()[:8] == PNG_SIGNATURE and png.stat().st_size > 10_000
     bad = run_module(
-        "gantt", "interleaved", "--stages", "4", "--microbatches", "6", "--chunks", "2",
+        "gantt", "interleaved", "--devices", "4", "--microbatches", "6", "--chunks", "2",
         "-o", tmp_path / "bad.png", timeout=120,
     )  # fmt: skip
     assert bad.returncode == 2
@@ -709,7 +709,7 @@ def test_the_gantt_command_never_imports_torch(tmp_path):
         "import sys, io, contextlib\n"
         "from course_utils.cli import main\n"
         "with contextlib.redirect_stdout(io.StringIO()):\n"
-        f"    rc = main(['gantt', 'zb-h1', '--stages', '3', '--microbatches', '4', "
+        f"    rc = main(['gantt', 'zb-h1', '--devices', '3', '--microbatches', '4', "
         f"'-o', {str(tmp_path / 'c.svg')!r}])\n"
         "print(rc, 'torch' in sys.modules, 'matplotlib.pyplot' in sys.modules)\n"
     )

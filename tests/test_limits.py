@@ -34,13 +34,13 @@ SOLUTIONS = ROOT / "solutions"
 
 # (command at its limits, what it is the limit of)
 AT_THE_LIMITS = [
-    (["schedule", "zb-h1", "--stages", "400", "--microbatches", "416", "--json"],
+    (["schedule", "zb-h1", "--devices", "400", "--microbatches", "416", "--json"],
      f"{MAX_ACTIONS:,} actions (3 per stage and micro-batch), as JSON"),
     (["gantt", "zb-h1", "-p", "40", "-m", "166", "-o", "chart.png"],
      f"{MAX_GANTT_ACTIONS:,} bars"),
-    (["run", "interleaved", "--stages", "8", "--chunks", "4", "--microbatches", "64"],
+    (["run", "interleaved", "--devices", "8", "--chunks", "4", "--microbatches", "64"],
      "gpt: 8 devices, 32 stages, 64 micro-batches, the largest batch (128 x 32 layers)"),
-    (["run", "breadth-first", "--stages", "8", "--chunks", "4", "--microbatches", "64",
+    (["run", "breadth-first", "--devices", "8", "--chunks", "4", "--microbatches", "64",
       "--batch-size", "2048", "--model", "mlp"], "mlp: 32 layers x 2048 samples"),
     (["data-parallel", "--workers", "16", "--batch", "65536", "--steps", "20"],
      "16 workers, 65,536 samples, 20 steps"),

@@ -592,12 +592,12 @@ def test_measured_stage_costs_count_each_backward_once_when_b_and_i_w_mix():
 @pytest.mark.parametrize("name", BUILDERS)
 def test_run_command_takes_a_v_schedule_with_its_two_chunks_per_device(name, run_cli):
     # The registry knows a V schedule has 2 chunks per device: `run` builds 2p stages.
-    out = run_cli("run", name, "--stages", 2, "--microbatches", 4, "--model", "mlp", "--json")
+    out = run_cli("run", name, "--devices", 2, "--microbatches", 4, "--model", "mlp", "--json")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert data["schedule"] == name and data["max_grad_diff"] <= 1e-5
     assert {e["action"][0] for e in data["events"]} == {"0", "1", "2", "3"}  # stages 0..3
-    bad = run_cli("run", name, "--stages", 2, "--microbatches", 4, "--chunks", 2)
+    bad = run_cli("run", name, "--devices", 2, "--microbatches", 4, "--chunks", 2)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "chunks" in bad.stderr
 
 

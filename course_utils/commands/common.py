@@ -52,7 +52,7 @@ def check_size(args: argparse.Namespace, use: str, default: int) -> None:
     or gantt; see `validation.check_actions`)."""
     from course_utils.pipeline.schedules import count_actions
 
-    p, m, v = (int_flag(args, flag) for flag in ("--stages", "--microbatches", "--chunks"))
+    p, m, v = (int_flag(args, flag) for flag in ("--devices", "--microbatches", "--chunks"))
     actions = count_actions(args.name, p, m, v)
     validation.check_actions(
         actions,
@@ -60,8 +60,15 @@ def check_size(args: argparse.Namespace, use: str, default: int) -> None:
         "--max-actions",
         use=use,
         default=default,
-        what=f"{args.name} on {p} stages x {m} micro-batches",
+        what=f"{args.name} on {p} devices x {m} micro-batches",
     )
+
+
+def add_devices_argument(parser: argparse.ArgumentParser, short: bool, help: str, **kw) -> None:
+    """--devices P (-p where `short`); --stages, its name before V schedules put several stages
+    on a device, still works."""
+    flags = ("-p", "--devices", "--stages") if short else ("--devices", "--stages")
+    parser.add_argument(*flags, dest="devices", type=int, help=f"{help} (--stages: the same)", **kw)
 
 
 def add_schedule_arguments(parser: argparse.ArgumentParser, short: bool = False) -> None:
@@ -70,7 +77,7 @@ def add_schedule_arguments(parser: argparse.ArgumentParser, short: bool = False)
 
     parser.add_argument("name", help=f"the schedule: {', '.join(SCHEDULES)}")
     names = (lambda s, long: (s, long)) if short else (lambda s, long: (long,))
-    parser.add_argument(*names("-p", "--stages"), type=int, required=True, help="devices P")
+    add_devices_argument(parser, short, required=True, help="devices P")
     parser.add_argument(
         *names("-m", "--microbatches"), type=int, required=True, help="micro-batches M"
     )
@@ -109,18 +116,18 @@ def costs_from_args(args: argparse.Namespace):
 
 
 def schedule_from_args(args: argparse.Namespace):
-    """The schedule the name, --stages, --microbatches and --chunks flags describe (its size
+    """The schedule the name, --devices, --microbatches and --chunks flags describe (its size
     checked first where the command has --max-actions)."""
     from course_utils.pipeline.schedules import check_shape, make_schedule, schedule_info
 
     schedule_info(args.name)  # an unknown name is the first thing to say
-    p, m, v = (int_flag(args, flag) for flag in ("--stages", "--microbatches", "--chunks"))
+    p, m, v = (int_flag(args, flag) for flag in ("--devices", "--microbatches", "--chunks"))
     limit = getattr(args, "max_actions", validation.MAX_ACTIONS)
     try:
         check_shape(args.name, p, m, v, limit)
     except CourseInputError as exc:  # the library names its arguments, not the flags
         raise CourseInputError(
-            f"--stages {p}, --microbatches {m}, --chunks {v} do not fit {args.name}: {exc}"
+            f"--devices {p}, --microbatches {m}, --chunks {v} do not fit {args.name}: {exc}"
         ) from None
     return make_schedule(args.name, p, m, v, limit)
 

@@ -1,4 +1,4 @@
-"""`python -m course_utils run NAME --stages P --microbatches M`: one pipelined training step
+"""`python -m course_utils run NAME --devices P --microbatches M`: one pipelined training step
 for real on CPU threads, checked against the unsplit model and timed against it.
 
 Arguments are checked before torch is imported, so a typo costs well under a second.
@@ -13,6 +13,7 @@ import sys
 from course_utils.actions import Action
 from course_utils.commands.common import (
     add_clock_arguments,
+    add_devices_argument,
     clock_figures,
     int_flag,
     links_from_args,
@@ -45,8 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"{MAX_SAMPLE_LAYERS['mlp']:,} for mlp (activations stay under 1.5 GB)."
     )
     parser.add_argument("name", help=f"the schedule: {', '.join(SCHEDULES)}")
-    parser.add_argument(
-        "--stages", type=int, default=2, help=f"pipeline devices P (threads, at most {MAX_DEVICES})"
+    add_devices_argument(
+        parser, False, default=2, help=f"pipeline devices P (threads, at most {MAX_DEVICES})"
     )
     parser.add_argument(
         "--microbatches", type=int, default=4, help=f"micro-batches M (at most {MAX_MICROBATCHES})"
@@ -77,13 +78,13 @@ def run(args: argparse.Namespace) -> int:
     from course_utils.pipeline.schedules import schedule_info
 
     info = schedule_info(args.name)
-    int_flag(args, "--stages", 1, MAX_DEVICES)
+    int_flag(args, "--devices", 1, MAX_DEVICES)
     m = int_flag(args, "--microbatches", 1, MAX_MICROBATCHES)
     int_flag(args, "--chunks")
-    stages = args.stages * info.chunks(args.chunks)
+    stages = args.devices * info.chunks(args.chunks)
     if stages > MAX_STAGES:
         raise CourseInputError(
-            f"--stages x chunks = {stages} stages, over the limit of {MAX_STAGES} (a layer each)"
+            f"--devices x --chunks = {stages} stages, over the limit of {MAX_STAGES} (a layer each)"
         )
     seed(args.seed, "--seed")
     batch = _batch(args, m, layers=max(4, stages))
@@ -115,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         unsplit_step_time,
     )
 
-    p, v = args.stages, info.chunks(args.chunks)  # the V schedules always have 2 per device
+    p, v = args.devices, info.chunks(args.chunks)  # the V schedules always have 2 per device
     model = build_model(args.model, p * v, args.seed)
     x, y = model.example_batch(batch, torch.Generator().manual_seed(args.seed))
     reference = copy.deepcopy(model)

@@ -1,4 +1,4 @@
-"""`python -m course_utils schedule NAME --stages P --microbatches M`: a schedule's action
+"""`python -m course_utils schedule NAME --devices P --microbatches M`: a schedule's action
 lists and its simulated timeline, as a table or as JSON. Never imports torch."""
 
 from __future__ import annotations
