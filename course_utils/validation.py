@@ -97,6 +97,17 @@ def seed(value: object, name: str = "seed") -> int:
     return integer(value, name, 0, MAX_SEED)
 
 
+def env_port(name: str = "MASTER_PORT") -> int | None:
+    """The port in environment variable `name` (None where it is unset or empty), checked
+    before torch is imported: a typo costs a one-line error, not seconds."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise CourseInputError(f"{name} must be a port number from 1 to 65535, got {text[:40]!r}")
+    return int(text)
+
+
 def _shown(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."

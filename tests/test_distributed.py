@@ -454,8 +454,10 @@ def _none_left_within(family: list, seconds: float, after: str) -> None:
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_the_command_and_its_ranks_within_two_seconds():
-    # A terminal's Ctrl-C reaches the whole process group: the parent and every rank.
+@pytest.mark.parametrize("how", ["ctrl-c", "SIGTERM"])
+def test_ctrl_c_or_sigterm_stops_the_command_and_its_ranks_within_two_seconds(how):
+    # A terminal's Ctrl-C reaches the whole process group: the parent and every rank. A
+    # SIGTERM (kill, a job scheduler) reaches the parent only, which closes its ranks.
     import signal as signals
 
     command = [sys.executable, "-m", "course_utils", "distributed", "--steps", "100"]
@@ -470,13 +472,33 @@ def test_ctrl_c_stops_the_command_and_its_ranks_within_two_seconds():
             time.sleep(0.2)
             family = psutil.Process(parent.pid).children(recursive=True)
         time.sleep(1.0)  # ... and are at work
-        os.killpg(parent.pid, signals.SIGINT)
+        if how == "ctrl-c":
+            os.killpg(parent.pid, signals.SIGINT)
+        else:
+            parent.send_signal(signals.SIGTERM)
         start = time.monotonic()
         out, err = parent.communicate(timeout=30)
-        assert time.monotonic() - start < 2.5, "Ctrl-C took more than 2 s to stop the command"
-        assert parent.returncode == 130
-        assert len(err.strip().splitlines()) == 1 and err.strip().endswith("interrupted"), err
-        _none_left_within(family, 5, "Ctrl-C")
+        assert time.monotonic() - start < 2.5, f"{how} took more than 2 s to stop the command"
+        if how == "ctrl-c":
+            assert parent.returncode == 130
+            assert len(err.strip().splitlines()) == 1 and err.strip().endswith("interrupted"), err
+        else:  # exits as a terminated program does, and no "leaked semaphore" warning
+            assert parent.returncode == 128 + signals.SIGTERM and err.strip() == "", err
+        _none_left_within(family, 5, how)
     finally:
         if parent.poll() is None:
             os.killpg(parent.pid, signals.SIGKILL)
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "70000", "12 34"])
+def test_a_bad_master_port_is_refused_before_torch_is_imported(value):
+    code = (
+        "import sys\n"
+        "from course_utils.cli import main\n"
+        "code = main(['distributed'])\n"
+        "print(code, 'torch' in sys.modules)\n"
+    )
+    env = {**os.environ, "MASTER_PORT": value}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert done.stdout.split() == ["2", "False"], done.stdout + done.stderr
+    assert done.stderr.count("\n") == 1 and "MASTER_PORT must be a port number" in done.stderr

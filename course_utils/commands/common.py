@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import signal
 from pathlib import Path
 
 from course_utils import validation
@@ -33,6 +34,19 @@ def number_flag(
 def output_path(path: str, flag: str, suffixes: tuple[str, ...]) -> Path:
     """Check an output file (name, extension, folder, write access) before any work is done."""
     return validation.output_file(path, flag, suffixes)
+
+
+def _terminated(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM unwinds the command like Ctrl-C (exit 143), so its `finally` blocks stop the
+    processes it started (grade's workers, distributed's ranks) instead of leaving them."""
+    try:
+        signal.signal(signal.SIGTERM, _terminated)
+    except ValueError:  # not the main thread (main() called from a thread): no handler
+        pass
 
 
 def add_max_actions(parser: argparse.ArgumentParser, default: int) -> None:

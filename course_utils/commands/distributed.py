@@ -22,7 +22,8 @@ import argparse
 import json
 import sys
 
-from course_utils.commands.common import int_flag, number_flag
+from course_utils import validation
+from course_utils.commands.common import exit_on_sigterm, int_flag, number_flag
 from course_utils.errors import CourseInputError, WorkerError
 from course_utils.pipeline.schedules import RECOMMENDED, SCHEDULES
 
@@ -166,6 +167,8 @@ def _check(args: argparse.Namespace) -> None:
     number_flag(args, "--timeout", 0, MAX_TIMEOUT, strict=True)
     if args.port is not None:
         int_flag(args, "--port", 1, 65535)
+    else:
+        validation.env_port("MASTER_PORT")  # before torch: a typo costs no import
     if args.model is not None and args.model not in MODELS:
         raise CourseInputError(f"--model must be one of {', '.join(MODELS)}, got {args.model!r}")
     if not pipeline:
@@ -261,6 +264,7 @@ def _ring(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     _check(args)
+    exit_on_sigterm()  # the ranks are closed on the way out, none left behind
     if args.ring_attention:
         return _ring(args)
     try:

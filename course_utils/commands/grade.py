@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
 from pathlib import Path
 
 from course_utils import validation
+from course_utils.commands.common import exit_on_sigterm
 from course_utils.errors import CourseInputError
 
 HELP = "grade exercise notebooks (each in a sandbox, judged outside the learner's kernel)"
@@ -162,16 +162,9 @@ def _is_dir(path: Path) -> bool:
         return False
 
 
-def _terminated(signum, frame) -> None:
-    raise SystemExit(128 + signum)  # unwinds like Ctrl-C: the workers are stopped on the way
-
-
 def run(args: argparse.Namespace) -> int:
     _check(args)
-    try:  # SIGTERM stops the batch's workers too (they live in sessions of their own)
-        signal.signal(signal.SIGTERM, _terminated)
-    except ValueError:  # not the main thread (main() called from a thread): no handler
-        pass
+    exit_on_sigterm()  # the batch's workers live in sessions of their own: stop them too
     from course_utils.grading import isolation
 
     if not args.no_sandbox and (why := isolation.problem()):

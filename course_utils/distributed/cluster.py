@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from course_utils import validation
 from course_utils.errors import CourseInputError, WorkerError
 
 HOST = "127.0.0.1"
@@ -61,14 +62,8 @@ def resolve_port(port: int | None = None) -> int:
     not holding: `Cluster.start` then binds the port and keeps it, see `_hold_port`.)
     """
     where = "port"
-    if port is None and os.environ.get("MASTER_PORT"):
+    if port is None and (port := validation.env_port("MASTER_PORT")) is not None:
         where = "MASTER_PORT"
-        try:
-            port = int(os.environ["MASTER_PORT"])
-        except ValueError:
-            raise CourseInputError(
-                f"MASTER_PORT must be a port number, got {os.environ['MASTER_PORT']!r}"
-            ) from None
     if port is None:
         return free_port()
     if not isinstance(port, int) or not 1 <= port <= 65535:
