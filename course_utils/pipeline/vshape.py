@@ -45,14 +45,15 @@ the order of PyTorch's OVERLAP_F_B sub-actions. `dualpipe_v_slots` keeps the pai
 When outputs leave. dualpipev.py queues every send and posts the queue when the next chunk
 starts, so both results of an F&B slot leave when the slot ends (and in the warm-up a down
 chunk's output waits for the up chunk's forward after it). `dualpipe_v` records those send
-points in `Schedule.send_groups` and the simulator honours them: this is the reference the
+points in `Schedule.send_groups` and the simulator and the thread executor honour them
+(tests/test_vshape.py finds every transfer after its group's end): this is the reference the
 course teaches, and DeepSeek's README figure (PP/2-1)(F&B + B - 3W) is its idle time. On a
 GPU (DeepSeek-V3 report, Section 3.2.1) the two chunks' kernels of a slot are interleaved so
 that one chunk's communication (the MoE all-to-all and the pipeline send/receive) hides
 behind the other's computation; the computation itself is not faster, so a slot costs about
 F + B. `dualpipe_v(p, m, early_send=True)` is the course's named alternative, "DualPipeV,
 early send": every output leaves as its action ends, which saves (p-1) I per device at
-F = I. (The thread executor sends that way today.)
+F = I.
 
 Closed forms (costs F, I, W are per chunk: one micro-batch through one stage; B = I + W; all
 checked against `simulate` in tests/test_vshape.py, with p2p = 0):
@@ -354,7 +355,7 @@ def dualpipe_v(
     cool-down split some backwards into I and W like ZB-V. The schedule sends outputs when
     dualpipev.py does (`Schedule.send_groups`): both results of an F&B slot when the slot
     ends. `early_send=True` gives the course's variant, "DualPipeV, early send", where
-    every output leaves as its action ends (what the thread executor does today).
+    every output leaves as its action ends.
     """
     both = _dualpipe_v_all(p, m, max_actions)
     devices = tuple(tuple(a for slot in slots for a in slot) for slots, _ in both)
