@@ -92,9 +92,10 @@ test-browser: setup
 	$(PY) -m pytest -m browser -p no:cacheprovider
 
 # The oldest supported PyTorch: the unit tests without the slow ones, the slow tests of the
-# version-dependent APIs (torch.distributed.pipelining, FSDP2) and lessons 08, 11 and 13.
+# version-dependent APIs (torch.distributed.pipelining, FSDP2, DCP under torchrun) and lessons
+# 08, 11 and 13.
 # The learner's pins and the test runners from requirements*.txt, with torch replaced.
-COMPAT_SLOW_TESTS := tests/test_distributed.py
+COMPAT_SLOW_TESTS := tests/test_distributed.py tests/test_torchrun.py
 COMPAT_LESSONS := notebooks/08_sharded_data_parallelism.ipynb \
 	notebooks/11_v_shaped_schedules.ipynb notebooks/13_beyond_one_machine.ipynb
 test-compat:
