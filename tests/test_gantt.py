@@ -691,7 +691,9 @@ def test_cli_unwritable_output_is_one_line(cli, tmp_path):
 
 def test_cli_end_to_end_in_a_subprocess(tmp_path):
     png = tmp_path / "chart.png"
-    ok = run_module("gantt", "1f1b", "--devices", "4", "--microbatches", "8", "-o", png, timeout=120)
+    ok = run_module(
+        "gantt", "1f1b", "--devices", "4", "--microbatches", "8", "-o", png, timeout=120
+    )
     assert ok.returncode == 0, ok.stderr
     assert "1F1B, p=4, m=8 — makespan 33.0 units, bubble 27.3%" in ok.stdout
     assert png.read_bytes()[:8] == PNG_SIGNATURE and png.stat().st_size > 10_000

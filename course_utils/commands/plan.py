@@ -12,6 +12,7 @@ import math
 from dataclasses import asdict, replace
 from typing import Any
 
+from course_utils import validation
 from course_utils.commands.common import add_network_arguments, network_changes
 from course_utils.errors import CourseInputError
 from course_utils.pipeline.schedules import RECOMMENDED
@@ -36,7 +37,7 @@ from course_utils.plan import (
     search_to_dict,
     states_lower_bound,
 )
-from course_utils.plan.inputs import RESERVE_FIXED_GIB, RESERVE_FRACTION, _positive_int
+from course_utils.plan.inputs import RESERVE_FIXED_GIB, RESERVE_FRACTION
 from course_utils.validation import MAX_GPUS
 
 HELP = "memory and throughput planner for a training run"
@@ -143,7 +144,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _limited(value: int, flag: str, top: int) -> int:
-    _positive_int(value, flag)
+    validation.integer(value, flag)
     if value > top:
         raise CourseInputError(
             f"{flag} must be an integer from 1 to {top} (the limit), got {value}"

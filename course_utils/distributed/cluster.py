@@ -21,7 +21,9 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -104,7 +106,7 @@ def _hold_port(port: int, workers: int, timeout: float) -> dist.TCPStore:
 # --------------------------------------------------------------------------- processes
 
 
-def _die_with_parent(parent: int) -> None:
+def die_with_parent(parent: int) -> None:
     """Exit as soon as the process that started this one is gone.
 
     A parent killed with SIGKILL cannot tell its children anything, and a rank left behind
@@ -149,7 +151,7 @@ def _ranks_ignore_ctrl_c():
 
 def _child(rank: int, world: int, port: int, inbox, outbox, timeout: float, parent: int) -> None:
     """Body of every spawned process: join the group once, then run jobs until told to stop."""
-    _die_with_parent(parent)
+    die_with_parent(parent)
     # A rank's stdout is the parent's, where `distributed --json` writes its result: send
     # what a rank prints to stderr (gloo in torch 2.10 prints "[Gloo] Rank 0 is connected
     # to 1 peer ranks" from C++ on every rendezvous).
@@ -199,7 +201,7 @@ class Cluster:
     """
 
     def __init__(self, workers: int = 2, port: int | None = None, timeout: float = 60.0):
-        self.workers = _check_int("workers", workers, 1, MAX_WORKERS)
+        self.workers = validation.integer(workers, "workers", 1, MAX_WORKERS)
         if not isinstance(timeout, int | float) or not timeout > 0:
             raise CourseInputError(f"timeout must be a number of seconds > 0, got {timeout!r}")
         self.timeout = float(timeout)
@@ -348,7 +350,14 @@ def spawn(fn, world: int, payload: dict, port: int | None = None, timeout: float
         return cluster.run(fn, payload)
 
 
-def _run_job(cluster, fn, workers: int, payload: dict, port, timeout: float) -> list:
+def run_job(
+    cluster: Cluster | None,
+    fn: Callable[[int, int, dict], Any],
+    workers: int,
+    payload: dict,
+    port: int | None,
+    timeout: float,
+) -> list:
     """On `cluster` if one is given (it must have `workers` ranks), else on a fresh one."""
     if cluster is None:
         return spawn(fn, workers, payload, port=port, timeout=timeout)
@@ -359,11 +368,6 @@ def _run_job(cluster, fn, workers: int, payload: dict, port, timeout: float) -> 
     return cluster.run(fn, payload, timeout)
 
 
-def _workers(workers: int | None, cluster) -> int:
+def worker_count(workers: int | None, cluster: Cluster | None) -> int:
+    """`workers` if given, else the cluster's processes, else 2."""
     return workers if workers is not None else (cluster.workers if cluster else 2)
-
-
-def _check_int(name: str, value, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise CourseInputError(f"{name} must be an integer from {low} to {high}, got {value!r}")
-    return value

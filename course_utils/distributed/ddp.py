@@ -12,17 +12,18 @@ import time
 import torch
 import torch.distributed as dist
 
-from course_utils.distributed.cluster import MAX_WORKERS, Cluster, _check_int, _run_job, _workers
+from course_utils import validation
+from course_utils.distributed.cluster import MAX_WORKERS, Cluster, run_job, worker_count
 from course_utils.distributed.setup import (
     DistributedResult,
     Setup,
-    _check_model,
-    _grads,
-    _max_diff,
-    _timeline,
     build_model,
+    checked_model,
+    gradient_arrays,
     loss_fn,
     make_batch,
+    max_abs_diff,
+    measured_timeline,
     one_process_training,
 )
 from course_utils.errors import CourseInputError
@@ -72,7 +73,7 @@ def _ddp_worker(rank: int, world: int, payload: dict) -> dict:
         t2 = time.time_ns()
         records += [(f"0F{step}", None, t0, t1), (f"0B{step}", None, t1, t2)]
         losses.append(loss.item())
-        grads.append(_grads(model))
+        grads.append(gradient_arrays(model))
         opt.step()
     return {"losses": losses, "grads": grads, "records": records}
 
@@ -97,7 +98,7 @@ def threads_ddp(setup: Setup, workers: int, steps: int = 1, lr: float = 0.1):
         for step in range(steps):
             result = dp.step(*make_batch(setup, step))
             losses.append(float(result.loss))
-            grads.append(_grads(dp.replicas[0]))  # .grad holds the all-reduced gradient
+            grads.append(gradient_arrays(dp.replicas[0]))  # .grad holds the all-reduced gradient
     return losses, grads, result.timeline
 
 
@@ -122,22 +123,22 @@ def run_ddp(
     With `compare_threads`, the course's thread `DataParallel` runs the same steps too.
     Pass a started `Cluster` to reuse its processes; otherwise a fresh one is spawned.
     """
-    workers = _check_int("workers", _workers(workers, cluster), 1, MAX_WORKERS)
-    steps = _check_int("steps", steps, 1, 100)
-    batch = _check_int("batch", batch, 1, 4096)
+    workers = validation.integer(worker_count(workers, cluster), "workers", 1, MAX_WORKERS)
+    steps = validation.integer(steps, "steps", 1, 100)
+    batch = validation.integer(batch, "batch", 1, 4096)
     if batch % workers:
         raise CourseInputError(f"batch must be a multiple of workers ({workers}), got {batch}")
-    setup = Setup(_check_model(model), batch, seed)
+    setup = Setup(checked_model(model), batch, seed)
     payload = {"setup": setup, "steps": steps, "lr": lr, "bucket_mb": bucket_mb}
     start = time.perf_counter()
-    outs = _run_job(cluster, _ddp_worker, workers, payload, port, timeout)
+    outs = run_job(cluster, _ddp_worker, workers, payload, port, timeout)
     seconds = time.perf_counter() - start
     ref_losses, ref_grads = reference_ddp(setup, steps, lr)
     max_grad_diff = max(
-        _max_diff(out["grads"][s], ref_grads[s]) for out in outs for s in range(steps)
+        max_abs_diff(out["grads"][s], ref_grads[s]) for out in outs for s in range(steps)
     )
     losses = [sum(out["losses"][s] for out in outs) / workers for s in range(steps)]
-    timeline = _timeline(
+    timeline = measured_timeline(
         [out["records"] for out in outs], f"DDP on {workers} processes", {"model": setup.model}
     )
     extra: dict = {}
@@ -145,7 +146,7 @@ def run_ddp(
         th_losses, th_grads, th_timeline = threads_ddp(setup, workers, steps, lr)
         extra["threads_losses"] = th_losses
         extra["threads_max_grad_diff"] = max(
-            _max_diff(out["grads"][s], th_grads[s]) for out in outs for s in range(steps)
+            max_abs_diff(out["grads"][s], th_grads[s]) for out in outs for s in range(steps)
         )
         extra["threads_timeline"] = th_timeline
     return DistributedResult(workers, losses, ref_losses, max_grad_diff, seconds, timeline, extra)

@@ -17,23 +17,24 @@ from typing import Any
 
 import torch
 
-from course_utils.distributed.cluster import MAX_WORKERS, Cluster, _check_int, _run_job, _workers
+from course_utils import validation
+from course_utils.distributed.cluster import MAX_WORKERS, Cluster, run_job, worker_count
 from course_utils.distributed.setup import (
     DistributedResult,
     Setup,
-    _check_model,
-    _max_diff,
-    _timeline,
     build_model,
+    checked_model,
     loss_fn,
     make_batch,
+    max_abs_diff,
+    measured_timeline,
     one_process_training,
 )
 from course_utils.errors import CourseInputError
 from course_utils.versions import require
 
 
-def _units(model: Any) -> list[torch.nn.Module]:
+def fsdp_units(model: Any) -> list[torch.nn.Module]:
     """The modules that become FSDP units: the layers that own parameters."""
     layers = model.layers() if hasattr(model, "layers") else list(model.children())
     return [m for m in layers if any(True for _ in m.parameters())]
@@ -45,7 +46,7 @@ def _fsdp2_worker(rank: int, world: int, payload: dict) -> dict:
 
     setup, steps, lr = payload["setup"], payload["steps"], payload["lr"]
     model: Any = build_model(setup)  # after fully_shard its parameters are DTensors
-    for unit in _units(model):
+    for unit in fsdp_units(model):
         fully_shard(unit)
     fully_shard(model)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
@@ -103,7 +104,7 @@ def _flat_per_unit(setup: Setup, params: dict) -> list[torch.Tensor]:
     names = {id(p): n for n, p in model.named_parameters()}
     return [
         torch.cat([params[names[id(p)]].flatten() for p in unit.parameters()])
-        for unit in _units(model)
+        for unit in fsdp_units(model)
     ]
 
 
@@ -126,24 +127,24 @@ def run_fsdp(
     MLP only: the threads need a stack of layers without buffers), and the parameter bytes
     each rank holds (`held_bytes`) beside the whole model's (`model_bytes`).
     """
-    workers = _check_int("workers", _workers(workers, cluster), 1, MAX_WORKERS)
-    steps = _check_int("steps", steps, 1, 100)
-    batch = _check_int("batch", batch, 1, 4096)
+    workers = validation.integer(worker_count(workers, cluster), "workers", 1, MAX_WORKERS)
+    steps = validation.integer(steps, "steps", 1, 100)
+    batch = validation.integer(batch, "batch", 1, 4096)
     if batch % workers:
         raise CourseInputError(f"batch must be a multiple of workers ({workers}), got {batch}")
-    setup = Setup(_check_model(model), batch, seed)
+    setup = Setup(checked_model(model), batch, seed)
     require("fully_shard")
     payload = {"setup": setup, "steps": steps, "lr": lr}
     start = time.perf_counter()
-    outs = _run_job(cluster, _fsdp2_worker, workers, payload, port, timeout)
+    outs = run_job(cluster, _fsdp2_worker, workers, payload, port, timeout)
     seconds = time.perf_counter() - start
     ref_losses, ref_grads, ref_params = reference_fsdp(setup, steps, lr)
     losses = [sum(out["losses"][s] for out in outs) / workers for s in range(steps)]
-    timeline = _timeline(
+    timeline = measured_timeline(
         [out["records"] for out in outs], f"FSDP2 on {workers} processes", {"model": setup.model}
     )
     extra: dict = {
-        "max_param_diff": max(_max_diff(out["params"], ref_params) for out in outs),
+        "max_param_diff": max(max_abs_diff(out["params"], ref_params) for out in outs),
         "held_bytes": [out["held_bytes"] for out in outs],
         "model_bytes": sum(p.numel() * p.element_size() for p in ref_params.values()),
     }
@@ -153,5 +154,5 @@ def run_fsdp(
         extra["threads_max_param_diff"] = max(
             (a - b).abs().max().item() for a, b in zip(mine, theirs, strict=True)
         )
-    max_grad_diff = max(_max_diff(out["grads"], ref_grads) for out in outs)
+    max_grad_diff = max(max_abs_diff(out["grads"], ref_grads) for out in outs)
     return DistributedResult(workers, losses, ref_losses, max_grad_diff, seconds, timeline, extra)

@@ -29,7 +29,7 @@ from torch import nn
 
 from course_utils import models
 from course_utils.actions import Schedule
-from course_utils.distributed.fsdp import _units
+from course_utils.distributed.fsdp import fsdp_units
 from course_utils.distributed.setup import Setup, build_model, loss_fn, make_batch
 
 MODES = ("ddp", "fsdp", "pipeline", "fsdp+pipeline")
@@ -137,7 +137,7 @@ def fsdp(setup: Setup, lr: float, device: torch.device, mesh) -> Parallel:
     from torch.distributed.fsdp import fully_shard
 
     model = build_model(setup).to(device)
-    for unit in _units(model):
+    for unit in fsdp_units(model):
         fully_shard(unit, mesh=mesh)
     fully_shard(model, mesh=mesh)
     opt = optimizer(model.parameters(), lr)
@@ -189,7 +189,7 @@ def pipeline(
     """
     from torch.distributed.pipelining import PipelineStage
 
-    from course_utils.distributed.pipelining import _timed_stage, torch_schedule
+    from course_utils.distributed.pipelining import record_stage_times, torch_schedule
     from course_utils.pipeline.export import to_pytorch_csv
 
     pp_rank = pp_mesh.get_local_rank()
@@ -203,11 +203,11 @@ def pipeline(
         if dp_mesh is not None:
             from torch.distributed.fsdp import fully_shard
 
-            for unit in _units(part):
+            for unit in fsdp_units(part):
                 fully_shard(unit, mesh=dp_mesh, reshard_after_forward=False)
             fully_shard(part, mesh=dp_mesh, reshard_after_forward=False)
         stage = PipelineStage(part, s, plan.stages, device, group=pp_mesh.get_group())
-        _timed_stage(stage, records, _sync(device))
+        record_stage_times(stage, records, _sync(device))
         parts.append(part)
         stages.append(stage)
     if plan.course is not None:  # PyTorch's runtime reads a course schedule from a CSV file

@@ -18,18 +18,19 @@ from typing import Any
 
 import torch
 
+from course_utils import validation
 from course_utils.actions import Schedule
-from course_utils.distributed.cluster import MAX_WORKERS, Cluster, _check_int, _run_job, _workers
+from course_utils.distributed.cluster import MAX_WORKERS, Cluster, run_job, worker_count
 from course_utils.distributed.setup import (
     DistributedResult,
     Setup,
-    _check_model,
-    _grads,
-    _max_diff,
-    _timeline,
     build_model,
+    checked_model,
+    gradient_arrays,
     loss_fn,
     make_batch,
+    max_abs_diff,
+    measured_timeline,
     split_stages,
 )
 from course_utils.errors import CourseInputError
@@ -51,7 +52,7 @@ def v_placement(placement: dict[int, int]) -> bool:
     return any(placement[s] == placement.get(s + 1) for s in placement)
 
 
-def _timed_stage(stage, records: list, sync: Callable[[], None] | None = None) -> None:
+def record_stage_times(stage: Any, records: list, sync: Callable[[], None] | None = None) -> None:
     """Wrap one PipelineStage's compute calls so each records (action, start, end).
 
     On a GPU the calls only queue kernels: `sync` (torch.cuda.synchronize) makes each
@@ -131,7 +132,7 @@ def _pipeline_worker(rank: int, world: int, payload: dict) -> dict:
     stages = []
     for s in mine:
         stage = PipelineStage(pieces[s], s, num_stages, torch.device("cpu"))
-        _timed_stage(stage, records)
+        record_stage_times(stage, records)
         stages.append(stage)
     sched = torch_schedule(stages, kind, m, loss_fn(setup), payload.get("csv"))
     x, y = make_batch(setup)
@@ -148,7 +149,7 @@ def _pipeline_worker(rank: int, world: int, payload: dict) -> dict:
     return {
         "records": records,
         "losses": [float(v.detach()) for v in losses],
-        "grads": {s: _grads(pieces[s]) for s in mine},
+        "grads": {s: gradient_arrays(pieces[s]) for s in mine},
     }
 
 
@@ -161,7 +162,7 @@ def reference_pipeline(setup: Setup, num_stages: int) -> tuple[float, dict]:
         h = piece(h)
     loss = loss_fn(setup)(h, y)
     loss.backward()
-    return loss.item(), {s: _grads(p) for s, p in enumerate(pieces)}
+    return loss.item(), {s: gradient_arrays(p) for s, p in enumerate(pieces)}
 
 
 def executor_pipeline(setup: Setup, schedule: Schedule) -> tuple[float, dict, Timeline]:
@@ -175,7 +176,7 @@ def executor_pipeline(setup: Setup, schedule: Schedule) -> tuple[float, dict, Ti
     with PipelineExecutor(pieces, devices, loss_fn=loss, clock="wall") as ex:
         result = ex.step(schedule, x, y)
     loss = float(result.loss)
-    return loss, {s: _grads(p) for s, p in enumerate(pieces)}, result.timeline
+    return loss, {s: gradient_arrays(p) for s, p in enumerate(pieces)}, result.timeline
 
 
 def course_schedule(name: str, workers: int, microbatches: int) -> Schedule:
@@ -205,9 +206,9 @@ def run_pipeline(
     course's thread executor running the matching course schedule.
     Pass a started `Cluster` to reuse its processes; otherwise a fresh one is spawned.
     """
-    workers = _check_int("workers", _workers(workers, cluster), 2, MAX_WORKERS)
-    batch = _check_int("batch", batch, 1, 4096)
-    setup = Setup(_check_model(model), batch, seed)
+    workers = validation.integer(worker_count(workers, cluster), "workers", 2, MAX_WORKERS)
+    batch = validation.integer(batch, "batch", 1, 4096)
+    setup = Setup(checked_model(model), batch, seed)
     payload: dict = {"setup": setup}
     csv_file = None
     if isinstance(schedule, Schedule):
@@ -232,7 +233,7 @@ def run_pipeline(
         raise CourseInputError(
             f"schedule must be one of {', '.join(PIPELINES)} or a course Schedule, got {schedule!r}"
         )
-    microbatches = _check_int("microbatches", microbatches, 1, 64)
+    microbatches = validation.integer(microbatches, "microbatches", 1, 64)
     if batch % microbatches:
         raise CourseInputError(
             f"batch must be a multiple of microbatches ({microbatches}), got {batch}"
@@ -246,7 +247,7 @@ def run_pipeline(
         require("V placement on gloo")
     try:
         start = time.perf_counter()
-        outs = _run_job(cluster, _pipeline_worker, workers, payload, port, timeout)
+        outs = run_job(cluster, _pipeline_worker, workers, payload, port, timeout)
         seconds = time.perf_counter() - start
     finally:
         if csv_file is not None:
@@ -255,14 +256,14 @@ def run_pipeline(
     loss = sum(mb_losses) / len(mb_losses)
     grads = {s: g for out in outs for s, g in out["grads"].items()}
     ref_loss, ref_grads = reference_pipeline(setup, payload["stages"])
-    max_grad_diff = max(_max_diff(grads[s], ref_grads[s]) for s in ref_grads)
+    max_grad_diff = max(max_abs_diff(grads[s], ref_grads[s]) for s in ref_grads)
     extra: dict = {"schedule": schedule if isinstance(schedule, str) else schedule.name}
     if compare_executor:
         ex_loss, ex_grads, ex_timeline = executor_pipeline(setup, course)
         extra["executor_loss"] = ex_loss
-        extra["executor_max_grad_diff"] = max(_max_diff(grads[s], ex_grads[s]) for s in ex_grads)
+        extra["executor_max_grad_diff"] = max(max_abs_diff(grads[s], ex_grads[s]) for s in ex_grads)
         extra["executor_timeline"] = ex_timeline
-    timeline = _timeline([out["records"] for out in outs], name, {"model": setup.model})
+    timeline = measured_timeline([out["records"] for out in outs], name, {"model": setup.model})
     timeline.stages, timeline.microbatches = payload["stages"], microbatches
     timeline.chunks = payload["stages"] // workers
     return DistributedResult(

@@ -17,7 +17,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from course_utils.distributed.cluster import MAX_WORKERS, Cluster, _check_int, _run_job, _workers
+from course_utils import validation
+from course_utils.distributed.cluster import MAX_WORKERS, Cluster, run_job, worker_count
 from course_utils.errors import CourseInputError
 
 MAX_SEQ, MAX_DIM = 4096, 256
@@ -110,10 +111,10 @@ def run_ring_attention(
         sequence_chunks,
     )
 
-    workers = _check_int("workers", _workers(workers, cluster), 1, MAX_WORKERS)
-    seq = _check_int("seq", seq, 1, MAX_SEQ)
-    dim = _check_int("dim", dim, 1, MAX_DIM)
-    heads = _check_int("heads", heads, 1, 16)
+    workers = validation.integer(worker_count(workers, cluster), "workers", 1, MAX_WORKERS)
+    seq = validation.integer(seq, "seq", 1, MAX_SEQ)
+    dim = validation.integer(dim, "dim", 1, MAX_DIM)
+    heads = validation.integer(heads, "heads", 1, 16)
     chunks = sum(len(c) for c in sequence_chunks(workers, zigzag))
     if seq % chunks:
         raise CourseInputError(
@@ -121,7 +122,7 @@ def run_ring_attention(
         )
     payload = {"seq": seq, "dim": dim, "heads": heads, "causal": causal, "zigzag": zigzag}
     payload["seed"] = seed
-    outs = _run_job(cluster, _ring_worker, workers, payload, port, timeout)
+    outs = run_job(cluster, _ring_worker, workers, payload, port, timeout)
     processes = {
         name: gather_sequence([o[name] for o in outs], zigzag) for name in ("out", "dq", "dk", "dv")
     }

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from course_utils import models
+from course_utils import models, validation
 from course_utils.actions import Action
-from course_utils.errors import CourseInputError, WorkerError
+from course_utils.errors import WorkerError
 from course_utils.timeline import Event, Timeline
 
 MODELS = ("gpt", "mlp")
@@ -94,12 +94,13 @@ def one_process_training(
         loss = criterion(model(x), y)
         loss.backward()
         losses.append(loss.item())
-        grads.append(_grads(model))
+        grads.append(gradient_arrays(model))
         opt.step()
     return losses, grads, {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def _grads(module: nn.Module) -> dict:
+def gradient_arrays(module: nn.Module) -> dict:
+    """Each parameter's gradient, by name, as a numpy copy (after the backward pass)."""
     grads = {}
     for n, p in module.named_parameters():
         assert p.grad is not None, f"{n} has no gradient"  # called after the backward pass
@@ -107,13 +108,14 @@ def _grads(module: nn.Module) -> dict:
     return grads
 
 
-def _max_diff(a: dict, b: dict) -> float:
+def max_abs_diff(a: dict, b: dict) -> float:
+    """Largest |a - b| over arrays with the same names (0 for none); names must match."""
     if a.keys() != b.keys():
         raise WorkerError(f"parameter names differ: {sorted(a)[:3]} vs {sorted(b)[:3]}")
     return max((float(abs(a[k] - b[k]).max()) for k in a), default=0.0)
 
 
-def _timeline(per_rank: list[list[tuple]], name: str, meta: dict) -> Timeline:
+def measured_timeline(per_rank: list[list[tuple]], name: str, meta: dict) -> Timeline:
     """Turn each rank's (action, label, start_ns, end_ns) records into one measured Timeline."""
     t0 = min((rec[2] for recs in per_rank for rec in recs), default=0)
     events = [
@@ -148,8 +150,6 @@ class DistributedResult:
         }
 
 
-def _check_model(model: str | None) -> str:
-    model = "gpt" if model is None else model
-    if model not in MODELS:
-        raise CourseInputError(f"model must be one of {', '.join(MODELS)}, got {model!r}")
-    return model
+def checked_model(model: str | None) -> str:
+    """`model` if it is one of `MODELS` ("gpt" for None), else a one-line error."""
+    return validation.choice("gpt" if model is None else model, "model", MODELS)

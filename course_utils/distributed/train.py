@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 
 from course_utils.distributed import checkpoint
-from course_utils.distributed.cluster import _die_with_parent
+from course_utils.distributed.cluster import die_with_parent
 from course_utils.distributed.job import (
     OPTIMIZER,
     PROG,
@@ -237,7 +237,7 @@ def train(args, plan: Plan, place: Place, device: torch.device, mesh) -> dict:
 
 def report(args, plan: Plan, place: Place, device: torch.device, outs: list[dict]) -> dict:
     """Rank 0: compare with one process, put every rank's times on rank 0's clock."""
-    from course_utils.distributed.setup import _timeline, one_process_training
+    from course_utils.distributed.setup import measured_timeline, one_process_training
 
     _, _, reference = one_process_training(
         plan.setup, plan.steps, lambda ps: optimizer(ps, plan.lr)
@@ -277,7 +277,7 @@ def report(args, plan: Plan, place: Place, device: torch.device, outs: list[dict
         for o in outs
     ]
     name = f"{plan.parallel} on {place.world} processes, {place.nodes} nodes"
-    timeline = _timeline(per_rank, name, {"model": plan.setup.model})
+    timeline = measured_timeline(per_rank, name, {"model": plan.setup.model})
     if plan.pipeline is not None:
         timeline.stages, timeline.microbatches = plan.pipeline.stages, plan.pipeline.microbatches
         timeline.chunks = max(1, plan.pipeline.stages // plan.mesh_shape[0])
@@ -326,7 +326,7 @@ def report(args, plan: Plan, place: Place, device: torch.device, outs: list[dict
 def main(argv: list[str] | None = None) -> int:
     # torchrun's agent gone (killed) -> this rank goes too. The course's launcher names the
     # agent: it may have died while this process was importing torch, leaving it orphaned.
-    _die_with_parent(int(os.environ.get("COURSE_AGENT_PID", os.getppid())))
+    die_with_parent(int(os.environ.get("COURSE_AGENT_PID", os.getppid())))
     try:
         args = parser().parse_args(argv)
         place = place_from_env()

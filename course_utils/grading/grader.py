@@ -155,7 +155,8 @@ def exercises_of(solution: nbformat.NotebookNode) -> list[Exercise]:
     return [found[k] for k in sorted(found)]
 
 
-def _fingerprint(source: str) -> str:
+def source_fingerprint(source: str) -> str:
+    """A hash of a cell's source that ignores trailing spaces and blank lines around it."""
     lines = [line.rstrip() for line in source.strip().splitlines()]
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
@@ -169,7 +170,7 @@ def tampering(
     submission changed or removed, matched by cell id, else by content. A notebook written
     for `variant` names that student in its setup cell: that is not a change."""
     theirs = {c.get("id"): c for c in submission.cells}
-    contents = {_fingerprint(c.source) for c in submission.cells}
+    contents = {source_fingerprint(c.source) for c in submission.cells}
     report = []
     for cell in solution.cells:
         if not (is_check_cell(cell) or "locked" in tags(cell)):
@@ -177,9 +178,9 @@ def tampering(
         source = cell.source
         if variant != DEFAULT_STUDENT:
             source = STUDENT_LINE.sub(lambda m: f'for_student("{variant}")', source)
-        mine = _fingerprint(source)
+        mine = source_fingerprint(source)
         if cell.get("id") in theirs:
-            if _fingerprint(theirs[cell.get("id")].source) != mine:
+            if source_fingerprint(theirs[cell.get("id")].source) != mine:
                 report.append({"cell": cell.get("id"), "status": "changed"})
         elif mine not in contents:
             report.append({"cell": cell.get("id"), "status": "removed"})

@@ -139,7 +139,7 @@ def check_calls(source: str) -> dict[int, tuple[list[str], dict[str, str]]]:
     return calls
 
 
-def _exercise_of_cells(nb: nbformat.NotebookNode, lesson: int) -> list[int | None]:
+def exercise_of_cells(nb: nbformat.NotebookNode, lesson: int) -> list[int | None]:
     """For each cell, the exercise whose part of the notebook it is in (by the headings)."""
     import re
 
@@ -156,7 +156,7 @@ def _exercise_of_cells(nb: nbformat.NotebookNode, lesson: int) -> list[int | Non
 def _capture_points(nb: nbformat.NotebookNode, lesson: int, exercises: list[Exercise]) -> dict:
     """{cell index: [exercises captured right after that cell]}: the end of each exercise's
     part of the notebook, else after a cell calling its check, else the notebook's end."""
-    owner = _exercise_of_cells(nb, lesson)
+    owner = exercise_of_cells(nb, lesson)
     points: dict[int, list[int]] = {}
     last = len(nb.cells) - 1
     for ex in exercises:
@@ -276,7 +276,7 @@ def run_submission(
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
     points = _capture_points(nb, lesson, exercises)
-    owner = _exercise_of_cells(nb, lesson)
+    owner = exercise_of_cells(nb, lesson)
     by_k = {ex.k: ex for ex in exercises}
     sandboxed = stand_in is not None
     started = time.monotonic()

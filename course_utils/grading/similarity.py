@@ -109,21 +109,21 @@ def canonical(cells: list[str]) -> tuple[str, int] | None:
 def answer_cells(nb: nbformat.NotebookNode, solution: nbformat.NotebookNode, lesson: int):
     """{K: [source of each answer cell of exercise K]}: the code cells of the exercise's part
     of the notebook that are not one of the solution's locked or check cells."""
-    from course_utils.grading.grader import _fingerprint
+    from course_utils.grading.grader import source_fingerprint
     from course_utils.grading.make_exercises import ANY_STUDENT
     from course_utils.grading.notebook_tools import is_check_cell, tags
-    from course_utils.grading.sandbox import _exercise_of_cells
+    from course_utils.grading.sandbox import exercise_of_cells
 
     locked = {
-        _fingerprint(ANY_STUDENT.sub('for_student("default")', c.source))
+        source_fingerprint(ANY_STUDENT.sub('for_student("default")', c.source))
         for c in solution.cells
         if is_check_cell(c) or "locked" in tags(c)
     }
     found: dict[int, list[str]] = {}
-    for cell, k in zip(nb.cells, _exercise_of_cells(nb, lesson), strict=True):
+    for cell, k in zip(nb.cells, exercise_of_cells(nb, lesson), strict=True):
         if k is None or cell.cell_type != "code" or not cell.source.strip():
             continue
-        mine = _fingerprint(ANY_STUDENT.sub('for_student("default")', cell.source))
+        mine = source_fingerprint(ANY_STUDENT.sub('for_student("default")', cell.source))
         if mine not in locked and not is_check_cell(cell):
             found.setdefault(k, []).append(cell.source)
     return found

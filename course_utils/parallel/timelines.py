@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from course_utils import validation
 from course_utils.actions import Action
 from course_utils.errors import CourseInputError
 from course_utils.parallel.costs import ring_allreduce_time
-from course_utils.pipeline.schedules import _check, make_schedule
+from course_utils.pipeline.schedules import make_schedule
 from course_utils.pipeline.simulate import CostModel, simulate
 from course_utils.timeline import Event, Timeline
 
@@ -37,7 +38,8 @@ def data_parallel_timeline(
     all-reduce starts as soon as its gradients exist, on a communication lane beside the
     compute (as PyTorch DDP does), otherwise all reductions wait for the whole backward.
     """
-    _check("workers", workers), _check("buckets", buckets)
+    validation.integer(workers, "workers")
+    validation.integer(buckets, "buckets")
     if min(compute_forward, compute_backward, grad_bytes) < 0:
         raise CourseInputError("compute times and grad_bytes must be >= 0")
     per_bucket = ring_allreduce_time(grad_bytes / buckets, workers, bandwidth, latency)
@@ -98,7 +100,7 @@ def dp_pp_timeline(
     costs = costs or CostModel()
     sched = make_schedule(schedule_name, devices, microbatches, chunks)
     timeline = simulate(sched, costs)
-    _check("dp_workers", dp_workers)
+    validation.integer(dp_workers, "dp_workers")
     stages = sched.stages
     if isinstance(grad_bytes_per_stage, int | float):
         grad_bytes = [float(grad_bytes_per_stage)] * stages

@@ -46,14 +46,12 @@ def _act(stage: int, kind: str, microbatch: int) -> Action:
     return action
 
 
-def _check(name: str, value, minimum: int = 1) -> int:
-    return validation.integer(value, name, minimum)
-
-
 def _sized(name: str, p: int, m: int, v: int = 1, max_actions: int = MAX_ACTIONS) -> None:
     """The builders' guard: the shape's numbers, then its size against `max_actions` (a
     schedule of millions of actions is refused in a millisecond, not built into a MemoryError)."""
-    _check("devices", p), _check("microbatches", m), _check("chunks", v)
+    validation.integer(p, "devices")
+    validation.integer(m, "microbatches")
+    validation.integer(v, "chunks")
     validation.check_actions(count_actions(name, p, m, v), max_actions, what=f"{name} of {p} x {m}")
 
 
@@ -115,7 +113,9 @@ def interleaved(p: int, m: int, v: int, *, max_actions: int = MAX_ACTIONS) -> Sc
     0..p-1, chunk 1 for the same, ..., then the next group), doing 1F1B over these
     "virtual" steps. The bubble shrinks v times: (p-1)/(v m) of the ideal time.
     """
-    _check("devices", p), _check("microbatches", m), _check("chunks", v)
+    validation.integer(p, "devices")
+    validation.integer(m, "microbatches")
+    validation.integer(v, "chunks")
     if problem := _interleaved_rule(p, m, v):
         raise CourseInputError(problem)
     _sized("interleaved", p, m, v, max_actions)
@@ -486,7 +486,9 @@ def check_shape(
 ) -> ScheduleInfo:
     """Raise the one-line error `make_schedule` would, without building anything."""
     info = schedule_info(name)
-    _check("devices", devices), _check("microbatches", microbatches), _check("chunks", chunks)
+    validation.integer(devices, "devices")
+    validation.integer(microbatches, "microbatches")
+    validation.integer(chunks, "chunks")
     if chunks > 1 and not info.uses_chunks:
         with_chunks = " or ".join(n for n, i in SCHEDULES.items() if i.uses_chunks)
         raise CourseInputError(

@@ -4,6 +4,7 @@ sources of every formula, and tests/test_plan.py, which checks each against its 
 
 import functools
 
+from course_utils import validation
 from course_utils.errors import CourseInputError
 from course_utils.pipeline.schedules import SCHEDULES as REGISTRY
 from course_utils.pipeline.schedules import Case, count_actions, make_schedule
@@ -15,7 +16,6 @@ from course_utils.plan.inputs import (
     Config,
     ModelShape,
     Precision,
-    _positive_int,
     check_config,
     get_precision,
 )
@@ -44,7 +44,7 @@ def model_state_bytes(
     if zero not in ZERO_STAGES:
         raise CourseInputError(f"zero must be 0, 1, 2 or 3, got {zero!r}")
     for value, what in ((dp, "dp"), (tp, "tp"), (pp, "pp")):
-        _positive_int(value, what)
+        validation.integer(value, what)
     psi = params / (tp * pp)
     return {
         "parameters": prec.weight_bytes * psi / (dp if zero >= 3 else 1),
@@ -53,7 +53,7 @@ def model_state_bytes(
     }
 
 
-def _shard_groups(model: ModelShape, config: Config) -> list[tuple[float, int]]:
+def weight_shard_groups(model: ModelShape, config: Config) -> list[tuple[float, int]]:
     """(parameters on this GPU before ZeRO, GPUs sharing them) for each kind of weight.
 
     Dense weights (everything but the experts) are split by tp and pp and replicated over
@@ -74,7 +74,7 @@ def model_states(
 ) -> dict[str, float]:
     """`model_state_bytes` for a shaped model: dense and expert weights, each over its group."""
     out = {"parameters": 0.0, "gradients": 0.0, "optimizer": 0.0}
-    for psi, group in _shard_groups(model, config):
+    for psi, group in weight_shard_groups(model, config):
         for key, value in model_state_bytes(psi, precision, config.zero, group).items():
             out[key] += value
     return out
@@ -296,7 +296,8 @@ def buffers(
     out = {"gathered layers": 0.0, "logits": 0.0, "attention in flight": 0.0,
            "recomputed layer": 0.0}  # fmt: skip
     if config.zero == 3:
-        layer = sum(psi for psi, _ in _shard_groups(model, config)) / (model.layers / config.pp)
+        per_gpu = sum(psi for psi, _ in weight_shard_groups(model, config))
+        layer = per_gpu / (model.layers / config.pp)
         out["gathered layers"] = (2 * prec.weight_bytes + prec.grad_bytes) * layer
     out["logits"] = b * s * model.vocab * (e + 4) / t
     heads = model.heads // t

@@ -11,6 +11,7 @@ import math
 import re
 from dataclasses import dataclass, field, replace
 
+from course_utils import validation
 from course_utils.errors import CourseInputError
 from course_utils.pipeline.schedules import RECOMMENDED
 from course_utils.pipeline.schedules import SCHEDULES as REGISTRY
@@ -413,16 +414,10 @@ def replace_config(config: Config, **changes) -> Config:
     return replace(config, **changes)
 
 
-def _positive_int(value, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise CourseInputError(f"{what} must be an integer >= 1, got {value!r}")
-    return value
-
-
 def check_config(model: ModelShape | None, config: Config) -> None:
     """Raise CourseInputError (one line) if `config` cannot be built for `model`."""
     for name in ("tp", "pp", "dp", "microbatch_size", "microbatches", "chunks", "cp", "ep"):
-        _positive_int(getattr(config, name), name)
+        validation.integer(getattr(config, name), name)
     if config.cp_kind not in CP_KINDS:
         raise CourseInputError(
             f"cp_kind must be one of {', '.join(CP_KINDS)}, got {config.cp_kind!r}"

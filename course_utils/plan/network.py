@@ -5,7 +5,7 @@ runs for each ZeRO stage (see `plan.model` for the sources)."""
 from dataclasses import dataclass
 
 from course_utils.pipeline.schedules import SCHEDULES as REGISTRY
-from course_utils.plan.gpu_memory import _shard_groups
+from course_utils.plan.gpu_memory import weight_shard_groups
 from course_utils.plan.inputs import (
     Config,
     ModelShape,
@@ -62,7 +62,7 @@ def data_parallel_collectives(
     w, g, m, z = prec.weight_bytes, prec.grad_bytes, config.microbatches, config.zero
     layers = model.layers // config.pp
     out = []
-    for index, (psi, n) in enumerate(_shard_groups(model, config)):
+    for index, (psi, n) in enumerate(weight_shard_groups(model, config)):
         if n == 1:
             continue
         kind = "expert " if index else ""

@@ -28,7 +28,6 @@ from course_utils.plan.inputs import (
     Hardware,
     ModelShape,
     Precision,
-    _positive_int,
     get_precision,
 )
 from course_utils.plan.model import Estimate, evaluate
@@ -74,7 +73,7 @@ def search(
     parallelism crosses its GPUs: "ring" or "ulysses" (cp must then divide heads / tp).
     """
     validation.integer(gpus, "gpus", 1, MAX_GPUS)  # the plan command's limit: a second or two
-    _positive_int(global_batch, "global_batch")
+    validation.integer(global_batch, "global_batch")
     prec = get_precision(precision)
     feasible: list[Estimate] = []
     rejected: list[tuple[Config | dict[str, int], str]] = []
@@ -192,7 +191,7 @@ def min_gpus(
     the first layout that fits (a count whose layouts cannot divide the layers or the batch
     is rejected at once).
     """
-    _positive_int(global_batch, "global_batch")
+    validation.integer(global_batch, "global_batch")
     began = time.perf_counter()
     start = states_lower_bound(model, hardware, precision)
     for n in gpu_counts(start, hardware.gpus_per_node, limit):

@@ -10,7 +10,10 @@ from __future__ import annotations
 import torch
 
 from course_utils.errors import CourseInputError
-from course_utils.parallel.context_parallel.checks import _check_same_shape, _check_tensors
+from course_utils.parallel.context_parallel.checks import (
+    check_float_tensors,
+    check_matching_tensors,
+)
 
 # -- attention on one device, and the two pieces ring attention is made of ---------------
 
@@ -38,12 +41,15 @@ def attention(
 
     Shapes (..., seq, dim); differentiable with autograd. Builds the whole seq x seq matrix.
     """
-    _check_same_shape({"q": q, "k": k, "v": v})
+    check_matching_tensors({"q": q, "k": k, "v": v})
     mask = causal_mask(q.shape[-2], k.shape[-2], q.device) if causal else None
     return torch.softmax(_scores(q, k, mask), dim=-1) @ v
 
 
-def _block_attention(q, k, v, mask):
+def block_attention_unchecked(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`block_attention` without its input checks, for callers that checked already."""
     s = _scores(q, k, mask)
     lse = torch.logsumexp(s, dim=-1)  # -inf for a row whose keys are all masked (or none)
     p = torch.exp(s - _finite(lse).unsqueeze(-1))
@@ -58,7 +64,7 @@ def block_attention(
     `mask` (q_len x k_len, True = may look) is optional. A query that sees no key of this
     block gets output 0 and log-sum-exp -inf, which `merge_partials` gives weight 0.
     """
-    _check_tensors({"q": q, "k": k, "v": v})
+    check_float_tensors({"q": q, "k": k, "v": v})
     if k.shape != v.shape or q.shape[:-2] != k.shape[:-2] or q.shape[-1] != k.shape[-1]:
         raise CourseInputError(
             f"q, k, v must be (..., q_len, d), (..., k_len, d), (..., k_len, d), got "
@@ -71,10 +77,13 @@ def block_attention(
             f"mask must be a bool tensor of shape ({q.shape[-2]}, {k.shape[-2]}), "
             f"got {mask.dtype} {tuple(mask.shape)}"
         )
-    return _block_attention(q, k, v, mask)
+    return block_attention_unchecked(q, k, v, mask)
 
 
-def _merge(out_a, lse_a, out_b, lse_b):
+def merge_partials_unchecked(
+    out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`merge_partials` without its input checks, for callers that checked already."""
     lse = torch.logaddexp(lse_a, lse_b)
     # e^(l_a - l) = e^l_a / (e^l_a + e^l_b) = sigmoid(l_a - l_b). Written with the difference
     # of the two log-sum-exps, the weights stay exact even when both are large (in float32,
@@ -108,10 +117,19 @@ def merge_partials(
     for name, t in {"lse_a": lse_a, "lse_b": lse_b}.items():
         if torch.isnan(t).any() or (t == float("inf")).any():
             raise CourseInputError(f"{name} must be finite or -inf (no NaN, no +inf)")
-    return _merge(out_a, lse_a, out_b, lse_b)
+    return merge_partials_unchecked(out_a, lse_a, out_b, lse_b)
 
 
-def _block_backward(q, k, v, dout, lse, delta, mask):
+def block_attention_backward_unchecked(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dout: torch.Tensor,
+    lse: torch.Tensor,
+    delta: torch.Tensor,
+    mask: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`block_attention_backward` unchecked, given delta = rowsum(dout * out) for its `out`."""
     p = torch.exp(_scores(q, k, mask) - _finite(lse).unsqueeze(-1))  # the forward's P, rebuilt
     dv = p.transpose(-2, -1) @ dout
     dp = dout @ v.transpose(-2, -1)
@@ -136,10 +154,10 @@ def block_attention_backward(
     gives the full dq; dk and dv of this block are complete once every query has been
     through it (Dao et al. 2022, appendix B).
     """
-    _check_tensors({"q": q, "k": k, "v": v, "out": out, "dout": dout})
+    check_float_tensors({"q": q, "k": k, "v": v, "out": out, "dout": dout})
     if out.shape != q.shape or dout.shape != q.shape or lse.shape != q.shape[:-1]:
         raise CourseInputError(
             f"out and dout must have q's shape {tuple(q.shape)} and lse {tuple(q.shape[:-1])}"
         )
     delta = (dout * out).sum(dim=-1)
-    return _block_backward(q, k, v, dout, lse, delta, mask)
+    return block_attention_backward_unchecked(q, k, v, dout, lse, delta, mask)

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import math
 
+from course_utils import validation
 from course_utils.actions import Action
 from course_utils.errors import CourseInputError
 from course_utils.parallel.context_parallel.checks import (
-    _check_positive_int,
-    _check_seq,
-    _check_workers,
+    MAX_WORKERS,
+    check_seq_split,
 )
 from course_utils.parallel.context_parallel.layout import block_products, sequence_chunks
 from course_utils.parallel.context_parallel.ring import RingResult
@@ -35,7 +35,7 @@ def causal_work(workers: int, zigzag: bool) -> list[int]:
     0..2N-1-i: 2N-i). The chunks of the zig-zag split are half as long, so a zig-zag
     product is a quarter of a plain one; see `score_elements` for work in one unit.
     """
-    _check_workers(workers)
+    validation.integer(workers, "workers", 1, MAX_WORKERS)
     if zigzag:
         return [2 * workers + 1] * workers
     return [i + 1 for i in range(workers)]
@@ -48,7 +48,7 @@ def score_elements(seq: int, workers: int, zigzag: bool = False, causal: bool = 
     diagonal block is computed whole and masked. Causal, zig-zag: (2N+1)(L/2N)^2 each,
     = L^2/(2N) + (L/2N)^2: the causal half of the work plus one chunk product, evenly.
     """
-    _check_seq(seq, workers, zigzag)
+    check_seq_split(seq, workers, zigzag)
     if not causal:
         return [seq * seq // workers] * workers
     if zigzag:
@@ -62,14 +62,14 @@ def kv_bytes_per_step(
     seq: int, workers: int, heads: int, dim: int, element_size: int = 4, batch: int = 1
 ) -> int:
     """Bytes one worker sends in one ring step: its K/V block, 2 x (L/N) x H x D elements."""
-    _check_seq(seq, workers, False)
+    check_seq_split(seq, workers, False)
     for name, value in {
         "heads": heads,
         "dim": dim,
         "element_size": element_size,
         "batch": batch,
     }.items():
-        _check_positive_int(name, value)
+        validation.integer(value, name)
     return 2 * (seq // workers) * heads * dim * element_size * batch
 
 
@@ -106,9 +106,9 @@ def attention_activation_bytes(
     context-parallel degree N divides the linear terms by N and the score term by N^2.
     """
     for name, value in {"seq": seq, "workers": workers, "heads": heads, "dim": dim}.items():
-        _check_positive_int(name, value)
-    _check_positive_int("element_size", element_size)
-    _check_positive_int("batch", batch)
+        validation.integer(value, name)
+    validation.integer(element_size, "element_size")
+    validation.integer(batch, "batch")
     t = -(-seq // workers)
     return element_size * batch * heads * (6 * t * dim + t + 2 * t * t)
 
@@ -158,7 +158,7 @@ def simulate_ring(
     `{(kind, rank, owner): seconds}` (`measured_step_costs`), so the simulator lays out
     a run's own work and predicts only its waiting and its transfers.
     """
-    _check_workers(workers)
+    validation.integer(workers, "workers", 1, MAX_WORKERS)
     for name, value in {
         "block_time": block_time,
         "transfer_time": transfer_time,

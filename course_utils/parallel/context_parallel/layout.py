@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from course_utils.parallel.context_parallel.checks import _check_workers
+from course_utils import validation
+from course_utils.parallel.context_parallel.checks import MAX_WORKERS
 
 # -- who holds which tokens ---------------------------------------------------------------
 
@@ -18,7 +19,7 @@ def sequence_chunks(workers: int, zigzag: bool = False) -> list[list[int]]:
 
     Plain: N chunks, worker i holds [i]. Zig-zag: 2N chunks, worker i holds [i, 2N-1-i].
     """
-    _check_workers(workers)
+    validation.integer(workers, "workers", 1, MAX_WORKERS)
     if zigzag:
         return [[i, 2 * workers - 1 - i] for i in range(workers)]
     return [[i] for i in range(workers)]
@@ -35,10 +36,13 @@ def gather_sequence(
     parts: Sequence[torch.Tensor], zigzag: bool = False, dim: int = -2
 ) -> torch.Tensor:
     """Undo `split_sequence`: the full sequence from every worker's part (dim -1 for an lse)."""
-    return _gather(parts, sequence_chunks(len(parts), zigzag), dim)
+    return gather_chunks(parts, sequence_chunks(len(parts), zigzag), dim)
 
 
-def _gather(parts, layout, dim):
+def gather_chunks(
+    parts: Sequence[torch.Tensor], layout: Sequence[Sequence[int]], dim: int
+) -> torch.Tensor:
+    """The full sequence from `parts`, where part i holds chunks `layout[i]` in that order."""
     by_chunk = {}
     for held, part in zip(layout, parts, strict=True):
         for c, piece in zip(held, part.chunk(len(held), dim=dim), strict=True):

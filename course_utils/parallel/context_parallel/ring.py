@@ -14,21 +14,22 @@ from typing import NamedTuple, Protocol
 
 import torch
 
+from course_utils import validation
 from course_utils.actions import Action
 from course_utils.errors import CourseInputError, WorkerError
 from course_utils.parallel.context_parallel.attention import (
-    _block_attention,
-    _block_backward,
-    _merge,
+    block_attention_backward_unchecked,
+    block_attention_unchecked,
     causal_mask,
+    merge_partials_unchecked,
 )
 from course_utils.parallel.context_parallel.checks import (
-    _check_workers,
+    MAX_WORKERS,
     check_ring_inputs,
 )
 from course_utils.parallel.context_parallel.layout import (
-    _gather,
     block_products,
+    gather_chunks,
     sequence_chunks,
     split_sequence,
 )
@@ -126,10 +127,10 @@ def ring_attention_forward(
         with _computing("F", owner, f"q{rank}·kv{owner}") if products else nullcontext():
             for p in products:
                 mask = diagonal_mask if p.diagonal else None
-                block_out, block_lse = _block_attention(
+                block_out, block_lse = block_attention_unchecked(
                     q[..., p.q_rows, :], k[..., p.kv_rows, :], v[..., p.kv_rows, :], mask
                 )
-                out[..., p.q_rows, :], lse[..., p.q_rows] = _merge(
+                out[..., p.q_rows, :], lse[..., p.q_rows] = merge_partials_unchecked(
                     out[..., p.q_rows, :], lse[..., p.q_rows], block_out, block_lse
                 )
         if trace is not None and products:
@@ -179,7 +180,7 @@ def ring_attention_backward(
             dk_part, dv_part = torch.zeros_like(k), torch.zeros_like(v)
             for p in products:
                 qr, kr = p.q_rows, p.kv_rows
-                dq_p, dk_p, dv_p = _block_backward(
+                dq_p, dk_p, dv_p = block_attention_backward_unchecked(
                     q[..., qr, :],
                     k[..., kr, :],
                     v[..., kr, :],
@@ -265,7 +266,7 @@ class RingAttention:
         links: Links | None = None,
     ) -> None:
         self.clock, self.links = check_clock(clock), links
-        _check_workers(workers)
+        validation.integer(workers, "workers", 1, MAX_WORKERS)
         if not isinstance(timeout, int | float) or not 0 < timeout < math.inf:
             raise CourseInputError(
                 f"timeout must be a finite number of seconds > 0, got {timeout!r}"
@@ -354,7 +355,7 @@ class RingAttention:
         layout = sequence_chunks(self.workers, self.zigzag)
 
         def gather(i: int, j: int | None = None, dim: int = -2):
-            return _gather([r[i] if j is None else r[i][j] for r in results], layout, dim)
+            return gather_chunks([r[i] if j is None else r[i][j] for r in results], layout, dim)
 
         traces = [r[5] for r in results]
 

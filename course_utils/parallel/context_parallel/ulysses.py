@@ -50,17 +50,17 @@ from typing import Protocol
 
 import torch
 
+from course_utils import validation
 from course_utils.actions import Action
 from course_utils.errors import CourseInputError, WorkerError
 from course_utils.parallel.context_parallel.attention import (
-    _block_attention,
-    _block_backward,
+    block_attention_backward_unchecked,
+    block_attention_unchecked,
     causal_mask,
 )
 from course_utils.parallel.context_parallel.checks import (
-    _check_positive_int,
-    _check_same_shape,
-    _check_workers,
+    MAX_WORKERS,
+    check_matching_tensors,
 )
 from course_utils.threads.collectives import ThreadGroup
 from course_utils.threads.devices import Aborted, DeviceThreads
@@ -72,9 +72,9 @@ from course_utils.timeline import Event, Timeline
 def ulysses_max_degree(heads: int, kv_heads: int | None = None) -> int:
     """The largest Ulysses degree without copying heads: the K/V heads (all heads for
     multi-head attention). Any degree used must also divide them."""
-    _check_positive_int("heads", heads)
+    validation.integer(heads, "heads")
     kv = heads if kv_heads is None else kv_heads
-    _check_positive_int("kv_heads", kv)
+    validation.integer(kv, "kv_heads")
     if heads % kv:
         raise CourseInputError(f"kv_heads ({kv}) must divide heads ({heads})")
     return kv
@@ -82,7 +82,7 @@ def ulysses_max_degree(heads: int, kv_heads: int | None = None) -> int:
 
 def check_ulysses_degree(workers: int, heads: int, kv_heads: int | None = None) -> None:
     """A one-line error unless `workers` divides the (K/V) heads: each worker takes whole heads."""
-    _check_workers(workers)
+    validation.integer(workers, "workers", 1, MAX_WORKERS)
     kv = ulysses_max_degree(heads, kv_heads)
     if heads % workers or kv % workers:
         what = f"{kv} K/V heads" if kv != heads else f"{heads} heads"
@@ -107,10 +107,10 @@ def ulysses_bytes_per_worker(
     With grouped-query attention (`kv_heads` < heads) k, v, dK and dV have kv_heads heads:
     per pass (N-1)/N x (L/N) x D x e x (2 H + 2 H_kv).
     """
-    _check_positive_int("seq", seq)
+    validation.integer(seq, "seq")
     check_ulysses_degree(workers, heads, kv_heads)
     for name, value in {"dim": dim, "element_size": element_size, "batch": batch}.items():
-        _check_positive_int(name, value)
+        validation.integer(value, name)
     if seq % workers:
         raise CourseInputError(f"seq must be a multiple of workers = {workers}, got {seq}")
     kv = heads if kv_heads is None else kv_heads
@@ -137,9 +137,9 @@ def ulysses_activation_bytes(
     the ring needs less memory at the same degree.
     """
     for name, value in {"seq": seq, "workers": workers, "heads": heads, "dim": dim}.items():
-        _check_positive_int(name, value)
-    _check_positive_int("element_size", element_size)
-    _check_positive_int("batch", batch)
+        validation.integer(value, name)
+    validation.integer(element_size, "element_size")
+    validation.integer(batch, "batch")
     t = -(-seq // workers)
     return element_size * batch * heads * (8 * t * dim + t + 2 * workers * t * t)
 
@@ -205,7 +205,7 @@ def ulysses_attention_forward(
     start = time.perf_counter_ns()
     length = qh.shape[-2]
     mask = causal_mask(length, length, qh.device) if causal else None
-    out_h, lse_h = _block_attention(qh, kh, vh, mask)
+    out_h, lse_h = block_attention_unchecked(qh, kh, vh, mask)
     _compute(trace, "F", f"heads of w{comm.rank}", start)
     out = _to_sequence(comm, out_h, trace, "out to tokens")
     return out, (qh, kh, vh, out_h, lse_h)
@@ -231,7 +231,7 @@ def ulysses_attention_backward(
     length = qh.shape[-2]
     mask = causal_mask(length, length, qh.device) if causal else None
     delta = (dout_h * out_h).sum(dim=-1)
-    dq_h, dk_h, dv_h = _block_backward(qh, kh, vh, dout_h, lse_h, delta, mask)
+    dq_h, dk_h, dv_h = block_attention_backward_unchecked(qh, kh, vh, dout_h, lse_h, delta, mask)
     _compute(trace, "B", f"heads of w{comm.rank}", start)
     back = _to_sequence(comm, torch.stack([dq_h, dk_h, dv_h]), trace, "dq,dk,dv to tokens")
     dq, dk, dv = back.unbind(0)
@@ -271,7 +271,7 @@ class UlyssesAttention:
     """
 
     def __init__(self, workers: int, causal: bool = False, timeout: float = 60.0) -> None:
-        _check_workers(workers)
+        validation.integer(workers, "workers", 1, MAX_WORKERS)
         if not isinstance(timeout, int | float) or not 0 < timeout < math.inf:
             raise CourseInputError(
                 f"timeout must be a finite number of seconds > 0, got {timeout!r}"
@@ -291,7 +291,7 @@ class UlyssesAttention:
         return self._run(q, k, v, dout)
 
     def _check(self, tensors: dict[str, torch.Tensor]) -> None:
-        _check_same_shape(tensors)
+        check_matching_tensors(tensors)
         q = tensors["q"]
         if q.dim() < 3:
             raise CourseInputError(

@@ -10,10 +10,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from course_utils import plan
+from course_utils import plan, validation
 from course_utils.actions import Action
 from course_utils.errors import CourseInputError
-from course_utils.parallel.fsdp.program import STAGES, _check_choice, _check_int, fsdp_program
+from course_utils.parallel.fsdp.program import STAGES, check_one_of, fsdp_program
 from course_utils.parallel.fsdp.shards import padded_shard_numels
 from course_utils.threads.links import Links
 from course_utils.threads.ring import ring_bytes_per_rank
@@ -40,9 +40,9 @@ def fsdp_traffic_bytes(
     reduce-scatter; stage 1 (full gradients kept) and plain data parallelism accumulate
     locally and communicate once.
     """
-    _check_choice(stage, "stage", STAGES)
-    _check_int(workers, "workers", 1, 10**6)
-    _check_int(microbatches, "microbatches", 1, 10**6)
+    check_one_of(stage, "stage", STAGES)
+    validation.integer(workers, "workers", 1, 10**6)
+    validation.integer(microbatches, "microbatches", 1, 10**6)
     per_pass = sum(
         (workers - 1) * s * element_size for s in padded_shard_numels(layer_numels, workers)
     )
@@ -124,8 +124,8 @@ def gather_hiding_tokens(
     """
     f = _positive_number(flops_per_s, "flops_per_s")
     b = _positive_number(bandwidth, "bandwidth")
-    _check_int(element_size, "element_size", 1, 64)
-    _check_int(workers, "workers", 1, 10**6)
+    validation.integer(element_size, "element_size", 1, 64)
+    validation.integer(workers, "workers", 1, 10**6)
     return (workers - 1) / workers * f * element_size / (2 * b)
 
 
@@ -141,9 +141,9 @@ def hsdp_bytes(params: float, shard: int, replicas: int, element_size: int = 2) 
     the ring that spans the nodes.
     """
     psi = _positive_number(params, "params")
-    _check_int(shard, "shard", 1, 10**6)
-    _check_int(replicas, "replicas", 1, 10**6)
-    _check_int(element_size, "element_size", 1, 64)
+    validation.integer(shard, "shard", 1, 10**6)
+    validation.integer(replicas, "replicas", 1, 10**6)
+    validation.integer(element_size, "element_size", 1, 64)
     return {
         "states": 16 * psi / shard,
         "inside": 3 * (shard - 1) / shard * psi * element_size,
@@ -165,8 +165,8 @@ def reshard_after_forward_costs(
       so the backward gathers over g GPUs only: Psi e / g held, and the backward's gather
       sends (g-1)/g Psi e, on the fast links of the group.
     """
-    _check_int(workers, "workers", 1, 10**6)
-    _check_int(element_size, "element_size", 1, 64)
+    validation.integer(workers, "workers", 1, 10**6)
+    validation.integer(element_size, "element_size", 1, 64)
     psi = float(sum(layer_numels))
     ring = (workers - 1) / workers * psi * element_size
     if reshard is True:
@@ -230,7 +230,7 @@ def simulate_fsdp(
     starting when it is issued or when the previous one ends, whichever is later. All
     workers are alike, so every row of the timeline is the same.
     """
-    _check_int(workers, "workers", 1, 10**6)
+    validation.integer(workers, "workers", 1, 10**6)
     program, comms = fsdp_program(len(costs.layer_numels), stage, prefetch, microbatches)
     clock, comm_free = 0.0, 0.0
     done_at: dict[int, float] = {}

@@ -1,7 +1,7 @@
 """Memory a worker really holds: bytes of the distinct tensor storages, by category, with the peak.
 
 Freeing a gathered layer keeps the tensor (and the views autograd saved) and resizes its
-storage to zero bytes, the trick FSDP itself uses; `_alloc_storage` gives it back.
+storage to zero bytes, the trick FSDP itself uses; `allocate_storage` gives it back.
 """
 
 from __future__ import annotations
@@ -94,12 +94,14 @@ class MemoryReport:
 # -- one worker's state ----------------------------------------------------------------------
 
 
-def _free_storage(t: torch.Tensor) -> None:
+def free_storage(t: torch.Tensor) -> None:
+    """Resize `t`'s storage to zero bytes: the tensor and its views stay, its memory goes."""
     if t.untyped_storage().nbytes():
         t.untyped_storage().resize_(0)
 
 
-def _alloc_storage(t: torch.Tensor) -> None:
+def allocate_storage(t: torch.Tensor) -> None:
+    """Give a freed `t` its storage back (contents undefined until written), if it lacks it."""
     nbytes = t.numel() * t.element_size()
     if t.untyped_storage().nbytes() != nbytes:
         t.untyped_storage().resize_(nbytes)

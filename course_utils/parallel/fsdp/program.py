@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from course_utils import validation
 from course_utils.errors import CourseInputError
 
 STAGES = (1, 2, 3)
@@ -60,10 +61,10 @@ def fsdp_program(
     again, as ZeRO-3 describes; FSDP2 by default does not reshard its root module after
     the forward, for this reason).
     """
-    _check_int(num_layers, "num_layers", 1, 10**6)
-    _check_choice(stage, "stage", STAGES)
-    _check_int(prefetch, "prefetch", 0, MAX_PREFETCH)
-    _check_int(microbatches, "microbatches", 1, MAX_MICROBATCHES)
+    validation.integer(num_layers, "num_layers", 1, 10**6)
+    check_one_of(stage, "stage", STAGES)
+    validation.integer(prefetch, "prefetch", 0, MAX_PREFETCH)
+    validation.integer(microbatches, "microbatches", 1, MAX_MICROBATCHES)
     program: list[Instr] = []
     comms: list[CommOp] = []
     last = num_layers - 1
@@ -126,13 +127,8 @@ def fsdp_program(
     return program, comms
 
 
-def _check_int(value, name: str, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise CourseInputError(f"{name} must be an integer in {low}..{high}, got {value!r}")
-    return value
-
-
-def _check_choice(value, name: str, allowed: Sequence) -> None:
+def check_one_of(value: object, name: str, allowed: Sequence[object]) -> None:
+    """Refuse a `value` not in `allowed` (a bool is refused even where 0 or 1 is allowed)."""
     if isinstance(value, bool) or value not in allowed:
         raise CourseInputError(
             f"{name} must be one of {', '.join(map(str, allowed))}, got {value!r}"

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from course_utils import validation
 from course_utils.actions import Action
 from course_utils.errors import CourseInputError, WorkerError
 from course_utils.models import loss_fn
@@ -27,16 +28,15 @@ from course_utils.parallel.data_parallel import shard_sizes, single_worker_steps
 from course_utils.parallel.fsdp.memory import (
     MemoryMeter,
     MemoryReport,
-    _alloc_storage,
-    _free_storage,
+    allocate_storage,
+    free_storage,
 )
 from course_utils.parallel.fsdp.program import (
     MAX_MICROBATCHES,
     MAX_PREFETCH,
     MAX_WORKERS,
     STAGES,
-    _check_choice,
-    _check_int,
+    check_one_of,
     fsdp_program,
 )
 from course_utils.parallel.fsdp.shards import FlatLayout, adam, adam_update
@@ -126,7 +126,7 @@ class _Worker:
             full = torch.zeros(layout.padded, dtype=dtype).requires_grad_(True)
             if stage == 3:
                 self.param_shards.append(flat[mine].clone())
-                _free_storage(full)  # not gathered until a forward needs it
+                free_storage(full)  # not gathered until a forward needs it
             else:
                 full.data.copy_(flat)
                 self.param_shards.append(full.data[mine])  # a view: the optimizer updates it
@@ -202,10 +202,10 @@ class ShardedDataParallel:
         links: Links | None = None,
     ) -> None:
         self.clock, self.links = check_clock(clock), links
-        _check_int(workers, "workers", 1, MAX_WORKERS)
-        _check_choice(stage, "stage", STAGES)
-        _check_int(prefetch, "prefetch", 0, MAX_PREFETCH)
-        _check_int(microbatches, "microbatches", 1, MAX_MICROBATCHES)
+        validation.integer(workers, "workers", 1, MAX_WORKERS)
+        check_one_of(stage, "stage", STAGES)
+        validation.integer(prefetch, "prefetch", 0, MAX_PREFETCH)
+        validation.integer(microbatches, "microbatches", 1, MAX_MICROBATCHES)
         if not (isinstance(betas, tuple | list) and len(betas) == 2):
             raise CourseInputError(f"betas must be a pair (beta1, beta2), got {betas!r}")
         for value, name in ((lr, "lr"), (eps, "eps"), *((b, "betas") for b in betas)):
@@ -283,7 +283,7 @@ class ShardedDataParallel:
             for state in self.states:
                 if self.stage == 3:
                     for full in state.full:
-                        _free_storage(full)
+                        free_storage(full)
                 state.meter.transient.clear()
             raise
         wall = (time.perf_counter_ns() - start) / 1e9
@@ -366,7 +366,7 @@ class ShardedDataParallel:
                 try:
                     with talking.span(Action(op.layer, op.kind, op.microbatch), op.label):
                         if op.kind == "UNSHARD" and self.stage == 3:
-                            _alloc_storage(full)  # the gathered layer comes back to life
+                            allocate_storage(full)  # the gathered layer comes back to life
                             state.meter.sample()
                             comm.all_gather(state.param_shards[op.layer], out=full.data)
                         elif op.kind == "UNSHARD":  # stage 1/2: spread the updated slices
@@ -435,7 +435,7 @@ class ShardedDataParallel:
                         del grads
                 elif instr.op == "free":
                     with computing.span(Action(layer, "RESHARD", mb), f"free L{layer}"):
-                        _free_storage(state.full[layer])
+                        free_storage(state.full[layer])
                         state.meter.sample()
                 elif instr.op == "optimizer":
                     self._optimizer_step(state)

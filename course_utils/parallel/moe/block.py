@@ -25,17 +25,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from course_utils import validation
 from course_utils.errors import CourseInputError
 from course_utils.parallel.moe.limits import (
     MAX_D_MODEL,
     MAX_EXPERTS,
     MAX_HIDDEN,
     MAX_SKEW,
-    _check_capacity_factor,
-    _check_float,
-    _check_int,
-    _check_tokens,
-    _check_top_k,
+    check_capacity_factor,
+    check_tokens,
+    check_top_k,
 )
 from course_utils.parallel.moe.routing import route
 from course_utils.threads.ring import chunk_bounds
@@ -89,13 +88,13 @@ class MoE(nn.Module):
         skew: float = 0.0,
     ) -> None:
         super().__init__()
-        _check_int("d_model", d_model, 1, MAX_D_MODEL)
-        _check_int("hidden", hidden, 1, MAX_HIDDEN)
-        _check_int("experts", experts, 1, MAX_EXPERTS)
-        _check_top_k(top_k, experts)
+        validation.integer(d_model, "d_model", 1, MAX_D_MODEL)
+        validation.integer(hidden, "hidden", 1, MAX_HIDDEN)
+        validation.integer(experts, "experts", 1, MAX_EXPERTS)
+        check_top_k(top_k, experts)
         if capacity_factor is not None:
-            _check_capacity_factor(capacity_factor)
-        _check_float("skew", skew, -MAX_SKEW, MAX_SKEW)
+            check_capacity_factor(capacity_factor)
+        validation.number(skew, "skew", -MAX_SKEW, MAX_SKEW)
         self.d_model, self.hidden, self.top_k = d_model, hidden, top_k
         self.capacity_factor = capacity_factor
         self.norm = nn.LayerNorm(d_model)
@@ -111,7 +110,7 @@ class MoE(nn.Module):
 
     def forward(self, x: torch.Tensor, groups: int = 1) -> MoEOutput:
         """x: (..., d_model). Routing and capacity per group of consecutive tokens."""
-        tokens = _check_tokens(x, self.d_model, groups, "groups")
+        tokens = check_tokens(x, self.d_model, groups, "groups")
         flat = x.reshape(tokens, self.d_model)
         bounds = chunk_bounds(tokens, groups)
         hs, routings = [], []
@@ -131,8 +130,8 @@ class MoE(nn.Module):
         return MoEOutput(
             output=(flat + mixed).reshape(x.shape),
             aux_loss=aux,
-            tokens_per_expert=_sum_lists([r.counts() for r in routings]),
-            kept_per_expert=_sum_lists([r.kept_counts() for r in routings]),
+            tokens_per_expert=column_sums([r.counts() for r in routings]),
+            kept_per_expert=column_sums([r.kept_counts() for r in routings]),
             dropped=sum(r.dropped for r in routings),
             capacity=[r.capacity for r in routings],
             routed=[r.kept_counts() for r in routings],
@@ -176,10 +175,10 @@ def reference_step(
 
     The module's own .grad fields are left alone (gradients come from autograd.grad).
     """
-    _check_float("aux_weight", aux_weight, 0.0, 1e6)
+    validation.number(aux_weight, "aux_weight", 0.0, 1e6)
     x = x.detach().clone().requires_grad_(True)
     out = moe(x, groups=groups)
-    dy = _grad_output(grad_output, out.output)
+    dy = checked_grad_output(grad_output, out.output)
     loss = (out.output * dy).sum() + aux_weight * out.aux_loss
     names, params = zip(*moe.named_parameters(), strict=True)
     grads = torch.autograd.grad(loss, [x, *params], allow_unused=True)
@@ -199,7 +198,8 @@ def reference_step(
     )
 
 
-def _grad_output(grad_output: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+def checked_grad_output(grad_output: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """`grad_output` checked against `like` (ones like it if None), detached, in its dtype."""
     if grad_output is None:
         return torch.ones_like(like)
     if not isinstance(grad_output, torch.Tensor) or grad_output.shape != like.shape:
@@ -209,5 +209,6 @@ def _grad_output(grad_output: torch.Tensor | None, like: torch.Tensor) -> torch.
     return grad_output.detach().to(like.dtype)
 
 
-def _sum_lists(rows: Sequence[Sequence[int]]) -> list[int]:
+def column_sums(rows: Sequence[Sequence[int]]) -> list[int]:
+    """Element-wise sum of equally long rows: per-expert counts summed over groups."""
     return [sum(col) for col in zip(*rows, strict=True)]

@@ -27,14 +27,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from course_utils import validation
 from course_utils.actions import Action
 from course_utils.errors import CourseInputError, WorkerError
-from course_utils.parallel.moe.block import MoE, MoEStep, _grad_output, _sum_lists
+from course_utils.parallel.moe.block import MoE, MoEStep, checked_grad_output, column_sums
 from course_utils.parallel.moe.limits import (
     MAX_WORKERS,
-    _check_float,
-    _check_int,
-    _check_tokens,
+    check_tokens,
 )
 from course_utils.parallel.moe.routing import experts_of_worker, route
 from course_utils.threads.collectives import ThreadGroup, chunk_bounds
@@ -71,12 +70,12 @@ class ExpertParallel:
         links: Links | None = None,
     ) -> None:
         self.clock, self.links = check_clock(clock), links
-        _check_int("workers", workers, 1, MAX_WORKERS)
+        validation.integer(workers, "workers", 1, MAX_WORKERS)
         if moe.num_experts % workers:
             raise CourseInputError(
                 f"workers must divide the number of experts ({moe.num_experts}), got {workers}"
             )
-        _check_float("timeout", timeout, 1e-3, 3600.0)
+        validation.number(timeout, "timeout", 1e-3, 3600.0)
         self.workers = workers
         self.num_experts = moe.num_experts
         self.d_model, self.top_k = moe.d_model, moe.top_k
@@ -103,10 +102,10 @@ class ExpertParallel:
         The gradients land in the shards' .grad (replacing the previous step's), ready for
         one optimizer per worker over `parameters(worker)`.
         """
-        tokens = _check_tokens(x, self.d_model, self.workers, "workers")
-        _check_float("aux_weight", aux_weight, 0.0, 1e6)
+        tokens = check_tokens(x, self.d_model, self.workers, "workers")
+        validation.number(aux_weight, "aux_weight", 0.0, 1e6)
         flat = x.detach().reshape(tokens, self.d_model)
-        dy = _grad_output(grad_output, x).reshape(tokens, self.d_model)
+        dy = checked_grad_output(grad_output, x).reshape(tokens, self.d_model)
         bounds = chunk_bounds(tokens, self.workers)
         for shard in self.shards:
             for p in _shard_params(shard):
@@ -132,7 +131,7 @@ class ExpertParallel:
             self.links,
             num_devices=self.workers,
             name=f"expert parallel: E={self.num_experts} experts on p={self.workers} workers",
-            meta={"received_per_expert": _sum_lists(routed), "routed": routed},
+            meta={"received_per_expert": column_sums(routed), "routed": routed},
         )
         phases = results[0]["bytes"].keys()
         return MoEStep(
@@ -140,8 +139,8 @@ class ExpertParallel:
             input_grad=torch.cat([r["input_grad"] for r in results]).reshape(shape),
             grads=self.gathered_grads(),
             aux_loss=sum(r["aux"] for r in results) / self.workers,
-            tokens_per_expert=_sum_lists([r["counts"] for r in results]),
-            kept_per_expert=_sum_lists(routed),
+            tokens_per_expert=column_sums([r["counts"] for r in results]),
+            kept_per_expert=column_sums(routed),
             dropped=sum(r["dropped"] for r in results),
             capacity=[r["capacity"] for r in results],
             routed=routed,
@@ -170,7 +169,7 @@ class ExpertParallel:
         Give each worker its own optimizer over these; the replicated gradients were
         all-reduced, so the copies receive the same update and stay identical.
         """
-        _check_int("worker", worker, 0, self.workers - 1)
+        validation.integer(worker, "worker", 0, self.workers - 1)
         return _shard_params(self.shards[worker])
 
     def state_dict(self) -> dict[str, torch.Tensor]:

@@ -10,6 +10,7 @@ import math
 
 import torch
 
+from course_utils import validation
 from course_utils.errors import CourseInputError
 
 MAX_D_MODEL = 1024
@@ -21,29 +22,16 @@ MAX_CAPACITY_FACTOR = 64.0
 MAX_SKEW = 20.0
 
 
-def _check_int(name: str, value, low: int, high: int | None) -> None:
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= low
-    if not ok or (high is not None and value > high):
-        allowed = f">= {low}" if high is None else f"in {low}..{high}"
-        raise CourseInputError(f"{name} must be an integer {allowed}, got {value!r}")
-
-
-def _check_float(name: str, value, low: float, high: float) -> None:
-    ok = isinstance(value, int | float) and not isinstance(value, bool)
-    if not ok or not math.isfinite(value) or not low <= value <= high:
-        raise CourseInputError(
-            f"{name} must be a finite number in [{low:g}, {high:g}], got {value!r}"
-        )
-
-
-def _check_top_k(top_k, experts: int) -> None:
+def check_top_k(top_k: int, experts: int) -> None:
+    """Refuse a `top_k` other than 1 or 2, or above the number of `experts`."""
     if top_k not in (1, 2) or isinstance(top_k, bool):
         raise CourseInputError(f"top_k must be 1 (Switch) or 2 (GShard), got {top_k!r}")
     if top_k > experts:
         raise CourseInputError(f"top_k must be <= experts ({experts}), got {top_k}")
 
 
-def _check_capacity_factor(value) -> None:
+def check_capacity_factor(value: float) -> None:
+    """Refuse a capacity factor that is not a finite number in (0, MAX_CAPACITY_FACTOR]."""
     ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
     if not ok or not 0 < value <= MAX_CAPACITY_FACTOR:
         raise CourseInputError(
@@ -52,9 +40,9 @@ def _check_capacity_factor(value) -> None:
         )
 
 
-def _check_tokens(x, d_model: int, groups: int, name: str) -> int:
+def check_tokens(x: torch.Tensor, d_model: int, groups: int, name: str) -> int:
     """Validate a token tensor (..., d_model); return the number of tokens."""
-    _check_int(name, groups, 1, MAX_WORKERS if name == "workers" else MAX_TOKENS)
+    validation.integer(groups, name, 1, MAX_WORKERS if name == "workers" else MAX_TOKENS)
     if not isinstance(x, torch.Tensor) or x.dim() < 2 or x.shape[-1] != d_model:
         got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
         raise CourseInputError(f"x must be a tensor of shape (..., {d_model}), got {got}")

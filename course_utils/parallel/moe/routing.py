@@ -45,13 +45,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from course_utils import validation
 from course_utils.errors import CourseInputError
 from course_utils.parallel.moe.limits import (
     MAX_EXPERTS,
     MAX_TOKENS,
-    _check_capacity_factor,
-    _check_int,
-    _check_top_k,
+    check_capacity_factor,
+    check_top_k,
 )
 from course_utils.threads.ring import all_to_all_bytes
 
@@ -65,12 +65,12 @@ def capacity(tokens: int, experts: int, capacity_factor: float | None, top_k: in
     token are distinct). Float round-off is ignored when rounding up: 1.1 x 10 tokens
     on 1 expert is 11 slots, not 12.
     """
-    _check_int("tokens", tokens, 0, MAX_TOKENS * 16)
-    _check_int("experts", experts, 1, MAX_EXPERTS)
-    _check_top_k(top_k, experts)
+    validation.integer(tokens, "tokens", 0, MAX_TOKENS * 16)
+    validation.integer(experts, "experts", 1, MAX_EXPERTS)
+    check_top_k(top_k, experts)
     if capacity_factor is None:
         return tokens
-    _check_capacity_factor(capacity_factor)
+    check_capacity_factor(capacity_factor)
     exact = capacity_factor * tokens * top_k / experts
     return math.ceil(exact - 1e-9 * max(1.0, exact))
 
@@ -95,7 +95,7 @@ def tokens_per_expert(
 
 def dropped_tokens(tokens_per_expert: Sequence[int], capacity: int) -> int:
     """Assignments over capacity in one group: sum over experts of max(0, n_e - capacity)."""
-    _check_int("capacity", capacity, 0, None)
+    validation.integer(capacity, "capacity", 0)
     return sum(max(0, int(n) - capacity) for n in tokens_per_expert)
 
 
@@ -149,11 +149,11 @@ def expert_params(
     worker; the router (d x E + E) and LayerNorm (2d) are replicated on every worker.
     `active_per_token` is what one token actually uses: k experts plus the shared part.
     """
-    _check_int("d_model", d_model, 1, None)
-    _check_int("hidden", hidden, 1, None)
-    _check_int("experts", experts, 1, None)
-    _check_int("ep", ep, 1, None)
-    _check_top_k(top_k, experts)
+    validation.integer(d_model, "d_model")
+    validation.integer(hidden, "hidden")
+    validation.integer(experts, "experts")
+    validation.integer(ep, "ep")
+    check_top_k(top_k, experts)
     if experts % ep:
         raise CourseInputError(f"ep must divide experts ({experts}), got {ep}")
     per_expert = 2 * d_model * hidden + hidden + d_model

@@ -14,6 +14,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from course_utils import validation
 from course_utils.actions import Action
 from course_utils.errors import CourseInputError
 from course_utils.parallel.moe.block import MoEStep
@@ -21,9 +22,7 @@ from course_utils.parallel.moe.limits import (
     MAX_D_MODEL,
     MAX_TOKENS,
     MAX_WORKERS,
-    _check_float,
-    _check_int,
-    _check_top_k,
+    check_top_k,
 )
 from course_utils.parallel.moe.routing import experts_of_worker
 from course_utils.threads.links import Links
@@ -52,7 +51,7 @@ class MoECosts:
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
-            _check_float(name, value, 0.0, 1e12)
+            validation.number(value, name, 0.0, 1e12)
 
 
 def simulate_moe(
@@ -86,13 +85,13 @@ def simulate_moe(
     over experts overstates the busy expert, whose larger matrix multiply does more work
     per second, and so overstates the straggler.
     """
-    _check_int("workers", workers, 1, MAX_WORKERS)
+    validation.integer(workers, "workers", 1, MAX_WORKERS)
     costs = costs or MoECosts()
-    _check_int("d_model", d_model, 1, MAX_D_MODEL)
-    _check_int("replicated_bytes", replicated_bytes, 0, None)
+    validation.integer(d_model, "d_model", 1, MAX_D_MODEL)
+    validation.integer(replicated_bytes, "replicated_bytes", 0)
     routed = _routed_matrix(tokens_per_expert, workers)
     experts = len(routed[0])
-    _check_top_k(top_k, experts)
+    check_top_k(top_k, experts)
     per = experts // workers
     if expert_seconds is not None:
         pairs = [tuple(pair) for pair in expert_seconds]
@@ -102,7 +101,7 @@ def simulate_moe(
             )
         for pair in pairs:
             for seconds in pair:
-                _check_float("expert_seconds", seconds, 0.0, 1e12)
+                validation.number(seconds, "expert_seconds", 0.0, 1e12)
         expert_seconds = [(float(f), float(b)) for f, b in pairs]
     computed = [sum(routed[s][e] for s in range(workers)) for e in range(experts)]
     assignments = [sum(row) for row in routed]  # what each worker sends and gets back
@@ -112,7 +111,7 @@ def simulate_moe(
         if len(tokens_per_worker) != workers:
             raise CourseInputError(f"tokens_per_worker needs one count per worker ({workers})")
         for t in tokens_per_worker:
-            _check_int("tokens_per_worker", t, 0, MAX_TOKENS)
+            validation.integer(t, "tokens_per_worker", 0, MAX_TOKENS)
         routed_tokens = list(tokens_per_worker)
     # Token bytes per (source, destination worker), for the all-to-alls.
     size = d_model * element_size

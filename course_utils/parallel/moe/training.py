@@ -15,9 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from course_utils import validation
 from course_utils.errors import CourseInputError
 from course_utils.parallel.moe.block import MoE
-from course_utils.parallel.moe.limits import MAX_TOKENS, _check_float, _check_int
+from course_utils.parallel.moe.limits import MAX_TOKENS
 
 
 @dataclass
@@ -60,11 +61,11 @@ def train_demo(
     The default aux_weight 1.0 is far above Switch's 0.01 so that 20 steps are enough to
     see the effect; skew 2.0 starts with nearly every token on expert 0.
     """
-    _check_int("steps", steps, 1, 1000)
-    _check_float("aux_weight", aux_weight, 0.0, 1e3)
-    _check_int("tokens", tokens, 1, MAX_TOKENS)
-    _check_float("lr", lr, 1e-8, 10.0)
-    _check_int("seed", seed, 0, 2**32 - 1)
+    validation.integer(steps, "steps", 1, 1000)
+    validation.number(aux_weight, "aux_weight", 0.0, 1e3)
+    validation.integer(tokens, "tokens", 1, MAX_TOKENS)
+    validation.number(lr, "lr", 1e-8, 10.0)
+    validation.integer(seed, "seed", 0, 2**32 - 1)
     if optimizer not in ("adam", "sgd"):
         raise CourseInputError(f"optimizer must be 'adam' or 'sgd', got {optimizer!r}")
     torch.manual_seed(seed)
