@@ -386,9 +386,9 @@ class _Run:
                 elif a.kind == "B":
                     message = self._backward(s, mb, inputs, saved)
                 elif a.kind == "I":
-                    message = self._backward_input(s, mb, inputs, saved)
+                    message = backward_input(saved[(s, mb)], s, mb, inputs)
                 else:
-                    self._backward_weight(s, mb, saved)  # W sends nothing
+                    backward_weight(saved.pop((s, mb)), self.ex.stages[s])  # W sends nothing
                     message = None
             if message is not None:
                 if self.owner[message[0][1]] != d and self.schedule.send_groups is not None:
@@ -468,43 +468,6 @@ class _Run:
             return None
         return ("grad", s - 1, mb), x.grad if x.grad is not None else x * 0
 
-    def _backward_input(self, s: int, mb: int, grad_out, saved: dict) -> Message | None:
-        """I: one backward pass that stops short of the weights.
-
-        It yields the gradient of the stage input (sent to the previous stage at once) and
-        of every parameterised module's output, which is all W needs later.
-        """
-        st = saved[(s, mb)]
-        x, records = st["x"], st["records"]
-        wanted = ([x] if x.requires_grad else []) + [o for _, o in records]
-        grads = torch.autograd.grad(
-            st["out"], wanted, grad_out, retain_graph=True, allow_unused=True
-        )
-        message = None
-        if x.requires_grad:
-            gx, grads = grads[0], grads[1:]
-            message = ("grad", s - 1, mb), gx if gx is not None else x * 0
-        st["grad_out"], st["record_grads"] = grad_out, list(grads)
-        return message
-
-    def _backward_weight(self, s: int, mb: int, saved: dict) -> None:
-        """W: each module's weight gradients from the output gradient I left for it.
-
-        Backward from a module's output with `inputs=` its own parameters runs only that
-        module's weight-gradient ops (for a Linear, one matmul), not the whole chain again.
-        """
-        st = saved.pop((s, mb))
-        covered = {id(p) for mod, _ in st["records"] for p in mod.parameters(recurse=False)}
-        rest = [
-            p for p in self.ex.stages[s].parameters() if p.requires_grad and id(p) not in covered
-        ]
-        if rest:  # parameters used outside a recorded module: the plain (slower) way
-            torch.autograd.backward(st["out"], st["grad_out"], inputs=rest, retain_graph=True)
-        for (mod, out), g in zip(st["records"], st["record_grads"], strict=True):
-            params = [p for p in mod.parameters(recurse=False) if p.requires_grad]
-            if params and g is not None:
-                torch.autograd.backward(out, g, inputs=params)
-
     # -- the result ----------------------------------------------------------------------
 
     def result(self, wall: float) -> StepResult:
@@ -532,6 +495,43 @@ class _Run:
             message_bytes=sum(sent) / len(sent) / sched.batch_scale if sent else 0.0,
             schedule=sched,
         )
+
+
+# ------------------------------------------------- zero bubble: the backward split in two
+
+
+def backward_input(st: dict, s: int, mb: int, grad_out: torch.Tensor) -> Message | None:
+    """I: one backward pass through stage `s` for micro-batch `mb` that stops short of the
+    weights (`st`: what its forward saved).
+
+    It yields the gradient of the stage input (sent to the previous stage at once) and of
+    every parameterised module's output, which is all W needs later.
+    """
+    x, records = st["x"], st["records"]
+    wanted = ([x] if x.requires_grad else []) + [o for _, o in records]
+    grads = torch.autograd.grad(st["out"], wanted, grad_out, retain_graph=True, allow_unused=True)
+    message = None
+    if x.requires_grad:
+        gx, grads = grads[0], grads[1:]
+        message = ("grad", s - 1, mb), gx if gx is not None else x * 0
+    st["grad_out"], st["record_grads"] = grad_out, list(grads)
+    return message
+
+
+def backward_weight(st: dict, stage: nn.Module) -> None:
+    """W: each module's weight gradients from the output gradient I left for it in `st`.
+
+    Backward from a module's output with `inputs=` its own parameters runs only that
+    module's weight-gradient ops (for a Linear, one matmul), not the whole chain again.
+    """
+    covered = {id(p) for mod, _ in st["records"] for p in mod.parameters(recurse=False)}
+    rest = [p for p in stage.parameters() if p.requires_grad and id(p) not in covered]
+    if rest:  # parameters used outside a recorded module: the plain (slower) way
+        torch.autograd.backward(st["out"], st["grad_out"], inputs=rest, retain_graph=True)
+    for (mod, out), g in zip(st["records"], st["record_grads"], strict=True):
+        params = [p for p in mod.parameters(recurse=False) if p.requires_grad]
+        if params and g is not None:
+            torch.autograd.backward(out, g, inputs=params)
 
 
 def _group_ends(schedule: Schedule, d: int) -> list[bool]:
