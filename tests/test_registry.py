@@ -118,13 +118,13 @@ def test_every_entry_is_simulated_drawn_explored_and_planned(name):
     assert view.bubble_fraction == pytest.approx(timeline.bubble_fraction)
     assert view.formula == info.bubble.formula
     if info.microbatched:
-        assert name in plan.SCHEDULES
+        assert name in plan.PLANNED_SCHEDULES
         assert plan.pipeline_bubble(name, p, m, v) == pytest.approx(timeline.bubble_fraction)
         assert plan.inflight_microbatches(name, p, m, v) == pytest.approx(
             max(timeline.peak_activations) / info.chunks(v)
         )
     else:
-        assert name not in plan.SCHEDULES
+        assert name not in plan.PLANNED_SCHEDULES
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -296,7 +296,7 @@ def exercise_5(g, problem, fix, best_chunks) -> str:
     )
 
 
-SCHEDULES = ("breadth-first", "depth-first")
+LOOPED_SCHEDULES = ("breadth-first", "depth-first")
 
 
 @exercise(
@@ -305,7 +305,7 @@ SCHEDULES = ("breadth-first", "depth-first")
         "`scenario_a` is not it. Few micro-batches per pipeline, a large data-parallel group "
         "and memory to spare: which order lets the gradient reduction start early?",
         {},
-        SCHEDULES,
+        LOOPED_SCHEDULES,
     ),
     scenario_b=checks.verdict(
         "depth-first",
@@ -313,7 +313,7 @@ SCHEDULES = ("breadth-first", "depth-first")
         "either way; what limits this team is activation memory. Which order holds fewer "
         "micro-batches at once?",
         {},
-        SCHEDULES,
+        LOOPED_SCHEDULES,
     ),
     reason_a=checks.verdict(
         "b",

@@ -21,9 +21,9 @@ from course_utils.plan import (
     DEFAULT_GPU,
     GIB,
     HARDWARE_PRESETS,
+    PLANNED_SCHEDULES,
     PRECISIONS,
     RECOMPUTE,
-    SCHEDULES,
     ZERO_STAGES,
     Config,
     Hardware,
@@ -124,7 +124,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="expert-parallel degree (MoE): divides dp and --experts")  # fmt: skip
     layout.add_argument("--zero", type=int, choices=ZERO_STAGES, default=0)
     layout.add_argument("--recompute", choices=RECOMPUTE, default="none")
-    layout.add_argument("--schedule", choices=SCHEDULES, default=RECOMMENDED)
+    layout.add_argument("--schedule", choices=PLANNED_SCHEDULES, default=RECOMMENDED)
     layout.add_argument("--chunks", type=int, default=1, help="virtual stages per device")
     layout.add_argument("--sequence-parallel", action="store_true",
                         help="shard LayerNorm/dropout activations over tp")  # fmt: skip

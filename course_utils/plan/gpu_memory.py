@@ -10,8 +10,8 @@ from course_utils.pipeline.schedules import SCHEDULES as REGISTRY
 from course_utils.pipeline.schedules import Case, count_actions, make_schedule
 from course_utils.pipeline.simulate import CostModel, simulate
 from course_utils.plan.inputs import (
+    PLANNED_SCHEDULES,
     RECOMPUTE,
-    SCHEDULES,
     ZERO_STAGES,
     Config,
     ModelShape,
@@ -226,8 +226,10 @@ SIMULATE_LIMIT = 512
 
 @functools.lru_cache(maxsize=16384)
 def _pipeline_figure(which: str, schedule: str, pp: int, m: int, v: int) -> float:
-    if schedule not in SCHEDULES:
-        raise CourseInputError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    if schedule not in PLANNED_SCHEDULES:
+        raise CourseInputError(
+            f"schedule must be one of {', '.join(PLANNED_SCHEDULES)}, got {schedule!r}"
+        )
     closed = getattr(REGISTRY[schedule], which)(Case(pp, m, v))  # uniform stages, F=1, B=2
     if closed is not None and 3 * m * v > SIMULATE_LIMIT:
         return closed
@@ -249,9 +251,9 @@ def inflight_microbatches(schedule: str, pp: int, microbatches: int, chunks: int
     With pp = 1 there is no pipeline: plain gradient accumulation holds one micro-batch.
     """
     if pp == 1:
-        if schedule not in SCHEDULES:
+        if schedule not in PLANNED_SCHEDULES:
             raise CourseInputError(
-                f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}"
+                f"schedule must be one of {', '.join(PLANNED_SCHEDULES)}, got {schedule!r}"
             )
         return 1.0
     return _pipeline_figure("peak", schedule, pp, microbatches, chunks)

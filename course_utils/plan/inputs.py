@@ -19,8 +19,8 @@ from course_utils.pipeline.schedules import SCHEDULES as REGISTRY
 GIB = 2**30  # the planner's memory unit (GPU memory is sold and reported in GiB)
 GB = 1e9  # the papers' unit (the ZeRO paper's 120 / 31.4 / 16.6 / 1.9 GB are 10^9 bytes)
 # The planner's schedules: every registered schedule that splits the batch into micro-batches.
-SCHEDULES = tuple(name for name, info in REGISTRY.items() if info.microbatched)
-LOOPING = tuple(name for name in SCHEDULES if REGISTRY[name].uses_chunks)  # v > 1 allowed
+PLANNED_SCHEDULES = tuple(name for name, info in REGISTRY.items() if info.microbatched)
+LOOPING = tuple(name for name in PLANNED_SCHEDULES if REGISTRY[name].uses_chunks)  # v > 1 allowed
 RECOMPUTE = ("none", "selective", "full")
 ZERO_STAGES = (0, 1, 2, 3)
 MICROBATCH_SIZES = (1, 2, 4, 8)
@@ -422,9 +422,9 @@ def check_config(model: ModelShape | None, config: Config) -> None:
         raise CourseInputError(
             f"cp_kind must be one of {', '.join(CP_KINDS)}, got {config.cp_kind!r}"
         )
-    if config.schedule not in SCHEDULES:
+    if config.schedule not in PLANNED_SCHEDULES:
         raise CourseInputError(
-            f"schedule must be one of {', '.join(SCHEDULES)}, got {config.schedule!r}"
+            f"schedule must be one of {', '.join(PLANNED_SCHEDULES)}, got {config.schedule!r}"
         )
     if config.zero not in ZERO_STAGES:
         raise CourseInputError(f"zero must be 0, 1, 2 or 3, got {config.zero!r}")

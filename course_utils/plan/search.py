@@ -20,8 +20,8 @@ from course_utils.plan.inputs import (
     LOOPING,
     MICROBATCH_SIZES,
     MIN_CP_TOKENS,
+    PLANNED_SCHEDULES,
     RECOMPUTE,
-    SCHEDULES,
     SEARCH_CHUNKS,
     ZERO_STAGES,
     Config,
@@ -122,7 +122,7 @@ def search(
                         )
                         continue
                     m = global_batch // (dp * b)
-                    schedules = SCHEDULES if pp > 1 else (RECOMMENDED,)
+                    schedules = PLANNED_SCHEDULES if pp > 1 else (RECOMMENDED,)
                     zeros = ZERO_STAGES if dp * cp > 1 else (0,)
                     for schedule, zero, recompute, sp in itertools.product(
                         schedules, zeros, RECOMPUTE, sps

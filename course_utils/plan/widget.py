@@ -16,9 +16,9 @@ from course_utils.plan.inputs import (
     LOOPING,
     MICROBATCH_SIZES,
     MODEL_PRESETS,
+    PLANNED_SCHEDULES,
     PRECISIONS,
     RECOMPUTE,
-    SCHEDULES,
     SEARCH_CHUNKS,
     Config,
     Hardware,
@@ -117,7 +117,7 @@ def planner_widget(global_batch: int = 512, hardware: Hardware | None = None):
         "ep": slider(options=[1, 2, 4, 8], value=1, description="expert (ep)"),
         "b": slider(options=list(MICROBATCH_SIZES), value=1, description="micro-batch"),
         "schedule": widgets.Dropdown(
-            options=list(SCHEDULES), value=RECOMMENDED, description="schedule"
+            options=list(PLANNED_SCHEDULES), value=RECOMMENDED, description="schedule"
         ),
         "zero": widgets.IntSlider(value=1, min=0, max=3, description="ZeRO stage"),
         "recompute": widgets.Dropdown(
