@@ -49,7 +49,7 @@ def main() -> int:
         worst = max(worst, ms)
         v = f", v={settings.chunks}" if SCHEDULES[settings.schedule].uses_chunks else ""
         comm = f", transfer {settings.comm_cost:g}" if settings.comm_cost else ""
-        label = f"{settings.schedule} p={settings.stages} m={settings.microbatches}{v}{comm}"
+        label = f"{settings.schedule} p={settings.devices} m={settings.microbatches}{v}{comm}"
         print(
             f"{label:<42} {ms:6.1f} ms per update (CPU {cpu_ms:5.1f} ms, PNG {size / 1000:.0f} kB)"
         )
