@@ -23,7 +23,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from course_utils.models import MLP, loss_fn, partition, single_thread
-from course_utils.pipeline.executor import PipelineExecutor, simulated_from_measured
+from course_utils.pipeline.executor import PipelineExecutor, StepResult, simulated_from_measured
 from course_utils.pipeline.schedules import make_schedule
 
 P, M = 2, 8
@@ -75,7 +75,7 @@ def speedup_figures() -> list[tuple[str, float, float, bool | None]]:
     schedules = {name: make_schedule(name, P, M) for name in names}
     ideal = P * M / (M + P - 1)
     naive = float("inf")
-    best = {}
+    best: dict[str, StepResult] = {}
     with PipelineExecutor(partition(model, P), P, loss_fn, clock="wall") as ex:
         # Alternate unsplit and pipelined runs so a change in machine load hits all alike;
         # keep the best of each after two warm-up rounds.
@@ -88,7 +88,7 @@ def speedup_figures() -> list[tuple[str, float, float, bool | None]]:
             for name, result in results.items():
                 if name not in best or result.timeline.makespan < best[name].timeline.makespan:
                     best[name] = result
-    rows = []
+    rows: list[tuple[str, float, float, bool | None]] = []
     for name in names:
         result = best[name]
         measured = result.timeline.makespan

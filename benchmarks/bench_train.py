@@ -20,6 +20,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from typing import Any
 
 import torch
 
@@ -29,7 +30,7 @@ from course_utils.distributed.setup import Setup, build_model, loss_fn, make_bat
 
 STEPS = 20
 TOL = 1e-5
-MODES = [  # (label, launch options)
+MODES: list[tuple[str, dict[str, Any]]] = [  # (label, launch options)
     ("ddp", {"parallel": "ddp"}),
     ("fsdp", {"parallel": "fsdp"}),
     ("pipeline 1f1b", {"parallel": "pipeline", "schedule": "1f1b"}),
