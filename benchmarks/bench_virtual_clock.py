@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 
-ROUNDS = 2
+ROUNDS = 3
 IDEAL_GPIPE = 32 / 11  # p m (F+B) / ((m + p - 1)(F+B)) for p = 4, m = 8
 
 CASES = {
@@ -77,7 +77,12 @@ def measure_all() -> dict[str, dict[str, dict]]:
                     result = run_json(argv, one_core=condition == "busy")
                     kept = best[condition].get(name)
                     if kept is None or result["measured_step_s"] < kept["measured_step_s"]:
-                        best[condition][name] = result
+                        best[condition][name] = dict(result)
+                    if "one_worker_step_s" in result:  # data parallelism's baseline: its best too
+                        kept = best[condition][name]
+                        kept["one_worker_step_s"] = min(
+                            kept["one_worker_step_s"], result["one_worker_step_s"]
+                        )
             finally:
                 if hog is not None:
                     hog.kill()
@@ -106,7 +111,8 @@ def headline(best: dict[str, dict], where: str, failures: list[str]) -> None:
         failures,
     )
     for name, low, high in (("dp8", 7.2, 8.0), ("dp16", 9.0, 11.0)):
-        got, predicted = best[name]["speedup"], best[name]["simulated_speedup"]
+        got = best[name]["one_worker_step_s"] / step(name)  # the best of each, in turns
+        predicted = best[name]["simulated_speedup"]
         check(
             low <= got <= high and abs(got / predicted - 1) <= 0.10,
             f"{where}: data parallel {name[2:]} workers {got:.2f}x (simulated {predicted:.2f}x; "
@@ -138,12 +144,15 @@ def virtual_vs_wall(failures: list[str]) -> None:
     model = build_model("gpt", 2, 0)
     x, y = model.example_batch(256, torch.Generator().manual_seed(0))
     schedule = make_schedule("gpipe", 2, 8)
-    with PipelineExecutor(partition(model, 2), 2, loss_fn, links=instant_links()) as ex:
+    # Timed on the wall clock, so the two threads compute at once (a virtual-clock run's
+    # threads take turns on one core); the same recordings drawn on the virtual clock.
+    stages = partition(model, 2)
+    with PipelineExecutor(stages, 2, loss_fn, clock="wall", links=instant_links()) as ex:
         ex.step(schedule, x, y)
         steps = [ex.step(schedule, x, y) for _ in range(5)]
-    virtual = min(s.timeline.makespan for s in steps)
+    wall = min(s.timeline.makespan for s in steps)
     assert all(s.trace is not None for s in steps)
-    wall = min(s.trace.timeline("wall").makespan for s in steps if s.trace is not None)
+    virtual = min(s.trace.timeline("virtual").makespan for s in steps if s.trace is not None)
     text = f"virtual {1e3 * virtual:.1f} ms vs wall {1e3 * wall:.1f} ms on 2 threads"
     if capacity.regime != "two free cores":
         print(f"  skip {text}: {capacity.sentence()}")

@@ -66,11 +66,18 @@ def _model(seed: int = 0):
     return MLP(D_IN, WIDTH, CLASSES, depth=DEPTH)
 
 
-def _best_step(dp, x, y, repeats: int):
-    """The best of `repeats` steps after one warm-up step: (step result, its step time)."""
-    dp.step(x, y)
-    best = min((dp.step(x, y) for _ in range(repeats)), key=lambda r: r.step_s)
-    return best, best.step_s
+def _best_in_turns(runners: list, x, y, repeats: int) -> list:
+    """Each runner's best of `repeats` steps after a warm-up step, the runners taking turns
+    so that a change in the machine's load hits them alike."""
+    for runner in runners:
+        runner.step(x, y)
+    best: list = [None] * len(runners)
+    for _ in range(repeats):
+        for i, runner in enumerate(runners):
+            result = runner.step(x, y)
+            if best[i] is None or result.step_s < best[i].step_s:
+                best[i] = result
+    return best
 
 
 def compare(
@@ -109,10 +116,12 @@ def compare(
             dp.step(x, y)
         diff = max_param_diff(dp.replicas[0], reference)
     x, y = next(batches())
-    with DataParallel(model, 1, **options) as one:
-        first, t_one = _best_step(one, x, y, repeats)
-    with DataParallel(model, workers, algorithm, **options) as dp:
-        last, t_dp = _best_step(dp, x, y, repeats)
+    with (
+        DataParallel(model, 1, **options) as one,
+        DataParallel(model, workers, algorithm, **options) as dp,
+    ):
+        first, last = _best_in_turns([one, dp], x, y, repeats)
+        t_one, t_dp = first.step_s, last.step_s
         param_bytes = dp.param_bytes
     modelled = links if clock == "virtual" else None
     sim_one = simulated_step_s(first, param_bytes, modelled)
