@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import signal
 from pathlib import Path
@@ -211,6 +212,15 @@ def links_from_args(args: argparse.Namespace):
 
     changes = network_changes(args)
     return cluster_links(args.gpu, **changes)
+
+
+def printed_as_json(args: argparse.Namespace, links, result: dict) -> bool:
+    """Add the keys every timed command reports to `result`; with --json, print it and say
+    so (the command is then done)."""
+    result.update(clock_figures(args, links, result["measured_step_s"], result["simulated_step_s"]))
+    if args.json:
+        print(json.dumps(result, indent=2, allow_nan=False))
+    return bool(args.json)
 
 
 def clock_figures(args: argparse.Namespace, links, measured_s: float, simulated_s: float) -> dict:

@@ -20,7 +20,7 @@ import argparse
 import json
 import math
 
-from course_utils.commands.common import add_clock_arguments, clock_figures, links_from_args
+from course_utils.commands.common import add_clock_arguments, links_from_args, printed_as_json
 from course_utils.errors import CourseInputError
 from course_utils.validation import integer
 
@@ -297,9 +297,7 @@ def run(args: argparse.Namespace) -> int:
         clock=args.clock,
         links=links,
     )
-    result.update(clock_figures(args, links, result["measured_step_s"], result["simulated_step_s"]))
-    if args.json:
-        print(json.dumps(result, indent=2, allow_nan=False))
+    if printed_as_json(args, links, result):
         return 0
     n = result["workers"]
     mask = "causal" if result["causal"] else "full"

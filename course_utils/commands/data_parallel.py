@@ -11,13 +11,12 @@ the virtual clock with the default cluster (8 GPUs per node) 8 workers reach abo
 from __future__ import annotations
 
 import argparse
-import json
 
 from course_utils.commands.common import (
     add_clock_arguments,
-    clock_figures,
     int_flag,
     links_from_args,
+    printed_as_json,
 )
 from course_utils.errors import CourseInputError
 from course_utils.parallel.costs import ALGORITHMS
@@ -157,9 +156,7 @@ def run(args: argparse.Namespace) -> int:
         raise CourseInputError(f"--batch must be at least --workers ({workers}), got {args.batch}")
     links = links_from_args(args)
     result = compare(workers, args.allreduce, args.batch, args.steps, clock=args.clock, links=links)
-    result.update(clock_figures(args, links, result["measured_step_s"], result["simulated_step_s"]))
-    if args.json:
-        print(json.dumps(result, indent=2, allow_nan=False))
+    if printed_as_json(args, links, result):
         return 0
     n = result["workers"]
     print(f"data parallel: {n} workers, {result['allreduce']} all-reduce, batch {args.batch}")

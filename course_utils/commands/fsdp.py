@@ -12,9 +12,8 @@ time `simulate_fsdp` predicts from the costs read off that step.
 from __future__ import annotations
 
 import argparse
-import json
 
-from course_utils.commands.common import add_clock_arguments, clock_figures, links_from_args
+from course_utils.commands.common import add_clock_arguments, links_from_args, printed_as_json
 from course_utils.errors import CourseInputError
 
 HELP = "ZeRO 1/2/3 (FSDP) on threads vs one device: bytes, memory, timeline"
@@ -154,9 +153,7 @@ def run(args) -> int:
         clock=args.clock,
         links=links,
     )
-    result.update(clock_figures(args, links, result["measured_step_s"], result["simulated_step_s"]))
-    if args.json:
-        print(json.dumps(result, indent=2, allow_nan=False))
+    if printed_as_json(args, links, result):
         return 0
     n, stage = result["workers"], result["stage"]
     name = f"ZeRO-{stage}" + (" (FSDP)" if stage == 3 else "")

@@ -11,10 +11,9 @@ prediction from costs fitted to that same measurement.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 
-from course_utils.commands.common import add_clock_arguments, clock_figures, links_from_args
+from course_utils.commands.common import add_clock_arguments, links_from_args, printed_as_json
 from course_utils.errors import CourseInputError
 
 HELP = "expert-parallel MoE step on threads vs one device"
@@ -169,9 +168,7 @@ def run(args) -> int:
     validate(args)
     links = links_from_args(args)
     result = compare(args, links)
-    result.update(clock_figures(args, links, result["measured_step_s"], result["simulated_step_s"]))
-    if args.json:
-        print(json.dumps(result, indent=2, allow_nan=False))
+    if printed_as_json(args, links, result):
         return 0
     cf = result["capacity_factor"]
     print(

@@ -5,13 +5,12 @@ the virtual (or wall) clock beside the simulator's prediction."""
 from __future__ import annotations
 
 import argparse
-import json
 
 from course_utils.commands.common import (
     add_clock_arguments,
-    clock_figures,
     int_flag,
     links_from_args,
+    printed_as_json,
 )
 from course_utils.errors import CourseInputError
 from course_utils.parallel.costs import ALGORITHMS
@@ -128,9 +127,7 @@ def run(args: argparse.Namespace) -> int:
     result = compare(
         workers, args.allreduce, d_model=d_model, tokens=tokens, clock=args.clock, links=links
     )
-    result.update(clock_figures(args, links, result["measured_step_s"], result["simulated_step_s"]))
-    if args.json:
-        print(json.dumps(result, indent=2, allow_nan=False))
+    if printed_as_json(args, links, result):
         return 0
     d = result["d_model"]
     print(

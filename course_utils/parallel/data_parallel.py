@@ -38,7 +38,7 @@ from course_utils.errors import CourseInputError
 from course_utils.models import loss_fn
 from course_utils.parallel.costs import ring_allreduce_time
 from course_utils.threads.collectives import ThreadGroup, check_options
-from course_utils.threads.devices import DeviceThreads
+from course_utils.threads.devices import DeviceThreads, ThreadRunner
 from course_utils.threads.links import Links
 from course_utils.threads.trace import Recorder, check_clock, on
 from course_utils.timeline import Timeline
@@ -85,7 +85,7 @@ class DPStepResult:
         return self.timeline.makespan
 
 
-class DataParallel:
+class DataParallel(ThreadRunner):
     """N replicas of `model` on N threads, trained in lock-step on shards of each batch.
 
     `model` is copied (deep copy) into every replica and is not modified itself.
@@ -178,15 +178,6 @@ class DataParallel:
             for a, b in zip(ref, _trainable(replica), strict=True):
                 worst = max(worst, (a - b).abs().max().item())
         return worst
-
-    def close(self) -> None:
-        self.threads.close()
-
-    def __enter__(self) -> DataParallel:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
 
 
 def _trainable(model: nn.Module) -> list[nn.Parameter]:

@@ -61,7 +61,7 @@ from course_utils.threads.collectives import (
     ring_bytes_per_rank,
     ring_reduce_scatter_bytes,
 )
-from course_utils.threads.devices import DeviceThreads
+from course_utils.threads.devices import DeviceThreads, ThreadRunner
 from course_utils.threads.links import Links
 from course_utils.threads.trace import Recorder, check_clock, on, traced
 from course_utils.timeline import Timeline
@@ -255,7 +255,7 @@ class SPResult:
     trace: Recorder | None = None  # draws the same run on the other clock
 
 
-class SequenceParallelMLP:
+class SequenceParallelMLP(ThreadRunner):
     """The MLP block split over `workers` threads, with or without sequence parallelism.
 
     `sequence_parallel=False` is plain Megatron tensor parallelism (the all-reduces of
@@ -451,15 +451,6 @@ class SequenceParallelMLP:
             "linear2.weight": torch.cat([_grad(r.weight) for r in rows], dim=1),
             "linear2.bias": _grad(rows[0].bias),
         }
-
-    def close(self) -> None:
-        self.threads.close()
-
-    def __enter__(self) -> SequenceParallelMLP:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
 
 
 def _copy_norm(ln: nn.LayerNorm) -> nn.LayerNorm:

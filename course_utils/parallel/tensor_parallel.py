@@ -44,7 +44,7 @@ from course_utils.threads.collectives import (
     naive_bytes_per_rank,
     ring_bytes_per_rank,
 )
-from course_utils.threads.devices import DeviceThreads
+from course_utils.threads.devices import DeviceThreads, ThreadRunner
 from course_utils.threads.links import Links
 from course_utils.threads.trace import Recorder, check_clock, on, traced
 from course_utils.timeline import Timeline
@@ -203,7 +203,7 @@ class TPResult:
         return self.input_grads[0]
 
 
-class TensorParallelMLP:
+class TensorParallelMLP(ThreadRunner):
     """Y = act(X A) B with A split by columns and B by rows over `workers` threads.
 
     Built from an unsplit `linear1` and `linear2` (copied, not modified). Use as a
@@ -316,15 +316,6 @@ class TensorParallelMLP:
         if rows[0].bias is not None:
             grads["linear2.bias"] = _grad(rows[0].bias)  # replicated: the same on every device
         return grads
-
-    def close(self) -> None:
-        self.threads.close()
-
-    def __enter__(self) -> TensorParallelMLP:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
 
 
 def unsplit_forward_backward(

@@ -29,7 +29,7 @@ import time
 import traceback
 import weakref
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Self, TypeVar
 
 from course_utils import validation
 from course_utils.errors import CourseInputError, ScheduleError, WorkerError
@@ -287,3 +287,19 @@ def _error_for(errors: list[tuple[int, int, BaseException]]) -> WorkerError:
     err.__cause__ = exc
     err.device = device  # type: ignore[attr-defined]
     return err
+
+
+class ThreadRunner:
+    """A runner of one parallelism that owns a `DeviceThreads` pool (`self.threads`):
+    `close()` stops its threads, and `with Runner(...) as r:` closes it on the way out."""
+
+    threads: DeviceThreads
+
+    def close(self) -> None:
+        self.threads.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()

@@ -34,7 +34,7 @@ from course_utils.parallel.context_parallel.layout import (
     split_sequence,
 )
 from course_utils.threads.collectives import ThreadGroup
-from course_utils.threads.devices import Aborted, DeviceThreads
+from course_utils.threads.devices import Aborted, DeviceThreads, ThreadRunner
 from course_utils.threads.links import Links
 from course_utils.threads.trace import Recorder, check_clock, current, on
 from course_utils.timeline import Timeline
@@ -247,7 +247,7 @@ class RingResult:
         return self.timeline.busy_per_device()
 
 
-class RingAttention:
+class RingAttention(ThreadRunner):
     """Ring attention over `workers` threads; plain or zig-zag split; causal or not.
 
     Use as a context manager (or call `close()`) to stop the threads:
@@ -386,12 +386,3 @@ class RingAttention:
             timeline=timeline,
             trace=recorder,
         )
-
-    def close(self) -> None:
-        self.threads.close()
-
-    def __enter__(self) -> RingAttention:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()

@@ -63,7 +63,7 @@ from course_utils.parallel.context_parallel.checks import (
     check_matching_tensors,
 )
 from course_utils.threads.collectives import ThreadGroup
-from course_utils.threads.devices import Aborted, DeviceThreads
+from course_utils.threads.devices import Aborted, DeviceThreads, ThreadRunner
 from course_utils.timeline import Event, Timeline
 
 # -- on paper ---------------------------------------------------------------------------
@@ -262,7 +262,7 @@ class UlyssesResult:
         return self.timeline.busy_per_device()
 
 
-class UlyssesAttention:
+class UlyssesAttention(ThreadRunner):
     """Ulysses attention over `workers` threads, causal or not; (..., H, L, D) inputs with
     `workers` dividing H and L. Use as a context manager (or call `close()`):
 
@@ -381,12 +381,3 @@ class UlyssesAttention:
             heads_per_worker=q.shape[-3] // n,
             timeline=timeline,
         )
-
-    def close(self) -> None:
-        self.threads.close()
-
-    def __enter__(self) -> UlyssesAttention:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()

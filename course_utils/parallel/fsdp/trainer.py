@@ -41,7 +41,7 @@ from course_utils.parallel.fsdp.program import (
 )
 from course_utils.parallel.fsdp.shards import FlatLayout, adam, adam_update
 from course_utils.threads.collectives import ThreadGroup
-from course_utils.threads.devices import Aborted, DeviceThreads
+from course_utils.threads.devices import Aborted, DeviceThreads, ThreadRunner
 from course_utils.threads.links import Links
 from course_utils.threads.trace import Recorder, Stream, check_clock, on
 from course_utils.timeline import Timeline
@@ -176,7 +176,7 @@ class FSDPStepResult:
         ]
 
 
-class ShardedDataParallel:
+class ShardedDataParallel(ThreadRunner):
     """ZeRO stage 1, 2 or 3 of a list of layers on `workers` threads, trained with Adam.
 
     `model` is a list of layers (or a module with a `layers()` method, such as
@@ -485,15 +485,6 @@ class ShardedDataParallel:
                 for p, offset in zip(layer.parameters(), layout.offsets, strict=True):
                     p.copy_(flat[offset : offset + p.numel()].view_as(p))
         return model
-
-    def close(self) -> None:
-        self.threads.close()
-
-    def __enter__(self) -> ShardedDataParallel:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
 
 
 FSDP = ShardedDataParallel  # what PyTorch calls stage 3

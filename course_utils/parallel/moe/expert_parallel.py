@@ -37,7 +37,7 @@ from course_utils.parallel.moe.limits import (
 )
 from course_utils.parallel.moe.routing import experts_of_worker, route
 from course_utils.threads.collectives import ThreadGroup, chunk_bounds
-from course_utils.threads.devices import Aborted, DeviceThreads
+from course_utils.threads.devices import Aborted, DeviceThreads, ThreadRunner
 from course_utils.threads.links import Links
 from course_utils.threads.trace import Recorder, Stream, check_clock, on
 
@@ -52,7 +52,7 @@ class _Shard:
     expert_ids: list[int]
 
 
-class ExpertParallel:
+class ExpertParallel(ThreadRunner):
     """The experts of `moe` spread over `workers` threads (E/N each); see the module docstring.
 
     `moe` is copied, not modified. `step(x, grad_output, aux_weight)` splits the tokens
@@ -189,15 +189,6 @@ class ExpertParallel:
             for a, b in zip(_replicated(self.shards[0]), _replicated(shard), strict=True):
                 worst = max(worst, (_grad(a) - _grad(b)).abs().max().item())
         return worst
-
-    def close(self) -> None:
-        self.threads.close()
-
-    def __enter__(self) -> ExpertParallel:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
 
 
 class _WorkerStep:
