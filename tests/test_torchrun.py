@@ -221,7 +221,10 @@ def test_ddp_on_two_nodes_equals_one_process_and_checkpoints(tmp_path):
             f"0{kind}{step}" for step in range(1, 5) for kind in "FB"
         ]
         assert sum("REDUCE_GRAD" in a for a in actions) >= 4  # DDP's bucketed all-reduces
-    assert 0 < job.peak_memory_mb < 1536  # the lesson's launch: 2 agents + 2 processes
+    # The lesson's launch (2 agents + 2 processes) fits a laptop with the CPU build the course
+    # installs; a CUDA build (make test-compat's older torch) loads about 400 MB more per process.
+    budget = 1536 if torch.version.cuda is None else 4096
+    assert 0 < job.peak_memory_mb < budget, (job.peak_memory_mb, torch.__version__)
 
 
 @pytest.mark.slow
