@@ -234,4 +234,4 @@ def test_the_executor_pins_its_devices_only_on_the_virtual_clock(clock, pinned):
     from course_utils.pipeline.executor import PipelineExecutor
 
     with PipelineExecutor(partition(MLP(), 2), 2, clock=clock) as ex:
-        assert (ex.pool.cpus is not None) == pinned
+        assert (ex.threads.cpus is not None) == pinned

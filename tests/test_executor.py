@@ -180,7 +180,7 @@ def test_worker_error_names_device_action_and_executor_recovers():
         assert abs(result.loss - ref_loss) <= 1e-5 and max_grad_diff(model, ref) <= 1e-5
     finally:
         ex.close()
-    assert not any(t.is_alive() for t in ex.pool._threads)
+    assert not any(t.is_alive() for t in ex.threads._threads)
 
 
 def test_fail_at_raises_inside_that_action():
@@ -299,7 +299,7 @@ def test_a_forgotten_executor_stops_its_threads():
     x, y = model.example_batch(4)
     ex = PipelineExecutor(partition(model, 2), P, loss_fn)
     ex.step(make_schedule("gpipe", P, 2), x, y)
-    threads = list(ex.pool._threads)
+    threads = list(ex.threads._threads)
     del ex
     gc.collect()
     for t in threads:

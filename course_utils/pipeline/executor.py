@@ -40,7 +40,7 @@ from course_utils import validation
 from course_utils.actions import ACTIVATIONS, INPUT_GRAD, KIND_NAMES, KINDS, Action, Schedule
 from course_utils.errors import CourseInputError, ScheduleError, WorkerError
 from course_utils.pipeline.simulate import structure_problems
-from course_utils.threads.devices import Aborted, DeviceThreads
+from course_utils.threads.devices import Aborted, DeviceThreads, ThreadRunner
 from course_utils.threads.links import Links
 from course_utils.threads.trace import Recorder, Stream, check_clock
 from course_utils.timeline import Event, Timeline
@@ -170,7 +170,7 @@ def _module_list(stages) -> list[nn.Module]:
     return found
 
 
-class PipelineExecutor:
+class PipelineExecutor(ThreadRunner):
     """Runs pipeline schedules on `num_devices` persistent threads (placement: the schedule's)."""
 
     def __init__(
@@ -216,20 +216,11 @@ class PipelineExecutor:
 
             links = default_links()
         self.links = links
-        self.pool = DeviceThreads(num_devices, name="device", one_core=clock == "virtual")
+        self.threads = DeviceThreads(num_devices, name="device", one_core=clock == "virtual")
 
     def parameters(self):
         for stage in self.stages:
             yield from stage.parameters()
-
-    def close(self) -> None:
-        self.pool.close()
-
-    def __enter__(self) -> PipelineExecutor:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.close()
 
     # -- one training step ---------------------------------------------------------------
 
@@ -262,7 +253,7 @@ class PipelineExecutor:
         t0 = time.perf_counter()
         try:
             with run.trace:
-                self.pool.run(fns, timeout=self.step_timeout)
+                self.threads.run(fns, timeout=self.step_timeout)
         except WorkerError as err:
             if isinstance(err.__cause__, ScheduleError):
                 raise ScheduleError(str(err.__cause__)) from err.__cause__
@@ -316,7 +307,7 @@ class _Run:
         self.ex, self.schedule, self.xs, self.ys, self.fail = ex, schedule, xs, ys, fail
         self.last = len(ex.stages) - 1
         self.scale = 1.0 / len(xs)  # mean over micro-batches = full-batch mean loss
-        self.mail = Mailboxes(ex.num_devices, ex.pool.abort)
+        self.mail = Mailboxes(ex.num_devices, ex.threads.abort)
         self.trace = Recorder()
         self.streams = [self.trace.stream(d) for d in range(ex.num_devices)]
         self.owner = schedule.device_of_stage()
@@ -342,7 +333,7 @@ class _Run:
         ends_group = _group_ends(self.schedule, d)
         try:
             for i, action in enumerate(self.schedule.devices[d]):
-                if self.ex.pool.abort.is_set():
+                if self.ex.threads.abort.is_set():
                     raise Aborted(f"device {d} stopped before {action}")
                 if not action.is_compute:
                     continue  # communication is implicit: F/B post and take their messages
@@ -357,7 +348,7 @@ class _Run:
         except BaseException:
             # Tell peers before this device counts as finished, so they give up (Aborted)
             # instead of mistaking the failure for a deadlock.
-            self.ex.pool.abort.set()
+            self.ex.threads.abort.set()
             raise
         finally:
             self.mail.finished(d)
