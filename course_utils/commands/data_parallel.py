@@ -11,6 +11,8 @@ the virtual clock with the default cluster (8 GPUs per node) 8 workers reach abo
 from __future__ import annotations
 
 import argparse
+import math
+from typing import cast
 
 from course_utils.commands.common import (
     add_clock_arguments,
@@ -65,20 +67,6 @@ def _model(seed: int = 0):
     return MLP(D_IN, WIDTH, CLASSES, depth=DEPTH)
 
 
-def _best_in_turns(runners: list, x, y, repeats: int) -> list:
-    """Each runner's best of `repeats` steps after a warm-up step, the runners taking turns
-    so that a change in the machine's load hits them alike."""
-    for runner in runners:
-        runner.step(x, y)
-    best: list = [None] * len(runners)
-    for _ in range(repeats):
-        for i, runner in enumerate(runners):
-            result = runner.step(x, y)
-            if best[i] is None or result.step_s < best[i].step_s:
-                best[i] = result
-    return best
-
-
 def compare(
     workers: int,
     algorithm: str = "ring",
@@ -91,8 +79,11 @@ def compare(
     """Train N replicas and one worker side by side; return the CLI's figures as a dict."""
     import torch
 
+    from course_utils.measure.timing import compare as time_in_turns
+    from course_utils.measure.timing import step_time
     from course_utils.parallel.data_parallel import (
         DataParallel,
+        DPStepResult,
         max_param_diff,
         simulated_step_s,
         single_worker_steps,
@@ -119,8 +110,16 @@ def compare(
         DataParallel(model, 1, **options) as one,
         DataParallel(model, workers, algorithm, **options) as dp,
     ):
-        first, last = _best_in_turns([one, dp], x, y, repeats)
-        t_one, t_dp = first.step_s, last.step_s
+        # in turns, so that a change in the machine's load hits both alike; no time budget
+        runs = time_in_turns(
+            {"one": lambda: one.step(x, y), "dp": lambda: dp.step(x, y)},
+            repeats=repeats,
+            budget_s=math.inf,
+            time_of=step_time,
+        )
+        first = cast(DPStepResult, runs["one"].best_result)
+        last = cast(DPStepResult, runs["dp"].best_result)
+        t_one, t_dp = runs["one"].best, runs["dp"].best
         param_bytes = dp.param_bytes
     modelled = links if clock == "virtual" else None
     sim_one = simulated_step_s(first, param_bytes, modelled)
