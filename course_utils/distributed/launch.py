@@ -318,16 +318,17 @@ def _failure(job: Job) -> Exception:
     # A rank that died before train.py could report (killed, or an error at start-up): torchrun's
     # "Root Cause" box names the rank and its exit code, and the rank's traceback ends in the
     # exception's line. (The box's rules of "=" are no message.)
-    where = ", ".join(
-        f"{key} {value}" for key, value in ROOT_CAUSE.findall(text.split("Root Cause", 1)[-1])
-    )
+    box = text.partition("Root Cause")[2]  # empty when torchrun printed no box
+    cause = ", ".join(f"{key} {value}" for key, value in ROOT_CAUSE.findall(box))
+    where = f"; {cause}" if cause else ""
     errors = [e for e in EXCEPTION.findall(text) if "ChildFailedError" not in e]
-    said = [line for line in text.splitlines() if line.strip(" =-")][-1:] or ["no output"]
-    if "Root Cause" in text and where:
-        where = "; " + where
-        why = errors[-1] if errors else "no error printed (COURSE_DEBUG=1 keeps the agents' logs)"
+    said = [line.strip() for line in text.splitlines() if line.strip(" =-")] or ["no output"]
+    if errors:
+        why = errors[-1]
+    elif where:
+        why = "no error printed (COURSE_DEBUG=1 keeps the agents' logs)"
     else:
-        where, why = "", errors[-1] if errors else said[0].strip()
+        why = said[-1]
     return WorkerError(
         f"the torchrun job failed (agents' exit codes {job.returncodes}{where}): {why}"
     )
