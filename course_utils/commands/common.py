@@ -6,7 +6,6 @@ import argparse
 import json
 import math
 import signal
-from pathlib import Path
 
 from course_utils import validation
 from course_utils.errors import CourseInputError
@@ -30,11 +29,6 @@ def number_flag(
 ) -> float:
     """The value of `--flag` as a finite float >= low (> low if strict) and <= high."""
     return validation.number(_value(args, flag), flag, low, high, strict)
-
-
-def output_path(path: str, flag: str, suffixes: tuple[str, ...]) -> Path:
-    """Check an output file (name, extension, folder, write access) before any work is done."""
-    return validation.output_file(path, flag, suffixes)
 
 
 def _terminated(signum, frame) -> None:

@@ -10,12 +10,11 @@ from course_utils.commands.common import (
     add_schedule_arguments,
     check_size,
     costs_from_args,
-    output_path,
     schedule_from_args,
 )
 from course_utils.errors import CourseInputError
 from course_utils.validation import MAX_GANTT_ACTIONS as MAX_ACTIONS
-from course_utils.validation import matplotlib_ready
+from course_utils.validation import matplotlib_ready, output_file
 
 HELP = "draw a schedule's simulated timeline as a Gantt chart"
 FORMATS = (".png", ".svg", ".pdf")
@@ -31,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     check_size(args, "gantt", MAX_ACTIONS)
     costs = costs_from_args(args)
-    output_path(args.output, "--output", FORMATS)
+    output_file(args.output, "--output", FORMATS)
     matplotlib_ready()
     schedule = schedule_from_args(args)
 

@@ -17,13 +17,12 @@ from course_utils.commands.common import (
     clock_figures,
     int_flag,
     links_from_args,
-    output_path,
     schedule_from_args,
 )
 from course_utils.errors import CourseInputError, ScheduleError, WorkerError
 from course_utils.validation import MAX_PIPELINE_DEVICES as MAX_DEVICES
 from course_utils.validation import MAX_PIPELINE_STAGES as MAX_STAGES
-from course_utils.validation import integer, matplotlib_ready, seed
+from course_utils.validation import integer, matplotlib_ready, output_file, seed
 
 HELP = "run one pipelined training step for real on CPU threads"
 MODELS = ("gpt", "mlp")
@@ -89,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     seed(args.seed, "--seed")
     batch = _batch(args, m, layers=max(4, stages))
     if args.gantt is not None:
-        output_path(args.gantt, "--gantt", (".png", ".svg", ".pdf"))
+        output_file(args.gantt, "--gantt", (".png", ".svg", ".pdf"))
         matplotlib_ready()
     schedule = schedule_from_args(args)
     fail_at = None
