@@ -25,6 +25,16 @@ def _block(ax: Axes, x, y, w, h, color, text="", alpha=1.0) -> None:
         ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=10, color="white")
 
 
+def _canvas(ax: Axes, width: float, height: float, xlabel: str, ylabel: str) -> None:
+    """A drawing of `width` x `height` units (with a margin of 0.3), axes without ticks."""
+    ax.set_xlim(-0.3, width + 0.3)
+    ax.set_ylim(-0.3, height + 0.3)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+
+
 def matmul_split() -> Figure:
     """Y = X A cut over 2 devices: by the columns of A (each device a slice of Y, no sum) and
     by its rows (each device a partial sum of the whole Y, added by an all-reduce)."""
@@ -54,12 +64,7 @@ def matmul_split() -> Figure:
         "Split A by rows: each device gets a partial sum\nof the whole Y (an all-reduce adds them)"
     )
     for ax in axes:
-        ax.set_xlim(-0.3, 11.3)
-        ax.set_ylim(-0.3, 3.3)
-        ax.set_xticks([])
-        ax.set_yticks([])
-        ax.set_xlabel("features (columns)")
-        ax.set_ylabel("tokens (rows)")
+        _canvas(ax, 11, 3, "features (columns)", "tokens (rows)")
         ax.set_aspect("equal")
     handles = [Patch(color=c, label=f"held by device {d}") for d, c in enumerate((c0, c1))]
     handles.append(Patch(color=GREY, label="held by both"))
@@ -92,12 +97,7 @@ def megatron_mlp() -> Figure:
     ax.add_patch(FancyArrowPatch((10.2, 0.8), (11.6, 1.8), arrowstyle="->", mutation_scale=15))
     ax.text(10.9, 2.0, "all-reduce\n(g)", ha="center", va="center", fontsize=10, fontweight="bold")
     ax.text(1.7, 2.0, "copy\n(f)", ha="center", va="center", fontsize=10, fontweight="bold")
-    ax.set_xlim(-0.3, 13.1)
-    ax.set_ylim(-0.3, 4.1)
-    ax.set_xticks([])
-    ax.set_yticks([])
-    ax.set_xlabel("forward pass, left to right")
-    ax.set_ylabel("device 0 (top), device 1 (bottom)")
+    _canvas(ax, 12.8, 3.8, "forward pass, left to right", "device 0 (top), device 1 (bottom)")
     ax.set_title(
         "Megatron MLP on 2 devices: Y = GeLU(X A) B with one all-reduce in the forward pass"
     )
