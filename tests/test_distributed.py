@@ -478,7 +478,8 @@ def test_ctrl_c_or_sigterm_stops_the_command_and_its_ranks_within_two_seconds(ho
             parent.send_signal(signals.SIGTERM)
         start = time.monotonic()
         out, err = parent.communicate(timeout=30)
-        assert time.monotonic() - start < 2.5, f"{how} took more than 2 s to stop the command"
+        took = time.monotonic() - start
+        assert took < 2.5, f"{how}: stopped after {took:.1f} s, exit {parent.returncode}: {err}"
         if how == "ctrl-c":
             assert parent.returncode == 130
             assert len(err.strip().splitlines()) == 1 and err.strip().endswith("interrupted"), err

@@ -134,6 +134,39 @@ def test_a_rank_that_dies_unreported_is_named_with_its_exit_code_and_exception(l
     assert says in str(error) and "\n" not in str(error) and "====" not in str(error)
 
 
+def test_a_rank_that_crashes_below_python_is_named_with_its_signal_and_where(tmp_path):
+    # CI once printed "rank 1, exitcode -6): no error printed": a rank aborted (SIGABRT) and
+    # said nothing Python could see. launch() sets PYTHONFAULTHANDLER for the ranks; this is
+    # what a real abort then prints.
+    script = tmp_path / "train.py"
+    script.write_text("import os\n\ndef step():\n    os.abort()\n\nstep()\n")
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+    crash = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True)
+    assert crash.returncode == -6
+    said = failure_saying(crash.stderr, exitcode=-6)
+    assert (
+        "rank 1, exitcode -6 (SIGABRT)): Fatal Python error: Aborted, in step (train.py:4)" in said
+    )
+    cpp = "terminate called after throwing an instance of 'gloo::IoException'\n  what():  closed\n"
+    said = failure_saying(cpp, exitcode=-6)
+    assert (
+        "): terminate called after throwing an instance of 'gloo::IoException'; what():  closed"
+        in said
+    )
+
+
+def failure_saying(output: str, exitcode: int) -> str:
+    """_failure's line for a job whose rank 1 printed `output` and ended with `exitcode`."""
+    box = BOX.replace("[rank1]: RuntimeError: Connection reset by peer\n", output)
+    return str(
+        _failure(
+            Job(
+                [], [-9, 1], ["", box.replace("exitcode  : 1", f"exitcode  : {exitcode}")], 1.0, 0.0
+            )
+        )
+    )
+
+
 def test_plans_lay_out_the_mesh_as_lesson_12_recommends():
     two_d = plan_for(["--parallel", "fsdp+pipeline"], 4, 2)  # 2 nodes x 2 processes
     assert two_d.mesh_names == ("pp", "dp") and two_d.mesh_shape == (2, 2) and two_d.shares == 2

@@ -46,6 +46,17 @@ STORY = re.compile(
     r"course_utils\.distributed\.train: |Worker group FAILED|Detected \d+ new nodes|"
     r"failed \(exitcode|Rendezvous complete|restart_count=|successfully finished"
 )
+# What a rank that crashed below Python leaves: C++'s terminate message and its what(), glibc's
+# abort message, or the faulthandler's (PYTHONFAULTHANDLER) fatal error and innermost frame.
+NATIVE = re.compile(
+    r"^(?:\[rank\d+\]:\s*)?(terminate called .+|\s*what\(\): .+|Fatal Python error: .+|"
+    r"(?:free\(\)|malloc\(\)|double free|corrupted size|munmap_chunk\(\)).+)$",
+    re.M,
+)
+CRASHED_IN = re.compile(
+    r"Current thread 0x[0-9a-f]+ \(most recent call first\):\n(?:\[rank\d+\]:)?\s*"
+    r"File \"(.+)\", line (\d+) in (\S+)"
+)
 GLOG_PREFIX = re.compile(r"^[IWE]\d{4} [\d:.]+ +\d+ \S+\] (\[default\] )?")
 
 
@@ -251,6 +262,10 @@ def launch(
     # this, rank 0 of every attempt starts a fresh store instead.
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     env.setdefault("LOGLEVEL", "INFO")  # torchrun's account of rendezvous and restarts
+    # A rank that crashes inside C++ (SIGABRT, SIGSEGV) prints where it was in Python, and
+    # glibc's own abort messages go to stderr (by default to a terminal CI does not have).
+    env.setdefault("PYTHONFAULTHANDLER", "1")
+    env.setdefault("LIBC_FATAL_STDERR_", "1")
     if sys.platform == "linux":  # stay on loopback: a hostname with a LAN address can hang gloo
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     commands = [
@@ -306,6 +321,28 @@ def _wait(procs: list[subprocess.Popen], timeout: float) -> tuple[float, bool]:
     return peak, True
 
 
+def _exit_code(key: str, value: str) -> str:
+    """torchrun's exit code, with the signal's name when a signal ended the rank."""
+    if key != "exitcode" or int(value) >= 0:
+        return value
+    try:
+        return f"{value} ({signal.Signals(-int(value)).name})"
+    except ValueError:
+        return value
+
+
+def _native_crash(text: str) -> str | None:
+    """'terminate called ...; what(): ...' or 'Fatal Python error: Aborted, in f (file:line)'
+    for a rank that crashed below Python; None when no rank did."""
+    said = list(dict.fromkeys(line.strip() for line in NATIVE.findall(text)))
+    if not said:
+        return None
+    where = ""
+    if match := CRASHED_IN.search(text):
+        where = f", in {match[3]} ({Path(match[1]).name}:{match[2]})"
+    return "; ".join(said[:2]) + where
+
+
 def _failure(job: Job) -> Exception:
     """The one line that says what went wrong, from the agents' output."""
     text = "\n".join(job.logs)
@@ -319,11 +356,13 @@ def _failure(job: Job) -> Exception:
     # "Root Cause" box names the rank and its exit code, and the rank's traceback ends in the
     # exception's line. (The box's rules of "=" are no message.)
     box = text.partition("Root Cause")[2]  # empty when torchrun printed no box
-    cause = ", ".join(f"{key} {value}" for key, value in ROOT_CAUSE.findall(box))
+    cause = ", ".join(f"{key} {_exit_code(key, value)}" for key, value in ROOT_CAUSE.findall(box))
     where = f"; {cause}" if cause else ""
     errors = [e for e in EXCEPTION.findall(text) if "ChildFailedError" not in e]
     said = [line.strip() for line in text.splitlines() if line.strip(" =-")] or ["no output"]
-    if errors:
+    if crash := _native_crash(text):
+        why = crash
+    elif errors:
         why = errors[-1]
     elif where:
         why = "no error printed (COURSE_DEBUG=1 keeps the agents' logs)"

@@ -389,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{result['max_param_diff']:.1e}",
                 flush=True,
             )
+        dist.barrier()  # no rank tears its connections down while another still reads from them
         return 0
     except Exception as exc:  # one line naming where; COURSE_DEBUG=1 adds the traceback
         what = str(exc) if isinstance(exc, StepError) else f": {type(exc).__name__}: {exc}"
@@ -408,4 +409,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Everything this rank writes (report, checkpoints, logs) is written and flushed; skip the
+    # interpreter's teardown, where gloo's threads can still free tensors after Python is gone
+    # and abort the process (pytorch/pytorch#179291): once in CI, a rank that had trained and
+    # reported correctly ended with SIGABRT, failing the job.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
