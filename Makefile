@@ -53,8 +53,13 @@ unit: setup
 # The quick loop while editing: the unit tests without the slow ones (real processes: notebook
 # kernels, nbval and grader runs, torch.distributed ranks, make, one CLI smoke test per command),
 # without the browser and without the constrained runs (every lesson twice: make test-constrained).
+# Two pytest workers (pytest-xdist; FAST_JOBS=1 for one). The fast tests share nothing
+# machine-wide; the slow ones look at /tmp and at every process, so `make test` runs them
+# one at a time.
+FAST_JOBS ?= 2
 test-fast: setup
-	$(PY) -m pytest -m "not slow and not browser and not constrained"
+	$(PY) -m pytest -m "not slow and not browser and not constrained" -n $(FAST_JOBS) \
+		--dist worksteal
 
 # Every lesson, run top to bottom with nbval (outputs are not compared), as an instructor would
 # check a copy of the course. `make test` does not run it: its tests read one run of every

@@ -455,7 +455,11 @@ def _none_left_within(family: list, seconds: float, after: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["ctrl-c", "SIGTERM"])
-def test_ctrl_c_or_sigterm_stops_the_command_and_its_ranks_within_two_seconds(how):
+def test_ctrl_c_or_sigterm_stops_the_command_and_its_ranks_within_two_seconds(
+    how, ctrl_c_delivered
+):
+    # (ctrl_c_delivered: under `make test &` the command would inherit SIGINT ignored and run
+    # to its end, exit 0, as it did three times here.)
     # A terminal's Ctrl-C reaches the whole process group: the parent and every rank. A
     # SIGTERM (kill, a job scheduler) reaches the parent only, which closes its ranks.
     import signal as signals

@@ -28,7 +28,10 @@ WRONG_CONDA_NAMES = {
     "playwright": "on conda-forge the Node.js tool, not the Python package (and a test tool)",
 }
 # What only `make test` needs: never in the learner's requirements.txt or Binder image.
-TEST_TOOLS = {"pytest", "nbval", "hypothesis", "ruff", "mypy", "playwright", "pyyaml"}
+TEST_TOOLS = {
+    "pytest", "pytest-xdist", "execnet", "nbval", "hypothesis", "ruff", "mypy", "playwright",
+    "pyyaml",
+}  # fmt: skip
 
 
 def _pins(path) -> dict[str, str]:
