@@ -311,10 +311,12 @@ def test_a_copied_answer_fails_for_another_student(tmp_path):
 # --------------------------------------------------------------------------- a class
 
 
-def test_a_class_of_30_with_two_broken_files_gives_30_rows(tmp_path, capsys):
+def test_a_class_with_two_broken_files_gives_a_row_for_every_file(tmp_path, capsys):
+    # 10 notebooks and 2 broken files (a class of 30 at -j 2 is timed by make bench:
+    # benchmarks/bench_grading.py).
     folder = tmp_path / "class"
     folder.mkdir()
-    for i in range(28):
+    for i in range(10):
         nb = solved() if i % 2 else partial_blank(i)
         (folder / f"student{i:02d}.ipynb").write_bytes(data(nb))
     (folder / "truncated.ipynb").write_bytes(data(solved())[:500])
@@ -324,15 +326,15 @@ def test_a_class_of_30_with_two_broken_files_gives_30_rows(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0
     rows = json.loads(out)
-    assert isinstance(rows, list) and len(rows) == 30
+    assert isinstance(rows, list) and len(rows) == 12
     broken = {r["student"]: r for r in rows if r["problem"]}
     assert set(broken) == {"truncated", "not-a-notebook"}
     assert all("not a readable notebook" in r["problem"] for r in broken.values())
     scores = {r["student"]: r["score"] for r in rows if not r["problem"]}
-    assert scores == {f"student{i:02d}": 6 if i % 2 else i % 6 for i in range(28)}
+    assert scores == {f"student{i:02d}": 6 if i % 2 else i % 6 for i in range(10)}
     with csv_path.open() as f:
         table = list(csv.DictReader(f))
-    assert len(table) == 30 and {"tampered", "problem", "3.1", "lesson", "variant"} <= set(table[0])
+    assert len(table) == 12 and {"tampered", "problem", "3.1", "lesson", "variant"} <= set(table[0])
 
 
 def partial_blank(i: int) -> nbformat.NotebookNode:
