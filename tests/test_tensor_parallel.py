@@ -7,7 +7,7 @@ import torch
 from conftest import run_module
 from torch import nn
 
-from course_utils.errors import CourseInputError
+from course_utils.errors import CourseInputError, WorkerError
 from course_utils.parallel.tensor_parallel import (
     TensorParallelMLP,
     max_diff,
@@ -169,3 +169,23 @@ def test_measured_timeline_shows_one_all_reduce_each_way():
         assert {e.action.kind for e in events if not e.action.is_compute} == {"ALL_REDUCE"}
         for prev, nxt in zip(events, events[1:], strict=False):
             assert prev.end <= nxt.start
+
+
+def test_a_failed_call_leaves_no_message_for_the_next(monkeypatch):
+    # Rank 1 fails before it sends; rank 0 has already sent its part of the all-reduce.
+    # `run_jobs` drops that message, or the next call would add it to its own sums.
+    linear1, linear2 = make_mlp()
+    with TensorParallelMLP(linear1, linear2, 2) as tp:
+        real = tp._forward_on
+
+        def rank_1_fails(rank, x):
+            if rank == 1:
+                raise RuntimeError("rank 1 fails before it sends")
+            return real(rank, x)
+
+        monkeypatch.setattr(tp, "_forward_on", rank_1_fails)
+        with pytest.raises(WorkerError, match="rank 1 fails before it sends"):
+            tp(inputs((3, 5, 16), seed=1)[0])
+        monkeypatch.setattr(tp, "_forward_on", real)
+        x, dy = inputs((3, 5, 16), seed=2)
+        assert_matches_unsplit(tp, linear1, linear2, x, dy)

@@ -155,12 +155,7 @@ class DataParallel(ThreadRunner):
 
             return on(stream, work)
 
-        try:
-            with trace:
-                losses = self.threads.run([replica_step(r) for r in range(self.workers)])
-        except Exception:
-            self.group.reset()  # drop half-delivered messages so the next step starts clean
-            raise
+        losses = self.run_jobs([replica_step(r) for r in range(self.workers)], trace)
         timeline = trace.timeline(
             self.clock,
             self.links,

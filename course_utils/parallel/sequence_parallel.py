@@ -356,12 +356,7 @@ class SequenceParallelMLP(ThreadRunner):
 
             return on(stream, run)
 
-        try:
-            with trace:
-                results = self.threads.run([work(r) for r in range(self.workers)])
-        except Exception:
-            self.group.reset()
-            raise
+        results = self.run_jobs([work(r) for r in range(self.workers)], trace)
         if self.sequence_parallel:
             output = torch.cat([r[0] for r in results])
             input_grad = torch.cat([r[1] for r in results])

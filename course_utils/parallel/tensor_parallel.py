@@ -248,11 +248,7 @@ class TensorParallelMLP(ThreadRunner):
 
             return run
 
-        try:
-            return self.threads.run([work(r) for r in range(self.workers)])[0]
-        except Exception:
-            self.group.reset()
-            raise
+        return self.run_jobs([work(r) for r in range(self.workers)])[0]
 
     __call__ = forward
 
@@ -281,12 +277,7 @@ class TensorParallelMLP(ThreadRunner):
 
             return on(stream, run)
 
-        try:
-            with trace:
-                results = self.threads.run([work(r) for r in range(self.workers)])
-        except Exception:
-            self.group.reset()  # drop half-delivered messages so the next call starts clean
-            raise
+        results = self.run_jobs([work(r) for r in range(self.workers)], trace)
         timeline = trace.timeline(
             self.clock,
             self.links,

@@ -20,6 +20,7 @@ message that will never come can give up, waits for everybody, and raises a
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -29,10 +30,13 @@ import time
 import traceback
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Self, TypeVar
+from typing import TYPE_CHECKING, Self, TypeVar
 
 from course_utils import validation
 from course_utils.errors import CourseInputError, ScheduleError, WorkerError
+
+if TYPE_CHECKING:
+    from course_utils.threads.collectives import ThreadGroup
 
 T = TypeVar("T")
 
@@ -291,9 +295,22 @@ def _error_for(errors: list[tuple[int, int, BaseException]]) -> WorkerError:
 
 class ThreadRunner:
     """A runner of one parallelism that owns a `DeviceThreads` pool (`self.threads`):
-    `close()` stops its threads, and `with Runner(...) as r:` closes it on the way out."""
+    `close()` stops its threads, and `with Runner(...) as r:` closes it on the way out.
+    Runners whose threads talk through a `ThreadGroup` (`self.group`) run a step with
+    `run_jobs`."""
 
     threads: DeviceThreads
+    group: ThreadGroup
+
+    def run_jobs(self, jobs: Sequence[Callable[[], T]], recording=None) -> list[T]:
+        """Run one job per thread (inside `recording`, a trace Recorder, if given). A failed
+        run drops the messages it half delivered, so that the next call starts clean."""
+        try:
+            with recording if recording is not None else contextlib.nullcontext():
+                return self.threads.run(jobs)
+        except Exception:
+            self.group.reset()
+            raise
 
     def close(self) -> None:
         self.threads.close()

@@ -343,12 +343,7 @@ class RingAttention(ThreadRunner):
 
             return on(stream, run)
 
-        try:
-            with recorder:
-                results = self.threads.run([work(r) for r in range(self.workers)])
-        except Exception:
-            self.group.reset()  # drop half-delivered messages so the next run starts clean
-            raise
+        results = self.run_jobs([work(r) for r in range(self.workers)], recorder)
         return self._result(results, recorder, dout is not None)
 
     def _result(self, results, recorder: Recorder, backward: bool) -> RingResult:

@@ -343,11 +343,7 @@ class UlyssesAttention(ThreadRunner):
             return run
 
         t0 = time.perf_counter_ns()
-        try:
-            results = self.threads.run([work(r) for r in range(n)])
-        except Exception:
-            self.group.reset()  # drop half-delivered messages so the next run starts clean
-            raise
+        results = self.run_jobs([work(r) for r in range(n)])
         backward = dout is not None
 
         def gather(i: int) -> torch.Tensor | None:

@@ -116,12 +116,7 @@ class ExpertParallel(ThreadRunner):
             _WorkerStep(self, w, flat[lo:hi], dy[lo:hi], aux_weight / self.workers, trace.stream(w))
             for w, (lo, hi) in enumerate(bounds)
         ]
-        try:
-            with trace:
-                results = self.threads.run([on(job.stream, job.run) for job in jobs])
-        except Exception:
-            self.group.reset()  # drop half-delivered messages so the next step starts clean
-            raise
+        results = self.run_jobs([on(job.stream, job.run) for job in jobs], trace)
         return self._gather(results, x.shape, trace)
 
     def _gather(self, results: list[dict], shape: torch.Size, trace: Recorder) -> MoEStep:
