@@ -103,6 +103,23 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise CourseInputError(f"--dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
 
 
+def _attention_on_one_device(heads: int, seq: int, dim: int, causal: bool, dtype: str, seed: int):
+    """Random q, k, v and dL/dout, and attention with its backward on one device: (q, k, v,
+    dout, output, [q, k, v] leaves holding the gradients) for the parallel runs to match."""
+    import torch
+
+    from course_utils.parallel import context_parallel as cp
+
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v, dout = (
+        torch.randn(heads, seq, dim, generator=gen, dtype=getattr(torch, dtype)) for _ in range(4)
+    )
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    reference = cp.attention(leaves[0], leaves[1], leaves[2], causal=causal)
+    reference.backward(dout)
+    return q, k, v, dout, reference, leaves
+
+
 def compare(
     workers: int,
     seq: int,
@@ -116,19 +133,11 @@ def compare(
     links=None,
 ) -> dict:
     """Run ring attention on threads and attention on one device; return the report as a dict."""
-    import torch
-
     from course_utils.parallel import context_parallel as cp
 
-    torch_dtype = getattr(torch, dtype)
-    gen = torch.Generator().manual_seed(seed)
-    q, k, v, dout = (
-        torch.randn(heads, seq, dim, generator=gen, dtype=torch_dtype) for _ in range(4)
+    q, k, v, dout, reference, leaves = _attention_on_one_device(
+        heads, seq, dim, causal, dtype, seed
     )
-    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-    reference = cp.attention(leaves[0], leaves[1], leaves[2], causal=causal)
-    reference.backward(dout)
-
     with cp.RingAttention(workers, causal=causal, zigzag=zigzag, clock=clock, links=links) as ring:
         ring.forward_backward(q, k, v, dout)  # warm-up: first-call allocations, thread start
         runs = [ring.forward_backward(q, k, v, dout) for _ in range(REPEATS)]
@@ -199,18 +208,11 @@ def compare_ulysses(
     seed: int = 0,
 ) -> dict:
     """Run Ulysses on threads and attention on one device; return the report as a dict."""
-    import torch
-
     from course_utils.parallel import context_parallel as cp
 
-    torch_dtype = getattr(torch, dtype)
-    gen = torch.Generator().manual_seed(seed)
-    q, k, v, dout = (
-        torch.randn(heads, seq, dim, generator=gen, dtype=torch_dtype) for _ in range(4)
+    q, k, v, dout, reference, leaves = _attention_on_one_device(
+        heads, seq, dim, causal, dtype, seed
     )
-    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-    reference = cp.attention(leaves[0], leaves[1], leaves[2], causal=causal)
-    reference.backward(dout)
     with cp.UlyssesAttention(workers, causal=causal) as ulysses:
         ulysses.forward_backward(q, k, v, dout)  # warm-up: first-call allocations
         runs = [ulysses.forward_backward(q, k, v, dout) for _ in range(REPEATS)]
