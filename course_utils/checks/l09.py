@@ -87,9 +87,13 @@ def _merge_case(seed: int, t: int, d: int, kv: tuple[int, int], kind: str) -> tu
 
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(t, d, generator=gen)
+    blocks = [(torch.randn(n, d, generator=gen), torch.randn(n, d, generator=gen)) for n in kv]
     if kind == "large":  # sharp attention: log-sum-exps far above exp's float32 range (88)
         q = q * 400.0
-    blocks = [(torch.randn(n, d, generator=gen), torch.randn(n, d, generator=gen)) for n in kv]
+        # ... on every draw: query 0 scores exactly 400 against block a's first key (a random
+        # q alone fell short once in CI, and a merge by plain exp passed).
+        key = blocks[0][0][0]
+        q[0] = key / key.dot(key) * 400.0 * d**0.5
     mask_a = None
     if kind == "masked":  # causal-like: query i sees block a's keys j < i, so row 0 sees none
         mask_a = torch.arange(kv[0]).unsqueeze(0) < torch.arange(t).unsqueeze(1)
