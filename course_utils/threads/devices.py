@@ -302,7 +302,11 @@ class ThreadRunner:
     threads: DeviceThreads
     group: ThreadGroup
 
-    def run_jobs(self, jobs: Sequence[Callable[[], T]], recording=None) -> list[T]:
+    def run_jobs(
+        self,
+        jobs: Sequence[Callable[[], T]],
+        recording: contextlib.AbstractContextManager | None = None,
+    ) -> list[T]:
         """Run one job per thread (inside `recording`, a trace Recorder, if given). A failed
         run drops the messages it half delivered, so that the next call starts clean."""
         try:

@@ -270,16 +270,16 @@ class ShardedDataParallel(ThreadRunner):
 
         start = time.perf_counter_ns()
         try:
-            with trace:
-                results = self.threads.run(
-                    [compute(w) for w in range(self.workers)]
-                    + [on(talking[w], streams[w].serve) for w in range(self.workers)]
-                )
+            results = self.run_jobs(
+                [compute(w) for w in range(self.workers)]
+                + [on(talking[w], streams[w].serve) for w in range(self.workers)],
+                trace,
+            )
         except Exception:
-            # Drop half-delivered messages and gathered copies. The shards may be half
-            # updated: after a failed step, start again from a new ShardedDataParallel.
+            # run_jobs dropped the half-delivered messages; drop the gathered copies too. The
+            # shards may be half updated: after a failed step, start again from a new
+            # ShardedDataParallel.
             self.steps_done -= 1
-            self.group.reset()
             for state in self.states:
                 if self.stage == 3:
                     for full in state.full:
