@@ -43,23 +43,24 @@ lab: setup
 	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.port=$(LAB_PORT) \
 		--ServerApp.root_dir=$(CURDIR) $(ROOT_FLAG) $(LAB_FLAGS) notebooks/00_welcome.ipynb
 
+# Tests run on two pytest workers (pytest-xdist), one per core of the 2-core machines the
+# course is built for; JOBS=1 runs them one at a time. Tests that must not run beside each
+# other share an xdist_group (--dist loadgroup sends a group to one worker).
+JOBS ?= 2
+XDIST := -n $(JOBS) --dist loadgroup
+
 # Every lesson and solution runs once inside `unit` (tests/notebook_runs.py, pinned to one core
 # each, two at a time): tests/test_lessons.py and tests/test_exercises.py read those runs.
 test: setup lint unit
 
 unit: setup
-	$(PY) -m pytest -m "not browser and not constrained"
+	$(PY) -m pytest -m "not browser and not constrained" $(XDIST)
 
 # The quick loop while editing: the unit tests without the slow ones (real processes: notebook
 # kernels, nbval and grader runs, torch.distributed ranks, make, one CLI smoke test per command),
 # without the browser and without the constrained runs (every lesson twice: make test-constrained).
-# Two pytest workers (pytest-xdist; FAST_JOBS=1 for one). The fast tests share nothing
-# machine-wide; the slow ones look at /tmp and at every process, so `make test` runs them
-# one at a time.
-FAST_JOBS ?= 2
 test-fast: setup
-	$(PY) -m pytest -m "not slow and not browser and not constrained" -n $(FAST_JOBS) \
-		--dist worksteal
+	$(PY) -m pytest -m "not slow and not browser and not constrained" $(XDIST)
 
 # Every lesson, run top to bottom with nbval (outputs are not compared), as an instructor would
 # check a copy of the course. `make test` does not run it: its tests read one run of every
@@ -108,12 +109,14 @@ test-compat:
 		{ rm -rf $(COMPAT_VENV) && $(PYTHON) -m venv $(COMPAT_VENV); }
 	$(COMPAT_PY) -m pip --disable-pip-version-check --quiet install "torch==$(COMPAT_TORCH)" \
 		$$(grep -v -e '^torch==' -e '^\s*#' requirements.txt) \
-		$$(grep -E '^(pytest|nbval|hypothesis|pyyaml)==' requirements-dev.txt)
+		$$(grep -E '^(pytest|pytest-xdist|execnet|nbval|hypothesis|pyyaml)==' requirements-dev.txt)
 	$(COMPAT_PY) -m pip --disable-pip-version-check --quiet install --no-deps --force-reinstall -e .
 	$(COMPAT_PY) -c "import torch; assert torch.__version__.split('+')[0] == '$(COMPAT_TORCH)', torch.__version__"
-	$(COMPAT_PY) -m pytest -p no:cacheprovider -m "not slow and not browser and not constrained"
-	$(COMPAT_PY) -m pytest -p no:cacheprovider -m "slow" $(COMPAT_SLOW_TESTS)
-	$(COMPAT_PY) -m pytest -p no:cacheprovider --nbval-lax --nbval-current-env $(COMPAT_LESSONS)
+	$(COMPAT_PY) -m pytest -p no:cacheprovider -m "not slow and not browser and not constrained" \
+		$(XDIST)
+	$(COMPAT_PY) -m pytest -p no:cacheprovider -m "slow" $(COMPAT_SLOW_TESTS) $(XDIST)
+	$(COMPAT_PY) -m pytest -p no:cacheprovider --nbval-lax --nbval-current-env $(COMPAT_LESSONS) \
+		-n $(JOBS) --dist loadfile
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .hypothesis artifacts screenshots

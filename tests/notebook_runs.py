@@ -9,11 +9,14 @@ lessons' tests (test_lessons.py) and the exercises' (test_exercises.py) read the
 instead of running the notebooks again.
 
 Runs are kept in artifacts/notebook-runs/ under a hash of the notebook and of the course's
-code, so a second `make test` without changes reuses them.
+code, so a second `make test` without changes reuses them. A file lock lets the pytest
+workers of `make test` (pytest-xdist) share one set of runs: the first to ask runs them, the
+others wait for it and read them.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -27,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDER = ROOT / "artifacts" / "notebook-runs"
@@ -34,6 +38,9 @@ LESSONS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 SOLUTIONS = sorted((ROOT / "solutions").glob("[0-9][0-9]_*.ipynb"))
 EXERCISES = sorted((ROOT / "exercises").glob("[0-9][0-9]_*.ipynb"))
 TIMEOUT_S = 900
+# The tests that read the runs go to one pytest worker (`--dist loadgroup`): while the runs
+# take both cores there, the other worker goes on with the rest instead of waiting for them.
+READS_THE_RUNS = pytest.mark.xdist_group("notebook-runs")
 
 
 @dataclass
@@ -93,43 +100,41 @@ def runs(paths: list[Path] | None = None) -> dict[Path, Run]:
     the ones not yet run (two at a time, each on its own core)."""
     paths = paths if paths is not None else LESSONS + SOLUTIONS + EXERCISES
     with _lock:
-        missing = [p for p in paths if p not in _runs]
-        if missing:
+        if any(p not in _runs for p in paths):
             FOLDER.mkdir(parents=True, exist_ok=True)
-            code = _code_hash()
-            keys = {p: _key(p, code) for p in LESSONS + SOLUTIONS + EXERCISES}
-            # Run everything missing at once, lessons and solutions (the slow ones) first.
-            todo = [p for p in keys if not (FOLDER / f"{keys[p]}.json").exists()]
-            free: queue.SimpleQueue[int] = queue.SimpleQueue()
-            for core in range(min(2, len(os.sched_getaffinity(0)))):
-                free.put(core)
-
-            def on_a_free_core(path: Path) -> None:
-                core = free.get()
-                try:
-                    _run_one(path, core, keys[path])
-                finally:
-                    free.put(core)
-
-            with ThreadPoolExecutor(free.qsize()) as pool:
-                list(pool.map(on_a_free_core, todo))
-            for p, key in keys.items():
-                data = json.loads((FOLDER / f"{key}.json").read_text())
-                saved = FOLDER / f"{key}.ipynb"
-                notebook = (
-                    nbformat.read(saved, as_version=4)
-                    if saved.exists()
-                    else nbformat.v4.new_notebook()
-                )
-                _runs[p] = Run(
-                    data["seconds"],
-                    data["peak_mb"],
-                    data["error"],
-                    data["stdout"],
-                    data["headlines"],
-                    notebook,
-                )
+            with open(FOLDER / ".lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+                _run_and_load_all()
         return {p: _runs[p] for p in paths}
+
+
+def _run_and_load_all() -> None:
+    """Run every notebook without a stored run of this code (lessons and solutions, the slow
+    ones, first), then load every run."""
+    code = _code_hash()
+    keys = {p: _key(p, code) for p in LESSONS + SOLUTIONS + EXERCISES}
+    todo = [p for p in keys if not (FOLDER / f"{keys[p]}.json").exists()]
+    free: queue.SimpleQueue[int] = queue.SimpleQueue()
+    for core in range(min(2, len(os.sched_getaffinity(0)))):
+        free.put(core)
+
+    def on_a_free_core(path: Path) -> None:
+        core = free.get()
+        try:
+            _run_one(path, core, keys[path])
+        finally:
+            free.put(core)
+
+    with ThreadPoolExecutor(free.qsize()) as pool:
+        list(pool.map(on_a_free_core, todo))
+    for p, key in keys.items():
+        data = json.loads((FOLDER / f"{key}.json").read_text())
+        saved = FOLDER / f"{key}.ipynb"
+        notebook = (
+            nbformat.read(saved, as_version=4) if saved.exists() else nbformat.v4.new_notebook()
+        )
+        fields = (data[k] for k in ("seconds", "peak_mb", "error", "stdout", "headlines"))
+        _runs[p] = Run(*fields, notebook)
 
 
 def run(path: Path) -> Run:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from notebook_runs import run
+from notebook_runs import READS_THE_RUNS, run
 
 from course_utils.grading import make_exercises
 from course_utils.grading.notebook_tools import BEGIN, check_cells, is_check_cell
@@ -132,6 +132,7 @@ def test_a_notebook_written_for_a_student_is_not_tampered_but_a_renamed_one_is()
 
 
 @pytest.mark.slow
+@READS_THE_RUNS
 @pytest.mark.parametrize("name", NAMES)
 def test_every_check_fails_when_unanswered(name):
     nb = executed(ROOT / "exercises" / name)
@@ -149,6 +150,7 @@ def test_every_check_fails_when_unanswered(name):
 
 
 @pytest.mark.slow
+@READS_THE_RUNS
 @pytest.mark.parametrize("name", NAMES)
 def test_every_check_passes_with_the_solution(name):
     nb = executed(ROOT / "solutions" / name)
@@ -165,6 +167,7 @@ SKIP_TAGS = {"skip-execution", "raises-exception", "skip"}
 
 
 @pytest.mark.slow
+@READS_THE_RUNS
 @pytest.mark.parametrize("name", NAMES)
 def test_every_solution_cell_runs_without_error(name):
     # The solutions' run top to bottom: `make notebooks` (nbval) runs the lessons only, so
@@ -223,6 +226,7 @@ def test_the_grader_scores_every_lesson_blank_solved_and_for_another_student(tmp
 
 
 @pytest.mark.slow
+@READS_THE_RUNS
 @pytest.mark.skipif(not SOLVED, reason="no solutions/NN_*.ipynb notebooks yet")
 def test_grader_on_a_real_exercise_notebook(tmp_path, run_cli):
     # The solution that ran fastest in this session.

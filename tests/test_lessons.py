@@ -14,7 +14,7 @@ The same lessons beside a CPU hog: tests/test_constrained.py (`make test-constra
 from __future__ import annotations
 
 import pytest
-from notebook_runs import LESSONS, run
+from notebook_runs import LESSONS, READS_THE_RUNS, run
 
 BUDGET_S, BUDGET_MB = 60, 1024
 # Lesson 13 starts real processes (gloo ranks, two torchrun agents and their restart):
@@ -23,7 +23,7 @@ BUDGET_S_PROCESSES = {"13": 120}
 TOLERANCE = 0.10
 MEASURED = {f"{n:02d}" for n in range(2, 13)}  # lessons with a measured headline
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, READS_THE_RUNS]
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem)

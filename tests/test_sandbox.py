@@ -174,6 +174,7 @@ def grade_class(tmp_path: Path, submissions: dict, **kwargs) -> dict:
     return {r.student: r for r in results}
 
 
+@pytest.mark.xdist_group("sockets-in-tmp")  # beside test_limits.test_nothing_outlives_grade_j2
 def test_a_hostile_class_scores_nothing_leaves_nothing_and_its_neighbours_keep_full_marks(
     tmp_path, monkeypatch
 ):
