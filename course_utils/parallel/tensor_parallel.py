@@ -44,11 +44,11 @@ from course_utils.threads.collectives import (
     naive_bytes_per_rank,
     ring_bytes_per_rank,
 )
-from course_utils.threads.devices import DeviceThreads, ThreadRunner
+from course_utils.threads.devices import ThreadRunner
 from course_utils.threads.links import Links
 from course_utils.threads.trace import Recorder, check_clock, on, traced
 from course_utils.timeline import Timeline
-from course_utils.validation import MAX_WORKERS, integer  # the command's limit, 8 threads
+from course_utils.validation import MAX_WORKERS  # the command's limit, 8 threads
 
 # -- Megatron's f and g -------------------------------------------------------------------
 
@@ -221,13 +221,10 @@ class TensorParallelMLP(ThreadRunner):
         clock: str = "virtual",
         links: Links | None = None,
     ) -> None:
-        integer(workers, "workers", 1, MAX_WORKERS)  # the command's limit
+        self._keep_workers_and_clock(workers, MAX_WORKERS, clock, links)  # the command's limit
         check_options("sum", algorithm)
-        self.clock, self.links = check_clock(clock), links
-        self.workers = workers
         self.activation = activation
-        self.threads = DeviceThreads(workers, name="tp", one_core=self.clock == "virtual")
-        self.group = ThreadGroup(workers, abort=self.threads.abort, timeout=timeout)
+        self._start_threads("tp", timeout, one_core=self.clock == "virtual")
         try:
             self.shards = shard_mlp(linear1, linear2, workers, self.group, algorithm)
         except CourseInputError:

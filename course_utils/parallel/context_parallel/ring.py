@@ -14,7 +14,6 @@ from typing import NamedTuple, Protocol
 
 import torch
 
-from course_utils import validation
 from course_utils.actions import Action
 from course_utils.errors import CourseInputError, WorkerError
 from course_utils.parallel.context_parallel.attention import (
@@ -33,10 +32,9 @@ from course_utils.parallel.context_parallel.layout import (
     sequence_chunks,
     split_sequence,
 )
-from course_utils.threads.collectives import ThreadGroup
-from course_utils.threads.devices import Aborted, DeviceThreads, ThreadRunner
+from course_utils.threads.devices import Aborted, ThreadRunner
 from course_utils.threads.links import Links
-from course_utils.threads.trace import Recorder, check_clock, current, on
+from course_utils.threads.trace import Recorder, current, on
 from course_utils.timeline import Timeline
 
 # -- the ring, as run by one worker -------------------------------------------------------
@@ -265,15 +263,13 @@ class RingAttention(ThreadRunner):
         clock: str = "virtual",
         links: Links | None = None,
     ) -> None:
-        self.clock, self.links = check_clock(clock), links
-        validation.integer(workers, "workers", 1, MAX_WORKERS)
+        self._keep_workers_and_clock(workers, MAX_WORKERS, clock, links)
         if not isinstance(timeout, int | float) or not 0 < timeout < math.inf:
             raise CourseInputError(
                 f"timeout must be a finite number of seconds > 0, got {timeout!r}"
             )
-        self.workers, self.causal, self.zigzag = workers, bool(causal), bool(zigzag)
-        self.threads = DeviceThreads(workers, name="cp", one_core=self.clock == "virtual")
-        self.group = ThreadGroup(workers, abort=self.threads.abort, timeout=timeout)
+        self.causal, self.zigzag = bool(causal), bool(zigzag)
+        self._start_threads("cp", timeout, one_core=self.clock == "virtual")
         self._warm_up()
 
     def _warm_up(self) -> None:

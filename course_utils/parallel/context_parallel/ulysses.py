@@ -62,8 +62,7 @@ from course_utils.parallel.context_parallel.checks import (
     MAX_WORKERS,
     check_matching_tensors,
 )
-from course_utils.threads.collectives import ThreadGroup
-from course_utils.threads.devices import Aborted, DeviceThreads, ThreadRunner
+from course_utils.threads.devices import Aborted, ThreadRunner
 from course_utils.timeline import Event, Timeline
 
 # -- on paper ---------------------------------------------------------------------------
@@ -277,8 +276,7 @@ class UlyssesAttention(ThreadRunner):
                 f"timeout must be a finite number of seconds > 0, got {timeout!r}"
             )
         self.workers, self.causal = workers, bool(causal)
-        self.threads = DeviceThreads(workers, name="ulysses")
-        self.group = ThreadGroup(workers, abort=self.threads.abort, timeout=timeout)
+        self._start_threads("ulysses", timeout, one_core=False)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> UlyssesResult:
         """The forward only (dq, dk, dv are None)."""
