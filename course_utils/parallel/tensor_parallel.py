@@ -91,40 +91,37 @@ class ReduceFromParallel(torch.autograd.Function):
 # -- the two sharded layers ---------------------------------------------------------------
 
 
-class ColumnParallelLinear(nn.Module):
+class _LinearShard(nn.Module):
+    """One device's slice of a linear layer's weight and bias (copies), and the group it
+    sums over; the two subclasses differ only in where the sum goes."""
+
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, comm: Communicator, algorithm: str
+    ) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight.detach().clone())
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone())
+        self.comm, self.algorithm = comm, algorithm
+
+
+class ColumnParallelLinear(_LinearShard):
     """Device `comm.rank`'s slice of the output features of a linear layer (Megatron's A_i).
 
     Takes the full (replicated) input and returns this device's slice of the output.
     The f operator inside makes the input gradient complete on every device.
     """
 
-    def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None, comm: Communicator, algorithm: str
-    ) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(weight.detach().clone())
-        self.bias = None if bias is None else nn.Parameter(bias.detach().clone())
-        self.comm, self.algorithm = comm, algorithm
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = CopyToParallel.apply(x, self.comm, self.algorithm)
         return F.linear(x, self.weight, self.bias)
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(_LinearShard):
     """Device `comm.rank`'s slice of the input features of a linear layer (Megatron's B_i).
 
     Takes this device's slice of the input, computes a partial output, sums the partial
     outputs of all devices (the g operator), then adds the (replicated) bias once.
     """
-
-    def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None, comm: Communicator, algorithm: str
-    ) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(weight.detach().clone())
-        self.bias = None if bias is None else nn.Parameter(bias.detach().clone())
-        self.comm, self.algorithm = comm, algorithm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         partial = F.linear(x, self.weight)  # no bias here: it would be added N times
