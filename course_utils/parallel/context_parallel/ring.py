@@ -6,7 +6,6 @@ them on `DeviceThreads`, checks them against one device and records a measured t
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -16,7 +15,7 @@ from typing import NamedTuple, Protocol
 import torch
 
 from course_utils.actions import Action
-from course_utils.errors import CourseInputError, WorkerError
+from course_utils.errors import WorkerError
 from course_utils.parallel.context_parallel.attention import (
     block_attention_backward_unchecked,
     block_attention_unchecked,
@@ -26,6 +25,7 @@ from course_utils.parallel.context_parallel.attention import (
 from course_utils.parallel.context_parallel.checks import (
     MAX_WORKERS,
     check_ring_inputs,
+    check_timeout,
 )
 from course_utils.parallel.context_parallel.layout import (
     BlockProduct,
@@ -276,10 +276,7 @@ class RingAttention(ThreadRunner):
         links: Links | None = None,
     ) -> None:
         self._keep_workers_and_clock(workers, MAX_WORKERS, clock, links)
-        if not isinstance(timeout, int | float) or not 0 < timeout < math.inf:
-            raise CourseInputError(
-                f"timeout must be a finite number of seconds > 0, got {timeout!r}"
-            )
+        check_timeout(timeout)
         self.causal, self.zigzag = bool(causal), bool(zigzag)
         self._start_threads("cp", timeout, one_core=self.clock == "virtual")
         self._warm_up()
