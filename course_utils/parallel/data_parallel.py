@@ -153,10 +153,8 @@ class DataParallel(ThreadRunner):
             return on(stream, work)
 
         losses = self.run_jobs([replica_step(r) for r in range(self.workers)], trace)
-        timeline = trace.timeline(
-            self.clock,
-            self.links,
-            num_devices=self.workers,
+        timeline = self._timeline(
+            trace,
             name=f"data parallel, {self.workers} workers ({self.algorithm} all-reduce)",
             meta={"shard_sizes": sizes, "algorithm": self.algorithm},
         )

@@ -368,10 +368,8 @@ class SequenceParallelMLP(ThreadRunner):
             bytes_forward=[r[3] for r in results],
             bytes_backward=[r[4] for r in results],
             bytes_param_grads=[r[5] for r in results],
-            timeline=trace.timeline(
-                self.clock,
-                self.links,
-                num_devices=self.workers,
+            timeline=self._timeline(
+                trace,
                 name=f"MLP block, {mode} parallel on {self.workers} threads",
                 meta={"microbatches": 1, "chunks": 1},
             ),

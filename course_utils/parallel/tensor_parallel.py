@@ -272,10 +272,8 @@ class TensorParallelMLP(ThreadRunner):
             return on(stream, run)
 
         results = self.run_jobs([work(r) for r in range(self.workers)], trace)
-        timeline = trace.timeline(
-            self.clock,
-            self.links,
-            num_devices=self.workers,
+        timeline = self._timeline(
+            trace,
             name=f"tensor-parallel MLP on {self.workers} threads",
         )
         return TPResult(

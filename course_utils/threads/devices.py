@@ -34,11 +34,12 @@ from typing import TYPE_CHECKING, Self, TypeVar
 
 from course_utils import validation
 from course_utils.errors import CourseInputError, ScheduleError, WorkerError
-from course_utils.threads.trace import check_clock
+from course_utils.threads.trace import Recorder, check_clock
 
 if TYPE_CHECKING:
     from course_utils.threads.collectives import ThreadGroup
     from course_utils.threads.links import Links
+    from course_utils.timeline import Timeline
 
 T = TypeVar("T")
 
@@ -325,6 +326,11 @@ class ThreadRunner:
 
         self.threads = DeviceThreads(threads or self.workers, name=name, one_core=one_core)
         self.group = ThreadGroup(self.workers, abort=self.threads.abort, timeout=timeout)
+
+    def _timeline(self, trace: Recorder, **fields) -> Timeline:
+        """The step `trace` recorded, one row per worker, on the runner's clock and links
+        (`fields`: its name, meta, ...)."""
+        return trace.timeline(self.clock, self.links, num_devices=self.workers, **fields)
 
     def run_jobs(
         self,

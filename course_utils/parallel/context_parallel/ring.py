@@ -364,10 +364,8 @@ class RingAttention(ThreadRunner):
 
         split = "zig-zag" if self.zigzag else "plain"
         mask = "causal" if self.causal else "full"
-        timeline = recorder.timeline(
-            self.clock,
-            self.links,
-            num_devices=self.workers,
+        timeline = self._timeline(
+            recorder,
             name=f"ring attention ({split} split, {mask}), p={self.workers}",
             meta={"zigzag": self.zigzag, "causal": self.causal},
         )

@@ -284,10 +284,8 @@ class ShardedDataParallel(ThreadRunner):
                 state.meter.transient.clear()
             raise
         wall = (time.perf_counter_ns() - start) / 1e9
-        timeline = trace.timeline(
-            self.clock,
-            self.links,
-            num_devices=self.workers,
+        timeline = self._timeline(
+            trace,
             name=f"ZeRO-{self.stage}, {self.workers} workers, prefetch {self.prefetch}",
             meta={"microbatches": self.microbatches, "chunks": 1, "stage": self.stage},
         )

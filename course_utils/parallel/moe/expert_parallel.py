@@ -118,10 +118,8 @@ class ExpertParallel(ThreadRunner):
 
     def _gather(self, results: list[dict], shape: torch.Size, trace: Recorder) -> MoEStep:
         routed = [r["routed"] for r in results]
-        timeline = trace.timeline(
-            self.clock,
-            self.links,
-            num_devices=self.workers,
+        timeline = self._timeline(
+            trace,
             name=f"expert parallel: E={self.num_experts} experts on p={self.workers} workers",
             meta={"received_per_expert": column_sums(routed), "routed": routed},
         )
