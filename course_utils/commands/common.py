@@ -9,6 +9,7 @@ import signal
 
 from course_utils import validation
 from course_utils.errors import CourseInputError
+from course_utils.parallel.costs import ALGORITHMS
 
 
 def _value(args: argparse.Namespace, flag: str):
@@ -197,6 +198,29 @@ def add_clock_arguments(parser: argparse.ArgumentParser) -> None:
         "--clock", choices=CLOCKS, default="virtual", help="which clock times the run"
     )
     add_network_arguments(group)
+
+
+def clock_words(args: argparse.Namespace, links) -> str:
+    """How the run was timed, in the words every timed command prints."""
+    if args.clock == "wall":
+        return "wall clock: real timestamps on this machine's cores"
+    return f"virtual clock: measured compute, {links.describe()}"
+
+
+def add_allreduce_argument(parser: argparse.ArgumentParser) -> None:
+    """--allreduce: which of the threads' all-reduce algorithms sums the gradients."""
+    parser.add_argument(
+        "--allreduce", default="ring", help=f"all-reduce algorithm: {', '.join(ALGORITHMS)}"
+    )
+
+
+def allreduce_from_args(args: argparse.Namespace) -> str:
+    """--allreduce if it names an algorithm, else a one-line error."""
+    if args.allreduce not in ALGORITHMS:
+        raise CourseInputError(
+            f"--allreduce must be one of {', '.join(ALGORITHMS)}, got {args.allreduce!r}"
+        )
+    return args.allreduce
 
 
 def links_from_args(args: argparse.Namespace):

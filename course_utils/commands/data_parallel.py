@@ -15,13 +15,15 @@ import math
 from typing import cast
 
 from course_utils.commands.common import (
+    add_allreduce_argument,
     add_clock_arguments,
+    allreduce_from_args,
+    clock_words,
     int_flag,
     links_from_args,
     printed_as_json,
 )
 from course_utils.errors import CourseInputError
-from course_utils.parallel.costs import ALGORITHMS
 from course_utils.validation import MAX_THREADS
 
 HELP = "data-parallel step on threads vs one worker"
@@ -41,9 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workers", type=int, default=2, help=f"data-parallel replicas (1-{MAX_WORKERS})"
     )
-    parser.add_argument(
-        "--allreduce", default="ring", help=f"all-reduce algorithm: {', '.join(ALGORITHMS)}"
-    )
+    add_allreduce_argument(parser)
     parser.add_argument(
         "--batch",
         type=int,
@@ -145,33 +145,25 @@ def compare(
 
 def run(args: argparse.Namespace) -> int:
     workers = int_flag(args, "--workers", 1, MAX_WORKERS)
-    if args.allreduce not in ALGORITHMS:
-        raise CourseInputError(
-            f"--allreduce must be one of {', '.join(ALGORITHMS)}, got {args.allreduce!r}"
-        )
+    algorithm = allreduce_from_args(args)
     int_flag(args, "--steps", 1, MAX_STEPS)
     int_flag(args, "--batch", 1, MAX_BATCH)
     if args.batch < workers:
         raise CourseInputError(f"--batch must be at least --workers ({workers}), got {args.batch}")
     links = links_from_args(args)
-    result = compare(workers, args.allreduce, args.batch, args.steps, clock=args.clock, links=links)
+    result = compare(workers, algorithm, args.batch, args.steps, clock=args.clock, links=links)
     if printed_as_json(args, links, result):
         return 0
     n = result["workers"]
     print(f"data parallel: {n} workers, {result['allreduce']} all-reduce, batch {args.batch}")
     print(f"  max |param diff| vs one worker on the whole batch: {result['max_param_diff']:.2e}")
-    clock = (
-        f"virtual clock: measured compute, {links.describe()}"
-        if args.clock == "virtual"
-        else "wall clock: real timestamps on this machine's cores"
-    )
     print(
         f"  step time: {1e3 * result['measured_step_s']:.1f} ms vs "
         f"{1e3 * result['one_worker_step_s']:.1f} ms on one worker "
         f"-> speed-up {result['speedup']:.2f}x (ideal {n}x; simulated "
         f"{result['simulated_speedup']:.2f}x)"
     )
-    print(f"  ({clock})")
+    print(f"  ({clock_words(args, links)})")
     sent = ", ".join(f"{b / 1e6:.3f}" for b in result["bytes_sent_per_worker"])
     print(f"  gradient bytes: {result['param_bytes'] / 1e6:.3f} MB; sent per worker (MB): {sent}")
     return 0

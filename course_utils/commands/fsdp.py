@@ -13,7 +13,12 @@ from __future__ import annotations
 
 import argparse
 
-from course_utils.commands.common import add_clock_arguments, links_from_args, printed_as_json
+from course_utils.commands.common import (
+    add_clock_arguments,
+    clock_words,
+    links_from_args,
+    printed_as_json,
+)
 from course_utils.errors import CourseInputError
 
 HELP = "ZeRO 1/2/3 (FSDP) on threads vs one device: bytes, memory, timeline"
@@ -185,16 +190,11 @@ def run(args) -> int:
         f"(gathered layers {peak.get('gathered', 0):,} B, "
         f"layer gradients {peak.get('layer gradients', 0):,} B)"
     )
-    clock = (
-        f"virtual clock: measured compute, {links.describe()}"
-        if args.clock == "virtual"
-        else "wall clock: real timestamps on this machine's cores"
-    )
     print(
         f"  step time (best step):              "
         f"measured {1e3 * result['measured_step_s']:.2f} ms, "
         f"simulated {1e3 * result['simulated_step_s']:.2f} ms "
         "(compute read off the measured step)"
     )
-    print(f"  ({clock})")
+    print(f"  ({clock_words(args, links)})")
     return 0

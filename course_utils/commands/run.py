@@ -15,6 +15,7 @@ from course_utils.commands.common import (
     add_clock_arguments,
     add_devices_argument,
     clock_figures,
+    clock_words,
     int_flag,
     links_from_args,
     schedule_from_args,
@@ -172,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
             f"max gradient difference {grad_diff:.2e}"
         )
         print(
-            f"measured {measured.makespan * 1e3:.2f} ms ({_clock_words(args, links)}), unsplit "
+            f"measured {measured.makespan * 1e3:.2f} ms ({clock_words(args, links)}), unsplit "
             f"on one thread {unsplit_s * 1e3:.2f} ms: speed-up {figures['speedup']:.2f}x "
             f"(ideal {figures['ideal_speedup']:.2f}x); "
             f"simulated from measured stage costs {simulated.makespan * 1e3:.2f} ms"
@@ -204,9 +205,3 @@ def _batch(args: argparse.Namespace, m: int, layers: int) -> int:
             f"layers <= {MAX_SAMPLE_LAYERS[args.model]:,} keeps a run under 1.5 GB), got {batch}"
         )
     return batch
-
-
-def _clock_words(args: argparse.Namespace, links) -> str:
-    if args.clock == "wall":
-        return "wall clock: real timestamps on this machine's cores"
-    return f"virtual clock: measured compute, {links.describe()}"

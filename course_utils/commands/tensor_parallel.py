@@ -7,13 +7,15 @@ from __future__ import annotations
 import argparse
 
 from course_utils.commands.common import (
+    add_allreduce_argument,
     add_clock_arguments,
+    allreduce_from_args,
+    clock_words,
     int_flag,
     links_from_args,
     printed_as_json,
 )
 from course_utils.errors import CourseInputError
-from course_utils.parallel.costs import ALGORITHMS
 from course_utils.validation import MAX_WORKERS  # threads on a laptop
 
 HELP = "tensor-parallel MLP on threads vs unsplit"
@@ -32,9 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workers", type=int, default=2, help=f"tensor-parallel devices (limit: 1-{MAX_WORKERS})"
     )
-    parser.add_argument(
-        "--allreduce", default="ring", help=f"all-reduce algorithm: {', '.join(ALGORITHMS)}"
-    )
+    add_allreduce_argument(parser)
     parser.add_argument(
         "--d-model",
         type=int,
@@ -112,10 +112,7 @@ def compare(
 
 def run(args: argparse.Namespace) -> int:
     workers = int_flag(args, "--workers", 1, MAX_WORKERS)
-    if args.allreduce not in ALGORITHMS:
-        raise CourseInputError(
-            f"--allreduce must be one of {', '.join(ALGORITHMS)}, got {args.allreduce!r}"
-        )
+    algorithm = allreduce_from_args(args)
     d_model = int_flag(args, "--d-model", 1, MAX_D_MODEL)
     tokens = int_flag(args, "--tokens", 1, MAX_TOKENS)
     if tokens * d_model > MAX_TOKEN_DIMS:
@@ -125,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         )
     links = links_from_args(args)
     result = compare(
-        workers, args.allreduce, d_model=d_model, tokens=tokens, clock=args.clock, links=links
+        workers, algorithm, d_model=d_model, tokens=tokens, clock=args.clock, links=links
     )
     if printed_as_json(args, links, result):
         return 0
@@ -139,15 +136,10 @@ def run(args: argparse.Namespace) -> int:
     fwd = ", ".join(str(x) for x in result["bytes_forward_per_worker"])
     bwd = ", ".join(str(x) for x in result["bytes_backward_per_worker"])
     print(f"  bytes sent per worker: forward [{fwd}], backward [{bwd}]")
-    clock = (
-        f"virtual clock: measured compute, {links.describe()}"
-        if args.clock == "virtual"
-        else "wall clock: real timestamps on this machine's cores"
-    )
     print(
         f"  forward + backward: {1e3 * result['measured_step_s']:.2f} ms vs "
         f"{1e3 * result['unsplit_step_s']:.2f} ms unsplit -> speed-up {result['speedup']:.2f}x; "
         f"simulated {1e3 * result['simulated_step_s']:.2f} ms"
     )
-    print(f"  ({clock})")
+    print(f"  ({clock_words(args, links)})")
     return 0

@@ -12,13 +12,12 @@ import time
 import torch
 import torch.distributed as dist
 
-from course_utils import validation
-from course_utils.distributed.cluster import MAX_WORKERS, Cluster, run_job, worker_count
+from course_utils.distributed.cluster import Cluster, run_job
 from course_utils.distributed.setup import (
     DistributedResult,
     Setup,
     build_model,
-    checked_model,
+    data_parallel_setup,
     gradient_arrays,
     loss_fn,
     make_batch,
@@ -26,7 +25,6 @@ from course_utils.distributed.setup import (
     measured_timeline,
     one_process_training,
 )
-from course_utils.errors import CourseInputError
 
 
 def timed_allreduce(records: list, world: int):
@@ -123,12 +121,7 @@ def run_ddp(
     With `compare_threads`, the course's thread `DataParallel` runs the same steps too.
     Pass a started `Cluster` to reuse its processes; otherwise a fresh one is spawned.
     """
-    workers = validation.integer(worker_count(workers, cluster), "workers", 1, MAX_WORKERS)
-    steps = validation.integer(steps, "steps", 1, 100)
-    batch = validation.integer(batch, "batch", 1, 4096)
-    if batch % workers:
-        raise CourseInputError(f"batch must be a multiple of workers ({workers}), got {batch}")
-    setup = Setup(checked_model(model), batch, seed)
+    workers, steps, setup = data_parallel_setup(workers, cluster, steps, batch, model, seed)
     payload = {"setup": setup, "steps": steps, "lr": lr, "bucket_mb": bucket_mb}
     start = time.perf_counter()
     outs = run_job(cluster, _ddp_worker, workers, payload, port, timeout)

@@ -17,20 +17,18 @@ from typing import Any
 
 import torch
 
-from course_utils import validation
-from course_utils.distributed.cluster import MAX_WORKERS, Cluster, run_job, worker_count
+from course_utils.distributed.cluster import Cluster, run_job
 from course_utils.distributed.setup import (
     DistributedResult,
     Setup,
     build_model,
-    checked_model,
+    data_parallel_setup,
     loss_fn,
     make_batch,
     max_abs_diff,
     measured_timeline,
     one_process_training,
 )
-from course_utils.errors import CourseInputError
 from course_utils.versions import require
 
 
@@ -127,12 +125,7 @@ def run_fsdp(
     MLP only: the threads need a stack of layers without buffers), and the parameter bytes
     each rank holds (`held_bytes`) beside the whole model's (`model_bytes`).
     """
-    workers = validation.integer(worker_count(workers, cluster), "workers", 1, MAX_WORKERS)
-    steps = validation.integer(steps, "steps", 1, 100)
-    batch = validation.integer(batch, "batch", 1, 4096)
-    if batch % workers:
-        raise CourseInputError(f"batch must be a multiple of workers ({workers}), got {batch}")
-    setup = Setup(checked_model(model), batch, seed)
+    workers, steps, setup = data_parallel_setup(workers, cluster, steps, batch, model, seed)
     require("fully_shard")
     payload = {"setup": setup, "steps": steps, "lr": lr}
     start = time.perf_counter()

@@ -12,7 +12,8 @@ from torch import nn
 
 from course_utils import models, validation
 from course_utils.actions import Action
-from course_utils.errors import WorkerError
+from course_utils.distributed.cluster import MAX_WORKERS, Cluster, worker_count
+from course_utils.errors import CourseInputError, WorkerError
 from course_utils.timeline import Event, Timeline
 
 MODELS = ("gpt", "mlp")
@@ -153,3 +154,21 @@ class DistributedResult:
 def checked_model(model: str | None) -> str:
     """`model` if it is one of `MODELS` ("gpt" for None), else a one-line error."""
     return validation.choice("gpt" if model is None else model, "model", MODELS)
+
+
+def data_parallel_setup(
+    workers: int | None,
+    cluster: Cluster | None,
+    steps: int,
+    batch: int,
+    model: str | None,
+    seed: int,
+) -> tuple[int, int, Setup]:
+    """(workers, steps, setup) of a data-parallel comparison (DDP, FSDP), checked: every
+    rank takes `batch / workers` samples, so the batch must split evenly."""
+    workers = validation.integer(worker_count(workers, cluster), "workers", 1, MAX_WORKERS)
+    steps = validation.integer(steps, "steps", 1, 100)
+    batch = validation.integer(batch, "batch", 1, 4096)
+    if batch % workers:
+        raise CourseInputError(f"batch must be a multiple of workers ({workers}), got {batch}")
+    return workers, steps, Setup(checked_model(model), batch, seed)

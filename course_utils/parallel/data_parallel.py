@@ -37,12 +37,12 @@ from course_utils.actions import Action
 from course_utils.errors import CourseInputError
 from course_utils.models import loss_fn
 from course_utils.parallel.costs import ring_allreduce_time
-from course_utils.threads.collectives import ThreadGroup, check_options
-from course_utils.threads.devices import DeviceThreads, ThreadRunner
+from course_utils.threads.collectives import check_options
+from course_utils.threads.devices import ThreadRunner
 from course_utils.threads.links import Links
-from course_utils.threads.trace import Recorder, check_clock, on
+from course_utils.threads.trace import Recorder, on
 from course_utils.timeline import Timeline
-from course_utils.validation import MAX_THREADS, integer
+from course_utils.validation import MAX_THREADS
 
 MAX_WORKERS = MAX_THREADS  # threads: the `data-parallel` command's limit
 
@@ -105,17 +105,14 @@ class DataParallel(ThreadRunner):
         clock: str = "virtual",
         links: Links | None = None,
     ) -> None:
-        integer(workers, "workers", 1, MAX_WORKERS)  # the command's limit
+        self._keep_workers_and_clock(workers, MAX_WORKERS, clock, links)  # the command's limit
         check_options("sum", algorithm)
-        self.clock, self.links = check_clock(clock), links
-        self.workers = workers
         self.algorithm = algorithm
         self.loss_fn = loss_fn
         self.replicas = [copy.deepcopy(model) for _ in range(workers)]
         factory = optimizer or sgd()
         self.optimizers = [factory(r.parameters()) for r in self.replicas]
-        self.threads = DeviceThreads(workers, name="replica", one_core=self.clock == "virtual")
-        self.group = ThreadGroup(workers, abort=self.threads.abort, timeout=timeout)
+        self._start_threads("replica", timeout, one_core=self.clock == "virtual")
         self.timeout = timeout
 
     @property
@@ -156,10 +153,8 @@ class DataParallel(ThreadRunner):
             return on(stream, work)
 
         losses = self.run_jobs([replica_step(r) for r in range(self.workers)], trace)
-        timeline = trace.timeline(
-            self.clock,
-            self.links,
-            num_devices=self.workers,
+        timeline = self._timeline(
+            trace,
             name=f"data parallel, {self.workers} workers ({self.algorithm} all-reduce)",
             meta={"shard_sizes": sizes, "algorithm": self.algorithm},
         )

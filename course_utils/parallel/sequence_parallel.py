@@ -54,14 +54,13 @@ from course_utils.errors import CourseInputError
 from course_utils.parallel.tensor_parallel import shard_mlp
 from course_utils.threads.collectives import (
     Communicator,
-    ThreadGroup,
     chunk_bounds,
     chunk_sizes,
     ring_all_gather_bytes,
     ring_bytes_per_rank,
     ring_reduce_scatter_bytes,
 )
-from course_utils.threads.devices import DeviceThreads, ThreadRunner
+from course_utils.threads.devices import ThreadRunner
 from course_utils.threads.links import Links
 from course_utils.threads.trace import Recorder, check_clock, on, traced
 from course_utils.timeline import Timeline
@@ -286,10 +285,8 @@ class SequenceParallelMLP(ThreadRunner):
             raise CourseInputError(f"dropout must be in [0, 1), got {block.dropout!r}")
         self.block, self.workers = block, workers
         self.sequence_parallel, self.save_gathered_input = sequence_parallel, save_gathered_input
-        self.threads = DeviceThreads(
-            workers, name="sp" if sequence_parallel else "tp", one_core=self.clock == "virtual"
-        )
-        self.group = ThreadGroup(workers, abort=self.threads.abort, timeout=timeout)
+        name = "sp" if sequence_parallel else "tp"
+        self._start_threads(name, timeout, one_core=self.clock == "virtual")
         try:
             # A by columns, B by rows: exactly tensor parallelism's split (reused)
             self.shards = shard_mlp(block.linear1, block.linear2, workers, self.group)
@@ -371,10 +368,8 @@ class SequenceParallelMLP(ThreadRunner):
             bytes_forward=[r[3] for r in results],
             bytes_backward=[r[4] for r in results],
             bytes_param_grads=[r[5] for r in results],
-            timeline=trace.timeline(
-                self.clock,
-                self.links,
-                num_devices=self.workers,
+            timeline=self._timeline(
+                trace,
                 name=f"MLP block, {mode} parallel on {self.workers} threads",
                 meta={"microbatches": 1, "chunks": 1},
             ),

@@ -44,11 +44,11 @@ from course_utils.threads.collectives import (
     naive_bytes_per_rank,
     ring_bytes_per_rank,
 )
-from course_utils.threads.devices import DeviceThreads, ThreadRunner
+from course_utils.threads.devices import ThreadRunner
 from course_utils.threads.links import Links
 from course_utils.threads.trace import Recorder, check_clock, on, traced
 from course_utils.timeline import Timeline
-from course_utils.validation import MAX_WORKERS, integer  # the command's limit, 8 threads
+from course_utils.validation import MAX_WORKERS  # the command's limit, 8 threads
 
 # -- Megatron's f and g -------------------------------------------------------------------
 
@@ -91,40 +91,37 @@ class ReduceFromParallel(torch.autograd.Function):
 # -- the two sharded layers ---------------------------------------------------------------
 
 
-class ColumnParallelLinear(nn.Module):
+class _LinearShard(nn.Module):
+    """One device's slice of a linear layer's weight and bias (copies), and the group it
+    sums over; the two subclasses differ only in where the sum goes."""
+
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, comm: Communicator, algorithm: str
+    ) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight.detach().clone())
+        self.bias = None if bias is None else nn.Parameter(bias.detach().clone())
+        self.comm, self.algorithm = comm, algorithm
+
+
+class ColumnParallelLinear(_LinearShard):
     """Device `comm.rank`'s slice of the output features of a linear layer (Megatron's A_i).
 
     Takes the full (replicated) input and returns this device's slice of the output.
     The f operator inside makes the input gradient complete on every device.
     """
 
-    def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None, comm: Communicator, algorithm: str
-    ) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(weight.detach().clone())
-        self.bias = None if bias is None else nn.Parameter(bias.detach().clone())
-        self.comm, self.algorithm = comm, algorithm
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = CopyToParallel.apply(x, self.comm, self.algorithm)
         return F.linear(x, self.weight, self.bias)
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(_LinearShard):
     """Device `comm.rank`'s slice of the input features of a linear layer (Megatron's B_i).
 
     Takes this device's slice of the input, computes a partial output, sums the partial
     outputs of all devices (the g operator), then adds the (replicated) bias once.
     """
-
-    def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None, comm: Communicator, algorithm: str
-    ) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(weight.detach().clone())
-        self.bias = None if bias is None else nn.Parameter(bias.detach().clone())
-        self.comm, self.algorithm = comm, algorithm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         partial = F.linear(x, self.weight)  # no bias here: it would be added N times
@@ -221,13 +218,10 @@ class TensorParallelMLP(ThreadRunner):
         clock: str = "virtual",
         links: Links | None = None,
     ) -> None:
-        integer(workers, "workers", 1, MAX_WORKERS)  # the command's limit
+        self._keep_workers_and_clock(workers, MAX_WORKERS, clock, links)  # the command's limit
         check_options("sum", algorithm)
-        self.clock, self.links = check_clock(clock), links
-        self.workers = workers
         self.activation = activation
-        self.threads = DeviceThreads(workers, name="tp", one_core=self.clock == "virtual")
-        self.group = ThreadGroup(workers, abort=self.threads.abort, timeout=timeout)
+        self._start_threads("tp", timeout, one_core=self.clock == "virtual")
         try:
             self.shards = shard_mlp(linear1, linear2, workers, self.group, algorithm)
         except CourseInputError:
@@ -278,10 +272,8 @@ class TensorParallelMLP(ThreadRunner):
             return on(stream, run)
 
         results = self.run_jobs([work(r) for r in range(self.workers)], trace)
-        timeline = trace.timeline(
-            self.clock,
-            self.links,
-            num_devices=self.workers,
+        timeline = self._timeline(
+            trace,
             name=f"tensor-parallel MLP on {self.workers} threads",
         )
         return TPResult(

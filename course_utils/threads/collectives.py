@@ -511,25 +511,10 @@ def run_all_reduce(
     rank on `threads` (a `DeviceThreads` with >= N devices; a temporary one if None) and
     returns (each rank's reduced copy, `bytes_sent` per rank). The inputs are not modified.
     """
-    from course_utils.threads.devices import DeviceThreads
-
     check_options(op, algorithm)
-    n = len(tensors)
-    if n < 1:
-        raise CourseInputError("tensors must hold one tensor per rank (at least one)")
-    pool = threads if threads is not None else DeviceThreads(n, name="rank")
-    try:
-        group = ThreadGroup(n, abort=pool.abort)
-        copies = [t.detach().clone() for t in tensors]
-
-        def work(rank: int):
-            return lambda: group.comm(rank).all_reduce(copies[rank], op=op, algorithm=algorithm)
-
-        pool.run([work(r) for r in range(n)])
-        return copies, list(group.bytes_sent)
-    finally:
-        if threads is None:
-            pool.close()
+    return _run_collective(
+        tensors, lambda comm, t: comm.all_reduce(t, op=op, algorithm=algorithm), threads
+    )
 
 
 def _run_collective(inputs: Sequence[torch.Tensor], call, threads) -> tuple[list, list[int]]:

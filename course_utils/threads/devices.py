@@ -34,9 +34,12 @@ from typing import TYPE_CHECKING, Self, TypeVar
 
 from course_utils import validation
 from course_utils.errors import CourseInputError, ScheduleError, WorkerError
+from course_utils.threads.trace import Recorder, check_clock
 
 if TYPE_CHECKING:
     from course_utils.threads.collectives import ThreadGroup
+    from course_utils.threads.links import Links
+    from course_utils.timeline import Timeline
 
 T = TypeVar("T")
 
@@ -301,6 +304,33 @@ class ThreadRunner:
 
     threads: DeviceThreads
     group: ThreadGroup
+    workers: int
+    clock: str
+    links: Links | None
+
+    def _keep_workers_and_clock(
+        self, workers: int, most: int, clock: str, links: Links | None
+    ) -> None:
+        """Check and keep what every runner of `workers` threads is built with: 1..`most`
+        workers and the clock its timelines use (with the `links` it charges messages to)."""
+        self.clock, self.links = check_clock(clock), links
+        self.workers = validation.integer(workers, "workers", 1, most)
+
+    def _start_threads(
+        self, name: str, timeout: float, one_core: bool, threads: int | None = None
+    ) -> None:
+        """Start one thread per worker (`threads` of them if a worker needs more) and the
+        group the workers talk through; a failed worker aborts the group's waits. On the
+        virtual clock (`one_core`) the threads take turns on one core (see the module)."""
+        from course_utils.threads.collectives import ThreadGroup  # it imports this module
+
+        self.threads = DeviceThreads(threads or self.workers, name=name, one_core=one_core)
+        self.group = ThreadGroup(self.workers, abort=self.threads.abort, timeout=timeout)
+
+    def _timeline(self, trace: Recorder, **fields) -> Timeline:
+        """The step `trace` recorded, one row per worker, on the runner's clock and links
+        (`fields`: its name, meta, ...)."""
+        return trace.timeline(self.clock, self.links, num_devices=self.workers, **fields)
 
     def run_jobs(
         self,

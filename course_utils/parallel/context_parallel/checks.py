@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from course_utils import validation
@@ -11,6 +13,12 @@ MAX_WORKERS = 16
 
 
 # -- input checks -------------------------------------------------------------------------
+
+
+def check_timeout(timeout: float) -> None:
+    """How long a worker waits for a message: a finite number of seconds > 0."""
+    if not isinstance(timeout, int | float) or not 0 < timeout < math.inf:
+        raise CourseInputError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
 
 
 def check_seq_split(seq: int, workers: int, zigzag: bool) -> None:

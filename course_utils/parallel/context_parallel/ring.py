@@ -6,17 +6,16 @@ them on `DeviceThreads`, checks them against one device and records a measured t
 
 from __future__ import annotations
 
-import math
 import time
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
 import torch
 
-from course_utils import validation
 from course_utils.actions import Action
-from course_utils.errors import CourseInputError, WorkerError
+from course_utils.errors import WorkerError
 from course_utils.parallel.context_parallel.attention import (
     block_attention_backward_unchecked,
     block_attention_unchecked,
@@ -26,17 +25,18 @@ from course_utils.parallel.context_parallel.attention import (
 from course_utils.parallel.context_parallel.checks import (
     MAX_WORKERS,
     check_ring_inputs,
+    check_timeout,
 )
 from course_utils.parallel.context_parallel.layout import (
+    BlockProduct,
     block_products,
     gather_chunks,
     sequence_chunks,
     split_sequence,
 )
-from course_utils.threads.collectives import ThreadGroup
-from course_utils.threads.devices import Aborted, DeviceThreads, ThreadRunner
+from course_utils.threads.devices import Aborted, ThreadRunner
 from course_utils.threads.links import Links
-from course_utils.threads.trace import Recorder, check_clock, current, on
+from course_utils.threads.trace import Recorder, current, on
 from course_utils.timeline import Timeline
 
 # -- the ring, as run by one worker -------------------------------------------------------
@@ -96,6 +96,36 @@ def _computing(kind: str, owner: int, label: str) -> AbstractContextManager:
     return stream.compute(Action(0, kind, owner), label) if stream else nullcontext()
 
 
+def _block_in_hand(
+    comm: PointToPoint, step: int, k, v, causal: bool, zigzag: bool, chunk: int, trace
+) -> tuple[int, list[BlockProduct]]:
+    """Step `step` of a pass around the ring: whose K/V block the worker holds, and the
+    products to compute with it. The block goes on to the right first (but in the last
+    step), so that its transfer could overlap with the compute."""
+    n, rank = comm.world_size, comm.rank
+    right, owner = (rank + 1) % n, (rank - step) % n
+    if step < n - 1:
+        _send(comm, right, (k, v), "SEND_F", owner, f"kv{owner}→{right}", trace)
+    return owner, block_products(rank, owner, n, zigzag, causal, chunk)
+
+
+@contextmanager
+def _computing_products(
+    kind: str, rank: int, owner: int, products: list[BlockProduct], trace
+) -> Iterator[None]:
+    """One step's compute ("F" or "B") with `owner`'s block: a bar on the thread's stream
+    and a `Record` in `trace` when there are products (a causal skip computes nothing)."""
+    start = time.perf_counter_ns()
+    label = f"q{rank}·kv{owner}"
+    with _computing(kind, owner, label) if products else nullcontext():
+        yield
+    if trace is not None and products:
+        elements = sum(p.elements() for p in products)
+        trace.append(
+            Record(kind, owner, label, start, time.perf_counter_ns(), len(products), elements)
+        )
+
+
 def ring_attention_forward(
     comm: PointToPoint,
     q: torch.Tensor,
@@ -113,18 +143,14 @@ def ring_attention_forward(
     block into the running result, then takes the next block from the left.
     """
     n, rank = comm.world_size, comm.rank
-    right, left = (rank + 1) % n, (rank - 1) % n
+    left = (rank - 1) % n
     chunk = q.shape[-2] // len(sequence_chunks(n, zigzag)[rank])
     diagonal_mask = causal_mask(chunk, chunk, q.device)
     out = torch.zeros_like(q)
     lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
     for step in range(n):
-        owner = (rank - step) % n
-        if step < n - 1:
-            _send(comm, right, (k, v), "SEND_F", owner, f"kv{owner}→{right}", trace)
-        start = time.perf_counter_ns()
-        products = block_products(rank, owner, n, zigzag, causal, chunk)
-        with _computing("F", owner, f"q{rank}·kv{owner}") if products else nullcontext():
+        owner, products = _block_in_hand(comm, step, k, v, causal, zigzag, chunk, trace)
+        with _computing_products("F", rank, owner, products, trace):
             for p in products:
                 mask = diagonal_mask if p.diagonal else None
                 block_out, block_lse = block_attention_unchecked(
@@ -133,12 +159,6 @@ def ring_attention_forward(
                 out[..., p.q_rows, :], lse[..., p.q_rows] = merge_partials_unchecked(
                     out[..., p.q_rows, :], lse[..., p.q_rows], block_out, block_lse
                 )
-        if trace is not None and products:
-            elements = sum(p.elements() for p in products)
-            label = f"q{rank}·kv{owner}"
-            trace.append(
-                Record("F", owner, label, start, time.perf_counter_ns(), len(products), elements)
-            )
         if step < n - 1:
             k, v = _recv(comm, left)
     return out, lse
@@ -171,12 +191,8 @@ def ring_attention_backward(
     delta = (dout * out).sum(dim=-1)  # D_i = dO_i . O_i, the same for every key block
     dq = torch.zeros_like(q)
     for step in range(n):
-        owner = (rank - step) % n
-        if step < n - 1:
-            _send(comm, right, (k, v), "SEND_F", owner, f"kv{owner}→{right}", trace)
-        start = time.perf_counter_ns()
-        products = block_products(rank, owner, n, zigzag, causal, chunk)
-        with _computing("B", owner, f"q{rank}·kv{owner}") if products else nullcontext():
+        owner, products = _block_in_hand(comm, step, k, v, causal, zigzag, chunk, trace)
+        with _computing_products("B", rank, owner, products, trace):
             dk_part, dv_part = torch.zeros_like(k), torch.zeros_like(v)
             for p in products:
                 qr, kr = p.q_rows, p.kv_rows
@@ -192,12 +208,6 @@ def ring_attention_backward(
                 dq[..., qr, :] += dq_p
                 dk_part[..., kr, :] += dk_p
                 dv_part[..., kr, :] += dv_p
-        if trace is not None and products:
-            elements = sum(p.elements() for p in products)
-            label = f"q{rank}·kv{owner}"
-            trace.append(
-                Record("B", owner, label, start, time.perf_counter_ns(), len(products), elements)
-            )
         if step == 0:
             dk_acc, dv_acc = dk_part, dv_part  # our own block: we are the first to add to it
         else:
@@ -265,15 +275,10 @@ class RingAttention(ThreadRunner):
         clock: str = "virtual",
         links: Links | None = None,
     ) -> None:
-        self.clock, self.links = check_clock(clock), links
-        validation.integer(workers, "workers", 1, MAX_WORKERS)
-        if not isinstance(timeout, int | float) or not 0 < timeout < math.inf:
-            raise CourseInputError(
-                f"timeout must be a finite number of seconds > 0, got {timeout!r}"
-            )
-        self.workers, self.causal, self.zigzag = workers, bool(causal), bool(zigzag)
-        self.threads = DeviceThreads(workers, name="cp", one_core=self.clock == "virtual")
-        self.group = ThreadGroup(workers, abort=self.threads.abort, timeout=timeout)
+        self._keep_workers_and_clock(workers, MAX_WORKERS, clock, links)
+        check_timeout(timeout)
+        self.causal, self.zigzag = bool(causal), bool(zigzag)
+        self._start_threads("cp", timeout, one_core=self.clock == "virtual")
         self._warm_up()
 
     def _warm_up(self) -> None:
@@ -359,10 +364,8 @@ class RingAttention(ThreadRunner):
 
         split = "zig-zag" if self.zigzag else "plain"
         mask = "causal" if self.causal else "full"
-        timeline = recorder.timeline(
-            self.clock,
-            self.links,
-            num_devices=self.workers,
+        timeline = self._timeline(
+            recorder,
             name=f"ring attention ({split} split, {mask}), p={self.workers}",
             meta={"zigzag": self.zigzag, "causal": self.causal},
         )

@@ -43,7 +43,6 @@ communication lane).
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from typing import Protocol
@@ -61,9 +60,9 @@ from course_utils.parallel.context_parallel.attention import (
 from course_utils.parallel.context_parallel.checks import (
     MAX_WORKERS,
     check_matching_tensors,
+    check_timeout,
 )
-from course_utils.threads.collectives import ThreadGroup
-from course_utils.threads.devices import Aborted, DeviceThreads, ThreadRunner
+from course_utils.threads.devices import Aborted, ThreadRunner
 from course_utils.timeline import Event, Timeline
 
 # -- on paper ---------------------------------------------------------------------------
@@ -272,13 +271,9 @@ class UlyssesAttention(ThreadRunner):
 
     def __init__(self, workers: int, causal: bool = False, timeout: float = 60.0) -> None:
         validation.integer(workers, "workers", 1, MAX_WORKERS)
-        if not isinstance(timeout, int | float) or not 0 < timeout < math.inf:
-            raise CourseInputError(
-                f"timeout must be a finite number of seconds > 0, got {timeout!r}"
-            )
+        check_timeout(timeout)
         self.workers, self.causal = workers, bool(causal)
-        self.threads = DeviceThreads(workers, name="ulysses")
-        self.group = ThreadGroup(workers, abort=self.threads.abort, timeout=timeout)
+        self._start_threads("ulysses", timeout, one_core=False)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> UlyssesResult:
         """The forward only (dq, dk, dv are None)."""

@@ -40,10 +40,9 @@ from course_utils.parallel.fsdp.program import (
     fsdp_program,
 )
 from course_utils.parallel.fsdp.shards import FlatLayout, adam, adam_update
-from course_utils.threads.collectives import ThreadGroup
-from course_utils.threads.devices import Aborted, DeviceThreads, ThreadRunner
+from course_utils.threads.devices import Aborted, ThreadRunner
 from course_utils.threads.links import Links
-from course_utils.threads.trace import Recorder, Stream, check_clock, on
+from course_utils.threads.trace import Recorder, Stream, on
 from course_utils.timeline import Timeline
 
 DTYPES = (torch.float32, torch.float64)
@@ -201,8 +200,7 @@ class ShardedDataParallel(ThreadRunner):
         clock: str = "virtual",
         links: Links | None = None,
     ) -> None:
-        self.clock, self.links = check_clock(clock), links
-        validation.integer(workers, "workers", 1, MAX_WORKERS)
+        self._keep_workers_and_clock(workers, MAX_WORKERS, clock, links)
         check_one_of(stage, "stage", STAGES)
         validation.integer(prefetch, "prefetch", 0, MAX_PREFETCH)
         validation.integer(microbatches, "microbatches", 1, MAX_MICROBATCHES)
@@ -215,7 +213,7 @@ class ShardedDataParallel(ThreadRunner):
             raise CourseInputError(f"betas must both be in [0, 1), got {betas!r}")
         layers = _as_layers(model)
         self.dtype = _common_dtype(layers)
-        self.workers, self.stage, self.prefetch = workers, stage, prefetch
+        self.stage, self.prefetch = stage, prefetch
         self.microbatches, self.loss_fn = microbatches, loss_fn
         self.lr, self.eps = float(lr), float(eps)
         self.betas = (float(betas[0]), float(betas[1]))
@@ -226,8 +224,7 @@ class ShardedDataParallel(ThreadRunner):
         self.program, self.comms = fsdp_program(len(layers), stage, prefetch, microbatches)
         self.steps_done = 0
         # threads 0..N-1 compute, threads N..2N-1 communicate (worker w's are w and N + w)
-        self.threads = DeviceThreads(2 * workers, name="fsdp", one_core=self.clock == "virtual")
-        self.group = ThreadGroup(workers, abort=self.threads.abort, timeout=timeout)
+        self._start_threads("fsdp", timeout, one_core=self.clock == "virtual", threads=2 * workers)
         self.timeout = timeout
         for state in self.states:
             state.meter.sample()
@@ -287,10 +284,8 @@ class ShardedDataParallel(ThreadRunner):
                 state.meter.transient.clear()
             raise
         wall = (time.perf_counter_ns() - start) / 1e9
-        timeline = trace.timeline(
-            self.clock,
-            self.links,
-            num_devices=self.workers,
+        timeline = self._timeline(
+            trace,
             name=f"ZeRO-{self.stage}, {self.workers} workers, prefetch {self.prefetch}",
             meta={"microbatches": self.microbatches, "chunks": 1, "stage": self.stage},
         )

@@ -36,10 +36,10 @@ from course_utils.parallel.moe.limits import (
     check_tokens,
 )
 from course_utils.parallel.moe.routing import experts_of_worker, route
-from course_utils.threads.collectives import ThreadGroup, chunk_bounds
-from course_utils.threads.devices import Aborted, DeviceThreads, ThreadRunner
+from course_utils.threads.collectives import chunk_bounds
+from course_utils.threads.devices import Aborted, ThreadRunner
 from course_utils.threads.links import Links
-from course_utils.threads.trace import Recorder, Stream, check_clock, on
+from course_utils.threads.trace import Recorder, Stream, on
 
 
 @dataclass
@@ -69,14 +69,12 @@ class ExpertParallel(ThreadRunner):
         clock: str = "virtual",
         links: Links | None = None,
     ) -> None:
-        self.clock, self.links = check_clock(clock), links
-        validation.integer(workers, "workers", 1, MAX_WORKERS)
+        self._keep_workers_and_clock(workers, MAX_WORKERS, clock, links)
         if moe.num_experts % workers:
             raise CourseInputError(
                 f"workers must divide the number of experts ({moe.num_experts}), got {workers}"
             )
         validation.number(timeout, "timeout", 1e-3, 3600.0)
-        self.workers = workers
         self.num_experts = moe.num_experts
         self.d_model, self.top_k = moe.d_model, moe.top_k
         self.capacity_factor = moe.capacity_factor
@@ -91,8 +89,7 @@ class ExpertParallel(ThreadRunner):
                     expert_ids=ids,
                 )
             )
-        self.threads = DeviceThreads(workers, name="ep worker", one_core=self.clock == "virtual")
-        self.group = ThreadGroup(workers, abort=self.threads.abort, timeout=timeout)
+        self._start_threads("ep worker", timeout, one_core=self.clock == "virtual")
 
     def step(
         self, x: torch.Tensor, grad_output: torch.Tensor | None = None, aux_weight: float = 0.0
@@ -121,10 +118,8 @@ class ExpertParallel(ThreadRunner):
 
     def _gather(self, results: list[dict], shape: torch.Size, trace: Recorder) -> MoEStep:
         routed = [r["routed"] for r in results]
-        timeline = trace.timeline(
-            self.clock,
-            self.links,
-            num_devices=self.workers,
+        timeline = self._timeline(
+            trace,
             name=f"expert parallel: E={self.num_experts} experts on p={self.workers} workers",
             meta={"received_per_expert": column_sums(routed), "routed": routed},
         )
