@@ -363,3 +363,37 @@ def test_setup_remakes_a_half_built_venv(tmp_path):
     (tmp_path / ".venv" / "installed-packages").write_text("a healthy venv is kept")
     subprocess.run(["bash", "-c", first], cwd=tmp_path, check=True, timeout=300)
     assert (tmp_path / ".venv" / "installed-packages").exists()
+
+
+GROUPED = """
+import pytest
+
+@pytest.mark.xdist_group("together")
+@pytest.mark.parametrize("i", range(6))
+def test_grouped(i):
+    pass
+
+@pytest.mark.parametrize("i", range(6))
+def test_free(i):
+    pass
+"""
+
+
+@pytest.mark.slow
+def test_tests_in_one_xdist_group_run_on_one_worker(tmp_path):
+    # make test relies on it: the tests reading the notebook runs wait for none of them on the
+    # other worker, and two tests watching /tmp/cg-* never overlap (`--dist loadgroup`).
+    for name in ("test_a.py", "test_b.py"):
+        (tmp_path / name).write_text(GROUPED)
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-v"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    workers = set(re.findall(r"\[(gw\d)\] \[[ \d]+%\] PASSED \S+::test_grouped", out.stdout))
+    grouped = re.findall(r"PASSED \S+::test_grouped\S*", out.stdout)
+    assert len(grouped) == 12 and len(workers) == 1, out.stdout[-3000:]
