@@ -59,8 +59,9 @@ unit: setup
 # The quick loop while editing: the unit tests without the slow ones (real processes: notebook
 # kernels, nbval and grader runs, torch.distributed ranks, make, one CLI smoke test per command),
 # without the browser and without the constrained runs (every lesson twice: make test-constrained).
+# No groups among them: workers steal work from each other, which balances them best.
 test-fast: setup
-	$(PY) -m pytest -m "not slow and not browser and not constrained" $(XDIST)
+	$(PY) -m pytest -m "not slow and not browser and not constrained" -n $(JOBS) --dist worksteal
 
 # Every lesson, run top to bottom with nbval (outputs are not compared), as an instructor would
 # check a copy of the course. `make test` does not run it: its tests read one run of every
