@@ -22,6 +22,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from conftest import SOCKETS_IN_TMP
 from measured import ROOT, run_course, tree_peak_mb
 
 from course_utils import validation
@@ -145,9 +146,7 @@ def _default_ctrl_c() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-# It watches /tmp/cg-*, where a grader with a long TMPDIR keeps its sockets: one pytest
-# worker runs it and the other test that makes such folders (test_sandbox's hostile class).
-@pytest.mark.xdist_group("sockets-in-tmp")
+@SOCKETS_IN_TMP  # it watches /tmp/cg-*; test_sandbox's hostile class makes such folders
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
 def test_nothing_outlives_grade_j2(sig, tmp_path):
     _slow_class(tmp_path / "class")

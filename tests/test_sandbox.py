@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import SOCKETS_IN_TMP
 from gradingkit import ALL, NAME, ROOT, blank, cell, data, passed, solved, with_code
 
 from course_utils.grading import isolation
@@ -174,7 +175,7 @@ def grade_class(tmp_path: Path, submissions: dict, **kwargs) -> dict:
     return {r.student: r for r in results}
 
 
-@pytest.mark.xdist_group("sockets-in-tmp")  # beside test_limits.test_nothing_outlives_grade_j2
+@SOCKETS_IN_TMP  # its class makes /tmp/cg-* folders; test_limits watches them
 def test_a_hostile_class_scores_nothing_leaves_nothing_and_its_neighbours_keep_full_marks(
     tmp_path, monkeypatch
 ):
