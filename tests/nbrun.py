@@ -19,13 +19,13 @@ import sys
 import time
 from pathlib import Path
 
-import nbformat
-from nbclient.exceptions import CellExecutionError
-
 from course_utils.grading.notebook_tools import notebook_client
 
 
 def main() -> int:
+    import nbformat  # after course_utils.grading, which spares it jsonschema's slow formats
+    from nbclient.exceptions import CellExecutionError
+
     parser = argparse.ArgumentParser()
     parser.add_argument("notebook", type=Path)
     parser.add_argument("--timeout", type=float, default=600)

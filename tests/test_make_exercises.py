@@ -3,6 +3,7 @@ deterministic and lint-clean, and --check catches every kind of stale exercises/
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -246,3 +247,20 @@ def test_notebook_client_leaves_output_widgets_to_the_kernel():
     notebook_client(nb, timeout=60, kernel_name="python3").execute()
     text = "".join(o.get("text", "") for o in nb.cells[0].outputs if o.output_type == "stream")
     assert "inside the widget" in text
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("rfc3987_syntax") is None, reason="rfc3987-syntax not installed"
+)
+def test_a_grading_process_reads_notebooks_without_jsonschemas_slow_formats():
+    """Every grading worker reads notebooks. Plain `import nbformat` makes jsonschema compile
+    rfc3987-syntax's Lark grammars (about 2 s per process); after course_utils.grading it
+    does not, and notebooks still read and validate."""
+    lesson = REPO / "notebooks" / "00_welcome.ipynb"
+    read = f"nb = nbformat.read({str(lesson)!r}, as_version=4); nbformat.validate(nb)"
+    shows_lark = "; import sys; print('lark' in sys.modules)"
+    for first, lark in [("import nbformat", "True"), ("import course_utils.grading", "False")]:
+        code = f"{first}; import nbformat; {read}{shows_lark}"
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == lark, (first, out.stdout)

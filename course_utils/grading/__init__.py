@@ -16,7 +16,15 @@ The learner-facing checks themselves live in `course_utils.checks`. Importing th
 is cheap (the commands check their arguments before importing nbformat, which is slow).
 """
 
+import sys
 from pathlib import Path
+
+# nbformat imports jsonschema, which compiles some 35 Lark grammars for the "iri" formats when
+# the optional rfc3987-syntax is installed (Jupyter installs it): 1.2-1.7 s in every process
+# that reads a notebook, such as each grading worker. No notebook schema uses those formats,
+# so the grading processes go without them (python-jsonschema/jsonschema#1428). A process
+# that imported jsonschema before this package keeps them.
+sys.modules.setdefault("rfc3987_syntax", None)
 
 REPO = Path(__file__).resolve().parents[2]
 SOLUTIONS = REPO / "solutions"
