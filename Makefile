@@ -8,6 +8,10 @@ LAB_FLAGS ?=
 # JupyterLab refuses to run as root (containers, CI) unless told it may.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 PIP := $(PY) -m pip --disable-pip-version-check --quiet
+# The lessons and tests start many Pythons (kernels, grading workers, commands, ranks): they
+# keep their compiled bytecode (__pycache__/, which git ignores) even where the environment
+# says not to, which spares each start a few seconds of compiling.
+unexport PYTHONDONTWRITEBYTECODE
 
 # Linux without a GPU: `make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu` installs
 # PyTorch's CPU build (a few hundred MB) instead of PyPI's CUDA build (several GB).
