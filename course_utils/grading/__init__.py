@@ -23,8 +23,9 @@ from pathlib import Path
 # the optional rfc3987-syntax is installed (Jupyter installs it): 1.2-1.7 s in every process
 # that reads a notebook, such as each grading worker. No notebook schema uses those formats,
 # so the grading processes go without them (python-jsonschema/jsonschema#1428). A process
-# that imported jsonschema before this package keeps them.
-sys.modules.setdefault("rfc3987_syntax", None)
+# that imported jsonschema before this package keeps them. (None in sys.modules is Python's
+# way to make an import raise ImportError, which jsonschema expects of an optional module.)
+sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
 
 REPO = Path(__file__).resolve().parents[2]
 SOLUTIONS = REPO / "solutions"
