@@ -287,13 +287,45 @@ def test_makefile_targets_and_ci_script():
     targets = ("lab:", "test:", "test-fast:", "lint:", "exercises:", "bench:", "test-browser:")
     for target in (*targets, "test-compat:"):
         assert re.search(rf"^{target}", makefile, re.M), target
-    ci = (ROOT / ".ci" / "run").read_text()
-    assert re.search(r"^make test$", ci, re.M) and re.search(r"^make test-compat$", ci, re.M)
     # The compat venv lives outside the checkout (a clean clone must not carry GBs of torch).
     assert re.search(
         r"^COMPAT_VENV \?= \$\(or \$\(XDG_CACHE_HOME\),\$\(HOME\)/\.cache\)/", makefile, re.M
     )
     assert os.access(ROOT / ".ci" / "run", os.X_OK)
+
+
+FAKE_MAKE = """#!/bin/sh
+echo "$*" >> "$CALLS"
+echo "output of make $*"
+[ "$*" = "$FAILING" ] && exit 1
+exit 0
+"""
+
+
+@pytest.mark.parametrize("failing", ["", "test", "test-browser", "test-compat"])
+def test_ci_runs_every_suite_and_fails_when_one_does(tmp_path, failing):
+    """.ci/run with a stand-in `make` (and stand-ins for what it would apt-get): it runs make
+    test, then the browser test beside the oldest PyTorch, shows the browser's output, and
+    fails when any of them fails."""
+    (tmp_path / ".ci").mkdir()
+    script = tmp_path / ".ci" / "run"
+    script.write_text((ROOT / ".ci" / "run").read_text())
+    script.chmod(0o755)
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    fakes = {"make": FAKE_MAKE, "chromium": "#!/bin/sh\n", "bwrap": "#!/bin/sh\n",
+             "fc-list": "#!/bin/sh\necho Noto Color Emoji\n"}  # fmt: skip
+    for name, text in fakes.items():
+        (bin_ / name).write_text(text)
+        (bin_ / name).chmod(0o755)
+    calls = tmp_path / "calls"
+    env = dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}", CALLS=str(calls), FAILING=failing)
+    out = subprocess.run([str(script)], capture_output=True, text=True, env=env, timeout=60)
+    made = sorted(calls.read_text().split())
+    assert made == (["test"] if failing == "test" else ["test", "test-browser", "test-compat"])
+    assert (out.returncode == 0) == (failing == ""), (out.returncode, out.stdout, out.stderr)
+    if failing != "test":
+        assert "output of make test-browser" in out.stdout  # its log, printed at the end
 
 
 def test_gitignore_covers_venv_and_caches():
