@@ -3,10 +3,10 @@ deterministic and lint-clean, and --check catches every kind of stale exercises/
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
 import sys
+from importlib.machinery import PathFinder
 from pathlib import Path
 
 import nbformat
@@ -249,8 +249,8 @@ def test_notebook_client_leaves_output_widgets_to_the_kernel():
     assert "inside the widget" in text
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("rfc3987_syntax") is None, reason="rfc3987-syntax not installed"
+@pytest.mark.skipif(  # on sys.path, whatever this process has put in sys.modules
+    PathFinder.find_spec("rfc3987_syntax") is None, reason="rfc3987-syntax not installed"
 )
 def test_a_grading_process_reads_notebooks_without_jsonschemas_slow_formats():
     """Every grading worker reads notebooks. Plain `import nbformat` makes jsonschema compile
@@ -264,3 +264,11 @@ def test_a_grading_process_reads_notebooks_without_jsonschemas_slow_formats():
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == lark, (first, out.stdout)
+
+
+def test_the_tests_read_notebooks_without_jsonschemas_slow_formats(pytestconfig):
+    """`make test` and `make test-fast` start pytest without nbval's plugin, so that
+    tests/conftest.py imports course_utils.grading before anything imports nbformat."""
+    if pytestconfig.pluginmanager.has_plugin("nbval"):
+        pytest.skip("nbval's plugin imported nbformat first (the Makefile runs -p no:nbval)")
+    assert "lark" not in sys.modules
