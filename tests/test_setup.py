@@ -419,7 +419,7 @@ def test_tests_in_one_xdist_group_run_on_one_worker(tmp_path):
         (tmp_path / name).write_text(GROUPED)
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-v"],
+        [sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-v", "-p", "no:nbval"],
         capture_output=True,
         text=True,
         cwd=tmp_path,
