@@ -53,25 +53,20 @@ lab: setup
 # other share an xdist_group (--dist loadgroup sends a group to one worker).
 JOBS ?= 2
 XDIST := -n $(JOBS) --dist loadgroup
-# nbval's plugin imports nbformat when pytest starts, before tests/conftest.py can spare it
-# jsonschema's slow formats (course_utils/grading/__init__.py): 2 s per pytest process. Only
-# the runs of notebooks under nbval load it.
-NO_NBVAL := -p no:nbval
 
 # Every lesson and solution runs once inside `unit` (tests/notebook_runs.py, pinned to one core
 # each, two at a time): tests/test_lessons.py and tests/test_exercises.py read those runs.
 test: setup lint unit
 
 unit: setup
-	$(PY) -m pytest -m "not browser and not constrained" $(XDIST) $(NO_NBVAL)
+	$(PY) -m pytest -m "not browser and not constrained" $(XDIST)
 
 # The quick loop while editing: the unit tests without the slow ones (real processes: notebook
 # kernels, nbval and grader runs, torch.distributed ranks, make, one CLI smoke test per command),
 # without the browser and without the constrained runs (every lesson twice: make test-constrained).
 # No groups among them: workers steal work from each other, which balances them best.
 test-fast: setup
-	$(PY) -m pytest -m "not slow and not browser and not constrained" -n $(JOBS) --dist worksteal \
-		$(NO_NBVAL)
+	$(PY) -m pytest -m "not slow and not browser and not constrained" -n $(JOBS) --dist worksteal
 
 # Every lesson, run top to bottom with nbval (outputs are not compared), as an instructor would
 # check a copy of the course. `make test` does not run it: its tests read one run of every
@@ -124,8 +119,8 @@ test-compat:
 	$(COMPAT_PY) -m pip --disable-pip-version-check --quiet install --no-deps --force-reinstall -e .
 	$(COMPAT_PY) -c "import torch; assert torch.__version__.split('+')[0] == '$(COMPAT_TORCH)', torch.__version__"
 	$(COMPAT_PY) -m pytest -p no:cacheprovider -m "not slow and not browser and not constrained" \
-		$(XDIST) $(NO_NBVAL)
-	$(COMPAT_PY) -m pytest -p no:cacheprovider -m "slow" $(COMPAT_SLOW_TESTS) $(XDIST) $(NO_NBVAL)
+		$(XDIST)
+	$(COMPAT_PY) -m pytest -p no:cacheprovider -m "slow" $(COMPAT_SLOW_TESTS) $(XDIST)
 	$(COMPAT_PY) -m pytest -p no:cacheprovider --nbval-lax --nbval-current-env $(COMPAT_LESSONS) \
 		-n $(JOBS) --dist loadfile
 

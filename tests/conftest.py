@@ -14,8 +14,6 @@ from typing import NamedTuple
 
 import pytest
 
-import course_utils.grading  # noqa: F401  first: nbformat then skips jsonschema's slow formats
-
 ROOT = Path(__file__).resolve().parents[1]
 # Tests that make or watch /tmp/cg-*, where a grader with a long TMPDIR keeps its kernels'
 # sockets: `--dist loadgroup` runs them on one pytest worker, one after the other.
