@@ -140,19 +140,21 @@ def test_explorer_slider_changes_chart_and_bubble(browser, lab):
     assert chart.evaluate("img => img.complete && img.naturalWidth > 200")
     page.screenshot(path=str(SHOTS / "explorer_before.png"), full_page=False)
     src_before, bubble_before = chart.get_attribute("src"), _bubble_percent(page)
+    metrics_before = page.locator(".explorer-metrics").first.inner_text()
 
     slider = page.locator(".explorer-microbatches").first
     handle = slider.locator(".noUi-handle").first
     handle.focus()
     for _ in range(4):
         page.keyboard.press("ArrowRight")
+    # The chart and the metrics are two widgets, each updated by its own message: wait for both.
     page.wait_for_function(
-        "([sel, before]) => { const img = document.querySelector(sel);"
-        " return img && img.src !== before; }",
-        arg=["img.explorer-chart, .explorer-chart img", src_before],
+        "([sel, src, text]) => { const img = document.querySelector(sel);"
+        " const metrics = document.querySelector('.explorer-metrics');"
+        " return img && img.src !== src && metrics && metrics.innerText !== text; }",
+        arg=["img.explorer-chart, .explorer-chart img", src_before, metrics_before],
         timeout=30_000,
     )
-    time.sleep(0.5)
     page.screenshot(path=str(SHOTS / "explorer_after.png"), full_page=False)
     bubble_after = _bubble_percent(page)
     assert bubble_after != bubble_before, (bubble_before, bubble_after)
@@ -172,10 +174,12 @@ def test_the_planner_redraws_its_chart_and_text_in_the_browser(browser, lab):
     text_before = planner.locator(".course-picker-text").first.inner_text()
     src_before = chart.get_attribute("src")
     planner.locator("select").first.select_option("70B")
+    # The chart and the text are two widgets, each updated by its own message: wait for both.
     page.wait_for_function(
-        "([before]) => { const img = document.querySelector('.course-picker-chart');"
-        " return img && img.src !== before; }",
-        arg=[src_before],
+        "([src, text]) => { const img = document.querySelector('.course-picker-chart');"
+        " const caption = document.querySelector('.course-picker-text');"
+        " return img && img.src !== src && caption && caption.innerText !== text; }",
+        arg=[src_before, text_before],
         timeout=30_000,
     )
     text_after = planner.locator(".course-picker-text").first.inner_text()

@@ -97,6 +97,31 @@ def test_picker_redraws_on_change_and_falls_back_to_its_first_chart_and_text():
     assert not any(plt.fignum_exists(f.number) for f in figures)
 
 
+def test_the_picker_computes_its_text_before_it_sends_a_new_chart():
+    # The browser shows each widget's change as it arrives: a chart sent before its text was
+    # computed showed beside the old text for as long as `describe` took (a browser test
+    # that read the text right after the chart changed failed on a busy CI machine).
+    import matplotlib.pyplot as plt
+
+    from course_utils.charts.display import picker
+
+    described = []
+
+    def draw(n):
+        fig, ax = plt.subplots()
+        ax.plot([0, 1], [0, n])
+        return fig
+
+    n = widgets.IntSlider(value=1)
+    shown = picker({"n": n}, draw, lambda n: described.append(n) or f"n={n}")
+    chart, caption = shown.widget.children[1:]
+    seen_when_sent = []
+    chart.observe(lambda _: seen_when_sent.append(list(described)), names="value")
+    n.value = 2
+    assert seen_when_sent == [[1, 2]], seen_when_sent
+    assert "n=2" in caption.value
+
+
 def test_a_text_only_picker_has_no_chart():
     from course_utils.charts.display import picker
 

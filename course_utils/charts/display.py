@@ -89,13 +89,13 @@ def picker(controls: dict, draw=None, describe=None, box=None) -> WithFallback:
         parts.append(caption)
 
     def refresh(_change=None) -> tuple[bytes | None, str | None]:
-        png = text = None
+        # Both are computed before either is sent, so the chart and its text change together.
+        png = paint() if chart is not None else None
+        text = describe(**values()) if caption is not None else None
         if chart is not None:
-            png = paint()
             chart.value = png or b""
             chart.layout.display = None if png else "none"  # no chart: no empty frame
         if caption is not None:
-            text = describe(**values())
             caption.value = f"<pre style='margin: 0'>{html.escape(text)}</pre>"
         return png, text
 
