@@ -12,13 +12,14 @@ from course_utils.errors import CourseInputError
 from course_utils.parallel.costs import ALGORITHMS
 
 
-def _value(args: argparse.Namespace, flag: str):
+def flag_value(args: argparse.Namespace, flag: str):
+    """What argparse stored for `--flag` (its dest: no leading dashes, "-" read as "_")."""
     return getattr(args, flag.lstrip("-").replace("-", "_"))
 
 
 def int_flag(args: argparse.Namespace, flag: str, low: int = 1, high: int | None = None) -> int:
     """The value of `--flag` as an int in [low, high], or a one-line error naming the flag."""
-    return validation.integer(_value(args, flag), flag, low, high)
+    return validation.integer(flag_value(args, flag), flag, low, high)
 
 
 def number_flag(
@@ -29,7 +30,7 @@ def number_flag(
     strict: bool = False,
 ) -> float:
     """The value of `--flag` as a finite float >= low (> low if strict) and <= high."""
-    return validation.number(_value(args, flag), flag, low, high, strict)
+    return validation.number(flag_value(args, flag), flag, low, high, strict)
 
 
 def _terminated(signum, frame) -> None:

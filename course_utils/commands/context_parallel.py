@@ -20,9 +20,13 @@ import argparse
 import json
 import math
 
-from course_utils.commands.common import add_clock_arguments, links_from_args, printed_as_json
+from course_utils.commands.common import (
+    add_clock_arguments,
+    int_flag,
+    links_from_args,
+    printed_as_json,
+)
 from course_utils.errors import CourseInputError
-from course_utils.validation import integer
 
 HELP = "ring attention (context parallelism) on threads vs one device"
 MAX_WORKERS = 8
@@ -70,16 +74,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_clock_arguments(parser)
 
 
-def _int_arg(args: argparse.Namespace, flag: str, low: int, high: int) -> int:
-    return integer(getattr(args, flag.lstrip("-")), flag, low, high)
-
-
 def check_arguments(args: argparse.Namespace) -> None:
     """One-line CourseInputError naming the flag, before any torch work."""
-    workers = _int_arg(args, "--workers", 1, MAX_WORKERS)
-    seq = _int_arg(args, "--seq", 1, MAX_SCORES)  # the heads x seq^2 rule below is the limit
-    heads = _int_arg(args, "--heads", 1, MAX_HEADS)
-    _int_arg(args, "--dim", 1, MAX_DIM)
+    workers = int_flag(args, "--workers", 1, MAX_WORKERS)
+    seq = int_flag(args, "--seq", 1, MAX_SCORES)  # the heads x seq^2 rule below is the limit
+    heads = int_flag(args, "--heads", 1, MAX_HEADS)
+    int_flag(args, "--dim", 1, MAX_DIM)
     if args.ulysses and args.zigzag:
         raise CourseInputError(
             "--zigzag does not apply to --ulysses: Ulysses gives every worker whole sequences "

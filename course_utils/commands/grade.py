@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from course_utils import validation
-from course_utils.commands.common import exit_on_sigterm
+from course_utils.commands.common import exit_on_sigterm, number_flag
 from course_utils.errors import CourseInputError
 
 HELP = "grade exercise notebooks (each in a sandbox, judged outside the learner's kernel)"
@@ -88,10 +88,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _seconds(value: float, flag: str) -> float:
-    return validation.number(value, flag, 0.0, 86400.0, strict=True)
-
-
 def _output_folder(path: Path, flag: str) -> None:
     """A folder that exists and takes files, or one that can be made there."""
     if path.exists() and not path.is_dir():
@@ -109,7 +105,7 @@ def _check(args: argparse.Namespace) -> None:
     from course_utils.grading.roster import check_name, read_roster
 
     for flag in ("--timeout", "--cell-timeout", "--call-timeout"):
-        _seconds(getattr(args, flag.lstrip("-").replace("-", "_")), flag)
+        number_flag(args, flag, 0.0, 86400.0, strict=True)
     validation.integer(args.jobs, "--jobs", 1, MAX_JOBS)
     if args.lesson is not None:
         validation.integer(args.lesson, "--lesson", 1, 99)

@@ -13,7 +13,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from course_utils import validation
-from course_utils.commands.common import add_network_arguments, network_changes
+from course_utils.commands.common import add_network_arguments, flag_value, network_changes
 from course_utils.errors import CourseInputError
 from course_utils.pipeline.schedules import RECOMMENDED
 from course_utils.plan import (
@@ -209,7 +209,7 @@ def _hardware_from_args(args) -> Hardware:
         ("--gpu-memory-gib", "gpu_memory_gib"),
         ("--peak-tflops", "peak_tflops_bf16"),
     ):
-        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        value = flag_value(args, flag)
         if value is not None:
             changes[key] = _positive(value, flag, 1e9)
     if args.efficiency is not None:
