@@ -233,6 +233,12 @@ def links_from_args(args: argparse.Namespace):
     return cluster_links(args.gpu, **changes)
 
 
+def add_json_and_clock_arguments(parser: argparse.ArgumentParser) -> None:
+    """--json and the clock flags: what `printed_as_json` reads, in the commands that use it."""
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_clock_arguments(parser)
+
+
 def printed_as_json(args: argparse.Namespace, links, result: dict) -> bool:
     """Add the keys every timed command reports to `result`; with --json, print it and say
     so (the command is then done)."""

@@ -21,7 +21,7 @@ import json
 import math
 
 from course_utils.commands.common import (
-    add_clock_arguments,
+    add_json_and_clock_arguments,
     int_flag,
     links_from_args,
     printed_as_json,
@@ -70,8 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="Ulysses instead of the ring: all-to-all over heads (--workers must divide --heads)",
     )
     parser.add_argument("--dtype", default="float64", help=f"one of {', '.join(DTYPES)}")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    add_clock_arguments(parser)
+    add_json_and_clock_arguments(parser)
 
 
 def check_arguments(args: argparse.Namespace) -> None:

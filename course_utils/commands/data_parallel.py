@@ -16,7 +16,7 @@ from typing import cast
 
 from course_utils.commands.common import (
     add_allreduce_argument,
-    add_clock_arguments,
+    add_json_and_clock_arguments,
     allreduce_from_args,
     clock_words,
     int_flag,
@@ -53,8 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--steps", type=int, default=3, help=f"steps compared with one worker (1-{MAX_STEPS})"
     )
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    add_clock_arguments(parser)
+    add_json_and_clock_arguments(parser)
 
 
 def _model(seed: int = 0):

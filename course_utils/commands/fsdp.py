@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 
 from course_utils.commands.common import (
-    add_clock_arguments,
+    add_json_and_clock_arguments,
     clock_words,
     links_from_args,
     printed_as_json,
@@ -52,8 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--microbatches", type=int, default=1, help=f"gradient accumulation ({lo}..{hi})"
     )
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    add_clock_arguments(parser)
+    add_json_and_clock_arguments(parser)
 
 
 def validate(args) -> None:

@@ -13,7 +13,11 @@ from __future__ import annotations
 import argparse
 import math
 
-from course_utils.commands.common import add_clock_arguments, links_from_args, printed_as_json
+from course_utils.commands.common import (
+    add_json_and_clock_arguments,
+    links_from_args,
+    printed_as_json,
+)
 from course_utils.errors import CourseInputError
 
 HELP = "expert-parallel MoE step on threads vs one device"
@@ -60,8 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"router bias towards expert 0, 0..{MAX_SKEW:g} (2 sends most tokens there)",
     )
     parser.add_argument("--seed", type=int, default=0, help="random seed, 0..2**31-1")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    add_clock_arguments(parser)
+    add_json_and_clock_arguments(parser)
 
 
 def validate(args) -> None:

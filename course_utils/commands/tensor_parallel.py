@@ -8,7 +8,7 @@ import argparse
 
 from course_utils.commands.common import (
     add_allreduce_argument,
-    add_clock_arguments,
+    add_json_and_clock_arguments,
     allreduce_from_args,
     clock_words,
     int_flag,
@@ -47,8 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=TOKENS,
         help=f"tokens in the batch, 1 to {MAX_TOKENS} (default {TOKENS})",
     )
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    add_clock_arguments(parser)
+    add_json_and_clock_arguments(parser)
 
 
 def compare(
