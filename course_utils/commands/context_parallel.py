@@ -22,6 +22,7 @@ import math
 
 from course_utils.commands.common import (
     add_json_and_clock_arguments,
+    fastest_run,
     int_flag,
     links_from_args,
     printed_as_json,
@@ -138,9 +139,7 @@ def compare(
         heads, seq, dim, causal, dtype, seed
     )
     with cp.RingAttention(workers, causal=causal, zigzag=zigzag, clock=clock, links=links) as ring:
-        ring.forward_backward(q, k, v, dout)  # warm-up: first-call allocations, thread start
-        runs = [ring.forward_backward(q, k, v, dout) for _ in range(REPEATS)]
-    result = min(runs, key=lambda r: r.timeline.makespan)
+        result = fastest_run(lambda: ring.forward_backward(q, k, v, dout), REPEATS)
 
     def diff(a, b) -> float:
         return (a - b).abs().max().item()
@@ -213,9 +212,7 @@ def compare_ulysses(
         heads, seq, dim, causal, dtype, seed
     )
     with cp.UlyssesAttention(workers, causal=causal) as ulysses:
-        ulysses.forward_backward(q, k, v, dout)  # warm-up: first-call allocations
-        runs = [ulysses.forward_backward(q, k, v, dout) for _ in range(REPEATS)]
-    result = min(runs, key=lambda r: r.timeline.makespan)
+        result = fastest_run(lambda: ulysses.forward_backward(q, k, v, dout), REPEATS)
 
     def diff(a, b) -> float:
         return (a - b).abs().max().item()

@@ -15,6 +15,7 @@ import math
 
 from course_utils.commands.common import (
     add_json_and_clock_arguments,
+    fastest_run,
     links_from_args,
     printed_as_json,
 )
@@ -119,11 +120,7 @@ def compare(args, links=None) -> dict:
     ref = reference_step(moe, x, dy, aux_weight, groups=args.workers)
     clock = getattr(args, "clock", "virtual")
     with ExpertParallel(moe, args.workers, clock=clock, links=links) as ep:
-        ep.step(x, dy, aux_weight)  # warm-up: first calls allocate and initialise
-        got = min(
-            (ep.step(x, dy, aux_weight) for _ in range(3)),
-            key=lambda r: r.timeline.makespan if r.timeline else 0.0,
-        )
+        got = fastest_run(lambda: ep.step(x, dy, aux_weight))
     grad_diff = max((got.grads[n] - g).abs().max().item() for n, g in ref.grads.items())
     grad_diff = max(grad_diff, (got.input_grad - ref.input_grad).abs().max().item())
     replicated = sum(

@@ -11,6 +11,7 @@ from course_utils.commands.common import (
     add_json_and_clock_arguments,
     allreduce_from_args,
     clock_words,
+    fastest_run,
     int_flag,
     links_from_args,
     printed_as_json,
@@ -81,11 +82,7 @@ def compare(
     with TensorParallelMLP(
         linear1, linear2, workers, algorithm=algorithm, clock=clock, links=links
     ) as tp:
-        tp.forward_backward(x, dy)  # warm-up: first calls allocate and initialise
-        result = min(
-            (tp.forward_backward(x, dy) for _ in range(3)),
-            key=lambda r: r.timeline.makespan if r.timeline is not None else 0.0,
-        )
+        result = fastest_run(lambda: tp.forward_backward(x, dy))
     out_diff = max(max_diff(y, y_ref) for y in result.outputs)
     grad_diffs = [max_diff(dx, dx_ref) for dx in result.input_grads]
     grad_diffs += [max_diff(result.grads[k], g) for k, g in grads_ref.items()]
