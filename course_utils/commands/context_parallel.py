@@ -120,6 +120,19 @@ def _attention_on_one_device(heads: int, seq: int, dim: int, causal: bool, dtype
     return q, k, v, dout, reference, leaves
 
 
+def _differences_from_one_device(result, reference, leaves) -> dict[str, float]:
+    """How far a parallel run's output and dq, dk, dv are from `_attention_on_one_device`'s."""
+
+    def diff(a, b) -> float:
+        return (a - b).abs().max().item()
+
+    grads = zip((result.dq, result.dk, result.dv), leaves, strict=True)
+    return {
+        "max_output_diff": diff(result.out, reference.detach()),
+        "max_grad_diff": max(diff(g, leaf.grad) for g, leaf in grads),
+    }
+
+
 def compare(
     workers: int,
     seq: int,
@@ -140,14 +153,6 @@ def compare(
     )
     with cp.RingAttention(workers, causal=causal, zigzag=zigzag, clock=clock, links=links) as ring:
         result = fastest_run(lambda: ring.forward_backward(q, k, v, dout), REPEATS)
-
-    def diff(a, b) -> float:
-        return (a - b).abs().max().item()
-
-    grad_diff = max(
-        diff(g, leaf.grad)
-        for g, leaf in zip((result.dq, result.dk, result.dv), leaves, strict=True)
-    )
     element_size = q.element_size()
     costs = cp.measured_costs(result, seq, links if clock == "virtual" else None)
     steps = cp.measured_step_costs(result)  # what each step of this run computed
@@ -173,8 +178,7 @@ def compare(
         "dtype": dtype,
         "split": "zig-zag" if zigzag else "plain",
         "causal": causal,
-        "max_output_diff": diff(result.out, reference.detach()),
-        "max_grad_diff": grad_diff,
+        **_differences_from_one_device(result, reference, leaves),
         "bytes_forward_per_worker": result.bytes_forward,
         "bytes_backward_per_worker": result.bytes_backward,
         "bytes_formula": expected_bytes,
@@ -213,10 +217,6 @@ def compare_ulysses(
     )
     with cp.UlyssesAttention(workers, causal=causal) as ulysses:
         result = fastest_run(lambda: ulysses.forward_backward(q, k, v, dout), REPEATS)
-
-    def diff(a, b) -> float:
-        return (a - b).abs().max().item()
-
     element_size = q.element_size()
     return {
         "method": "ulysses",
@@ -227,11 +227,7 @@ def compare_ulysses(
         "dtype": dtype,
         "causal": causal,
         "heads_per_worker": result.heads_per_worker,
-        "max_output_diff": diff(result.out, reference.detach()),
-        "max_grad_diff": max(
-            diff(g, leaf.grad)
-            for g, leaf in zip((result.dq, result.dk, result.dv), leaves, strict=True)
-        ),
+        **_differences_from_one_device(result, reference, leaves),
         "bytes_all_to_all_per_worker": {
             "forward": result.bytes_forward,
             "backward": result.bytes_backward,
