@@ -283,6 +283,12 @@ _ONE_F_ONE_B_PEAK = ClosedForm(
 _ALL_M = ClosedForm("m", "always", lambda c: float(c.m), lambda c: True)
 
 
+def _looped_bubble(when: str, holds: Callable[[Case], bool]) -> ClosedForm:
+    """Fill and drain cut into v chunks per device: interleaved 1F1B and breadth-first share
+    the formula and differ in when the simulator agrees with it."""
+    return ClosedForm("(p-1)/(v·m+p-1)", when, lambda c: (c.p - 1) / (c.v * c.m + c.p - 1), holds)
+
+
 def _v_case(c: Case) -> tuple[float, float, float]:
     """Per-chunk F, I, W of a V schedule: each of the 2 chunks holds half a device's share."""
     return c.forward / 2, c.input_grad / 2, c.weight / 2
@@ -353,12 +359,7 @@ SCHEDULES: dict[str, ScheduleInfo] = {
             "Interleaved 1F1B",
             interleaved,
             uses_chunks=True,
-            bubble=ClosedForm(
-                "(p-1)/(v·m+p-1)",
-                _EQUAL + " (m a multiple of p)",
-                lambda c: (c.p - 1) / (c.v * c.m + c.p - 1),
-                _free_and_equal,
-            ),
+            bubble=_looped_bubble(_EQUAL + " (m a multiple of p)", _free_and_equal),
             peak=ClosedForm(
                 "min(m, p + (p-1)/v) for v >= 2 (1F1B's min(p, m) at v = 1)",
                 "always",
@@ -374,12 +375,7 @@ SCHEDULES: dict[str, ScheduleInfo] = {
             "Breadth-first",
             breadth_first,
             uses_chunks=True,
-            bubble=ClosedForm(
-                "(p-1)/(v·m+p-1)",
-                _EQUAL + ", m >= p",
-                lambda c: (c.p - 1) / (c.v * c.m + c.p - 1),
-                lambda c: _free_and_equal(c) and c.m >= c.p,
-            ),
+            bubble=_looped_bubble(_EQUAL + ", m >= p", lambda c: _free_and_equal(c) and c.m >= c.p),
             peak=_ALL_M,
             pytorch="ScheduleLoopedBFS",
             source="Lamy-Poirier 2022, arXiv 2211.05953",
