@@ -95,7 +95,7 @@ def picker(controls: dict, draw=None, describe=None, box=None) -> WithFallback:
         if chart is not None:
             chart.value = png or b""
             chart.layout.display = None if png else "none"  # no chart: no empty frame
-        if caption is not None:
+        if caption is not None and text is not None:
             caption.value = f"<pre style='margin: 0'>{html.escape(text)}</pre>"
         return png, text
 
