@@ -9,7 +9,6 @@ proportional set size of the whole process tree.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -18,41 +17,67 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Runs in a child: starts the command with the streams asked for, waits, reports as JSON.
-RUNNER = r"""
-import json, os, resource, subprocess, sys, time
-mode, err_mode, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
-cmd = sys.argv[4:]
-closing = []
-if mode == "closed":
-    closing.append(1)
-if err_mode == "closed":
-    closing.append(2)
 
-def close_streams():
-    for fd in closing:
-        os.close(fd)
+def measure(
+    command: list[str],
+    cwd: Path,
+    *,
+    stdout: str = "capture",
+    stderr: str = "capture",
+    env: dict[str, str] | None = None,
+    timeout: float = 60,
+) -> dict:
+    """{code, out, err, cpu, mb (10^6 bytes), wall} of `command` run in `cwd`. CPU time and
+    peak memory come from `os.wait4`: the child's own figures, its waited-for children
+    included (what its `getrusage` says), not the machine's."""
+    import tempfile
+    import threading
 
-stdout = {"capture": subprocess.PIPE, "full": open("/dev/full", "w"),
-          "closed": subprocess.DEVNULL, "early": subprocess.PIPE}[mode]
-stderr = subprocess.PIPE if err_mode == "capture" else subprocess.DEVNULL
-start = time.monotonic()
-proc = subprocess.Popen(cmd, stdout=stdout, stderr=stderr, text=True, preexec_fn=close_streams)
-if mode == "early":  # read a little, then leave, like `| head -c 10`
-    proc.stdout.read(10)
-    proc.stdout.close()
-    proc.stdout = None
-try:
-    out, err = proc.communicate(timeout=timeout)
-except subprocess.TimeoutExpired:
-    proc.kill()
-    out, err = proc.communicate()
-    err = (err or "") + "\nTIMED OUT"
-usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-print(json.dumps({"code": proc.returncode, "out": out or "", "err": err or "",
-                  "cpu": usage.ru_utime + usage.ru_stime, "mb": usage.ru_maxrss * 1024 / 1e6,
-                  "wall": time.monotonic() - start}))
-"""
+    closing = [fd for fd, mode in ((1, stdout), (2, stderr)) if mode == "closed"]
+    if closing:  # sh closes them, then becomes the command: same process, same figures
+        shut = " ".join(f"{fd}>&-" for fd in closing)
+        command = ["/bin/sh", "-c", f'exec "$@" {shut}', "sh", *command]
+    timed_out = threading.Event()
+    with (
+        tempfile.TemporaryFile("w+") as out_file,
+        tempfile.TemporaryFile("w+") as err_file,
+        open("/dev/full", "w") as full,
+    ):
+        sinks = {"capture": out_file, "full": full, "closed": subprocess.DEVNULL}
+        start = time.monotonic()
+        proc = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE if stdout == "early" else sinks[stdout],
+            stderr=err_file if stderr == "capture" else subprocess.DEVNULL,
+            text=True,
+            cwd=cwd,
+            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        )
+        timer = threading.Timer(timeout, lambda: (timed_out.set(), proc.kill()))
+        timer.start()
+        try:
+            if stdout == "early":  # read a little, then leave, like `| head -c 10`
+                assert proc.stdout is not None
+                proc.stdout.read(10)
+                proc.stdout.close()
+            _, status, usage = os.wait4(proc.pid, 0)
+        finally:
+            timer.cancel()
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
+        wall = time.monotonic() - start
+        out_file.seek(0)
+        err_file.seek(0)
+        out, err = out_file.read(), err_file.read()
+    if timed_out.is_set():
+        err += "\nTIMED OUT"
+    return {
+        "code": proc.returncode,
+        "out": out,
+        "err": err,
+        "cpu": usage.ru_utime + usage.ru_stime,
+        "mb": usage.ru_maxrss * 1024 / 1e6,
+        "wall": wall,
+    }
 
 
 def run_course(
@@ -65,20 +90,11 @@ def run_course(
     timeout: float = 60,
     wrap: list[str] | None = None,
 ) -> dict:
-    """{code, out, err, cpu, mb (10^6 bytes), wall} of `python -m course_utils ARGS` in `cwd`.
-    `stdout`: capture, full (/dev/full), closed or early (a reader that leaves after 10
-    bytes); `stderr`: capture or closed; `wrap`: a command it runs under (bwrap ...)."""
+    """`measure` of `python -m course_utils ARGS` in `cwd`. `stdout`: capture, full
+    (/dev/full), closed or early (a reader that leaves after 10 bytes); `stderr`: capture or
+    closed; `wrap`: a command it runs under (bwrap ...)."""
     command = [*(wrap or []), sys.executable, "-m", "course_utils", *map(str, args)]
-    out = subprocess.run(
-        [sys.executable, "-c", RUNNER, stdout, stderr, str(timeout), *command],
-        capture_output=True,
-        text=True,
-        timeout=timeout + 60,
-        cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-    )
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+    return measure(command, cwd, stdout=stdout, stderr=stderr, env=env, timeout=timeout)
 
 
 def tree_peak_mb(args: list[str], cwd: Path, timeout: float = 600, env=None) -> tuple[int, float]:

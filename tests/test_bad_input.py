@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from measured import run_course
+from measured import measure, run_course
 
 ROOT = Path(__file__).resolve().parents[1]
 NB = str(ROOT / "solutions" / "03_bubble_tradeoff.ipynb")
@@ -92,35 +92,10 @@ BAD = [
     (["context-parallel", "--workers", "0", "--seq", "64"], "--workers"),
 ]  # fmt: skip
 
-RUNNER = """
-import resource, subprocess, sys, json, time
-start = time.monotonic()
-out = subprocess.run(sys.argv[1:], capture_output=True, text=True, timeout=30)
-usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-print(json.dumps({"code": out.returncode, "out": out.stdout, "err": out.stderr,
-                  "cpu": usage.ru_utime + usage.ru_stime, "mb": usage.ru_maxrss / 1024,
-                  "wall": time.monotonic() - start}))
-"""
-
-
-def run_command(args: list[str], cwd: Path) -> dict:
-    import json
-
-    out = subprocess.run(
-        [sys.executable, "-c", RUNNER, sys.executable, "-m", "course_utils", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=cwd,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
-
 
 @pytest.mark.parametrize("args, flag", BAD, ids=[" ".join(a[:3]) + f" {f}" for a, f in BAD])
 def test_bad_input_is_one_line_exit_2_fast_and_small(args, flag, tmp_path):
-    result = run_command(args, tmp_path)
+    result = run_course(args, tmp_path)
     err = result["err"]
     assert result["code"] == 2, (result["code"], err[-500:])
     assert "Traceback" not in err
@@ -160,25 +135,19 @@ def test_json_output_is_always_valid_json(capsys):
 
 
 def test_the_runner_sees_a_childs_cpu_time_and_memory(tmp_path):
-    """The limits above are read from the child's own rusage (RUSAGE_CHILDREN: the runner
-    waits for the command): a child that burns half a second of CPU and fills 300 MB is
-    measured doing so, so a command that did the same would fail them."""
-    import json
-
+    """The limits above are read from the child's own rusage (`os.wait4`): a child that burns
+    half a second of CPU and fills 300 MB is measured doing so, so a command that did the
+    same would fail them; a child that closes its streams first is measured all the same."""
     hog = (
         "import time\nx = b'x' * (300 * 2**20)\nt = time.process_time()\n"
         "while time.process_time() - t < 0.5:\n    pass"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", RUNNER, sys.executable, "-c", hog],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=tmp_path,
-    )
-    result = json.loads(out.stdout)
-    assert result["code"] == 0, result["err"]
-    assert result["cpu"] >= 0.5 and result["mb"] >= 300, result
+    for streams in ({}, {"stdout": "closed", "stderr": "closed"}):
+        result = measure([sys.executable, "-c", hog], tmp_path, **streams)
+        assert result["code"] == 0, result["err"]
+        assert result["cpu"] >= 0.5 and result["mb"] >= 300, (streams, result)
+    hang = measure([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path, timeout=1)
+    assert hang["code"] < 0 and hang["err"].endswith("TIMED OUT") and hang["wall"] < 30, hang
 
 
 API_MISUSE = [
