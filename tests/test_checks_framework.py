@@ -310,3 +310,84 @@ def test_a_wrong_answer_is_not_called_close(value, expected):
     from course_utils.checks import expect_number
 
     assert expect_number(value, expected, "x") == value  # the check gives its own hint
+
+
+def test_numbers_declares_picks_drawn_together_and_derived_numbers():
+    from course_utils.checks import DEFAULT, Variant, numbers, pick
+
+    given = numbers(pick("1", (2, 4), [(3, 6), (4, 8)], "p", "m"), F=1.0, B=lambda g: 2 * g.F)
+    assert given(DEFAULT) == {"p": 2, "m": 4, "F": 1.0, "B": 2.0}
+    assert list(given(DEFAULT)) == ["p", "m", "F", "B"]
+    drawn = [given(Variant(name)) for name in ("s1", "s2", "s3", "alice", "bob")]
+    assert {(g["p"], g["m"]) for g in drawn} <= {(3, 6), (4, 8)}
+    assert given(Variant("s1")) == given(Variant("s1"))  # the same student, the same numbers
+
+
+def test_seeded_is_none_for_the_default_student_and_fixed_per_student():
+    from course_utils.checks import DEFAULT, Variant
+
+    assert DEFAULT.seeded("1seed") is None
+    one, again = Variant("alice").seeded("1seed"), Variant("alice").seeded("1seed")
+    assert one is not None and again is not None and one.random() == again.random()
+
+
+def test_each_call_shows_the_call_and_hands_the_learner_a_copy():
+    from course_utils.checks import each_call
+
+    def grows(xs, n):
+        xs.append(n)
+        return len(xs)
+
+    cases = [([1, 2], 3), ([], 0)]
+    tried = list(each_call(check_function(grows, "grows"), cases))
+    assert tried == [(([1, 2], 3), "grows([1, 2], 3)", 3), (([], 0), "grows([], 0)", 1)]
+    assert cases == [([1, 2], 3), ([], 0)]  # the learner's append changed a copy
+
+
+def test_as_action_reads_text_and_names_a_bad_one():
+    from course_utils.actions import Action
+    from course_utils.checks import as_action
+
+    assert as_action("2F0", "a") == Action(2, "F", 0)
+    with pytest.raises(CheckFailed, match=r"`a` should be an action written like '1F0'"):
+        as_action("F2", "a")
+    with pytest.raises(NotAnswered):
+        as_action(None, "a")
+
+
+def test_as_tensor_converts_and_checks_the_shape():
+    import torch
+
+    from course_utils.checks import as_tensor
+
+    assert torch.equal(as_tensor([[1, 2]], "t", shape=(1, 2)), torch.tensor([[1.0, 2.0]]))
+    with pytest.raises(CheckFailed, match=r"`t` has shape \(2,\); it should be \(1, 2\)"):
+        as_tensor([1, 2], "t", shape=(1, 2))
+    with pytest.raises(CheckFailed, match="should be a tensor, but it is 'x'"):
+        as_tensor("x", "t")
+
+
+def test_as_dict_names_the_keys_it_needs():
+    from course_utils.checks import as_dict
+
+    assert as_dict({"a": 1, "b": 2}, "d", ("a", "b")) == {"a": 1, "b": 2}
+    with pytest.raises(CheckFailed, match=r"should be a dict with the keys 'a', 'b', but it is"):
+        as_dict([1], "d", ("a", "b"))
+    with pytest.raises(CheckFailed, match=r"`d` has no key 'b': give it all of 'a', 'b'\."):
+        as_dict({"a": 1}, "d", ("a", "b"))
+
+
+def test_a_diagnosis_judges_its_answers_in_order_and_never_names_the_right_one():
+    from course_utils.checks import OTHERWISE, RIGHT, diagnosis
+
+    shapes = diagnosis(
+        problem={"b": RIGHT, "a": "The bars are even.", "c": "Sends are fast.", "d": "No."},
+        fix={"a": RIGHT, OTHERWISE: "What lets stages overlap?"},
+    )
+    assert shapes["problem"]("B ", "problem") == "b"
+    with pytest.raises(CheckFailed, match=r"^`problem` = 'c' is not it\. Sends are fast\.$"):
+        shapes["problem"]("c", "problem")
+    with pytest.raises(CheckFailed, match=r"^`problem` is right\. `fix` = 'd' is not it\. What"):
+        shapes["fix"]("d", "fix")
+    with pytest.raises(CheckFailed, match=r"one of 'a', 'b', 'c', 'd'"):  # in order: no clue
+        shapes["problem"]("e", "problem")

@@ -39,13 +39,14 @@ This package never imports torch; a lesson's check module imports it lazily if n
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import math
 import random
 import re
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -53,19 +54,25 @@ from typing import Any, NoReturn
 __all__ = [
     "DEFAULT",
     "OTHERWISE",
+    "RIGHT",
     "CheckFailed",
     "Given",
     "LessonChecks",
     "NotAnswered",
     "Variant",
     "any_of",
+    "as_action",
     "as_choice",
+    "as_dict",
     "as_int",
     "as_number",
     "as_sequence",
+    "as_tensor",
     "check_function",
     "choice",
     "close",
+    "diagnosis",
+    "each_call",
     "exercise",
     "exercise_label",
     "expect_choice",
@@ -271,6 +278,18 @@ def as_sequence(
     return items
 
 
+def as_dict(value: Any, what: str, keys: Sequence[str]) -> dict:
+    """`value` as a dict that holds every one of `keys`."""
+    require(value, what)
+    listed = ", ".join(repr(k) for k in keys)
+    if not isinstance(value, dict):
+        fail(f"`{what}` should be a dict with the keys {listed}, but it is {_describe(value)}.")
+    missing = [k for k in keys if k not in value]
+    if missing:
+        fail(f"`{what}` has no key {missing[0]!r}: give it all of {listed}.")
+    return value
+
+
 def close(value: float, expected: float, rel: float = 1e-3, abs: float = 1e-9) -> bool:
     """True when `value` is `expected` to 3 significant figures (the course's rule for every
     number a learner types), or within `rel` (relative) or `abs` (absolute) of it: a check
@@ -327,7 +346,46 @@ def check_function(fn: Any, what: str) -> Callable[..., Any]:
                 "Try that call yourself in a new cell to see where it goes wrong."
             ) from None
 
+    call.__name__ = what
     return call
+
+
+def each_call(fn: Callable[..., Any], cases: Iterable[tuple]) -> Iterator[tuple[Any, str, Any]]:
+    """A Build exercise's trials: for each case, (its arguments, the call as the learner would
+    write it, what `fn` returned). `fn` is the learner's function as `check_function` wraps it;
+    it gets a copy of the arguments, so a function that changes its inputs cannot change the
+    case the check then compares with."""
+    for case in cases:
+        yield case, _format_call(fn.__name__, case, {}), fn(*copy.deepcopy(case))
+
+
+def as_action(value: Any, what: str) -> Any:
+    """`value` as a pipeline action (`course_utils.actions.Action`), read from text like '1F0'."""
+    from course_utils.actions import Action
+    from course_utils.errors import CourseInputError
+
+    require(value, what)
+    try:
+        return Action.parse(value)
+    except CourseInputError:
+        fail(
+            f"`{what}` should be an action written like '1F0' (stage 1, forward, micro-batch 0) "
+            f"or '0B1', but it is {_describe(value)}."
+        )
+
+
+def as_tensor(value: Any, what: str, shape: Sequence[int] | None = None) -> Any:
+    """`value` as a float32 torch tensor (of `shape`, if given); torch is imported only here."""
+    import torch
+
+    require(value, what)
+    try:
+        tensor = torch.as_tensor(value, dtype=torch.float32)
+    except (TypeError, ValueError, RuntimeError):
+        fail(f"`{what}` should be a tensor, but it is {_describe(value)}.")
+    if shape is not None and tuple(tensor.shape) != tuple(shape):
+        fail(f"`{what}` has shape {tuple(tensor.shape)}; it should be {tuple(shape)}.")
+    return tensor
 
 
 # --------------------------------------------------------------------------- numbers and units
@@ -463,6 +521,12 @@ class Variant:
             return default
         return random.Random(f"{self.student}/{key}").choice(list(options))
 
+    def seeded(self, key: str) -> random.Random | None:
+        """A random source fixed by the student's name, or None for the default student (whose
+        numbers the lesson writes out)."""
+        seed = self.pick(key, None, range(1, 10**6))
+        return None if seed is None else random.Random(seed)
+
     def cases(self, key: str) -> random.Random:
         """The random source for a Build exercise's inputs (see `cases_seed`)."""
         if self.cases_seed is None:
@@ -533,40 +597,50 @@ def lesson_checks(module_name: str) -> Callable[[str], LessonChecks]:
 
 @dataclass(frozen=True)
 class Pick:
-    """A number drawn per student (`Variant.pick`): the course's `default`, or one of `options`."""
+    """A number drawn per student (`Variant.pick`): the course's `default`, or one of `options`;
+    with `names`, each is a tuple of the numbers of those names."""
 
     key: str
     default: Any
     options: Sequence[Any]
+    names: tuple[str, ...] = ()
 
 
-def pick(key: str, default: Any, options: Sequence[Any]) -> Pick:
-    return Pick(key, default, options)
+def pick(key: str, default: Any, options: Sequence[Any], *names: str) -> Pick:
+    return Pick(key, default, options, names)
 
 
-def numbers(**declared: Any) -> Callable[..., Given]:
-    """An exercise's `given_K`, declared: each name's constant, or its `pick(...)`.
+def numbers(*together: Pick, **declared: Any) -> Callable[..., Given]:
+    """An exercise's `given_K`, declared: each name's constant, its `pick(...)`, or a function of
+    the numbers before it; picks of numbers drawn together come first, with their names:
 
-    given_1 = numbers(p=pick("1p", 4, [3, 5, 6]), F=1.0)
+    given_1 = numbers(pick("1", (2, 4), [(3, 6), (4, 8)], "p", "m"), F=1.0, B=lambda g: 2 * g.F)
     """
 
     def given(variant: Variant = DEFAULT) -> Given:
-        return Given(
-            {
-                name: variant.pick(x.key, x.default, x.options) if isinstance(x, Pick) else x
-                for name, x in declared.items()
-            }
-        )
+        g = Given()
+        for x in together:
+            g.update(zip(x.names, variant.pick(x.key, x.default, x.options), strict=True))
+        for name, x in declared.items():
+            if isinstance(x, Pick):
+                g[name] = variant.pick(x.key, x.default, x.options)
+            else:
+                g[name] = x(g) if callable(x) else x
+        return g
 
     return given
 
 
-class _Otherwise:
+class _Marker:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
     def __repr__(self) -> str:
-        return "OTHERWISE"
+        return self.name
 
 
-OTHERWISE: Any = _Otherwise()  # in `judge`'s hints: the hint for any other wrong answer
+OTHERWISE: Any = _Marker("OTHERWISE")  # in `judge`'s hints: the hint for any other wrong answer
+RIGHT: Any = _Marker("RIGHT")  # in a `diagnosis` table: the right choice
 
 
 @dataclass(frozen=True)
@@ -682,6 +756,36 @@ def verdict(right: Any, message: str, hints: dict[Any, str], options: Any = LETT
     def judged(value: Any, what: str) -> Any:
         got = as_choice(value, options, what)
         expect_choice(got, right, hints, message)
+        return got
+
+    return judged
+
+
+def diagnosis(options: Sequence[Any] = LETTERS, **tables: dict[Any, Any]) -> dict[str, Shape]:
+    """The shapes of a diagnosis's multiple-choice answers (the problem, then the fix, ...),
+    judged as they are read, in order. Each answer's table maps its right choice to RIGHT and
+    every wrong one to its hint, or holds one hint under OTHERWISE for any choice of `options`
+    it does not list. A wrong choice fails with "`fix` = 'c' is not it. <hint>", after
+    "`problem` is right. " where answers came before it:
+
+    @exercise(**diagnosis(problem={"b": RIGHT, "a": "...", ...}, fix={...}), best="number")
+    """
+    shapes: dict[str, Shape] = {}
+    for name, table in tables.items():
+        before = list(shapes)
+        right = next(choice for choice, hint in table.items() if hint is RIGHT)
+        choices = list(options) if OTHERWISE in table else sorted(table, key=str)
+        shapes[name] = _diagnosed(right, table, choices, before)
+    return shapes
+
+
+def _diagnosed(right: Any, table: dict[Any, Any], choices: list[Any], before: list[str]) -> Shape:
+    def judged(value: Any, what: str) -> Any:
+        got = as_choice(value, choices, what)
+        if got != right:
+            named = " and ".join(f"`{name}`" for name in before)
+            said = f"{named} {'is' if len(before) == 1 else 'are'} right. " if before else ""
+            fail(f"{said}`{what}` = {got!r} is not it. {table.get(got, table.get(OTHERWISE))}")
         return got
 
     return judged
