@@ -89,7 +89,7 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (2, (off_for("optimizer", "mixed", "adam"),), "also keeps an fp32 master copy; Adam keeps"),
     (2, (off_for("optimizer", "fp32", "momentum"),), "no separate master copy; SGD with momentum"),
     (2, (off_for("optimizer", "fp32", "sgd"),), "plain SGD keeps no numbers of its own"),
-    (2, (lambda n, p, o: [n],), "should return a dict, but it returned a list"),
+    (2, (lambda n, p, o: [n],), "should be a dict with the keys"),
     (2, (without_optimizer,), "has no key 'optimizer'"),
     (2, (per_parameter,), "is the bytes of one parameter"),
     (5, ("d", "a"), "no optimizer step at all"),
@@ -135,7 +135,7 @@ def test_build_exercise_catches_wrong_functions():
         check.exercise_2(no_master_copy)
     with pytest.raises(CheckFailed, match="ZeroDivisionError"):
         check.exercise_2(broken)
-    with pytest.raises(CheckFailed, match="should return a dict"):
+    with pytest.raises(CheckFailed, match="should be a dict"):
         check.exercise_2(no_dict)
     with pytest.raises(NotAnswered):
         check.exercise_2(stub)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from course_utils import checks
-from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge, numbers, pick
+from course_utils.checks import DEFAULT, OTHERWISE, RIGHT, Variant, exercise, fail, judge, pick
 
 for_student = checks.lesson_checks(__name__)
 
@@ -39,7 +39,7 @@ def _total_per_parameter(precision: str, optimizer: str = "adam") -> int:
     return sum(state_bytes_per_parameter(precision, optimizer).values())
 
 
-given_1 = numbers(billions=pick("1n", 7, [3, 6, 8, 13, 20, 34]))
+given_1 = checks.numbers(billions=pick("1n", 7, [3, 6, 8, 13, 20, 34]))
 
 
 @exercise(given_1, memory_gb="number")
@@ -99,35 +99,21 @@ def _optimizer_hint(precision: str, optimizer: str) -> str:
 @exercise(model_state_bytes="function")
 def exercise_2(model_state_bytes, variant) -> str:
     """Build model_state_bytes(num_params, precision, optimizer) -> bytes per kind of state."""
-    for num_params, precision, optimizer in cases_2(variant)["model_state_bytes"]:
-        shown = f"model_state_bytes({num_params}, {precision!r}, {optimizer!r})"
-        got = model_state_bytes(num_params, precision, optimizer)
-        if not isinstance(got, dict):
-            fail(f"{shown} should return a dict, but it returned a {type(got).__name__}.")
-        missing = [k for k in KEYS if k not in got]
-        if missing:
-            fail(
-                f"{shown} has no key {missing[0]!r}. Return a dict with the keys "
-                "'parameters', 'gradients' and 'optimizer'."
-            )
-        per = state_bytes_per_parameter(precision, optimizer)
-        for key in KEYS:
-            want = num_params * per[key]
-            one = "is the bytes of one parameter; give the bytes of all of them."
-            value = checks.expect_number(
-                got[key], want, f"{shown}[{key!r}]", unit="bytes", slips=[(1 / num_params, one)]
-            )
-            if checks.is_right(value, want):
-                continue
-            hint = {
-                "parameters": "Which number format holds the weights the passes use?",
-                "gradients": "Gradients have the same format as the weights the passes use.",
-                "optimizer": _optimizer_hint(precision, optimizer),
-            }[key]
-            fail(
-                f"{shown}[{key!r}] is {value / num_params:g} bytes per parameter, which is not "
-                f"right. {hint}"
-            )
+    for (n, precision, optimizer), shown, got in checks.each_call(
+        model_state_bytes, cases_2(variant)["model_state_bytes"]
+    ):
+        checks.as_dict(got, shown, KEYS)
+        hints = {
+            "parameters": "Which number format holds the weights the passes use?",
+            "gradients": "Gradients have the same format as the weights the passes use.",
+            "optimizer": _optimizer_hint(precision, optimizer),
+        }
+        for key, want in state_bytes_per_parameter(precision, optimizer).items():
+            what = f"{shown}[{key!r}]"
+            value = checks.as_number(got[key], what)
+            wrong = f"{what} is {value / n:g} bytes per parameter, which is not right. {hints[key]}"
+            one = (1 / n, "is the bytes of one parameter; give the bytes of all of them.")
+            judge(value, n * want, what, {wrong: OTHERWISE}, unit="bytes", slips=[one])
     return (
         "Right on fresh random model sizes, for both formats and all three optimizers. With "
         "Adam it is 16 bytes per parameter either way: mixed precision moves bytes from the "
@@ -135,7 +121,7 @@ def exercise_2(model_state_bytes, variant) -> str:
     )
 
 
-given_3 = numbers(
+given_3 = checks.numbers(
     billions=pick("3n", 30, [13, 20, 34, 40, 52, 70]),
     gpu_gb=pick("3g", 80, [40, 48, 80, 96]),
     reserve_gb=pick("3r", 20, [8, 12, 16, 24]),
@@ -187,7 +173,7 @@ def exercise_3(g, devices) -> str:
     )
 
 
-given_4 = numbers(p=pick("4p", 4, [3, 5, 6, 8]))
+given_4 = checks.numbers(p=pick("4p", 4, [3, 5, 6, 8]))
 
 
 @exercise(given_4, utilization="number", speedup="number")
@@ -214,31 +200,26 @@ def exercise_4(g, utilization, speedup) -> str:
 
 
 @exercise(
-    problem=checks.verdict(
-        "b",
-        "`problem` = {got!r} is not it. {hint}",
-        {
+    **checks.diagnosis(
+        problem={
+            "b": RIGHT,
             "a": "The bars differ in length (the stage with the output head is heavier), but "
-            "balanced stages would still take turns. Look at how many rows compute at once "
-            "in the simulated chart.",
+            "balanced stages would still take turns. Look at how many rows compute at once in "
+            "the simulated chart.",
             "c": "Handing a tensor to the next thread takes microseconds; the gaps are as long "
             "as whole forward and backward passes. What are the idle devices waiting for?",
             "d": "This run has no optimizer step at all. Look at when each device works.",
         },
-    ),
-    fix=checks.verdict(
-        "a",
-        "`problem` is right. `fix` = {got!r} is not: {hint}",
-        {
+        fix={
+            "a": RIGHT,
             "b": "More devices make each stage shorter but the staircase longer: utilization "
             "is still 1/p. What would let two stages work at the same time?",
             "c": "A larger batch makes every bar longer, but still only one device works at a "
             "time. Think of an assembly line.",
-            "d": "Balanced stages all take the same time, but they still take turns: "
-            "balancing fixes uneven bars, not the waiting. What change to the *data* lets "
-            "stages overlap?",
+            "d": "Balanced stages all take the same time, but they still take turns: balancing "
+            "fixes uneven bars, not the waiting. What change to the *data* lets stages overlap?",
         },
-    ),
+    )
 )
 def exercise_5(problem, fix) -> str:
     """Diagnose naive model parallelism's chart: the problem, and the fix that keeps the
@@ -249,22 +230,22 @@ def exercise_5(problem, fix) -> str:
     )
 
 
-SPLITS = checks.choice("tensor", "pipeline")
-
-
-@exercise(scenario_a=SPLITS, scenario_b=SPLITS)
+@exercise(
+    **checks.diagnosis(
+        scenario_a={
+            "tensor": RIGHT,
+            "pipeline": "Splitting between layers puts whole layers on devices: can it help "
+            "when one single layer is larger than a device?",
+        },
+        scenario_b={
+            "pipeline": RIGHT,
+            "tensor": "Which split needs an all-reduce in every layer, and which only sends "
+            "activations at a few stage boundaries?",
+        },
+    )
+)
 def exercise_6(scenario_a, scenario_b) -> str:
     """Tensor or pipeline parallelism for two scenarios."""
-    if scenario_a != "tensor":
-        fail(
-            "`scenario_a` is not right. Splitting between layers puts whole layers on devices: "
-            "can it help when one single layer is larger than a device?"
-        )
-    if scenario_b != "pipeline":
-        fail(
-            "`scenario_a` is right, `scenario_b` is not. Which split needs an all-reduce in "
-            "every layer, and which only sends activations at a few stage boundaries?"
-        )
     return (
         "Right: a layer bigger than a device must be cut inside (tensor parallelism); over a "
         "slow link, cut between layers (pipeline) so only stage boundaries communicate."
