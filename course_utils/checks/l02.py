@@ -13,21 +13,9 @@ from __future__ import annotations
 from course_utils import checks
 from course_utils.actions import Action
 from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge, numbers, pick
-from course_utils.errors import CourseInputError
 
 for_student = checks.lesson_checks(__name__)
-
-
-def _as_action(value, what: str) -> Action:
-    checks.require(value, what)
-    try:
-        return Action.parse(value)
-    except CourseInputError:
-        fail(f"`{what}` should be an action written like '1F0' or '0B1', but it is {value!r}.")
-
-
-def _actions(value, what: str) -> list[Action]:
-    return checks.as_sequence(value, what, item=_as_action)
+ACTIONS = checks.sequence(item=checks.as_action)
 
 
 def _simulate(name: str, p: int, m: int, forward=1.0, backward=2.0, p2p=0.0):
@@ -54,12 +42,10 @@ def _fail_if_lifo(actions: list[Action], shown: str) -> None:
             )
 
 
-def given_1(variant: Variant = DEFAULT) -> dict:
-    p, m = variant.pick("1", (2, 2), [(2, 3), (3, 2)])
-    return {"p": p, "m": m}
+given_1 = numbers(pick("1", (2, 2), [(2, 3), (3, 2)], "p", "m"))
 
 
-@exercise(given_1, order=_actions)
+@exercise(given_1, order=ACTIONS)
 def exercise_1(g, order) -> str:
     """Order the compute actions of GPipe (p devices, m micro-batches) by start time."""
     starts = _starts(g.p, g.m)
@@ -101,7 +87,7 @@ given_2 = numbers(
 )
 
 
-@exercise(given_2, stage0_action=_as_action, stage1_action=_as_action)
+@exercise(given_2, stage0_action=checks.as_action, stage1_action=checks.as_action)
 def exercise_2(g, stage0_action, stage1_action) -> str:
     """GPipe (p stages, m micro-batches): what stages 0 and 1 start when a forward ends."""
     starts = _starts(g.p, g.m)
@@ -146,7 +132,7 @@ def cases_3(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
 
 
 def _device_list(result, shown: str, d: int) -> list[Action]:
-    actions = checks.as_sequence(result, shown, item=_as_action)
+    actions = ACTIONS(result, shown)
     wrong_stage = [a for a in actions if a.stage != d]
     if wrong_stage:
         fail(f"{shown} lists {wrong_stage[0]}, but device {d} runs stage {d} only.")
@@ -276,10 +262,9 @@ def exercise_5(g, problem, fix) -> str:
     )
 
 
-def given_6(variant: Variant = DEFAULT) -> dict:
-    options = [(24, 3), (48, 4), (64, 4), (96, 6), (48, 8), (60, 5)]
-    batch, m = variant.pick("6", (32, 4), options)
-    return {"batch": batch, "m": m}
+given_6 = numbers(
+    pick("6", (32, 4), [(24, 3), (48, 4), (64, 4), (96, 6), (48, 8), (60, 5)], "batch", "m")
+)
 
 
 @exercise(given_6, scale="number")
