@@ -64,7 +64,7 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (2, (lambda p, m: 1 / (m + p),), "should be 0: a single device never waits"),
     # pi/10 is no ratio of small whole numbers: never right, never (p-1)/m, on any drawn case
     (2, (lambda p, m: math.pi / 10 if p > 1 else 0.0,), "which is not the idle share of the step"),
-    (2, (_simulating,), "did not answer"),
+    (2, (_simulating,), "also tries a million stages"),
     (3, (70,), "makes (p-1)/m = 10%"),
     (5, ("a", "d"), "the work is equal"),
 ]

@@ -350,13 +350,26 @@ def check_function(fn: Any, what: str) -> Callable[..., Any]:
     return call
 
 
-def each_call(fn: Callable[..., Any], cases: Iterable[tuple]) -> Iterator[tuple[Any, str, Any]]:
+def each_call(
+    fn: Callable[..., Any], cases: Iterable[tuple], huge: Iterable[tuple] = (), why: str = ""
+) -> Iterator[tuple[Any, str, Any]]:
     """A Build exercise's trials: for each case, (its arguments, the call as the learner would
     write it, what `fn` returned). `fn` is the learner's function as `check_function` wraps it;
     it gets a copy of the arguments, so a function that changes its inputs cannot change the
-    case the check then compares with."""
+    case the check then compares with. A case among `huge` (too big to build or simulate)
+    that fails gets `why` after the error: how to answer it without building it."""
+    huge = list(huge)
     for case in cases:
-        yield case, _format_call(fn.__name__, case, {}), fn(*copy.deepcopy(case))
+        shown = _format_call(fn.__name__, case, {})
+        try:
+            result = fn(*copy.deepcopy(case))
+        except NotAnswered:
+            raise
+        except CheckFailed as exc:
+            if case not in huge:
+                raise
+            fail(f"{exc.lines()[0].rstrip('.')}. {why}")
+        yield case, shown, result
 
 
 def as_action(value: Any, what: str) -> Any:

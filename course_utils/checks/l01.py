@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 from course_utils import checks
-from course_utils.checks import DEFAULT, OTHERWISE, RIGHT, Variant, exercise, fail, judge, pick
+from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge, numbers, pick
 
 for_student = checks.lesson_checks(__name__)
 
@@ -39,7 +39,7 @@ def _total_per_parameter(precision: str, optimizer: str = "adam") -> int:
     return sum(state_bytes_per_parameter(precision, optimizer).values())
 
 
-given_1 = checks.numbers(billions=pick("1n", 7, [3, 6, 8, 13, 20, 34]))
+given_1 = numbers(billions=pick("1n", 7, [3, 6, 8, 13, 20, 34]))
 
 
 @exercise(given_1, memory_gb="number")
@@ -121,7 +121,7 @@ def exercise_2(model_state_bytes, variant) -> str:
     )
 
 
-given_3 = checks.numbers(
+given_3 = numbers(
     billions=pick("3n", 30, [13, 20, 34, 40, 52, 70]),
     gpu_gb=pick("3g", 80, [40, 48, 80, 96]),
     reserve_gb=pick("3r", 20, [8, 12, 16, 24]),
@@ -173,7 +173,7 @@ def exercise_3(g, devices) -> str:
     )
 
 
-given_4 = checks.numbers(p=pick("4p", 4, [3, 5, 6, 8]))
+given_4 = numbers(p=pick("4p", 4, [3, 5, 6, 8]))
 
 
 @exercise(given_4, utilization="number", speedup="number")
@@ -202,7 +202,7 @@ def exercise_4(g, utilization, speedup) -> str:
 @exercise(
     **checks.diagnosis(
         problem={
-            "b": RIGHT,
+            "b": checks.RIGHT,
             "a": "The bars differ in length (the stage with the output head is heavier), but "
             "balanced stages would still take turns. Look at how many rows compute at once in "
             "the simulated chart.",
@@ -211,7 +211,7 @@ def exercise_4(g, utilization, speedup) -> str:
             "d": "This run has no optimizer step at all. Look at when each device works.",
         },
         fix={
-            "a": RIGHT,
+            "a": checks.RIGHT,
             "b": "More devices make each stage shorter but the staircase longer: utilization "
             "is still 1/p. What would let two stages work at the same time?",
             "c": "A larger batch makes every bar longer, but still only one device works at a "
@@ -233,12 +233,12 @@ def exercise_5(problem, fix) -> str:
 @exercise(
     **checks.diagnosis(
         scenario_a={
-            "tensor": RIGHT,
+            "tensor": checks.RIGHT,
             "pipeline": "Splitting between layers puts whole layers on devices: can it help "
             "when one single layer is larger than a device?",
         },
         scenario_b={
-            "pipeline": RIGHT,
+            "pipeline": checks.RIGHT,
             "tensor": "Which split needs an all-reduce in every layer, and which only sends "
             "activations at a few stage boundaries?",
         },

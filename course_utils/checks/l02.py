@@ -152,19 +152,10 @@ def exercise_3(gpipe_device, variant) -> str:
     from course_utils.pipeline.simulate import validate
 
     lists: dict[tuple[int, int], list[list[Action]]] = {}
-    for p, m, d in cases_3(variant)["gpipe_device"]:
-        shown = f"gpipe_device({p}, {m}, {d})"
-        try:
-            result = gpipe_device(p, m, d)
-        except checks.CheckFailed as exc:
-            if (p, m, d) in HUGE and not isinstance(exc, checks.NotAnswered):
-                what = exc.message.splitlines()[0].removeprefix(shown).strip()
-                fail(
-                    f"{shown} {what.rstrip('.')}. The check also asks for one device of a "
-                    "pipeline far too long to build whole: write device d's list from d and m, "
-                    "without making the whole schedule."
-                )
-            raise
+    why = "The check also asks for one device of a pipeline far too long to build whole: "
+    why += "write device d's list from d and m, without making the whole schedule."
+    cases = cases_3(variant)["gpipe_device"]
+    for (p, m, d), shown, result in checks.each_call(gpipe_device, cases, HUGE, why):
         actions = _device_list(result, shown, d)
         if (p, m, d) in HUGE:
             want = [Action(d, "F", k) for k in range(m)] + [Action(d, "B", k) for k in range(m)]
