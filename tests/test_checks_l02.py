@@ -58,7 +58,7 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (1, (["0F0", "0F0", "1F0", "1F1", "1B0", "0B0", "1B1", "0B1"],), "twice"),
     (1, (["0F0", "0F1", "1F0", "1F1", "1B0", "0B0", "1B1", "2B1"],), "does not happen"),
     (1, (LIFO,), "first in, first out"),
-    (1, (["0X0"],), "action written like"),
+    (1, (["0X0"],), "which is not an action"),
     (1, ("0F0 0F1",), "should be a list"),
     (2, ("0F3", "1F3"), "behind"),
     (2, ("0F5", "1F3"), "ahead"),

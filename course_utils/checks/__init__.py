@@ -382,8 +382,8 @@ def as_action(value: Any, what: str) -> Any:
         return Action.parse(value)
     except CourseInputError:
         fail(
-            f"`{what}` should be an action written like '1F0' (stage 1, forward, micro-batch 0) "
-            f"or '0B1', but it is {_describe(value)}."
+            f"`{what}` is {_describe(value)}, which is not an action. Write it as text like "
+            "'1F0' (stage 1, forward, micro-batch 0) or '0B1'."
         )
 
 

@@ -84,17 +84,8 @@ def cases_2(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
     return {"one_f_one_b": cases}
 
 
-def _as_action_text(value, what: str) -> str:
-    from course_utils.actions import Action
-    from course_utils.errors import CourseInputError
-
-    try:
-        return str(Action.parse(value))
-    except CourseInputError:
-        fail(
-            f"`{what}` is {value!r}, which is not an action. Write each action as a string "
-            "like '1F0' (stage 1, forward, micro-batch 0) or '1B3'."
-        )
+def _action_text(value, what: str) -> str:
+    return str(checks.as_action(value, what))
 
 
 def _three_phases(result, shown: str) -> list[list[str]]:
@@ -113,7 +104,7 @@ def _three_phases(result, shown: str) -> list[list[str]]:
         )
     names = ("warm-up", "steady", "cool-down")
     return [
-        checks.as_sequence(part, f"the {name} phase of {shown}", item=_as_action_text)
+        checks.as_sequence(part, f"the {name} phase of {shown}", item=_action_text)
         for name, part in zip(names, items, strict=True)
     ]
 
@@ -122,9 +113,8 @@ def _three_phases(result, shown: str) -> list[list[str]]:
 def exercise_2(one_f_one_b, variant) -> str:
     """Build one_f_one_b(p, m, d): device d's 1F1B order as (warm-up, steady, cool-down)."""
     cases = cases_2(variant)["one_f_one_b"]
-    for p, m, d in cases:
-        shown = f"one_f_one_b({p}, {m}, {d})"
-        got = _three_phases(one_f_one_b(p, m, d), shown)
+    for (p, m, d), shown, result in checks.each_call(one_f_one_b, cases):
+        got = _three_phases(result, shown)
         want = [list(x) for x in phases(p, m, d)]
         if got == want:
             continue
@@ -251,26 +241,22 @@ def exercise_4(g, idle_1f1b, idle_zb) -> str:
 
 
 @exercise(
-    oom_cause=checks.verdict(
-        "b",
-        "`oom_cause` = {got!r} is not it. {hint}",
-        {
+    **checks.diagnosis(
+        oom_cause={
+            "b": checks.RIGHT,
             "a": "The bubble costs time, not memory: an idle device holds nothing extra.",
             "c": "Accumulated gradients take the size of the parameters once, whatever m is.",
             "d": "Read the chart again: in GPipe every device climbs to the same height.",
         },
-    ),
-    oom_fix=checks.verdict(
-        "c",
-        "`oom_cause` is right. `oom_fix` = {got!r} does not help: {hint}",
-        {
+        oom_fix={
+            "c": checks.RIGHT,
             "a": "24 micro-batches of half the size: each device still holds the whole batch "
             "before its first backward, so the same bytes.",
-            "b": "with 2 stages each device holds twice the layers, so every micro-batch "
+            "b": "With 2 stages each device holds twice the layers, so every micro-batch "
             "leaves twice the activations, and it still holds all 12.",
-            "d": "a data-parallel replica runs the same schedule: the same memory per device.",
+            "d": "A data-parallel replica runs the same schedule: the same memory per device.",
         },
-    ),
+    )
 )
 def exercise_5(oom_cause, oom_fix) -> str:
     """GPipe p=4, m=12 runs out of activation memory: name the problem and the fix."""
@@ -281,26 +267,22 @@ def exercise_5(oom_cause, oom_fix) -> str:
 
 
 @exercise(
-    zb_problem=checks.verdict(
-        "b",
-        "`zb_problem` = {got!r} is not it. {hint}",
-        {
+    **checks.diagnosis(
+        zb_problem={
+            "b": checks.RIGHT,
             "a": "Compare the title's bubble with 1F1B's for p=4, m=8: it is smaller, not larger.",
             "c": "Every W comes after its own I here; the simulator would refuse the schedule "
             "otherwise.",
             "d": "The simulator finished the step and drew it: a deadlock has no chart.",
         },
-    ),
-    zb_fix=checks.verdict(
-        "c",
-        "`zb_problem` is right. `zb_fix` = {got!r} is not the best: {hint}",
-        {
+        zb_fix={
+            "c": checks.RIGHT,
             "a": "W needs its own I first (it uses the output gradient I computed).",
             "b": "Smaller pieces of W still wait until the end: the micro-batches stay held.",
             "d": "That fixes the memory but brings back 1F1B's whole bubble. Keep the split "
             "and place each W better.",
         },
-    ),
+    )
 )
 def exercise_6(zb_problem, zb_fix) -> str:
     """A split schedule with every W at the end: name the problem and the fix."""
