@@ -189,7 +189,7 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (1, (off_by_one,), "which is not looping placement"),
     (1, (missing_stage,), "does not hand out each of the 8 stages 0..7 exactly once"),
     (1, (decreasing,), "list each device's stages in increasing order"),
-    (1, (lambda p, v: [[0, 1], "x", [], []],), "`device 1's stages in looping_placement(4, 2)`"),
+    (1, (lambda p, v: [[0, 1], "x", [], []],), "`looping_placement(4, 2)[1]` should be a list"),
     *[(4, (schedule,), needle) for schedule, needle in SCHEDULE_WRONG],
 ]
 

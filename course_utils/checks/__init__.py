@@ -66,6 +66,7 @@ __all__ = [
     "as_dict",
     "as_int",
     "as_number",
+    "as_placement",
     "as_sequence",
     "as_tensor",
     "check_function",
@@ -385,6 +386,26 @@ def as_action(value: Any, what: str) -> Any:
             f"`{what}` is {_describe(value)}, which is not an action. Write it as text like "
             "'1F0' (stage 1, forward, micro-batch 0) or '0B1'."
         )
+
+
+def as_placement(value: Any, what: str, devices: int, stages: int) -> list[list[int]]:
+    """`value` as the stages each of `devices` holds: every stage 0..stages-1 dealt out once,
+    each device's in increasing order."""
+    rows = as_sequence(value, what)
+    if len(rows) != devices:
+        fail(
+            f"`{what}` has {len(rows)} entries; it needs one per device ({devices}), each the "
+            "list of the stages that device holds."
+        )
+    got = [as_sequence(row, f"{what}[{d}]", item=as_int) for d, row in enumerate(rows)]
+    if sorted(s for row in got for s in row) != list(range(stages)):
+        fail(
+            f"`{what}` = {got} does not hand out each of the {stages} stages 0..{stages - 1} "
+            "exactly once."
+        )
+    if any(row != sorted(row) for row in got):
+        fail(f"`{what}` = {got}: list each device's stages in increasing order.")
+    return got
 
 
 def as_tensor(value: Any, what: str, shape: Sequence[int] | None = None) -> Any:

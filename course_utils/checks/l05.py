@@ -12,6 +12,7 @@ from course_utils import checks
 from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge, numbers, pick
 
 for_student = checks.lesson_checks(__name__)
+ACTIONS = checks.sequence(item=checks.as_action)
 
 
 def _looping(p: int, chunks: int) -> list[list[int]]:
@@ -36,43 +37,28 @@ def cases_1(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
 def exercise_1(looping_placement, variant) -> str:
     """Build looping_placement(p, v): for each device, the stages it holds."""
     cases = cases_1(variant)["looping_placement"]
-    for p, chunks in cases:
-        shown = f"looping_placement({p}, {chunks})"
-        answer = looping_placement(p, chunks)
-        result = [] if isinstance(answer, dict) else checks.as_sequence(answer, shown)
+    for (p, chunks), shown, answer in checks.each_call(looping_placement, cases):
+        rows = [] if isinstance(answer, dict) else checks.as_sequence(answer, shown)
         if isinstance(answer, dict) or (
-            len(result) == p * chunks and all(not isinstance(x, list | tuple) for x in result)
+            len(rows) == p * chunks and all(not isinstance(x, list | tuple) for x in rows)
         ):
             fail(
                 f"{shown} returned the device of each stage: that is the other direction (what "
                 "the course's device_of_stage() gives). Return one list per device: the stages "
                 "that device holds."
             )
-        if len(result) != p:
-            fail(
-                f"{shown} has {len(result)} entries; it needs one per device ({p}), each a "
-                "list of the stages that device holds."
-            )
-        got = [
-            checks.as_sequence(stages, f"device {d}'s stages in {shown}", item=checks.as_int)
-            for d, stages in enumerate(result)
-        ]
-        want = _looping(p, chunks)
-        blocks = [list(range(d * chunks, (d + 1) * chunks)) for d in range(p)]
-        dealt_once = sorted(s for stages in got for s in stages) == list(range(p * chunks))
-        unsorted = [sorted(stages) for stages in got] == want
+        got = checks.as_placement(rows, shown, p, p * chunks)
         hints = {
-            f"{shown} does not hand out each of the {p * chunks} stages 0..{p * chunks - 1} "
-            f"exactly once (with {p} devices and {chunks} chunks each): {got}.": not dealt_once,
-            f"{shown}: list each device's stages in increasing order: {got}.": unsorted,
             f"{shown} gives each device a block of consecutive stages ({got}). That is the "
             "ordinary placement with bigger stages; looping placement deals the stages out in "
-            "turn, like cards, so neighbouring stages sit on different devices.": blocks,
+            "turn, like cards, so neighbouring stages sit on different devices.": [
+                list(range(d * chunks, (d + 1) * chunks)) for d in range(p)
+            ],
             f"{shown} returned {got}, which is not looping placement. Walk along the stages 0, "
             "1, 2, ... and hand them to devices 0, 1, ..., p-1, then start again at device "
             "0.": OTHERWISE,
         }
-        judge(got, want, shown, hints)
+        judge(got, _looping(p, chunks), shown, hints)
     return (
         f"Right on {len(cases)} fresh (p, v) cases, e.g. 8 stages on 4 devices: "
         f"{_looping(4, 2)}. Every hop from one stage to the next changes device."
@@ -121,24 +107,20 @@ def given_3(variant: Variant = DEFAULT) -> dict:
     return {"p": p, "v": variant.pick("3v", 2, [2, 3]), "m": p * variant.pick("3g", 2, [2, 3])}
 
 
-ORDERS = ("depth-first", "breadth-first", "same")
-
-
 @exercise(
     given_3,
-    smaller_bubble=checks.verdict(
-        "same",
-        "`smaller_bubble` = {got!r} is not it. Both orders fill the pipeline through the same "
-        "p - 1 hops of one chunk each: compare their makespans in the simulator.",
-        {},
-        ORDERS,
-    ),
-    less_memory=checks.verdict(
-        "depth-first",
-        "`less_memory` = {got!r} is not it. Count, on device 0, how many forwards each order "
-        "runs before its first backward.",
-        {},
-        ORDERS,
+    **checks.diagnosis(
+        ("depth-first", "breadth-first", "same"),
+        smaller_bubble={
+            "same": checks.RIGHT,
+            OTHERWISE: "Both orders fill the pipeline through the same p - 1 hops of one chunk "
+            "each: compare their makespans in the simulator.",
+        },
+        less_memory={
+            "depth-first": checks.RIGHT,
+            OTHERWISE: "Count, on device 0, how many forwards each order runs before its first "
+            "backward.",
+        },
     ),
     breadth_first_peak="whole number",
 )
@@ -167,25 +149,6 @@ def exercise_3(g, smaller_bubble, less_memory, breadth_first_peak) -> str:
 given_4 = numbers(p=2, v=pick("4v", 2, [2, 3]), m=pick("4m", 2, [2, 3]))
 
 
-def _parse_devices(my_schedule, p: int):
-    from course_utils.actions import Action
-    from course_utils.errors import CourseInputError
-
-    devices = []
-    for d, actions in enumerate(checks.as_sequence(my_schedule, "my_schedule", length=p)):
-        parsed = []
-        for i, item in enumerate(checks.as_sequence(actions, f"my_schedule[{d}]")):
-            try:
-                parsed.append(Action.parse(item))
-            except CourseInputError:
-                fail(
-                    f"`my_schedule[{d}][{i}]` = {item!r} is not an action. Write actions as "
-                    "text like '2F0' (stage 2, forward, micro-batch 0) or '3B1'."
-                )
-        devices.append(parsed)
-    return devices
-
-
 @exercise(given_4)
 def exercise_4(g, my_schedule) -> str:
     """A breadth-first schedule, backwards first-in first-out, written by hand."""
@@ -193,7 +156,7 @@ def exercise_4(g, my_schedule) -> str:
     from course_utils.pipeline.simulate import simulate, validate
 
     p, chunks, m = g.values()
-    devices = _parse_devices(my_schedule, p)
+    devices = checks.as_sequence(my_schedule, "my_schedule", length=p, item=ACTIONS)
     if any(a.kind not in ("F", "B") for acts in devices for a in acts):
         fail("Use only forwards (F) and full backwards (B) here; no I, W or communication.")
     problems = validate(devices, stages=p * chunks, microbatches=m)
@@ -257,20 +220,16 @@ given_5 = numbers(m=pick("5m", 8, [8, 12]), transfer=pick("5t", 0.3, [0.2, 0.25,
 
 @exercise(
     given_5,
-    problem=checks.verdict(
-        "b",
-        "`problem` = {got!r} is not it. {hint}",
-        {
+    **checks.diagnosis(
+        problem={
+            "b": checks.RIGHT,
             "a": "The bubble formula (p-1)/(v m) says the bubble is small with 8 chunks. Look "
             "at the gaps between the bars instead.",
             "c": "Memory does not appear in a timeline; the gaps are waiting time.",
             "d": "All chunks cost the same here (equal stages); look at what sits between them.",
         },
-    ),
-    fix=checks.verdict(
-        "b",
-        "`problem` is right. `fix` = {got!r} is not: {hint}",
-        {
+        fix={
+            "b": checks.RIGHT,
             "a": "More chunks means more hops per micro-batch, each paying the transfer cost.",
             "c": "More devices means more hops too, and it changes the whole setup.",
             "d": "GPipe has the same number of transfers as 1F1B and a bigger activation peak.",
@@ -296,35 +255,26 @@ def exercise_5(g, problem, fix, best_chunks) -> str:
     )
 
 
-LOOPED_SCHEDULES = ("breadth-first", "depth-first")
-
-
 @exercise(
-    scenario_a=checks.verdict(
-        "breadth-first",
-        "`scenario_a` is not it. Few micro-batches per pipeline, a large data-parallel group "
-        "and memory to spare: which order lets the gradient reduction start early?",
-        {},
-        LOOPED_SCHEDULES,
-    ),
-    scenario_b=checks.verdict(
-        "depth-first",
-        "`scenario_a` is right, `scenario_b` is not. With 64 micro-batches the bubble is small "
-        "either way; what limits this team is activation memory. Which order holds fewer "
-        "micro-batches at once?",
-        {},
-        LOOPED_SCHEDULES,
-    ),
-    reason_a=checks.verdict(
-        "b",
-        "Both scenarios are right. `reason_a` = {got!r} is not: {hint}",
-        {
+    **checks.diagnosis(
+        scenario_a={
+            "breadth-first": checks.RIGHT,
+            "depth-first": "Few micro-batches per pipeline, a large data-parallel group and "
+            "memory to spare: which order lets the gradient reduction start early?",
+        },
+        scenario_b={
+            "depth-first": checks.RIGHT,
+            "breadth-first": "With 64 micro-batches the bubble is small either way; what limits "
+            "this team is activation memory. Which order holds fewer micro-batches at once?",
+        },
+        reason_a={
+            "b": checks.RIGHT,
             "a": "Both orders have the same bubble, (p - 1)/(v m) of the ideal time.",
             "c": "Breadth-first holds MORE activations than depth-first (like GPipe).",
             "d": "Both orders send the same transfers: each micro-batch crosses every stage "
             "boundary once each way.",
         },
-    ),
+    )
 )
 def exercise_6(scenario_a, scenario_b, reason_a) -> str:
     """When to pick breadth-first: two scenarios and the reason for the first."""
