@@ -11,15 +11,15 @@ from __future__ import annotations
 import math
 
 from course_utils import checks
-from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge
+from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge, numbers, pick
 
 for_student = checks.lesson_checks(__name__)
 
 
-def given_1(variant: Variant = DEFAULT) -> dict:
-    even = variant.pick("1e", (1024, 16), [(512, 8), (2048, 32), (768, 12)])
-    odd = variant.pick("1o", (100, 8), [(90, 8), (75, 6), (130, 12)])
-    return {"batch": even[0], "workers": even[1], "odd_batch": odd[0], "odd_workers": odd[1]}
+given_1 = numbers(
+    pick("1e", (1024, 16), [(512, 8), (2048, 32), (768, 12)], "batch", "workers"),
+    pick("1o", (100, 8), [(90, 8), (75, 6), (130, 12)], "odd_batch", "odd_workers"),
+)
 
 
 @exercise(given_1, per_worker="number", shards="list")
@@ -73,10 +73,9 @@ def exercise_1(g, per_worker, shards) -> str:
 
 
 @exercise(
-    after_backward=checks.verdict(
-        "b",
-        "`after_backward` = {got!r} is not it. {hint}",
-        {
+    **checks.diagnosis(
+        after_backward={
+            "b": checks.RIGHT,
             "a": "If every worker steps with its own gradient, the replicas get different "
             "updates and stop being copies of one model after the first step. What keeps them "
             "equal?",
@@ -84,7 +83,7 @@ def exercise_1(g, per_worker, shards) -> str:
             "work would be saved. What is small enough to exchange, and enough to agree on?",
             "d": "Worker 0's gradient only saw worker 0's shard: the other shards' samples "
             "would be wasted. The update should use every sample of the mini-batch.",
-        },
+        }
     )
 )
 def exercise_2(after_backward) -> str:
@@ -266,13 +265,11 @@ def exercise_4(ring_allreduce, variant) -> str:
     """Build ring_allreduce(data) -> (result, messages): every rank ends with the element-wise
     sum, and the messages are the ring's: to the right neighbour, one chunk per step."""
     shapes = []
-    for (data,) in cases_4(variant)["ring_allreduce"]:
+    for (data,), _, result in checks.each_call(ring_allreduce, cases_4(variant)["ring_allreduce"]):
         n, length = len(data), len(data[0])
         shapes.append(f"{n}x{length}")
         shown = f"ring_allreduce(<{n} ranks x {length} numbers>)"
-        answer = checks.as_sequence(
-            ring_allreduce([list(row) for row in data]), f"the result of {shown}"
-        )
+        answer = checks.as_sequence(result, f"the result of {shown}")
         if len(answer) != 2:
             fail(
                 f"{shown} should return two things, (result, messages): the sums on every "
@@ -286,11 +283,7 @@ def exercise_4(ring_allreduce, variant) -> str:
     )
 
 
-def given_5(variant: Variant = DEFAULT) -> dict:
-    return {
-        "params_m": variant.pick("5p", 250, [125, 350, 500, 750]),
-        "workers": variant.pick("5n", 8, [4, 6, 16]),
-    }
+given_5 = numbers(params_m=pick("5p", 250, [125, 350, 500, 750]), workers=pick("5n", 8, [4, 6, 16]))
 
 
 @exercise(given_5, ring_gb_per_worker="number", naive_gb_rank0="number")
@@ -333,20 +326,14 @@ def exercise_5(g, ring_gb_per_worker, naive_gb_rank0) -> str:
 
 
 SCALING_WORKERS = (1, 2, 4, 8, 16)
-# (seconds for the global batch on one GPU, GB of fp32 gradients, GB/s per GPU between nodes):
-# every triple gives nearly N inside a node of 8 and about 10x at 16, across two nodes.
+# (seconds for the global batch on one GPU, GB of fp32 gradients, GB/s per GPU of the network
+# between nodes): every triple gives nearly N inside a node of 8 and about 10x at 16, across two.
 SCALING_SETUPS = [(1.8, 1.2, 25.0), (3.0, 1.6, 25.0), (3.6, 1.0, 12.5), (2.0, 2.0, 50.0)]
-
-
-def given_6(variant: Variant = DEFAULT) -> dict:
-    compute_1, grad_gb, inter_gbs = variant.pick("6", (2.4, 1.2, 25.0), SCALING_SETUPS)
-    return {
-        "compute_1": compute_1,  # seconds for the global batch on one GPU
-        "grad_gb": grad_gb,  # fp32 gradients
-        "gpus_per_node": 8,
-        "intra_gbs": 300.0,  # NVLink, per GPU
-        "inter_gbs": inter_gbs,  # network between nodes, per GPU
-    }
+given_6 = numbers(
+    pick("6", (2.4, 1.2, 25.0), SCALING_SETUPS, "compute_1", "grad_gb", "inter_gbs"),
+    gpus_per_node=8,
+    intra_gbs=300.0,  # NVLink, per GPU
+)
 
 
 def scaling_table(variant: Variant = DEFAULT) -> list[tuple[int, float, float]]:
@@ -366,7 +353,26 @@ def scaling_table(variant: Variant = DEFAULT) -> list[tuple[int, float, float]]:
     ]
 
 
-@exercise(efficiency_16="number", cause="letter", fix="letter")
+@exercise(
+    efficiency_16="number",
+    **checks.diagnosis(
+        cause={
+            "a": checks.RIGHT,
+            "b": "The learning rate changes how well the model learns per step, not how long a "
+            "step takes; the table shows time per step.",
+            "c": "Check the ring formula: each worker sends 2(N-1)/N of the gradient, which "
+            "hardly grows from 8 to 16 workers (1.75 S to 1.875 S). Compare the links instead.",
+            "d": "Nothing in the table is about memory; each worker holds the same replica.",
+        },
+        fix={
+            "a": checks.RIGHT,
+            "b": "The naive all-reduce sends more from rank 0, not less: it would make this worse.",
+            "c": "A smaller batch per worker shrinks the compute further while the all-reduce "
+            "stays: communication's share would grow.",
+            "d": "More synchronization points add waiting; they hide nothing.",
+        },
+    ),
+)
 def exercise_6(efficiency_16, cause, fix, variant) -> str:
     """Read the scaling table: efficiency at 16 workers, the main cause and a fix."""
     rows = {n: (c, a) for n, c, a in scaling_table(variant)}
@@ -381,24 +387,6 @@ def exercise_6(efficiency_16, cause, fix, variant) -> str:
         "(compute + all-reduce); efficiency = speed-up / 16.": OTHERWISE,
     }
     judge(efficiency_16, want, "efficiency_16", hints, unit="fraction")
-    hints = {
-        "b": "The learning rate changes how well the model learns per step, not how long a "
-        "step takes; the table shows time per step.",
-        "c": "Check the ring formula: each worker sends 2(N-1)/N of the gradient, which hardly "
-        "grows from 8 to 16 workers (1.75 S to 1.875 S). Compare the links instead.",
-        "d": "Nothing in the table is about memory; each worker holds the same replica.",
-    }
-    checks.expect_choice(
-        cause, "a", hints, "`efficiency_16` is right. `cause` = {got!r} is not it: {hint}"
-    )
-    hints = {
-        "b": "The naive all-reduce sends more from rank 0, not less: it would make this worse.",
-        "c": "A smaller batch per worker shrinks the compute further while the all-reduce "
-        "stays: communication's share would grow.",
-        "d": "More synchronization points add waiting; they hide nothing.",
-    }
-    message = "`efficiency_16` and `cause` are right. `fix` = {got!r} is not: {hint}"
-    checks.expect_choice(fix, "a", hints, message)
     return (
         f"Right: {sum(rows[1]) / sum(rows[8]):.1f}x on 8 workers inside a node, {speedup:.1f}x "
         f"on 16 across two nodes, {want:.1%} efficiency. Past one node the ring runs at the "
