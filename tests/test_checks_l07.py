@@ -190,13 +190,13 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (1, (lambda A, n: [A] * n, gather_outputs, FIXED), "Every column must land on exactly one"),
     (1, (uneven, gather_outputs, FIXED), "Share the work as evenly as possible"),
     (1, (reversed_order, gather_outputs, FIXED), "put side by side, the shards are not A"),
-    (1, (lambda A, n: [A.tolist()] * n, gather_outputs, FIXED), "should be a torch tensor"),
+    (1, (lambda A, n: ["A"] * n, gather_outputs, FIXED), "should be a tensor, but it is 'A'"),
     (1, (split_columns, summed, FIXED), "Partial outputs are added only after a row-parallel"),
     (1, (split_columns, wrong_dim, FIXED), "Join the slices along the last dimension"),
     (1, (split_columns, lambda p: torch.cat(p[::-1], -1), FIXED), "but not the values of X @ A"),
     # with tp = 4, (N-1) x size is also twice the answer; another student's tp = 8 tells apart
     (2, ("all-reduce", 7 * _size_2(TP8), TP8), "what rank 0 sends in the naive all-reduce"),
-    (5, (lambda rank, tp, pp, dp: [[rank]] * 3,), "should return a dict with keys"),
+    (5, (lambda rank, tp, pp, dp: [[rank]] * 3,), "should be a dict with the keys"),
     (5, (lambda rank, tp, pp, dp: {"tensor": [rank], "pipeline": [rank]},), "no key 'data'"),
     (5, (without_self,), "leaves out rank"),
     (5, (tensor_data_swapped,), "that is the rank's data group"),
@@ -220,8 +220,8 @@ def test_build_exercise_catches_wrong_functions():
         check.exercise_1(split_columns, wrong_dim)
     with pytest.raises(CheckFailed, match="should be a function"):
         check.exercise_1("torch.tensor_split", gather_outputs)
-    with pytest.raises(CheckFailed, match="torch tensor"):
-        check.exercise_1(lambda A, n: [A.tolist()] * n, gather_outputs)
+    with pytest.raises(CheckFailed, match="should be a tensor"):
+        check.exercise_1(lambda A, n: [A.tolist()] * (n - 1) + ["A"], gather_outputs)
 
 
 def test_grid_exercise_catches_wrong_groups():
@@ -234,7 +234,7 @@ def test_grid_exercise_catches_wrong_groups():
         check.exercise_5(without_self)
     with pytest.raises(CheckFailed, match="no key 'data'"):
         check.exercise_5(lambda rank, tp, pp, dp: {"tensor": [rank], "pipeline": [rank]})
-    with pytest.raises(CheckFailed, match="should return a dict"):
+    with pytest.raises(CheckFailed, match="should be a dict"):
         check.exercise_5(lambda rank, tp, pp, dp: [[rank]] * 3)
     with pytest.raises(CheckFailed, match="whole number"):
         check.exercise_5(

@@ -10,19 +10,11 @@ arXiv 1604.06174). torch is imported lazily, only by the checks that need it.
 from __future__ import annotations
 
 from course_utils import checks
-from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge
+from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge, numbers, pick
 
 for_student = checks.lesson_checks(__name__)
 
 GB = 1e9
-
-
-def _tensor(value, what: str):
-    import torch
-
-    if not isinstance(value, torch.Tensor):
-        fail(f"`{what}` should be a torch tensor, but it is a {type(value).__name__}.")
-    return value
 
 
 def _shapes_1(variant: Variant) -> list[tuple[int, int, int, int]]:
@@ -61,18 +53,15 @@ def exercise_1(split_columns, gather_outputs, variant) -> str:
     """Build split_columns(A, n) and gather_outputs(parts) for a column-parallel layer."""
     import torch
 
-    split, gather = split_columns, gather_outputs
-    shapes = _shapes_1(variant)
-    cases = [(d_in, n, d_out) for d_in, n, d_out, _ in shapes]
-    for d_in, n, d_out, seed in shapes:
-        A, X, parts = _tensors_1(d_in, n, d_out, seed)
-        shown = f"split_columns(A, {n}) with A of shape {tuple(A.shape)}"
-        shards = checks.as_sequence(split(A.clone(), n), shown)
+    cases = cases_1(variant)
+    for (A, n), shown, result in checks.each_call(split_columns, cases["split_columns"]):
+        d_in, d_out = A.shape
+        shards = checks.as_sequence(result, shown)
         if len(shards) != n:
             fail(
                 f"{shown} returned {len(shards)} shards; it should return n = {n}, one per device."
             )
-        shards = [_tensor(s, f"shard {i} of {shown}") for i, s in enumerate(shards)]
+        shards = [checks.as_tensor(s, f"shard {i} of {shown}") for i, s in enumerate(shards)]
         for i, s in enumerate(shards):
             if s.dim() != 2:
                 fail(f"shard {i} of {shown} has {s.dim()} dimensions; shards are matrices.")
@@ -103,53 +92,47 @@ def exercise_1(split_columns, gather_outputs, variant) -> str:
                 f"{shown}: put side by side, the shards are not A. Each shard should be a "
                 "block of consecutive columns, in order (device 0 gets the first ones)."
             )
-        # gather_outputs is tested on correct shards, so its own mistakes show up alone.
-        shown = f"gather_outputs(parts) with {n} parts of shapes {[tuple(p.shape) for p in parts]}"
-        Y = gather([p.clone() for p in parts])
-        Y = _tensor(Y, shown)
-        want = X @ A
+    # gather_outputs is tried on right shards' outputs, so its own mistakes show up alone
+    for (parts,), shown, result in checks.each_call(gather_outputs, cases["gather_outputs"]):
+        Y, want = checks.as_tensor(result, shown), torch.cat(parts, dim=-1)  # want: X @ A
         if tuple(Y.shape) != tuple(want.shape):
             hint = (
                 "Partial outputs are added only after a row-parallel layer; column slices "
                 "are put side by side."
-                if tuple(Y.shape) == tuple(parts[0].shape) and n > 1
+                if tuple(Y.shape) == tuple(parts[0].shape) and len(parts) > 1
                 else "Join the slices along the last dimension (the output features)."
             )
             fail(f"{shown} has shape {tuple(Y.shape)}, X @ A has {tuple(want.shape)}. {hint}")
         if not torch.allclose(Y, want, atol=1e-5, rtol=1e-5):
             fail(f"{shown} has the right shape but not the values of X @ A: check the order.")
+    shapes = [(d_in, n, d_out) for d_in, n, d_out, _ in _shapes_1(variant)]
     return (
-        f"Right on {len(cases)} fresh random shapes (d_in, n, d_out) = {cases}: the column "
+        f"Right on {len(shapes)} fresh random shapes (d_in, n, d_out) = {shapes}: the column "
         "shards reproduce X @ A with no communication but the final concatenation."
     )
 
 
-COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "broadcast", "none")
-
-
-def given_2(variant: Variant = DEFAULT) -> dict:
-    options = [(2, 2048, 4096), (8, 512, 2048), (4, 2048, 5120)]
-    sequences, tokens, d_model = variant.pick("2shape", (4, 1024, 3072), options)
-    tp = variant.pick("2tp", 4, [2, 4, 8])
-    return {"tp": tp, "sequences": sequences, "tokens": tokens, "d_model": d_model}
+SHAPES_2 = [(2, 2048, 4096), (8, 512, 2048), (4, 2048, 5120)]  # (sequences, tokens, d_model)
+given_2 = numbers(
+    pick("2shape", (4, 1024, 3072), SHAPES_2, "sequences", "tokens", "d_model"),
+    tp=pick("2tp", 4, [2, 4, 8]),
+)
 
 
 @exercise(
     given_2,
-    collective=checks.verdict(
-        "all-reduce",
-        "`collective` = {got!r} is not it: {hint}",
-        {
-            "all-gather": "an all-gather puts slices side by side, but each device holds a "
+    **checks.diagnosis(
+        collective={
+            "all-reduce": checks.RIGHT,
+            "all-gather": "An all-gather puts slices side by side, but each device holds a "
             "full-size partial sum: the partial sums have to be added.",
-            "reduce-scatter": "a reduce-scatter adds the partial sums but leaves each device "
+            "reduce-scatter": "A reduce-scatter adds the partial sums but leaves each device "
             "only 1/N of the result (sequence parallelism uses that); here every device needs "
             "the whole Y.",
-            "broadcast": "a broadcast copies one device's tensor to the others, but no single "
+            "broadcast": "A broadcast copies one device's tensor to the others, but no single "
             "device has the sum yet.",
-            "none": "each device holds only a partial sum X_i A_i; Y is their sum.",
-        },
-        COLLECTIVES,
+            "none": "Each device holds only a partial sum X_i A_i; Y is their sum.",
+        }
     ),
     bytes_per_device="number",
 )
@@ -180,9 +163,9 @@ def exercise_2(g, collective, bytes_per_device) -> str:
     )
 
 
-def given_3(variant: Variant = DEFAULT) -> dict:
-    params_b, dp = variant.pick("3", (5, 16), [(7, 8), (3, 32), (13, 64), (6, 16)])
-    return {"params": params_b * 1e9, "dp": dp}
+given_3 = numbers(
+    pick("3", (5e9, 16), [(7e9, 8), (3e9, 32), (13e9, 64), (6e9, 16)], "params", "dp")
+)
 
 
 def _zero_gb(stage: int, variant: Variant = DEFAULT) -> float:
@@ -320,36 +303,18 @@ def cases_5(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
 @exercise(groups_of="function")
 def exercise_5(groups_of, variant) -> str:
     """Build groups_of(rank, tp, pp, dp): the tensor, pipeline and data groups of one rank."""
-    call = groups_of
-    cases = _grids_5(variant)
-    for tp, pp, dp, rank in cases:
-        shown = f"groups_of({rank}, tp={tp}, pp={pp}, dp={dp})"
-        got = call(rank, tp, pp, dp)
-        if not isinstance(got, dict):
-            fail(
-                f"{shown} should return a dict with keys 'tensor', 'pipeline' and 'data', "
-                f"not a {type(got).__name__}."
-            )
-        missing = [k for k in GROUPS if k not in got]
-        if missing:
-            fail(f"{shown} has no key {missing[0]!r}: return all of 'tensor', 'pipeline', 'data'.")
+    cases = cases_5(variant)["groups_of"]
+    for (rank, tp, pp, dp), shown, got in checks.each_call(groups_of, cases):
+        checks.as_dict(got, shown, GROUPS)
         want = _groups(rank, tp, pp, dp)
-        mine = {
-            k: sorted(checks.as_sequence(got[k], f"{shown}[{k!r}]", item=checks.as_int))
-            for k in GROUPS
-        }
-        for kind, size, degree in (
-            ("tensor", tp, "tp"),
-            ("pipeline", pp, "pp"),
-            ("data", dp, "dp"),
-        ):
-            group = mine[kind]
+        for kind, degree, size in zip(GROUPS, ("tp", "pp", "dp"), (tp, pp, dp), strict=True):
+            what = f"{shown}[{kind!r}]"
+            group = sorted(checks.as_sequence(got[kind], what, item=checks.as_int))
             if rank not in group:
-                fail(f"{shown}[{kind!r}] = {group} leaves out rank {rank} itself; include it.")
+                fail(f"{what} = {group} leaves out rank {rank} itself; include it.")
             if len(group) != size:
                 fail(
-                    f"{shown}[{kind!r}] has {len(group)} ranks; a {kind} group has {degree} = "
-                    f"{size} members."
+                    f"{what} has {len(group)} ranks; a {kind} group has {degree} = {size} members."
                 )
             if group != sorted(want[kind]):
                 swapped = [k for k in GROUPS if k != kind and group == sorted(want[k])]
@@ -359,7 +324,7 @@ def exercise_5(groups_of, variant) -> str:
                     else "work out the rank's coordinates (d, s, t) first: tensor parallelism "
                     "is innermost (neighbouring ranks), data parallelism outermost."
                 )
-                fail(f"{shown}[{kind!r}] = {group} is not right: {hint}")
+                fail(f"{what} = {group} is not right: {hint}")
     return (
         f"Right on {len(cases)} grids and ranks (the lesson's and fresh random ones): each "
         "rank talks to its tensor group every layer, its pipeline neighbours per micro-batch "
@@ -368,24 +333,23 @@ def exercise_5(groups_of, variant) -> str:
 
 
 @exercise(
-    problem=checks.verdict(
-        "b",
-        "`problem` = {got!r} is not it: {hint} Which part of the step grew?",
-        {
-            "a": "compare the bubble bars of the two runs: they hardly changed.",
-            "c": "both runs have dp = 1: there is no data-parallel all-reduce at all.",
-            "d": "the memory per GPU went down, not up, when tp doubled.",
+    **checks.diagnosis(
+        problem={
+            "b": checks.RIGHT,
+            "a": "Compare the bubble bars of the two runs: they hardly changed. Which part of "
+            "the step grew?",
+            "c": "Both runs have dp = 1: there is no data-parallel all-reduce at all. Which part "
+            "of the step grew?",
+            "d": "The memory per GPU went down, not up, when tp doubled. Which part of the step "
+            "grew?",
         },
-    ),
-    fix=checks.verdict(
-        "b",
-        "`problem` is right. `fix` = {got!r} is not: {hint}",
-        {
-            "a": "more micro-batches shrink the bubble, which is not what grew.",
-            "c": "a larger tensor group would cross even more nodes.",
+        fix={
+            "b": checks.RIGHT,
+            "a": "More micro-batches shrink the bubble, which is not what grew.",
+            "c": "A larger tensor group would cross even more nodes.",
             "d": "ZeRO-3 saves memory (and adds communication); memory is not the problem.",
         },
-    ),
+    )
 )
 def exercise_6(problem, fix) -> str:
     """Diagnose a regression when tensor parallelism grows from 4 to 8 on nodes of 4 GPUs."""
@@ -396,16 +360,16 @@ def exercise_6(problem, fix) -> str:
     )
 
 
-def given_7(variant: Variant = DEFAULT) -> dict:
-    layers, segments = variant.pick("7ls", (16, 4), [(24, 6), (36, 6), (32, 8), (12, 3)])
-    block_gb, input_gb = variant.pick("7gb", (0.5, 0.125), [(0.4, 0.1), (0.6, 0.2), (0.8, 0.25)])
-    return {"layers": layers, "block_gb": block_gb, "input_gb": input_gb, "segments": segments}
+given_7 = numbers(
+    pick("7ls", (16, 4), [(24, 6), (36, 6), (32, 8), (12, 3)], "layers", "segments"),
+    pick("7gb", (0.5, 0.125), [(0.4, 0.1), (0.6, 0.2), (0.8, 0.25)], "block_gb", "input_gb"),
+)
 
 
 @exercise(given_7, peak_gb="number", extra_compute="number")
 def exercise_7(g, peak_gb, extra_compute) -> str:
     """Activation recomputation: peak activation memory and extra compute with k segments."""
-    L, a, x, k = g.values()  # noqa: N806 - the lesson's L
+    L, k, a, x = g.values()  # noqa: N806 - the lesson's L
     want = k * x + (L // k) * a
     hints = {
         f"`peak_gb` = {L * a:g} GB is memory without recomputation: every block keeps "
