@@ -720,6 +720,7 @@ def judge(
     slips: Sequence[tuple[float, str]] = (),
     rel: float = 0.0,
     rounding: bool = True,
+    upside_down: str = "",
 ) -> bool:
     """True when `value` (an answer read by its shape) is `want` (see `matches`). Otherwise
     fail with, in this order: a unit slip or one of `slips` (as `expect_number`); the first
@@ -728,12 +729,15 @@ def judge(
     False where the check has already told whether it was made); a fraction outside
     0..1; the right number rounded too far (unless `rounding` is False: where the answers
     are small whole numbers or halves, a coarse one is as likely another mistake); the hint
-    marked `OTHERWISE`. Without that one it returns False, for the check to go on."""
+    marked `OTHERWISE`. Without that one it returns False, for the check to go on. A ratio
+    says which way up it goes in `upside_down`, for the answer that turns it over."""
     if matches(value, want, rel):
         return True
     number = isinstance(value, float) and isinstance(want, int | float)
     if number:
         _fail_on_slip(value, want, what, unit, slips)
+        if upside_down and want and matches(value, 1 / want, rel):
+            fail(f"`{what}` is upside down: {upside_down}.")
     fallback = None
     for hint, wrong in hints.items():
         if wrong is OTHERWISE:

@@ -11,8 +11,6 @@ multiple of N and cut into N equal contiguous shards.
 
 from __future__ import annotations
 
-import random
-
 from course_utils import checks
 from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge, numbers, pick
 
@@ -87,9 +85,8 @@ def _shard_size(flat: list[float], workers: int) -> int:
 def exercise_2(shard, variant) -> str:
     """Build shard(flat, workers, rank): worker `rank`'s slice of the zero-padded vector."""
     cases = cases_2(variant)["shard"]
-    for flat, workers, rank in cases:
-        shown = f"shard({flat}, {workers}, {rank})"
-        got = checks.as_sequence(shard(list(flat), workers, rank), shown, item=checks.as_number)
+    for (flat, workers, rank), shown, result in checks.each_call(shard, cases):
+        got = checks.as_sequence(result, shown, item=checks.as_number)
         size = _shard_size(flat, workers)
         padded = list(flat) + [0.0] * (size * workers - len(flat))
         want = padded[rank * size : (rank + 1) * size]
@@ -134,12 +131,11 @@ ORDER = ["gather", "forward", "free", "gather", "backward", "reduce", "free", "a
 
 
 def given_3(variant: Variant = DEFAULT) -> dict:
-    names = list(EVENTS)
-    seed = variant.pick("3s", None, range(1, 10**6))
-    if seed is not None:
-        random.Random(seed).shuffle(names)
-    else:
+    rng, names = variant.seeded("3s"), list(EVENTS)
+    if rng is None:
         names = ["backward", "gather", "adam", "free", "forward", "reduce"]
+    else:
+        rng.shuffle(names)
     return {letter: EVENTS[name] for letter, name in zip("abcdef", names, strict=True)}
 
 
@@ -262,17 +258,23 @@ def their_timeline(variant: Variant = DEFAULT, prefetch: int = 0):
     return simulate_fsdp(their_costs(variant), given_5(variant)["N"], stage=3, prefetch=prefetch)
 
 
-FIX_HINTS = {
-    "b": "with more workers each shard is smaller, but an all-gather still brings (N-1)/N of "
-    "the layer over each link, and the compute still waits for it",
-    "c": "a layer's gradient exists only once its backward is done, so it cannot be "
-    "reduce-scattered earlier; and on the one communication stream each backward gather "
-    "would still wait for the reduce-scatter before it",
-    "d": "a bigger batch dilutes the wait but does not hide it: every gather is still waited for",
-}
-
-
-@exercise(given_5, waiting_share="number", fix="letter", gain="number")
+@exercise(
+    given_5,
+    waiting_share="number",
+    **checks.diagnosis(
+        fix={
+            "a": checks.RIGHT,
+            "b": "With more workers each shard is smaller, but an all-gather still brings "
+            "(N-1)/N of the layer over each link, and the compute still waits for it.",
+            "c": "A layer's gradient exists only once its backward is done, so it cannot be "
+            "reduce-scattered earlier; and on the one communication stream each backward gather "
+            "would still wait for the reduce-scatter before it.",
+            "d": "A bigger batch dilutes the wait but does not hide it: every gather is still "
+            "waited for.",
+        }
+    ),
+    gain="number",
+)
 def exercise_5(g, waiting_share, fix, gain, variant) -> str:
     """A ZeRO-3 step with unhidden gathers: the compute's waiting share, the fix, its gain."""
     theirs, fixed = their_timeline(variant), their_timeline(variant, prefetch=1)
@@ -285,14 +287,11 @@ def exercise_5(g, waiting_share, fix, gain, variant) -> str:
         "worker.": OTHERWISE,
     }
     judge(waiting_share, want, "waiting_share", hints, unit="fraction")
-    checks.expect_choice(fix, "a", FIX_HINTS, "`fix` = {got!r} does not hide the gathers: {hint}.")
     want_gain = theirs.makespan / fixed.makespan
-    hints = {
-        "`gain` is upside down: the step without prefetch over the step with it.": 1 / want_gain,
-        "`gain` is not right: simulate the same costs with prefetch=1 "
-        "(their_timeline(prefetch=1)) and divide the makespans.": OTHERWISE,
-    }
-    judge(gain, want_gain, "gain", hints)
+    how = "the step without prefetch over the step with it"
+    hint = "`gain` is not right: simulate the same costs with prefetch=1 "
+    hint += "(their_timeline(prefetch=1)) and divide the makespans."
+    judge(gain, want_gain, "gain", {hint: OTHERWISE}, upside_down=how)
     return (
         f"Right: without prefetch the compute waits for every all-gather, {want:.0%} of the "
         f"step. Issuing the next layer's gather before computing the current one hides "
