@@ -151,7 +151,7 @@ WRONG = [
     (8, (4, 8), "too small"),
     (8, (8, 2), "must use the 32 GPUs"),
     (1, (RIGHT[1][0], RIGHT[1][0] / 4), "divides the whole tensor-parallel count by t again"),
-    (2, (lambda *a: ("x", a[1]), FIXED), "should be a tensor, but it is a str"),
+    (2, (lambda *a: ("x", a[1]), FIXED), "should be a tensor, but it is 'x' (a str)"),
     (2, (lambda *a: (merge(*a)[0], merge(*a)[1] + 1.0), FIXED), "lse is not the log-sum-exp"),
     (2, (lambda *a: (a[0], merge(*a)[1]), FIXED), "lse is right but out is not"),
     (3, ([2, 1, 4, 3], 3), "`held` numbers the workers from 1"),

@@ -18,16 +18,14 @@ from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, jud
 for_student = checks.lesson_checks(__name__)
 
 
-def given_1(variant: Variant = DEFAULT) -> dict:
-    h = variant.pick("1h", 4096, [2048, 5120, 8192])
-    return {
-        "s": variant.pick("1s", 2048, [1024, 4096, 8192]),
-        "b": variant.pick("1b", 1, [1, 2, 4]),
-        "h": h,
-        "f": 4 * h,
-        "t": variant.pick("1t", 4, [2, 8]),
-        "e": 2,
-    }
+given_1 = numbers(
+    s=pick("1s", 2048, [1024, 4096, 8192]),
+    b=pick("1b", 1, [1, 2, 4]),
+    h=pick("1h", 4096, [2048, 5120, 8192]),
+    f=lambda g: 4 * g.h,
+    t=pick("1t", 4, [2, 8]),
+    e=2,
+)
 
 
 def _block_bytes(g: dict, sequence_parallel: bool, **change) -> float:
@@ -121,18 +119,6 @@ def _close(got, want) -> bool:
     )
 
 
-def _tensor(value, what: str, shape):
-    import torch
-
-    try:
-        tensor = torch.as_tensor(value, dtype=torch.float32)
-    except (TypeError, ValueError, RuntimeError):
-        fail(f"{what} should be a tensor, but it is a {type(value).__name__}.")
-    if tuple(tensor.shape) != tuple(shape):
-        fail(f"{what} has shape {tuple(tensor.shape)}; it should be {tuple(shape)}.")
-    return tensor
-
-
 @exercise(merge="function")
 def exercise_2(merge, variant) -> str:
     """Build merge(out_a, lse_a, out_b, lse_b) -> (out, lse): the log-sum-exp merge."""
@@ -140,9 +126,8 @@ def exercise_2(merge, variant) -> str:
 
     from course_utils.parallel.context_parallel import merge_partials
 
-    call = merge
     cases = cases_2(variant)["merge"]
-    for i, (out_a, lse_a, out_b, lse_b) in enumerate(cases):
+    for i, ((out_a, lse_a, out_b, lse_b), _, result) in enumerate(checks.each_call(merge, cases)):
         kind = "masked" if i == 1 else "large" if i == 2 else "plain"
         t, d = out_a.shape
         shown = f"merge(...) on case {i + 1} ({t} queries of dim {d}"
@@ -151,13 +136,11 @@ def exercise_2(merge, variant) -> str:
             "masked": ", query 0 sees no key of block a: lse_a[0] = -inf)",
             "large": ", sharp attention: log-sum-exps near 100 or more)",
         }[kind]
-        result = checks.as_sequence(
-            call(out_a.clone(), lse_a.clone(), out_b.clone(), lse_b.clone()), shown
-        )
+        result = checks.as_sequence(result, shown)
         if len(result) != 2:
             fail(f"{shown} returned {len(result)} values; return the pair (out, lse).")
-        out = _tensor(result[0], f"The out of {shown}", out_a.shape)
-        lse = _tensor(result[1], f"The lse of {shown}", lse_a.shape)
+        out = checks.as_tensor(result[0], f"the out of {shown}", out_a.shape)
+        lse = checks.as_tensor(result[1], f"the lse of {shown}", lse_a.shape)
         want_out, want_lse = merge_partials(out_a, lse_a, out_b, lse_b)
         if _close(out, want_out) and _close(lse, want_lse):
             continue
@@ -293,10 +276,9 @@ def exercise_4(g, plain, zigzag, speedup) -> str:
         "`speedup` = slowest / mean of the plain split. Zig-zag's diagonal chunks are finer, so "
         "it also computes a little less in total: compare the two slowest workers in one "
         "unit.": 2 * n / (n + 1),
-        "`speedup` is upside down: the plain split's slowest over zig-zag's.": 1 / want,
         "`speedup` is not right: the plain straggler's work over a zig-zag worker's.": OTHERWISE,
     }
-    judge(speedup, want, "speedup", hints)
+    judge(speedup, want, "speedup", hints, upside_down="the plain split's slowest over zig-zag's")
     return (
         f"Right: plain {want_plain} block products, zig-zag {want_zigzag[0]} chunk products "
         f"each = {want_zigzag[0] / 4:g} blocks, so a compute-bound causal pass is {want:.2f}x "
@@ -322,7 +304,22 @@ def their_timeline(variant: Variant = DEFAULT, zigzag: bool = False):
     )
 
 
-@exercise(given_5, straggler="whole number", idle_share="number", fix="letter", gain="number")
+@exercise(
+    given_5,
+    straggler="whole number",
+    idle_share="number",
+    **checks.diagnosis(
+        fix={
+            "a": checks.RIGHT,
+            "b": "The direction only changes the order the blocks arrive in: the last worker's "
+            "queries still see every block.",
+            "c": "With more workers the last one still computes N blocks against worker 0's "
+            "one: the imbalance 2N/(N+1) even grows.",
+            "d": "The transfers are already hidden; exchanging after computing only adds time.",
+        }
+    ),
+    gain="number",
+)
 def exercise_5(g, straggler, idle_share, fix, gain, variant) -> str:
     """A causal ring gone uneven: the straggler, worker 0's idle share, the fix and its gain."""
     theirs, fixed = their_timeline(variant), their_timeline(variant, zigzag=True)
@@ -343,21 +340,11 @@ def exercise_5(g, straggler, idle_share, fix, gain, variant) -> str:
         "`idle_share` is not right: (makespan - worker 0's busy time) / makespan.": OTHERWISE,
     }
     judge(idle_share, want, "idle_share", hints, unit="fraction")
-    hints = {
-        "b": "the direction only changes the order the blocks arrive in: the last worker's "
-        "queries still see every block",
-        "c": "with more workers the last one still computes N blocks against worker 0's one: "
-        "the imbalance 2N/(N+1) even grows",
-        "d": "the transfers are already hidden; exchanging after computing only adds time",
-    }
-    checks.expect_choice(fix, "a", hints, "`fix` = {got!r} does not help: {hint}.")
     want_gain = theirs.makespan / fixed.makespan
-    hints = {
-        "`gain` is upside down: the plain makespan over the zig-zag one.": 1 / want_gain,
-        "`gain` is not right: simulate the same ring with zigzag=True and the same costs "
-        "(their_timeline(zigzag=True)), then divide the makespans.": OTHERWISE,
-    }
-    judge(gain, want_gain, "gain", hints)
+    hint = "`gain` is not right: simulate the same ring with zigzag=True and the same costs "
+    hint += "(their_timeline(zigzag=True)), then divide the makespans."
+    how = "the plain makespan over the zig-zag one"
+    judge(gain, want_gain, "gain", {hint: OTHERWISE}, upside_down=how)
     return (
         f"Right: worker {slowest} computes {busy[slowest]:g} ms while worker 0 idles "
         f"{want:.0%} of the {theirs.makespan:g} ms step. The zig-zag split gives every worker "
