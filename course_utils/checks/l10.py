@@ -378,30 +378,24 @@ def exercise_5(g, straggler, hot_expert, waiting_share, fix, variant) -> str:
 BYTES_PER_PARAM = 16  # mixed-precision Adam: 2 + 2 + 12 (ZeRO, arXiv 1910.02054)
 
 
+CHOICES_6 = {
+    "layers": [16, 24, 32, 40],
+    "d_model": [2048, 3072, 4096],
+    "hidden": [8192, 11008, 14336],
+    "experts": [8, 16, 32],
+    "gpus": [32, 64, 128],
+    "tp": [1, 2, 4],
+    "budget_gb": [40, 64, 80],
+}
+
+
 def given_6(variant: Variant = DEFAULT) -> dict:
     rng = variant.seeded("6seed")
     if rng is None:
-        return {
-            "layers": 32,
-            "d_model": 4096,
-            "hidden": 14336,
-            "experts": 8,
-            "gpus": 64,
-            "tp": 2,
-            "budget_gb": 80,
-        }
-    while True:
-        g = {
-            "layers": rng.choice([16, 24, 32, 40]),
-            "d_model": rng.choice([2048, 3072, 4096]),
-            "hidden": rng.choice([8192, 11008, 14336]),
-            "experts": rng.choice([8, 16, 32]),
-            "gpus": rng.choice([32, 64, 128]),
-            "tp": rng.choice([1, 2, 4]),
-            "budget_gb": rng.choice([40, 64, 80]),
-        }
+        return dict(layers=32, d_model=4096, hidden=14336, experts=8, gpus=64, tp=2, budget_gb=80)
+    while True:  # a real choice: ep > 1 is needed, and each expert is still replicated dp / ep > 1
+        g = {name: rng.choice(options) for name, options in CHOICES_6.items()}
         best = _plan(g)
-        # a real choice: ep > 1 is needed, and each expert is still replicated dp / ep > 1 times
         if best is not None and best[0] > 1 and best[2] > 1:
             return g
 
