@@ -114,7 +114,7 @@ WRONG = [
     (2, (5.0, 0.08), "part of the wait falls inside the step"),
     # 11.5: picking device 0 for its W-after-I habit is answered with what proves nothing
     (5, (0, 3.0, "a"), "ZB-V's own device 0 runs every W that way"),
-    (1, ([[0, 7, 1], [6], [2, 5], [3, 4]], 0), "every device holds exactly two stages"),
+    (1, ([[0, 1, 7], [6], [2, 5], [3, 4]], 0), "every device holds exactly two stages"),
     (1, ([[0, 7], [1, 6], [2, 5], [3, 3]], 0), "exactly once"),
     (1, ([[0, 7], [1, 6], [2, 5], [3, 4]], 2), "which device holds the last stage"),
     (2, (3.0, 0.06), "the warm-up alone"),
@@ -124,7 +124,7 @@ WRONG = [
     (4, (5, 14, 12), "Count the boundaries between neighbouring stages"),
     (5, (2, 54.0, "a"), "is their makespan"),
     (5, (2, 1.0, "a"), "their makespan minus the makespan of zb_v"),
-    (5, (2, 3.0, "c"), "looping placement changes where the stages live"),
+    (5, (2, 3.0, "c"), "Looping placement changes where the stages live"),
 ]
 
 

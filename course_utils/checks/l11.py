@@ -15,6 +15,7 @@ from course_utils import checks
 from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge, numbers, pick
 
 for_student = checks.lesson_checks(__name__)
+ACTIONS = checks.sequence(item=checks.as_action)
 
 
 def _v(p: int) -> list[list[int]]:
@@ -28,26 +29,10 @@ given_1 = numbers(p=pick("1p", 4, [3, 5, 6]))
 def exercise_1(g, stages_of_device, loss_device) -> str:
     """The V placement for p devices: each device's [down, up] stages, and the loss's device."""
     p, want = g.p, _v(g.p)
-    if len(stages_of_device) != p:
-        fail(
-            f"`stages_of_device` has {len(stages_of_device)} entries; it needs one per device "
-            f"({p}), each the list of the stages that device holds."
-        )
-    got = [
-        checks.as_sequence(r, f"stages_of_device[{d}]", item=checks.as_int)
-        for d, r in enumerate(stages_of_device)
-    ]
+    got = checks.as_placement(stages_of_device, "stages_of_device", p, 2 * p)
     if any(len(r) != 2 for r in got):
         fail("In a V every device holds exactly two stages: give each device a pair.")
-    if sorted(s for r in got for s in r) != list(range(2 * p)):
-        fail(
-            f"`stages_of_device` must hand out each of the 2p = {2 * p} stages "
-            f"0..{2 * p - 1} exactly once: {got}."
-        )
     hints = {
-        "Give each device's stages in increasing order: [down stage, up stage].": (
-            [sorted(r) for r in got] == want
-        ),
         f"{got} is looping placement (stage s on device s mod {p}), as in interleaved 1F1B. In "
         "a V the stages go down the devices and then back up.": [[d, d + p] for d in range(p)],
         f"{got} is not a V. Walk the stages 0, 1, 2, ... down the devices 0 .. p-1, then turn "
@@ -122,35 +107,20 @@ def cases_3(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
     return {"v_gpipe": cases}
 
 
-def _text(action) -> str:
-    return str(action).strip()
-
-
 @exercise(v_gpipe="function")
 def exercise_3(v_gpipe, variant) -> str:
     """Build v_gpipe(p, m): fill-and-drain (GPipe) on a V of 2p stages, as per-device lists."""
-    from course_utils.actions import Action
     from course_utils.errors import CourseInputError
     from course_utils.pipeline import simulate
     from course_utils.pipeline.simulate import ScheduleError, validate
 
-    call = v_gpipe
     cases = cases_3(variant)["v_gpipe"]
     example: list[list[str]] = []
-    for p, m in cases:
-        shown = f"v_gpipe({p}, {m})"
-        rows = checks.as_sequence(call(p, m), shown)
+    for (p, m), shown, result in checks.each_call(v_gpipe, cases):
+        rows = checks.as_sequence(result, shown)
         if len(rows) != p:
             fail(f"{shown} has {len(rows)} rows; it needs one list of actions per device ({p}).")
-        devices: list[list[Action]] = []
-        for d, row in enumerate(rows):
-            actions = []
-            for i, item in enumerate(checks.as_sequence(row, f"device {d}'s actions in {shown}")):
-                try:
-                    actions.append(Action.parse(item))
-                except (CourseInputError, ValueError) as exc:
-                    fail(f"{shown}: device {d}, action {i} = {item!r} is not an action: {exc}.")
-            devices.append(actions)
+        devices = [ACTIONS(row, f"{shown}[{d}]") for d, row in enumerate(rows)]
         kinds = {a.kind for row in devices for a in row}
         if kinds - {"F", "B"}:
             fail(
@@ -177,7 +147,7 @@ def exercise_3(v_gpipe, variant) -> str:
             if "B" in kinds_in_order and "F" in kinds_in_order[kinds_in_order.index("B") :]:
                 first_b = kinds_in_order.index("B")
                 fail(
-                    f"{shown}: device {d} runs {_text(row[first_b])} before all its forwards "
+                    f"{shown}: device {d} runs {row[first_b]} before all its forwards "
                     "are done. GPipe fills first and drains after: every forward of a device, "
                     "then its backwards."
                 )
@@ -279,15 +249,22 @@ def their_timeline(variant: Variant = DEFAULT):
     return simulate(their_schedule(variant), chunk_costs(g["F"], g["I"], g["W"]))
 
 
-FIX_HINTS_5 = {
-    "b": "the extra wait does not shrink with m: it is paid in the cool-down, once per step, "
-    "however many micro-batches come before",
-    "c": "looping placement changes where the stages live, not the order on the device; it "
-    "also adds transfers",
-}
-
-
-@exercise(given_5, culprit="whole number", extra="number", fix="letter")
+@exercise(
+    given_5,
+    culprit="whole number",
+    extra="number",
+    **checks.diagnosis(
+        fix={
+            "a": checks.RIGHT,
+            "b": "The extra wait does not shrink with m: it is paid in the cool-down, once per "
+            "step, however many micro-batches come before.",
+            "c": "Looping placement changes where the stages live, not the order on the device; "
+            "it also adds transfers.",
+            "d": "A whole B is exactly I followed at once by W: that is what the slow device "
+            "already does.",
+        }
+    ),
+)
 def exercise_5(g, culprit, extra, fix, variant) -> str:
     """A ZB-V step gone slow: the device whose order is wrong, the time lost, the fix."""
     from course_utils.pipeline import simulate
@@ -312,12 +289,6 @@ def exercise_5(g, culprit, extra, fix, variant) -> str:
         "chunk costs (simulate both).": OTHERWISE,
     }
     judge(extra, lost, "extra", hints, unit="units")
-    hints = FIX_HINTS_5 | {
-        "d": f"a whole B is exactly I followed at once by W: that is what device {k} already does"
-    }
-    checks.expect_choice(
-        fix, "a", hints, "The numbers are right. `fix` = {got!r} does not help: {hint}."
-    )
     return (
         f"Right: device {k} runs every W straight after its I, so in the cool-down the input "
         f"gradients the devices before it wait for come a W later each time: the step is "
@@ -362,12 +333,12 @@ def exercise_6(g, dualpipe_idle, times_zbv, dualpipe_peak) -> str:
     }
     judge(dualpipe_idle, want, "dualpipe_idle", hints, unit="units")
     hints = {
-        "`times_zbv` is upside down: DualPipeV's idle time over ZB-V's.": zbv / want,
         "`times_zbv` is the difference of the two idle times; give their ratio.": want - zbv,
         f"`times_zbv` is not right: divide your DualPipeV figure by ZB-V's (p-1) I for these "
         f"costs (F = {F:g}, I = {I:g}, W = {W:g}).": OTHERWISE,
     }
-    judge(times_zbv, want / zbv, "times_zbv", hints)
+    how = "DualPipeV's idle time over ZB-V's"
+    judge(times_zbv, want / zbv, "times_zbv", hints, upside_down=how)
     hints = {
         "2p is ZB-V's peak. In an F&B slot the new forward starts before the old backward frees "
         "its chunk: one more.": 2 * p,
