@@ -391,3 +391,13 @@ def test_a_diagnosis_judges_its_answers_in_order_and_never_names_the_right_one()
         shapes["fix"]("d", "fix")
     with pytest.raises(CheckFailed, match=r"one of 'a', 'b', 'c', 'd'"):  # in order: no clue
         shapes["problem"]("e", "problem")
+
+
+def test_judge_takes_one_hint_for_every_wrong_answer_and_names_a_ratio_upside_down():
+    from course_utils.checks import judge
+
+    assert judge(2.0, 2.0, "gain", "Divide the makespans.")
+    with pytest.raises(CheckFailed, match=r"^`gain` is upside down: before over after\.$"):
+        judge(0.5, 2.0, "gain", "Divide the makespans.", upside_down="before over after")
+    with pytest.raises(CheckFailed, match=r"^Divide the makespans\.$"):
+        judge(3.0, 2.0, "gain", "Divide the makespans.", upside_down="before over after")

@@ -714,7 +714,7 @@ def judge(
     value: Any,
     want: Any,
     what: str,
-    hints: dict[str, Any],
+    hints: dict[str, Any] | str,
     *,
     unit: str | None = None,
     slips: Sequence[tuple[float, str]] = (),
@@ -729,10 +729,13 @@ def judge(
     False where the check has already told whether it was made); a fraction outside
     0..1; the right number rounded too far (unless `rounding` is False: where the answers
     are small whole numbers or halves, a coarse one is as likely another mistake); the hint
-    marked `OTHERWISE`. Without that one it returns False, for the check to go on. A ratio
-    says which way up it goes in `upside_down`, for the answer that turns it over."""
+    marked `OTHERWISE` (`hints` may be just that one). Without it, it returns False, for the
+    check to go on. A ratio says which way up it goes in `upside_down`, for the answer that
+    turns it over."""
     if matches(value, want, rel):
         return True
+    if isinstance(hints, str):
+        hints = {hints: OTHERWISE}
     number = isinstance(value, float) and isinstance(want, int | float)
     if number:
         _fail_on_slip(value, want, what, unit, slips)

@@ -113,7 +113,7 @@ def exercise_2(model_state_bytes, variant) -> str:
             value = checks.as_number(got[key], what)
             wrong = f"{what} is {value / n:g} bytes per parameter, which is not right. {hints[key]}"
             one = (1 / n, "is the bytes of one parameter; give the bytes of all of them.")
-            judge(value, n * want, what, {wrong: OTHERWISE}, unit="bytes", slips=[one])
+            judge(value, n * want, what, wrong, unit="bytes", slips=[one])
     return (
         "Right on fresh random model sizes, for both formats and all three optimizers. With "
         "Adam it is 16 bytes per parameter either way: mixed precision moves bytes from the "

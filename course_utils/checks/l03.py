@@ -124,7 +124,7 @@ def exercise_4(g, max_microbatches, bubble_at_max) -> str:
     }
     judge(max_microbatches, m, "max_microbatches", hints)
     hint = f"`max_microbatches` is right; now put it into the bubble formula with p = {p}."
-    judge(bubble_at_max, _bubble(p, m), "bubble_at_max", {hint: OTHERWISE}, unit="fraction")
+    judge(bubble_at_max, _bubble(p, m), "bubble_at_max", hint, unit="fraction")
     fit = f"({gpu - state:g} GB / {per:g} GB)"
     return f"Right: {m} micro-batches fit {fit}, a bubble of {bubble_at_max:.1%}."
 

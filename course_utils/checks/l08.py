@@ -291,7 +291,7 @@ def exercise_5(g, waiting_share, fix, gain, variant) -> str:
     how = "the step without prefetch over the step with it"
     hint = "`gain` is not right: simulate the same costs with prefetch=1 "
     hint += "(their_timeline(prefetch=1)) and divide the makespans."
-    judge(gain, want_gain, "gain", {hint: OTHERWISE}, upside_down=how)
+    judge(gain, want_gain, "gain", hint, upside_down=how)
     return (
         f"Right: without prefetch the compute waits for every all-gather, {want:.0%} of the "
         f"step. Issuing the next layer's gather before computing the current one hides "

@@ -344,7 +344,7 @@ def exercise_5(g, straggler, idle_share, fix, gain, variant) -> str:
     hint = "`gain` is not right: simulate the same ring with zigzag=True and the same costs "
     hint += "(their_timeline(zigzag=True)), then divide the makespans."
     how = "the plain makespan over the zig-zag one"
-    judge(gain, want_gain, "gain", {hint: OTHERWISE}, upside_down=how)
+    judge(gain, want_gain, "gain", hint, upside_down=how)
     return (
         f"Right: worker {slowest} computes {busy[slowest]:g} ms while worker 0 idles "
         f"{want:.0%} of the {theirs.makespan:g} ms step. The zig-zag split gives every worker "
@@ -480,11 +480,11 @@ def exercise_7(g, ulysses_sent, ring_sent, less_traffic, at_big) -> str:
         (0.5, "counts only the keys; the values travel with them."),
         ((3 * n - 2) / (n - 1), "counts the backward too; the question asks for the forward."),
     ]  # fmt: skip
-    hints = {
+    hint = (
         "`ring_sent` is not right: N - 1 steps, each sending the worker's K/V block, 2 x (L/N) "
-        "x H_kv x D values of e bytes.": OTHERWISE,
-    }
-    judge(ring_sent, want_r, "ring_sent", hints, unit="bytes", slips=slips)
+        "x H_kv x D values of e bytes."
+    )
+    judge(ring_sent, want_r, "ring_sent", hint, unit="bytes", slips=slips)
     right = "equal" if want_r == want_u else ("ring" if want_r < want_u else "ulysses")
     if less_traffic != right:
         fail(

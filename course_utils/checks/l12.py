@@ -345,11 +345,11 @@ def exercise_4(g, dp_across_s, pp_across_s, across, variant) -> str:
         (g["tp"] * g["pp"], "counts all the model's gradients; each GPU all-reduces only its "
                             "own shard, params / (tp x pp) values."),
     ]  # fmt: skip
-    hints = {
+    hint = (
         "`dp_across_s` is not right yet. Use plan.ring_allreduce_time with this GPU's gradient "
-        "bytes (2 per value), 2 workers and the slow link's bytes per second.": OTHERWISE,
-    }
-    judge(dp_across_s, want_dp, "dp_across_s", hints, unit="s", slips=slips)
+        "bytes (2 per value), 2 workers and the slow link's bytes per second."
+    )
+    judge(dp_across_s, want_dp, "dp_across_s", hint, unit="s", slips=slips)
     slips = [
         (2, "is twice the right time: it counts both directions, or 4-byte values instead of "
             "bf16's 2 bytes. Count the bf16 activations one GPU sends, one way: the gradients "
@@ -359,12 +359,12 @@ def exercise_4(g, dp_across_s, pp_across_s, across, variant) -> str:
         (2 * g["tp"], "counts the whole activation (each GPU sends only its 1/tp slice), and "
                       "twice over: both directions, or 4-byte values instead of bf16's 2."),
     ]  # fmt: skip
-    hints = {
+    hint = (
         "`pp_across_s` is not right yet. Count the bytes of one micro-batch's boundary "
         "activations on one GPU (b x s x h x 2 / tp), times the micro-batches, over the slow "
-        "link's bytes per second.": OTHERWISE,
-    }
-    judge(pp_across_s, want_pp, "pp_across_s", hints, unit="s", slips=slips)
+        "link's bytes per second."
+    )
+    judge(pp_across_s, want_pp, "pp_across_s", hint, unit="s", slips=slips)
     if across != ("pp" if want_pp < want_dp else "dp"):
         fail("Both times are right. Which dimension sends fewer bytes over the slow link?")
     return (
@@ -595,13 +595,13 @@ def exercise_7(g, smallest_cp, context_gb, variant) -> str:
         (config.tp, "counts the K/V of all heads; each tensor-parallel GPU sends only its own "
                     "heads' K/V, h / tp values per token."),
     ]  # fmt: skip
-    hints = {
+    hint = (
         "`smallest_cp` is right; `context_gb` is not yet. Per layer and micro-batch a GPU sends "
         "its K/V block (2 x s/cp x h/tp values, 2 bytes each) cp - 1 times forward, and "
         "backward cp - 1 times plus cp hops of dK/dV; or ask "
-        "plan.traffic(model, config)['context'].": OTHERWISE,
-    }
-    judge(context_gb, want, "context_gb", hints, unit="GB", slips=slips)
+        "plan.traffic(model, config)['context']."
+    )
+    judge(context_gb, want, "context_gb", hint, unit="GB", slips=slips)
     return (
         f"Right: at {g['seq']:,} tokens cp={right} is the smallest ring that fits "
         f"({fit[right].memory['total'] / GIB:.1f} GiB per GPU), and each GPU sends "
@@ -670,14 +670,14 @@ def exercise_8(g, smallest_ep, all_to_all_gb, variant) -> str:
         fail(f"ep={ep} fits, but a smaller ep fits too. Find the smallest.")
     model, config = moe_layout(right, variant)
     want = plan.traffic(model, config)["expert"] / GB
-    hints = {
+    hint = (
         "`smallest_ep` is right; `all_to_all_gb` is not yet. Per MoE layer and micro-batch: 4 "
         "all-to-alls (dispatch and combine, forward and backward), each sending this GPU's "
         "tokens x top-k x h values of 2 bytes, (ep - 1) / ep of them; or ask "
-        "plan.traffic(model, config)['expert'].": OTHERWISE,
-    }
+        "plan.traffic(model, config)['expert']."
+    )
     slips = _moe_slips(right, model.top_k)
-    judge(all_to_all_gb, want, "all_to_all_gb", hints, unit="GB", slips=slips)
+    judge(all_to_all_gb, want, "all_to_all_gb", hint, unit="GB", slips=slips)
     return (
         f"Right: ep={right} splits the {model.expert_params / 1e9:.3g}B expert parameters "
         f"{right} ways ({fit[right].memory['total'] / GIB:.1f} GiB per GPU), and each GPU sends "
