@@ -125,15 +125,11 @@ def _wrong_formulas() -> dict[str, Callable[[float, float, float, int], int | No
 def exercise_1(g, min_gpus_to_fit, zero_stage, what_must_change, variant) -> str:
     """Build min_gpus_to_fit(params, gpu_memory_gib, reserve_gib, zero); then the smallest
     ZeRO stage for the given model on dp GPUs; then what must change for the big model."""
-    call = min_gpus_to_fit
     cases = cases_1(variant)["min_gpus_to_fit"]
     answers = []
-    for case in cases:
+    for case, _, got in checks.each_call(min_gpus_to_fit, cases):
         shown = "min_gpus_to_fit({:.3g}, {}, {}, {})".format(*case)
-        got = call(*case)
-        if got is not None:
-            got = checks.as_number(got, shown)
-        answers.append((shown, got))
+        answers.append((shown, got if got is None else checks.as_number(got, shown)))
     wrong = [
         (shown, got, case)
         for (shown, got), case in zip(answers, cases, strict=True)
@@ -222,22 +218,20 @@ def teammate_timeline(variant: Variant = DEFAULT):
 
 @exercise(
     given_2,
-    problem=checks.verdict(
-        "b",
-        "`problem` is not right yet. {hint}",
-        {
+    **checks.diagnosis(
+        problem={
+            "b": checks.RIGHT,
             "a": "Look at the middle of the step, not the ends: does a device still idle once "
             "the pipeline is full?",
             "c": "Sends take no time in this simulation. Which device's compute bars are "
             "longer than the other's?",
             "d": "There is no data parallelism in this run.",
         },
-    ),
-    fix=checks.verdict(
-        "b",
-        "`problem` is right, but that fix does not remove it. What makes one stage slower "
-        "than the other, and how would you even them out?",
-        {},
+        fix={
+            "b": checks.RIGHT,
+            OTHERWISE: "That fix does not remove it. What makes one stage slower than the "
+            "other, and how would you even them out?",
+        },
     ),
     slow_device="whole number",
 )
