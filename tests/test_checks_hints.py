@@ -3,9 +3,10 @@
 A hint is text a lesson's check module (`course_utils/checks/lNN.py`) writes into a failure
 message. This test finds them itself, in each module's source: every string literal inside
 the arguments of `fail(...)`, `CheckFailed(...)`, `expect_choice(...)`, `judge(...)` (its
-hints: each hint with the wrong answer it names) and `verdict(...)` (a diagnosis's template
-and its hint per wrong choice), wherever they stand (an exercise's body or its `@exercise`
-declaration), and inside a question's `slips=`, following what can become text: the names
+hints: each hint with the wrong answer it names, or its one hint), `diagnosis(...)` (a hint per
+wrong choice) and `each_call(...)` (the hint for inputs too big to build), wherever they
+stand (an exercise's body or its `@exercise` declaration), and inside a question's `slips=`,
+following what can become text: the names
 those arguments use (a local or module variable, a `for` loop's iterable, a list built with
 `append`) and the module's private helpers whose results they are (`_moe_slips(...)`). A
 literal's longest piece between format fields (at least 12 characters, with a space) is its
@@ -37,7 +38,7 @@ from test_checks_contract import LESSONS
 
 from course_utils.checks import CheckFailed
 
-HINT_CALLS = {"fail", "CheckFailed", "expect_choice", "judge", "verdict", "diagnosis", "each_call"}
+HINT_CALLS = {"fail", "CheckFailed", "expect_choice", "judge", "diagnosis", "each_call"}
 MIN_FINGERPRINT = 12
 
 
@@ -206,11 +207,12 @@ def _slips(k):
     return [(2.0, text)]
 
 
-@exercise(y=verdict("a", "`y` = {got!r} is not it: {hint} A verdict's template.", {
-    "b": "a verdict's hint for a wrong choice",
-}))
-def exercise_1(x, y):
+@exercise(**diagnosis(y={"a": RIGHT, "b": "a diagnosis's hint for a wrong choice"}))
+def exercise_1(x, y, f):
     judge(x, 1.0, "x", {"a hint keyed to its mistake": 2.0, "the fallback of a judge": OTHERWISE})
+    judge(x, 1.0, "x", "a judge's one hint, as text", upside_down="a ratio's right way up")
+    for _ in each_call(f, [(1,)], [(1,)], "the hint for inputs too big"):
+        pass
     hints = {"b": "a hint in a dict of choices, reached"}
     for message, f in {"a wrong formula named in a loop": 1}.items():
         fail(f"{x} {message}")
@@ -224,9 +226,11 @@ def exercise_1(x, y):
     path.write_text(source)
     found = {h.fingerprint for h in hints_of(path)}
     assert found == {
-        "A verdict's template.",
-        "a verdict's hint for a wrong choice",
+        "a diagnosis's hint for a wrong choice",
         "a hint keyed to its mistake",
+        "a judge's one hint, as text",
+        "a ratio's right way up",
+        "the hint for inputs too big",
         "the fallback of a judge",
         "a helper's slip that must be reached",
         "a hint in a dict of choices, reached",

@@ -19,7 +19,7 @@ of each answer, the right answer and the hints keyed to the mistake they name:
         return "Right: ..."
 
 `exercise` reads the answers (None -> NotAnswered, NaN -> a message), `judge` names the
-mistake, `verdict` judges a diagnosis's choices, and the returned message is printed with
+mistake, `diagnosis` judges a diagnosis's choices, and the returned message is printed with
 its tick. The grader calls the same `exercise_K`, `given_K` and `cases_K` (a Build
 exercise's inputs) in its own process (`course_utils.grading`).
 
@@ -89,7 +89,6 @@ __all__ = [
     "require",
     "same_to_3_figures",
     "sequence",
-    "verdict",
 ]
 
 # What a learner sees in front of a message (the grader also uses these to find the message).
@@ -789,19 +788,6 @@ def _shape(spec: str | tuple | Shape) -> Shape:
     return choice(*spec) if isinstance(spec, tuple) else spec
 
 
-def verdict(right: Any, message: str, hints: dict[Any, str], options: Any = LETTERS) -> Shape:
-    """A multiple-choice answer judged as it is read (a diagnosis: the problem, then the fix):
-    one of `options`, failing unless it is `right` with `message`, in which {got!r} is the
-    choice and {hint} its entry in `hints`, one per wrong choice."""
-
-    def judged(value: Any, what: str) -> Any:
-        got = as_choice(value, options, what)
-        expect_choice(got, right, hints, message)
-        return got
-
-    return judged
-
-
 def diagnosis(options: Sequence[Any] = LETTERS, **tables: dict[Any, Any]) -> dict[str, Shape]:
     """The shapes of a diagnosis's multiple-choice answers (the problem, then the fix, ...),
     judged as they are read, in order. Each answer's table maps its right choice to RIGHT and
@@ -840,7 +826,7 @@ def exercise(
     The function's parameters are the answers, in the order the check cell passes them, and
     optionally `g` (the learner's numbers, from `given`) and `variant`. Each answer is read
     with its shape (a name in `SHAPES`, a tuple of the options, or a function such as
-    `verdict(...)`; by default it must only be answered), then the function judges them,
+    one of `diagnosis(...)`; by default it must only be answered), then the function judges them,
     failing with a hint, and returns the message a right answer earns. The check is called
     `exercise_K(*answers, variant=...)`.
     """
