@@ -24,7 +24,7 @@ its tick. The grader calls the same `exercise_K`, `given_K` and `cases_K` (a Bui
 exercise's inputs) in its own process (`course_utils.grading`).
 
 Numbers: every number a learner types passes when it is right to 3 significant figures
-(`judge`, `expect_number`, `is_right`, `close`; inside lists and tuples too), and the
+(`judge`, `matches`, `close`; inside lists and tuples too), and the
 mistakes a check recognises are matched the same way. Counts, indices and the results of a
 learner's Build function are compared exactly (within float rounding).
 
@@ -77,9 +77,7 @@ __all__ = [
     "exercise",
     "exercise_label",
     "expect_choice",
-    "expect_number",
     "fail",
-    "is_right",
     "judge",
     "lesson_checks",
     "matches",
@@ -475,30 +473,6 @@ UNIT_SLIPS: dict[str, list[tuple[float, str]]] = {
 }
 
 
-def expect_number(
-    value: Any,
-    expected: float,
-    what: str,
-    unit: str | None = None,
-    slips: Sequence[tuple[float, str]] = (),
-) -> float:
-    """`value` as a number, checked against `expected` for the slips every question shares.
-
-    Returns the number when it is right to 3 significant figures. Otherwise it fails with:
-    the unit slip it matches (a percentage for a fraction, GB for GiB, ...), the question's
-    own slip from `slips`, or "close: give 3 significant figures" when it is the right number
-    rounded too far. A question's slip is (factor, what the learner did), written to follow
-    "`what` = 5.2e+09", e.g. (2, "counts both directions; give the bytes one way."): one
-    sentence a teacher would say, naming every mistake that gives that factor. When none of
-    these applies it returns the number, so the check can give its own hints and then fail.
-    """
-    number = as_number(value, what)
-    if not same_to_3_figures(number, expected):
-        _fail_on_slip(number, expected, what, unit, slips)
-        _fail_if_too_rounded(number, expected, what, unit)
-    return number
-
-
 def _fail_on_slip(
     number: float, expected: float, what: str, unit: str | None, slips: Sequence[tuple[float, str]]
 ) -> None:
@@ -515,11 +489,6 @@ def _fail_if_too_rounded(number: float, expected: float, what: str, unit: str | 
     unit_name = f" {unit}" if unit and unit not in ("fraction", "percent") else ""
     if _rounded_to_fewer_figures(number, expected):
         fail(f"`{what}` = {number:g}{unit_name} is close: give 3 significant figures.")
-
-
-def is_right(value: float, expected: float) -> bool:
-    """The same test `expect_number` passes with, for checks that branch on it."""
-    return same_to_3_figures(value, expected)
 
 
 # --------------------------------------------------------------------------- variants
@@ -722,7 +691,10 @@ def judge(
     upside_down: str = "",
 ) -> bool:
     """True when `value` (an answer read by its shape) is `want` (see `matches`). Otherwise
-    fail with, in this order: a unit slip or one of `slips` (as `expect_number`); the first
+    fail with, in this order: a unit slip (a percentage for a fraction, GB for GiB, ...) or
+    one of the question's `slips`, each (factor, what the learner did) written to follow
+    "`what` = 5.2e+09", e.g. (2, "counts both directions; give the bytes one way."): one
+    sentence a teacher would say, naming every mistake that gives that factor; the first
     hint whose mistake `value` matches (`hints` maps each hint to the wrong answer it names:
     an answer, `any_of(...)`, a test of the answer, None where it does not apply, or True or
     False where the check has already told whether it was made); a fraction outside

@@ -36,7 +36,7 @@ def exercise_1(g, stage1, stage2, stage3) -> str:
         # fp32 stage 2 (4 + 12/N) is also the paper's mixed-precision stage 1 (4 + 12/N)
         either = (
             f", or stage {stage}'s in the paper's mixed precision (2 + 2 + 12 bytes)"
-            if checks.is_right(value, mixed)
+            if checks.matches(value, mixed)
             else ""
         )
         hints = {
