@@ -166,11 +166,16 @@ def test_helpers_only_ever_raise_check_failed(value):
 
 
 def test_exercise_label_comes_from_the_check_module_convention():
-    # Pretend to be course_utils.checks.l03.exercise_2, as a real check module would be.
-    namespace = {"__name__": "course_utils.checks.l03", "require": require}
-    exec("def exercise_2(x):\n    require(x, 'bubble_fraction')\n", namespace)
+    # Pretend to be course_utils.checks.l03.exercise_2, as a real check module declares it.
+    namespace = {"__name__": "course_utils.checks.l03", "exercise": checks.exercise}
+    exec(
+        "@exercise(bubble_fraction='number')\ndef exercise_2(bubble_fraction):\n    pass\n",
+        namespace,
+    )
     with pytest.raises(NotAnswered, match=r"^Exercise 3\.2 is not answered yet: `bubble_fraction`"):
         namespace["exercise_2"](None)
+    with pytest.raises(NotAnswered, match=r"^This exercise is not answered yet"):
+        require(None, "x")
 
 
 def test_render_traceback_is_only_the_message():
