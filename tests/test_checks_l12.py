@@ -127,7 +127,7 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (1, (min_gpus_to_fit, 3, "a"), "ZeRO-3 already"),
     (1, (min_gpus_to_fit, 3, "z"), "should be one of"),
     (2, ("a", "a", 1), "middle of the step"),
-    (2, ("b", "a", 1), "fix does not remove"),
+    (2, ("b", "a", 1), "That fix leaves one stage slower"),
     (2, ("d", "b", 1), "no data parallelism"),
     (2, ("c", "b", 1), "compute bars"),
     (2, ("b", "b", 0), "no grey in the middle"),

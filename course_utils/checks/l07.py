@@ -336,12 +336,9 @@ def exercise_5(groups_of, variant) -> str:
     **checks.diagnosis(
         problem={
             "b": checks.RIGHT,
-            "a": "Compare the bubble bars of the two runs: they hardly changed. Which part of "
-            "the step grew?",
-            "c": "Both runs have dp = 1: there is no data-parallel all-reduce at all. Which part "
-            "of the step grew?",
-            "d": "The memory per GPU went down, not up, when tp doubled. Which part of the step "
-            "grew?",
+            "a": "The bubble bars of the two runs hardly changed. Which part of the step grew?",
+            "c": "Both runs have dp = 1, so no data-parallel all-reduce. Which part grew?",
+            "d": "The memory per GPU went down, not up, when tp doubled. Which part grew?",
         },
         fix={
             "b": checks.RIGHT,

@@ -223,8 +223,7 @@ def teammate_timeline(variant: Variant = DEFAULT):
         },
         fix={
             "b": checks.RIGHT,
-            OTHERWISE: "That fix does not remove it. What makes one stage slower than the "
-            "other, and how would you even them out?",
+            OTHERWISE: "That fix leaves one stage slower than the other. What would balance them?",
         },
     ),
     slow_device="whole number",
