@@ -184,14 +184,13 @@ def exercise_4(g, makespan, speedup) -> str:
     p, m, f, b = g.values()
     want = _simulate("gpipe", p, m, f, b).makespan
     naive = _simulate("naive", p, m, f, b).makespan  # the batch as one piece
+    off_by_one = checks.any_of((m + p - 2) * (f + b), (m + p) * (f + b))
     hints = {
         "That is one device's busy time. The step also contains the time to fill the "
         "pipeline and drain it again: how many extra slots does that take?": m * (f + b),
         "That is the naive (unpipelined) step. With micro-batches the stages overlap.": naive,
         f"Off by one slot. Count again how many forward slots pass before stage {p - 1} "
-        "starts its first forward (the fill), then its m forwards.": checks.any_of(
-            (m + p - 2) * (f + b), (m + p) * (f + b)
-        ),
+        "starts its first forward (the fill), then its m forwards.": off_by_one,
         "`makespan` is not right. Draw the forward half: when does the last stage finish "
         "its last forward? The backward half is the mirror image, B/F times as slow.": OTHERWISE,
     }

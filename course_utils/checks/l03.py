@@ -109,13 +109,11 @@ given_4 = numbers(
 def exercise_4(g, max_microbatches, bubble_at_max) -> str:
     """Largest m whose GPipe activations fit beside the model state, and its bubble."""
     p, gpu, state, per = g.values()
-    m = math.floor((gpu - state) / per + 1e-9)
+    m, whole, state_only = (math.floor(x / per + 1e-9) for x in (gpu - state, gpu, state))
     hints = {
-        f"{gpu} / {per} forgets the {state} GB of model state already on the GPU.": math.floor(
-            gpu / per + 1e-9
-        ),
+        f"{gpu} / {per} forgets the {state} GB of model state already on the GPU.": whole,
         f"{state} / {per} uses the model state as the budget: what is left for "
-        "activations?": math.floor(state / per + 1e-9),
+        "activations?": state_only,
         "That would be the count if only p micro-batches were in flight (1F1B, next lesson). "
         "In GPipe, how many micro-batches' activations does stage 0 hold when its last "
         "forward ends?": p,

@@ -29,11 +29,10 @@ def exercise_1(g, peak_gpipe, peak_1f1b) -> str:
     p, m = g.p, g.m
     gpipe = checks.as_sequence(peak_gpipe, "peak_gpipe", length=p, item=_count)
     one_f = checks.as_sequence(peak_1f1b, "peak_1f1b", length=p, item=_count)
+    early = checks.any_of([p] * p, list(range(p, 0, -1)))  # backwards started early
     hints = {
         "`peak_gpipe` is not right: that is what a schedule that starts backwards early "
-        "holds. In GPipe, what does every device do before its first backward?": checks.any_of(
-            [p] * p, list(range(p, 0, -1))
-        ),
+        "holds. In GPipe, what does every device do before its first backward?": early,
         "`peak_gpipe` is not right yet. In GPipe a device runs every forward before its "
         "first backward: how many micro-batches is it holding when that backward "
         "starts?": OTHERWISE,

@@ -48,12 +48,11 @@ def exercise_1(looping_placement, variant) -> str:
                 "that device holds."
             )
         got = checks.as_placement(rows, shown, p, p * chunks)
+        blocks = [list(range(d * chunks, (d + 1) * chunks)) for d in range(p)]
         hints = {
             f"{shown} gives each device a block of consecutive stages ({got}). That is the "
             "ordinary placement with bigger stages; looping placement deals the stages out in "
-            "turn, like cards, so neighbouring stages sit on different devices.": [
-                list(range(d * chunks, (d + 1) * chunks)) for d in range(p)
-            ],
+            "turn, like cards, so neighbouring stages sit on different devices.": blocks,
             f"{shown} returned {got}, which is not looping placement. Walk along the stages 0, "
             "1, 2, ... and hand them to devices 0, 1, ..., p-1, then start again at device "
             "0.": OTHERWISE,

@@ -204,13 +204,10 @@ def exercise_4(g, prefetch, gathered) -> str:
                 "the limit."
             )
         fail(f"Prefetch {k} fits, but a deeper one does too.")
-    shard = bound(k) / n
+    shard, smallest = bound(k) / n, sum(sorted(numels)[: k + 1]) * e
     hints = {
         "`gathered` counts shards; a gathered layer is the whole layer, on every worker.": shard,
-        "`gathered` adds the smallest layers; the bound must hold for the largest.": sum(
-            sorted(numels)[: k + 1]
-        )
-        * e,
+        "`gathered` adds the smallest layers; the bound must hold for the largest.": smallest,
         "`gathered` is not right: the k + 1 largest layers, whole, in bytes.": OTHERWISE,
     }
     judge(gathered, bound(k), "gathered", hints, unit="bytes")

@@ -43,6 +43,10 @@ def exercise_1(g, tp_only, with_sp) -> str:
     for name, value, sp in (("tp_only", tp_only, False), ("with_sp", with_sp, True)):
         want, other = _block_bytes(g, sp), _block_bytes(g, not sp)
         mask = want + (g.e - 1) * sbh / (g.t if sp else 1)  # the mask at e bytes per value
+        no_mask, fp32, unsplit = (
+            _block_bytes(g, sp, **wrong)
+            for wrong in ({"dropout": False}, {"bytes_per_value": 4}, {"tp": 1})
+        )
         hints = {
             f"`{name}` is the tensor-parallel count. Sequence parallelism also splits the three "
             "sequence-wise terms (LayerNorm input, first linear's input, dropout mask) t "
@@ -54,15 +58,10 @@ def exercise_1(g, tp_only, with_sp) -> str:
             "terms (the GeLU's and the second linear's inputs) were already split t ways by "
             "tensor parallelism. Sequence parallelism splits only the three sequence-wise terms "
             "(LayerNorm input, first linear's input, dropout mask).": other / g.t if sp else None,
-            f"`{name}` leaves out the dropout mask: one byte per value of [s, b, h].": _block_bytes(
-                g, sp, dropout=False
-            ),
+            f"`{name}` leaves out the dropout mask: one byte per value of [s, b, h].": no_mask,
             f"`{name}` counts the dropout mask at e bytes; a mask is one byte per value.": mask,
-            f"`{name}` uses 4-byte values; the block runs in 16-bit, e = 2 bytes.": _block_bytes(
-                g, sp, bytes_per_value=4
-            ),
-            f"`{name}` is the unsplit block's count; the question asks per device of "
-            "t.": _block_bytes(g, sp, tp=1),
+            f"`{name}` uses 4-byte values; the block runs in 16-bit, e = 2 bytes.": fp32,
+            f"`{name}` is the unsplit block's count; the question asks per device of t.": unsplit,
             f"`{name}` is not right. Add the five terms: LayerNorm input and first linear's "
             "input (e sbh each), GeLU and second linear's inputs (e sbf each), the mask (sbh "
             "bytes), and divide each by what splits it.": OTHERWISE,
@@ -207,15 +206,13 @@ def given_3(variant: Variant = DEFAULT) -> dict:
 def exercise_3(g, held, sends) -> str:
     """Ring attention forward: whose K/V block worker w holds at each step; blocks it sends."""
     n, w = g.N, g.w
-    want = [(w - k) % n for k in range(n)]
+    want, backwards = [(w - k) % n for k in range(n)], [(w + k) % n for k in range(n)]
     hints = {
         f"`held` needs one owner per step: the forward has N = {n} steps.": len(held) != n,
         f"`held` numbers the workers from 1. Workers are numbered 0 to {n - 1}, like everything "
         f"in the course: at step 0 worker {w} holds its own block, kv{w}.": [x + 1 for x in want],
         "The blocks go round the wrong way: each worker passes its block to the RIGHT (w + 1), "
-        f"so the block that reaches worker {w} next comes from its left.": [
-            (w + k) % n for k in range(n)
-        ],
+        f"so the block that reaches worker {w} next comes from its left.": backwards,
         "Off by one step: at step 0 no block has moved yet; every worker starts with its own "
         "K/V block.": [(w - k - 1) % n for k in range(n)],
         f"Over the N = {n} steps worker {w} meets every worker's block exactly once.": sorted(held)
@@ -394,13 +391,12 @@ def exercise_6(g, cp, gib) -> str:
         fail(f"At cp = {cp} one worker needs {_fits(g, cp):.1f} GiB, over the budget.")
     want_gib, t = _fits(g, want), g.seq // want
     scores = g.e * g.heads * 2 * t * t / checks.GIB
+    bytes_off = checks.any_of(want_gib / g.e, want_gib * 2)
     hints = {
         "`gib` counts only the scores; add q, k, v, the output, the lse and the "
         "buffer.": checks.any_of(scores, scores / 2),
         "`gib` is the unsplit layer's need; give it at your cp.": _fits(g, 1),
-        "`gib` has the wrong bytes per value: the layer runs in 16-bit, 2 bytes.": checks.any_of(
-            want_gib / g.e, want_gib * 2
-        ),
+        "`gib` has the wrong bytes per value: the layer runs in 16-bit, 2 bytes.": bytes_off,
         "`gib` is not right: e x H x (6 t D + t + 2 t^2) bytes, with t = L / cp.": OTHERWISE,
     }
     judge(gib, want_gib, "gib", hints, unit="GiB")

@@ -75,11 +75,10 @@ def exercise_1(g, tokens_per_expert, capacity, dropped, capacity_top2) -> str:
     }
     judge(tokens_per_expert, counts, "tokens_per_expert", hints)
     exact = factor * tokens / experts
+    no_factor = math.ceil(tokens / experts) if factor != 1 else None
     hints = {
         f"{factor:g} x {tokens} / {experts} = {exact:g}: round up, not down.": math.floor(exact),
-        "`capacity` forgets the capacity factor: multiply by it.": (
-            math.ceil(tokens / experts) if factor != 1 else None
-        ),
+        "`capacity` forgets the capacity factor: multiply by it.": no_factor,
         "That is the top-2 capacity (k = 2). This routing is top-1: k = 1.": cap2,
         "`capacity` is not right. It is ceil(capacity_factor x tokens x k / experts), slots "
         "per expert.": OTHERWISE,
@@ -267,10 +266,8 @@ TOO_EARLY = {
     "f": "the output gradients exist only once the forward has ended, weighted sum included",
     "a": "an expert's backward needs the gradient of its outputs on the expert's worker",
     "j": "the input gradients come out of the experts' backward, which must run first",
-    "h": (
-        "the gradient through the norm needs every expert's input gradient back on the "
-        "token's worker"
-    ),
+    "h": "the gradient through the norm needs every expert's input gradient back on the "
+    "token's worker",
     "c": "the router and norm gradients are complete only when every backward is done",
 }
 
@@ -446,11 +443,10 @@ def exercise_6(g, ep, gb_per_gpu, expert_dp) -> str:
     }
     judge(ep, want_ep, "ep", hints)
     no_attn = want_gb - g.layers * 4 * g.d_model**2 * BYTES_PER_PARAM / g.tp / 1e9
+    all_experts = _gb_per_gpu(g, 1) if ep != 1 else None
     hints = {
         "`gb_per_gpu` forgets tensor parallelism: tp splits every weight tp ways.": want_gb * g.tp,
-        "`gb_per_gpu` keeps all the experts on every GPU: each holds E/ep of them.": (
-            _gb_per_gpu(g, 1) if ep != 1 else None
-        ),
+        "`gb_per_gpu` keeps all the experts on every GPU: each holds E/ep of them.": all_experts,
         "`gb_per_gpu` leaves out the attention (4 x d_model^2 per layer, replicated).": no_attn,
         "`gb_per_gpu` is not right: layers x (attention + router and norm + E/ep experts) "
         "parameters, x 16 bytes, / tp, in GB (10^9 bytes).": OTHERWISE,
@@ -552,15 +548,13 @@ def exercise_7(g, chosen, gates, new_bias) -> str:
     judge(gates, [scores[t][e] for t, e in enumerate(want)], "gates", hints)
     load, mean = _load_7(scores, bias), tokens / experts
     want_bias = _new_bias_7(load, bias, gamma)
+    backwards = [2 * b - w for b, w in zip(bias, want_bias, strict=True)]
+    proportional = [b - gamma * (n - mean) for n, b in zip(load, bias, strict=True)]
     hints = {
         "`new_bias` moves the wrong way: an expert that got more than its share must become "
-        "LESS attractive, so its bias goes down by gamma.": [
-            2 * b - w for b, w in zip(bias, want_bias, strict=True)
-        ],
+        "LESS attractive, so its bias goes down by gamma.": backwards,
         "`new_bias` moves each bias in proportion to its excess load. The update moves by a "
-        "fixed gamma, down or up: only the sign of the excess counts.": [
-            b - gamma * (n - mean) for n, b in zip(load, bias, strict=True)
-        ],
+        "fixed gamma, down or up: only the sign of the excess counts.": proportional,
         "`new_bias` is not right: count each expert's tokens; b - gamma where that is more than "
         f"the mean ({mean:g}), b + gamma where less, unchanged where equal.": OTHERWISE,
     }

@@ -184,6 +184,7 @@ def exercise_4(g, plain_1f1b, looping, v_shape) -> str:
     got = {"plain_1f1b": plain_1f1b, "looping": looping, "v_shape": v_shape}
     boundaries = {"plain_1f1b": p - 1, "looping": 2 * p - 1, "v_shape": 2 * p - 2}
     for name, right in want.items():
+        too_many = checks.any_of(right + 2, right + 1)
         hints = {
             f"`{name}` counts the forward only. The backward sends a gradient back over every "
             "boundary the forward crossed.": boundaries[name],
@@ -192,9 +193,7 @@ def exercise_4(g, plain_1f1b, looping, v_shape) -> str:
             "`looping`: with stage s on device s mod p, do two neighbouring stages ever sit on "
             "the same device?": 2 * (2 * p - 2) if name == "looping" else None,
             f"`{name}` counts one boundary too many: the input arrives and the loss is computed "
-            "on a device; only the boundaries between stages cross devices.": checks.any_of(
-                right + 2, right + 1
-            ),
+            "on a device; only the boundaries between stages cross devices.": too_many,
             f"`{name}` is not right. Count the boundaries between neighbouring stages that lie "
             "between two different devices, then remember the backward.": OTHERWISE,
         }

@@ -99,12 +99,10 @@ def _wrong_formulas() -> dict[str, Callable[[float, float, float, int], int | No
     return {
         "counts memory in GB (10^9 bytes), but GPU memory is in GiB: 1 GiB = 2^30 bytes "
         "(plan.GIB).": lambda p, m, r, z: _needed(p, m, r, z, units=GB),
-        "ignores the reserve: only gpu_memory_gib - reserve_gib is free for model states.": (
-            lambda p, m, r, z: _needed(p, m, 0, z)
-        ),
-        "rounds down: a fraction of a GPU still needs a whole GPU, so round up.": (
-            lambda p, m, r, z: _needed(p, m, r, z, rounding=math.floor)
-        ),
+        "ignores the reserve: only gpu_memory_gib - reserve_gib is free for model "
+        "states.": lambda p, m, r, z: _needed(p, m, 0, z),
+        "rounds down: a fraction of a GPU still needs a whole GPU, so round "
+        "up.": lambda p, m, r, z: _needed(p, m, r, z, rounding=math.floor),
         "treats every stage like ZeRO-3: at stages 0-2 some bytes per parameter stay whole on "
         "every GPU, however many GPUs there are.": lambda p, m, r, z: _needed(p, m, r, 3),
     }
