@@ -41,6 +41,7 @@ def exercise_1(g, peak_gpipe, peak_1f1b) -> str:
     want = [min(m, p - d) for d in range(p)]
     short, extra = [w - 1 for w in want], [w + 1 for w in want]
     grows = one_f == sorted(one_f) != sorted(one_f, reverse=True)
+    flat = len(set(one_f)) == 1  # the same on every device
     hints = {
         "`peak_gpipe` is right. `peak_1f1b` copies it, but 1F1B starts backwards early.": [m] * p,
         "`peak_gpipe` is right. `peak_1f1b` grows with the device number, but device 0 is the "
@@ -50,8 +51,7 @@ def exercise_1(g, peak_gpipe, peak_1f1b) -> str:
         "`peak_gpipe` is right. `peak_1f1b` is one too many on every device: device d runs "
         "p - 1 - d warm-up forwards, then ONE steady forward before its first backward.": extra,
         "`peak_gpipe` is right. `peak_1f1b` is the same on every device, but a later device "
-        "gets its first gradient back sooner: it needs fewer warm-up forwards.": len(set(one_f))
-        == 1,
+        "gets its first gradient back sooner: it needs fewer warm-up forwards.": flat,
         "`peak_gpipe` is right, `peak_1f1b` is not yet. For device d: how many forwards does "
         "it run before its first backward? It holds no more than that afterwards.": OTHERWISE,
     }

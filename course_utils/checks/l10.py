@@ -112,16 +112,12 @@ def _matrix(routed, d_model: int, size: int, owner=None, home: int = 0) -> list[
     `owner(e, workers)` says otherwise); a worker sends itself `home` times its tokens."""
     workers, experts = len(routed), len(routed[0])
     owner = owner or (lambda e, n: e // (experts // n))
-    return [
-        [
-            (home if s == d else 1)
-            * sum(routed[s][e] for e in range(experts) if owner(e, workers) == d)
-            * d_model
-            * size
-            for d in range(workers)
-        ]
-        for s in range(workers)
-    ]
+
+    def sent(s: int, d: int) -> int:
+        tokens = sum(routed[s][e] for e in range(experts) if owner(e, workers) == d)
+        return (home if s == d else 1) * tokens * d_model * size
+
+    return [[sent(s, d) for d in range(workers)] for s in range(workers)]
 
 
 def cases_2(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
