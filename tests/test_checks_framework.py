@@ -382,20 +382,25 @@ def test_as_dict_names_the_keys_it_needs():
         as_dict({"a": 1}, "d", ("a", "b"))
 
 
-def test_a_diagnosis_judges_its_answers_in_order_and_never_names_the_right_one():
-    from course_utils.checks import OTHERWISE, RIGHT, diagnosis
+def test_a_diagnosis_judges_its_answers_in_order_and_never_names_the_right_one(capsys):
+    from course_utils.checks import OTHERWISE, RIGHT
 
-    shapes = diagnosis(
-        problem={"b": RIGHT, "a": "The bars are even.", "c": "Sends are fast.", "d": "No."},
-        fix={"a": RIGHT, OTHERWISE: "What lets stages overlap?"},
-    )
-    assert shapes["problem"]("B ", "problem") == "b"
+    namespace = {"__name__": "course_utils.checks.l03", "exercise": checks.exercise}
+    namespace["tables"] = {
+        "problem": {"b": RIGHT, "a": "The bars are even.", "c": "Sends are fast.", "d": "No."},
+        "fix": {"a": RIGHT, OTHERWISE: "What lets stages overlap?"},
+    }
+    source = "@exercise(**tables)\ndef exercise_5(problem, fix):\n    return 'Right.'\n"
+    exec(source, namespace)
+    check = namespace["exercise_5"]
+    check("B ", "a")
+    assert capsys.readouterr().out == "✅ Right.\n"
     with pytest.raises(CheckFailed, match=r"^`problem` = 'c' is not it\. Sends are fast\.$"):
-        shapes["problem"]("c", "problem")
+        check("c", "a")
     with pytest.raises(CheckFailed, match=r"^`problem` is right\. `fix` = 'd' is not it\. What"):
-        shapes["fix"]("d", "fix")
+        check("b", "d")
     with pytest.raises(CheckFailed, match=r"one of 'a', 'b', 'c', 'd'"):  # in order: no clue
-        shapes["problem"]("e", "problem")
+        check("e", "a")
 
 
 def test_judge_takes_one_hint_for_every_wrong_answer_and_names_a_ratio_upside_down():

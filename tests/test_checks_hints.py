@@ -3,9 +3,10 @@
 A hint is text a lesson's check module (`course_utils/checks/lNN.py`) writes into a failure
 message. This test finds them itself, in each module's source: every string literal inside
 the arguments of `fail(...)`, `CheckFailed(...)`, `expect_choice(...)`, `judge(...)` (its
-hints: each hint with the wrong answer it names, or its one hint), `diagnosis(...)` (a hint per
-wrong choice) and `each_call(...)` (the hint for inputs too big to build), wherever they
-stand (an exercise's body or its `@exercise` declaration), and inside a question's `slips=`,
+hints: each hint with the wrong answer it names, or its one hint) and `each_call(...)` (the
+hint for inputs too big to build), wherever they stand (an exercise's body or its `@exercise`
+declaration), in a diagnosis's table (`@exercise(problem={...})`: a hint per wrong choice),
+and inside a question's `slips=`,
 following what can become text: the names
 those arguments use (a local or module variable, a `for` loop's iterable, a list built with
 `append`) and the module's private helpers whose results they are (`_moe_slips(...)`). A
@@ -38,7 +39,7 @@ from test_checks_contract import LESSONS
 
 from course_utils.checks import CheckFailed
 
-HINT_CALLS = {"fail", "CheckFailed", "expect_choice", "judge", "diagnosis", "each_call"}
+HINT_CALLS = {"fail", "CheckFailed", "expect_choice", "judge", "each_call"}
 MIN_FINGERPRINT = 12
 
 
@@ -170,6 +171,8 @@ def hints_of(path: Path) -> list[Hint]:
             for keyword in call.keywords:
                 if keyword.arg == "slips":
                     visit(keyword.value, local)
+                if name == "exercise" and isinstance(keyword.value, ast.Dict):  # a diagnosis
+                    visit(keyword.value, local)
     return sorted(found.values(), key=lambda h: (h.line, h.fingerprint))
 
 
@@ -207,7 +210,7 @@ def _slips(k):
     return [(2.0, text)]
 
 
-@exercise(**diagnosis(y={"a": RIGHT, "b": "a diagnosis's hint for a wrong choice"}))
+@exercise(y={"a": RIGHT, "b": "a diagnosis's hint for a wrong choice"}, z="whole number")
 def exercise_1(x, y, f):
     judge(x, 1.0, "x", {"a hint keyed to its mistake": 2.0, "the fallback of a judge": OTHERWISE})
     judge(x, 1.0, "x", "a judge's one hint, as text", upside_down="a ratio's right way up")

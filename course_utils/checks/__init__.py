@@ -19,7 +19,7 @@ of each answer, the right answer and the hints keyed to the mistake they name:
         return "Right: ..."
 
 `exercise` reads the answers (None -> NotAnswered, NaN -> a message), `judge` names the
-mistake, `diagnosis` judges a diagnosis's choices, and the returned message is printed with
+mistake, a diagnosis's choices are judged from their table, and the returned message is printed with
 its tick. The grader calls the same `exercise_K`, `given_K` and `cases_K` (a Build
 exercise's inputs) in its own process (`course_utils.grading`).
 
@@ -71,7 +71,6 @@ __all__ = [
     "check_function",
     "choice",
     "close",
-    "diagnosis",
     "each_call",
     "exercise",
     "exercise_label",
@@ -624,7 +623,7 @@ class _Marker:
 
 
 OTHERWISE: Any = _Marker("OTHERWISE")  # in `judge`'s hints: the hint for any other wrong answer
-RIGHT: Any = _Marker("RIGHT")  # in a `diagnosis` table: the right choice
+RIGHT: Any = _Marker("RIGHT")  # in a diagnosis's table (see `exercise`): the right choice
 
 
 @dataclass(frozen=True)
@@ -723,7 +722,8 @@ def sequence(item: Shape | None = None, length: int | None = None) -> Shape:
 
 
 LETTERS = ("a", "b", "c", "d")
-# The shapes a lesson names in `exercise(...)`; a tuple of options or a Shape also works.
+# The shapes a lesson names in `exercise(...)`; a tuple of options, a diagnosis's table or a
+# Shape also works.
 SHAPES: dict[str, Shape] = {
     "answer": require,
     "number": as_number,
@@ -736,31 +736,11 @@ SHAPES: dict[str, Shape] = {
 }
 
 
-def _shape(spec: str | tuple | Shape) -> Shape:
-    if isinstance(spec, str):
-        return SHAPES[spec]
-    return choice(*spec) if isinstance(spec, tuple) else spec
+def _diagnosed(table: dict[Any, Any], before: list[str]) -> Shape:
+    """A multiple-choice answer judged as it is read, from its table (see `exercise`)."""
+    right = next(choice for choice, hint in table.items() if hint is RIGHT)
+    choices = list(LETTERS) if OTHERWISE in table else sorted(table, key=str)
 
-
-def diagnosis(options: Sequence[Any] = LETTERS, **tables: dict[Any, Any]) -> dict[str, Shape]:
-    """The shapes of a diagnosis's multiple-choice answers (the problem, then the fix, ...),
-    judged as they are read, in order. Each answer's table maps its right choice to RIGHT and
-    every wrong one to its hint, or holds one hint under OTHERWISE for any choice of `options`
-    it does not list. A wrong choice fails with "`fix` = 'c' is not it. <hint>", after
-    "`problem` is right. " where answers came before it:
-
-    @exercise(**diagnosis(problem={"b": RIGHT, "a": "...", ...}, fix={...}), best="number")
-    """
-    shapes: dict[str, Shape] = {}
-    for name, table in tables.items():
-        before = list(shapes)
-        right = next(choice for choice, hint in table.items() if hint is RIGHT)
-        choices = list(options) if OTHERWISE in table else sorted(table, key=str)
-        shapes[name] = _diagnosed(right, table, choices, before)
-    return shapes
-
-
-def _diagnosed(right: Any, table: dict[Any, Any], choices: list[Any], before: list[str]) -> Shape:
     def judged(value: Any, what: str) -> Any:
         got = as_choice(value, choices, what)
         if got != right:
@@ -773,16 +753,22 @@ def _diagnosed(right: Any, table: dict[Any, Any], choices: list[Any], before: li
 
 
 def exercise(
-    given: Callable[..., Any] | None = None, **shapes: str | tuple | Shape
+    given: Callable[..., Any] | None = None, **shapes: str | tuple | dict | Shape
 ) -> Callable[..., Any]:
     """Declare a lesson's check `exercise_K` from its judging function.
 
     The function's parameters are the answers, in the order the check cell passes them, and
     optionally `g` (the learner's numbers, from `given`) and `variant`. Each answer is read
-    with its shape (a name in `SHAPES`, a tuple of the options, or a function such as
-    one of `diagnosis(...)`; by default it must only be answered), then the function judges them,
-    failing with a hint, and returns the message a right answer earns. The check is called
-    `exercise_K(*answers, variant=...)`.
+    with its shape: a name in `SHAPES`, a tuple of the options, a function (value, name) ->
+    value, or a diagnosis's table (by default it must only be answered). A table maps the
+    right choice to RIGHT and each wrong one to its hint (or holds one hint under OTHERWISE
+    for any other letter): the answer is judged as it is read, failing with
+    "`fix` = 'c' is not it. <hint>", after "`problem` is right. " where tables came before:
+
+    @exercise(problem={"b": RIGHT, "a": "...", ...}, fix={"a": RIGHT, ...}, best="number")
+
+    Then the function judges the rest, failing with a hint, and returns the message a right
+    answer earns. The check is called `exercise_K(*answers, variant=...)`.
     """
 
     def declare(judging: Callable[..., str]) -> Callable[..., None]:
@@ -790,6 +776,16 @@ def exercise(
         answers = [name for name in names if name not in ("g", "variant")]
         lesson = int(judging.__module__.rsplit(".l", 1)[-1])
         label = f"Exercise {lesson}.{int(judging.__name__.removeprefix('exercise_'))}"
+        readers: dict[str, Shape] = {}
+        for name in answers:
+            spec = shapes.get(name, "answer")
+            if isinstance(spec, dict):
+                before = [n for n in readers if isinstance(shapes.get(n), dict)]
+                readers[name] = _diagnosed(spec, before)
+            elif isinstance(spec, str):
+                readers[name] = SHAPES[spec]
+            else:
+                readers[name] = choice(*spec) if isinstance(spec, tuple) else spec
 
         @functools.wraps(judging)
         def check(*values: Any, variant: Variant = DEFAULT) -> None:
@@ -797,10 +793,7 @@ def exercise(
                 raise TypeError(f"{judging.__name__} takes {len(answers)} answers")
             token = _LABEL.set(label)
             try:
-                read = {
-                    n: _shape(shapes.get(n, "answer"))(x, n)
-                    for n, x in zip(answers, values, strict=True)
-                }
+                read = {n: readers[n](x, n) for n, x in zip(answers, values, strict=True)}
                 if given and "g" in names:
                     read["g"] = Given(given(variant))
                 if "variant" in names:

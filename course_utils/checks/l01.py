@@ -200,26 +200,24 @@ def exercise_4(g, utilization, speedup) -> str:
 
 
 @exercise(
-    **checks.diagnosis(
-        problem={
-            "b": checks.RIGHT,
-            "a": "The bars differ in length (the stage with the output head is heavier), but "
-            "balanced stages would still take turns. Look at how many rows compute at once in "
-            "the simulated chart.",
-            "c": "Handing a tensor to the next thread takes microseconds; the gaps are as long "
-            "as whole forward and backward passes. What are the idle devices waiting for?",
-            "d": "This run has no optimizer step at all. Look at when each device works.",
-        },
-        fix={
-            "a": checks.RIGHT,
-            "b": "More devices make each stage shorter but the staircase longer: utilization "
-            "is still 1/p. What would let two stages work at the same time?",
-            "c": "A larger batch makes every bar longer, but still only one device works at a "
-            "time. Think of an assembly line.",
-            "d": "Balanced stages all take the same time, but they still take turns: balancing "
-            "fixes uneven bars, not the waiting. What change to the *data* lets stages overlap?",
-        },
-    )
+    problem={
+        "b": checks.RIGHT,
+        "a": "The bars differ in length (the stage with the output head is heavier), but "
+        "balanced stages would still take turns. Look at how many rows compute at once in "
+        "the simulated chart.",
+        "c": "Handing a tensor to the next thread takes microseconds; the gaps are as long "
+        "as whole forward and backward passes. What are the idle devices waiting for?",
+        "d": "This run has no optimizer step at all. Look at when each device works.",
+    },
+    fix={
+        "a": checks.RIGHT,
+        "b": "More devices make each stage shorter but the staircase longer: utilization "
+        "is still 1/p. What would let two stages work at the same time?",
+        "c": "A larger batch makes every bar longer, but still only one device works at a "
+        "time. Think of an assembly line.",
+        "d": "Balanced stages all take the same time, but they still take turns: balancing "
+        "fixes uneven bars, not the waiting. What change to the *data* lets stages overlap?",
+    },
 )
 def exercise_5(problem, fix) -> str:
     """Diagnose naive model parallelism's chart: the problem, and the fix that keeps the
@@ -231,18 +229,16 @@ def exercise_5(problem, fix) -> str:
 
 
 @exercise(
-    **checks.diagnosis(
-        scenario_a={
-            "tensor": checks.RIGHT,
-            "pipeline": "Splitting between layers puts whole layers on devices: can it help "
-            "when one single layer is larger than a device?",
-        },
-        scenario_b={
-            "pipeline": checks.RIGHT,
-            "tensor": "Which split needs an all-reduce in every layer, and which only sends "
-            "activations at a few stage boundaries?",
-        },
-    )
+    scenario_a={
+        "tensor": checks.RIGHT,
+        "pipeline": "Splitting between layers puts whole layers on devices: can it help "
+        "when one single layer is larger than a device?",
+    },
+    scenario_b={
+        "pipeline": checks.RIGHT,
+        "tensor": "Which split needs an all-reduce in every layer, and which only sends "
+        "activations at a few stage boundaries?",
+    },
 )
 def exercise_6(scenario_a, scenario_b) -> str:
     """Tensor or pipeline parallelism for two scenarios."""

@@ -128,19 +128,17 @@ def exercise_4(g, max_microbatches, bubble_at_max) -> str:
 
 
 @exercise(
-    **checks.diagnosis(
-        left_cause={
-            "a": checks.RIGHT,
-            OTHERWISE: "With one or two micro-batches, look at the reference Gantt chart: how "
-            "many devices compute at the same time?",
-        },
-        right_cause={
-            "b": checks.RIGHT,
-            "a": "The bubble keeps shrinking as m grows: it cannot explain a drop on the right.",
-            "c": "The global batch is fixed, so the activation memory does not grow here.",
-            "d": "Every point runs the same samples through the same model: the work is equal.",
-        },
-    )
+    left_cause={
+        "a": checks.RIGHT,
+        OTHERWISE: "With one or two micro-batches, look at the reference Gantt chart: how "
+        "many devices compute at the same time?",
+    },
+    right_cause={
+        "b": checks.RIGHT,
+        "a": "The bubble keeps shrinking as m grows: it cannot explain a drop on the right.",
+        "c": "The global batch is fixed, so the activation memory does not grow here.",
+        "d": "Every point runs the same samples through the same model: the work is equal.",
+    },
 )
 def exercise_5(left_cause, right_cause) -> str:
     """Explain both ends of the reference throughput-vs-micro-batches curve."""

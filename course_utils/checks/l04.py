@@ -240,22 +240,20 @@ def exercise_4(g, idle_1f1b, idle_zb) -> str:
 
 
 @exercise(
-    **checks.diagnosis(
-        oom_cause={
-            "b": checks.RIGHT,
-            "a": "The bubble costs time, not memory: an idle device holds nothing extra.",
-            "c": "Accumulated gradients take the size of the parameters once, whatever m is.",
-            "d": "Read the chart again: in GPipe every device climbs to the same height.",
-        },
-        oom_fix={
-            "c": checks.RIGHT,
-            "a": "24 micro-batches of half the size: each device still holds the whole batch "
-            "before its first backward, so the same bytes.",
-            "b": "With 2 stages each device holds twice the layers, so every micro-batch "
-            "leaves twice the activations, and it still holds all 12.",
-            "d": "A data-parallel replica runs the same schedule: the same memory per device.",
-        },
-    )
+    oom_cause={
+        "b": checks.RIGHT,
+        "a": "The bubble costs time, not memory: an idle device holds nothing extra.",
+        "c": "Accumulated gradients take the size of the parameters once, whatever m is.",
+        "d": "Read the chart again: in GPipe every device climbs to the same height.",
+    },
+    oom_fix={
+        "c": checks.RIGHT,
+        "a": "24 micro-batches of half the size: each device still holds the whole batch "
+        "before its first backward, so the same bytes.",
+        "b": "With 2 stages each device holds twice the layers, so every micro-batch "
+        "leaves twice the activations, and it still holds all 12.",
+        "d": "A data-parallel replica runs the same schedule: the same memory per device.",
+    },
 )
 def exercise_5(oom_cause, oom_fix) -> str:
     """GPipe p=4, m=12 runs out of activation memory: name the problem and the fix."""
@@ -266,22 +264,20 @@ def exercise_5(oom_cause, oom_fix) -> str:
 
 
 @exercise(
-    **checks.diagnosis(
-        zb_problem={
-            "b": checks.RIGHT,
-            "a": "Compare the title's bubble with 1F1B's for p=4, m=8: it is smaller, not larger.",
-            "c": "Every W comes after its own I here; the simulator would refuse the schedule "
-            "otherwise.",
-            "d": "The simulator finished the step and drew it: a deadlock has no chart.",
-        },
-        zb_fix={
-            "c": checks.RIGHT,
-            "a": "W needs its own I first (it uses the output gradient I computed).",
-            "b": "Smaller pieces of W still wait until the end: the micro-batches stay held.",
-            "d": "That fixes the memory but brings back 1F1B's whole bubble. Keep the split "
-            "and place each W better.",
-        },
-    )
+    zb_problem={
+        "b": checks.RIGHT,
+        "a": "Compare the title's bubble with 1F1B's for p=4, m=8: it is smaller, not larger.",
+        "c": "Every W comes after its own I here; the simulator would refuse the schedule "
+        "otherwise.",
+        "d": "The simulator finished the step and drew it: a deadlock has no chart.",
+    },
+    zb_fix={
+        "c": checks.RIGHT,
+        "a": "W needs its own I first (it uses the output gradient I computed).",
+        "b": "Smaller pieces of W still wait until the end: the micro-batches stay held.",
+        "d": "That fixes the memory but brings back 1F1B's whole bubble. Keep the split "
+        "and place each W better.",
+    },
 )
 def exercise_6(zb_problem, zb_fix) -> str:
     """A split schedule with every W at the end: name the problem and the fix."""

@@ -106,21 +106,17 @@ def given_3(variant: Variant = DEFAULT) -> dict:
     return {"p": p, "v": variant.pick("3v", 2, [2, 3]), "m": p * variant.pick("3g", 2, [2, 3])}
 
 
+SAME_HOPS = (
+    "Both orders fill the pipeline through the same p - 1 hops of one chunk each: compare their "
+    "makespans in the simulator."
+)
+COUNT = "Count, on device 0, how many forwards each order runs before its first backward."
+
+
 @exercise(
     given_3,
-    **checks.diagnosis(
-        ("depth-first", "breadth-first", "same"),
-        smaller_bubble={
-            "same": checks.RIGHT,
-            OTHERWISE: "Both orders fill the pipeline through the same p - 1 hops of one chunk "
-            "each: compare their makespans in the simulator.",
-        },
-        less_memory={
-            "depth-first": checks.RIGHT,
-            OTHERWISE: "Count, on device 0, how many forwards each order runs before its first "
-            "backward.",
-        },
-    ),
+    smaller_bubble={"same": checks.RIGHT, "depth-first": SAME_HOPS, "breadth-first": SAME_HOPS},
+    less_memory={"depth-first": checks.RIGHT, "breadth-first": COUNT, "same": COUNT},
     breadth_first_peak="whole number",
 )
 def exercise_3(g, smaller_bubble, less_memory, breadth_first_peak) -> str:
@@ -219,21 +215,19 @@ given_5 = numbers(m=pick("5m", 8, [8, 12]), transfer=pick("5t", 0.3, [0.2, 0.25,
 
 @exercise(
     given_5,
-    **checks.diagnosis(
-        problem={
-            "b": checks.RIGHT,
-            "a": "The bubble formula (p-1)/(v m) says the bubble is small with 8 chunks. Look "
-            "at the gaps between the bars instead.",
-            "c": "Memory does not appear in a timeline; the gaps are waiting time.",
-            "d": "All chunks cost the same here (equal stages); look at what sits between them.",
-        },
-        fix={
-            "b": checks.RIGHT,
-            "a": "More chunks means more hops per micro-batch, each paying the transfer cost.",
-            "c": "More devices means more hops too, and it changes the whole setup.",
-            "d": "GPipe has the same number of transfers as 1F1B and a bigger activation peak.",
-        },
-    ),
+    problem={
+        "b": checks.RIGHT,
+        "a": "The bubble formula (p-1)/(v m) says the bubble is small with 8 chunks. Look "
+        "at the gaps between the bars instead.",
+        "c": "Memory does not appear in a timeline; the gaps are waiting time.",
+        "d": "All chunks cost the same here (equal stages); look at what sits between them.",
+    },
+    fix={
+        "b": checks.RIGHT,
+        "a": "More chunks means more hops per micro-batch, each paying the transfer cost.",
+        "c": "More devices means more hops too, and it changes the whole setup.",
+        "d": "GPipe has the same number of transfers as 1F1B and a bigger activation peak.",
+    },
     best_chunks="whole number",
 )
 def exercise_5(g, problem, fix, best_chunks) -> str:
@@ -255,25 +249,23 @@ def exercise_5(g, problem, fix, best_chunks) -> str:
 
 
 @exercise(
-    **checks.diagnosis(
-        scenario_a={
-            "breadth-first": checks.RIGHT,
-            "depth-first": "Few micro-batches per pipeline, a large data-parallel group and "
-            "memory to spare: which order lets the gradient reduction start early?",
-        },
-        scenario_b={
-            "depth-first": checks.RIGHT,
-            "breadth-first": "With 64 micro-batches the bubble is small either way; what limits "
-            "this team is activation memory. Which order holds fewer micro-batches at once?",
-        },
-        reason_a={
-            "b": checks.RIGHT,
-            "a": "Both orders have the same bubble, (p - 1)/(v m) of the ideal time.",
-            "c": "Breadth-first holds MORE activations than depth-first (like GPipe).",
-            "d": "Both orders send the same transfers: each micro-batch crosses every stage "
-            "boundary once each way.",
-        },
-    )
+    scenario_a={
+        "breadth-first": checks.RIGHT,
+        "depth-first": "Few micro-batches per pipeline, a large data-parallel group and "
+        "memory to spare: which order lets the gradient reduction start early?",
+    },
+    scenario_b={
+        "depth-first": checks.RIGHT,
+        "breadth-first": "With 64 micro-batches the bubble is small either way; what limits "
+        "this team is activation memory. Which order holds fewer micro-batches at once?",
+    },
+    reason_a={
+        "b": checks.RIGHT,
+        "a": "Both orders have the same bubble, (p - 1)/(v m) of the ideal time.",
+        "c": "Breadth-first holds MORE activations than depth-first (like GPipe).",
+        "d": "Both orders send the same transfers: each micro-batch crosses every stage "
+        "boundary once each way.",
+    },
 )
 def exercise_6(scenario_a, scenario_b, reason_a) -> str:
     """When to pick breadth-first: two scenarios and the reason for the first."""

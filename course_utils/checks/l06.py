@@ -73,18 +73,16 @@ def exercise_1(g, per_worker, shards) -> str:
 
 
 @exercise(
-    **checks.diagnosis(
-        after_backward={
-            "b": checks.RIGHT,
-            "a": "If every worker steps with its own gradient, the replicas get different "
-            "updates and stop being copies of one model after the first step. What keeps them "
-            "equal?",
-            "c": "Moving the samples around would make every worker redo the whole batch: no "
-            "work would be saved. What is small enough to exchange, and enough to agree on?",
-            "d": "Worker 0's gradient only saw worker 0's shard: the other shards' samples "
-            "would be wasted. The update should use every sample of the mini-batch.",
-        }
-    )
+    after_backward={
+        "b": checks.RIGHT,
+        "a": "If every worker steps with its own gradient, the replicas get different "
+        "updates and stop being copies of one model after the first step. What keeps them "
+        "equal?",
+        "c": "Moving the samples around would make every worker redo the whole batch: no "
+        "work would be saved. What is small enough to exchange, and enough to agree on?",
+        "d": "Worker 0's gradient only saw worker 0's shard: the other shards' samples "
+        "would be wasted. The update should use every sample of the mini-batch.",
+    },
 )
 def exercise_2(after_backward) -> str:
     """What must happen after every worker has finished its local backward pass?"""
@@ -355,23 +353,21 @@ def scaling_table(variant: Variant = DEFAULT) -> list[tuple[int, float, float]]:
 
 @exercise(
     efficiency_16="number",
-    **checks.diagnosis(
-        cause={
-            "a": checks.RIGHT,
-            "b": "The learning rate changes how well the model learns per step, not how long a "
-            "step takes; the table shows time per step.",
-            "c": "Check the ring formula: each worker sends 2(N-1)/N of the gradient, which "
-            "hardly grows from 8 to 16 workers (1.75 S to 1.875 S). Compare the links instead.",
-            "d": "Nothing in the table is about memory; each worker holds the same replica.",
-        },
-        fix={
-            "a": checks.RIGHT,
-            "b": "The naive all-reduce sends more from rank 0, not less: it would make this worse.",
-            "c": "A smaller batch per worker shrinks the compute further while the all-reduce "
-            "stays: communication's share would grow.",
-            "d": "More synchronization points add waiting; they hide nothing.",
-        },
-    ),
+    cause={
+        "a": checks.RIGHT,
+        "b": "The learning rate changes how well the model learns per step, not how long a "
+        "step takes; the table shows time per step.",
+        "c": "Check the ring formula: each worker sends 2(N-1)/N of the gradient, which "
+        "hardly grows from 8 to 16 workers (1.75 S to 1.875 S). Compare the links instead.",
+        "d": "Nothing in the table is about memory; each worker holds the same replica.",
+    },
+    fix={
+        "a": checks.RIGHT,
+        "b": "The naive all-reduce sends more from rank 0, not less: it would make this worse.",
+        "c": "A smaller batch per worker shrinks the compute further while the all-reduce "
+        "stays: communication's share would grow.",
+        "d": "More synchronization points add waiting; they hide nothing.",
+    },
 )
 def exercise_6(efficiency_16, cause, fix, variant) -> str:
     """Read the scaling table: efficiency at 16 workers, the main cause and a fix."""

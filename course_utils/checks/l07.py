@@ -121,19 +121,17 @@ given_2 = numbers(
 
 @exercise(
     given_2,
-    **checks.diagnosis(
-        collective={
-            "all-reduce": checks.RIGHT,
-            "all-gather": "An all-gather puts slices side by side, but each device holds a "
-            "full-size partial sum: the partial sums have to be added.",
-            "reduce-scatter": "A reduce-scatter adds the partial sums but leaves each device "
-            "only 1/N of the result (sequence parallelism uses that); here every device needs "
-            "the whole Y.",
-            "broadcast": "A broadcast copies one device's tensor to the others, but no single "
-            "device has the sum yet.",
-            "none": "Each device holds only a partial sum X_i A_i; Y is their sum.",
-        }
-    ),
+    collective={
+        "all-reduce": checks.RIGHT,
+        "all-gather": "An all-gather puts slices side by side, but each device holds a "
+        "full-size partial sum: the partial sums have to be added.",
+        "reduce-scatter": "A reduce-scatter adds the partial sums but leaves each device "
+        "only 1/N of the result (sequence parallelism uses that); here every device needs "
+        "the whole Y.",
+        "broadcast": "A broadcast copies one device's tensor to the others, but no single "
+        "device has the sum yet.",
+        "none": "Each device holds only a partial sum X_i A_i; Y is their sum.",
+    },
     bytes_per_device="number",
 )
 def exercise_2(g, collective, bytes_per_device) -> str:
@@ -333,20 +331,18 @@ def exercise_5(groups_of, variant) -> str:
 
 
 @exercise(
-    **checks.diagnosis(
-        problem={
-            "b": checks.RIGHT,
-            "a": "The bubble bars of the two runs hardly changed. Which part of the step grew?",
-            "c": "Both runs have dp = 1, so no data-parallel all-reduce. Which part grew?",
-            "d": "The memory per GPU went down, not up, when tp doubled. Which part grew?",
-        },
-        fix={
-            "b": checks.RIGHT,
-            "a": "More micro-batches shrink the bubble, which is not what grew.",
-            "c": "A larger tensor group would cross even more nodes.",
-            "d": "ZeRO-3 saves memory (and adds communication); memory is not the problem.",
-        },
-    )
+    problem={
+        "b": checks.RIGHT,
+        "a": "The bubble bars of the two runs hardly changed. Which part of the step grew?",
+        "c": "Both runs have dp = 1, so no data-parallel all-reduce. Which part grew?",
+        "d": "The memory per GPU went down, not up, when tp doubled. Which part grew?",
+    },
+    fix={
+        "b": checks.RIGHT,
+        "a": "More micro-batches shrink the bubble, which is not what grew.",
+        "c": "A larger tensor group would cross even more nodes.",
+        "d": "ZeRO-3 saves memory (and adds communication); memory is not the problem.",
+    },
 )
 def exercise_6(problem, fix) -> str:
     """Diagnose a regression when tensor parallelism grows from 4 to 8 on nodes of 4 GPUs."""

@@ -258,18 +258,16 @@ def their_timeline(variant: Variant = DEFAULT, prefetch: int = 0):
 @exercise(
     given_5,
     waiting_share="number",
-    **checks.diagnosis(
-        fix={
-            "a": checks.RIGHT,
-            "b": "With more workers each shard is smaller, but an all-gather still brings "
-            "(N-1)/N of the layer over each link, and the compute still waits for it.",
-            "c": "A layer's gradient exists only once its backward is done, so it cannot be "
-            "reduce-scattered earlier; and on the one communication stream each backward gather "
-            "would still wait for the reduce-scatter before it.",
-            "d": "A bigger batch dilutes the wait but does not hide it: every gather is still "
-            "waited for.",
-        }
-    ),
+    fix={
+        "a": checks.RIGHT,
+        "b": "With more workers each shard is smaller, but an all-gather still brings "
+        "(N-1)/N of the layer over each link, and the compute still waits for it.",
+        "c": "A layer's gradient exists only once its backward is done, so it cannot be "
+        "reduce-scattered earlier; and on the one communication stream each backward gather "
+        "would still wait for the reduce-scatter before it.",
+        "d": "A bigger batch dilutes the wait but does not hide it: every gather is still "
+        "waited for.",
+    },
     gain="number",
 )
 def exercise_5(g, waiting_share, fix, gain, variant) -> str:

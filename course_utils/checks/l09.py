@@ -305,16 +305,14 @@ def their_timeline(variant: Variant = DEFAULT, zigzag: bool = False):
     given_5,
     straggler="whole number",
     idle_share="number",
-    **checks.diagnosis(
-        fix={
-            "a": checks.RIGHT,
-            "b": "The direction only changes the order the blocks arrive in: the last worker's "
-            "queries still see every block.",
-            "c": "With more workers the last one still computes N blocks against worker 0's "
-            "one: the imbalance 2N/(N+1) even grows.",
-            "d": "The transfers are already hidden; exchanging after computing only adds time.",
-        }
-    ),
+    fix={
+        "a": checks.RIGHT,
+        "b": "The direction only changes the order the blocks arrive in: the last worker's "
+        "queries still see every block.",
+        "c": "With more workers the last one still computes N blocks against worker 0's "
+        "one: the imbalance 2N/(N+1) even grows.",
+        "d": "The transfers are already hidden; exchanging after computing only adds time.",
+    },
     gain="number",
 )
 def exercise_5(g, straggler, idle_share, fix, gain, variant) -> str:

@@ -318,17 +318,15 @@ def straggler_timeline(variant: Variant = DEFAULT):
     straggler="whole number",
     hot_expert="whole number",
     waiting_share="number",
-    **checks.diagnosis(
-        fix={
-            "a": checks.RIGHT,
-            "b": "A larger capacity factor lets the hot expert keep even more tokens: the "
-            "straggler gets no faster (capacity only caps it by dropping tokens).",
-            "c": "The links are free in this simulation, and the waiting is for compute: a "
-            "faster network would not shorten it.",
-            "d": "Micro-batches shrink a pipeline's bubble; here one worker simply has more "
-            "tokens to compute in every micro-batch.",
-        }
-    ),
+    fix={
+        "a": checks.RIGHT,
+        "b": "A larger capacity factor lets the hot expert keep even more tokens: the "
+        "straggler gets no faster (capacity only caps it by dropping tokens).",
+        "c": "The links are free in this simulation, and the waiting is for compute: a "
+        "faster network would not shorten it.",
+        "d": "Micro-batches shrink a pipeline's bubble; here one worker simply has more "
+        "tokens to compute in every micro-batch.",
+    },
 )
 def exercise_5(g, straggler, hot_expert, waiting_share, fix, variant) -> str:
     """Read a simulated expert-parallel step: straggler, hot expert, waiting share, the fix."""

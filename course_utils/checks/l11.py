@@ -252,17 +252,15 @@ def their_timeline(variant: Variant = DEFAULT):
     given_5,
     culprit="whole number",
     extra="number",
-    **checks.diagnosis(
-        fix={
-            "a": checks.RIGHT,
-            "b": "The extra wait does not shrink with m: it is paid in the cool-down, once per "
-            "step, however many micro-batches come before.",
-            "c": "Looping placement changes where the stages live, not the order on the device; "
-            "it also adds transfers.",
-            "d": "A whole B is exactly I followed at once by W: that is what the slow device "
-            "already does.",
-        }
-    ),
+    fix={
+        "a": checks.RIGHT,
+        "b": "The extra wait does not shrink with m: it is paid in the cool-down, once per "
+        "step, however many micro-batches come before.",
+        "c": "Looping placement changes where the stages live, not the order on the device; "
+        "it also adds transfers.",
+        "d": "A whole B is exactly I followed at once by W: that is what the slow device "
+        "already does.",
+    },
 )
 def exercise_5(g, culprit, extra, fix, variant) -> str:
     """A ZB-V step gone slow: the device whose order is wrong, the time lost, the fix."""

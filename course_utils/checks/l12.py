@@ -210,20 +210,18 @@ def teammate_timeline(variant: Variant = DEFAULT):
 
 @exercise(
     given_2,
-    **checks.diagnosis(
-        problem={
-            "b": checks.RIGHT,
-            "a": "Look at the middle of the step, not the ends: does a device still idle once "
-            "the pipeline is full?",
-            "c": "Sends take no time in this simulation. Which device's compute bars are "
-            "longer than the other's?",
-            "d": "There is no data parallelism in this run.",
-        },
-        fix={
-            "b": checks.RIGHT,
-            OTHERWISE: "That fix leaves one stage slower than the other. What would balance them?",
-        },
-    ),
+    problem={
+        "b": checks.RIGHT,
+        "a": "Look at the middle of the step, not the ends: does a device still idle once "
+        "the pipeline is full?",
+        "c": "Sends take no time in this simulation. Which device's compute bars are "
+        "longer than the other's?",
+        "d": "There is no data parallelism in this run.",
+    },
+    fix={
+        "b": checks.RIGHT,
+        OTHERWISE: "That fix leaves one stage slower than the other. What would balance them?",
+    },
     slow_device="whole number",
 )
 def exercise_2(g, problem, fix, slow_device) -> str:
