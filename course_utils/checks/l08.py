@@ -219,18 +219,16 @@ def exercise_4(g, prefetch, gathered) -> str:
     )
 
 
-def given_5(variant: Variant = DEFAULT) -> dict:
-    gather = variant.pick("5g", 0.6, [0.4, 0.8, 1.0])
-    return {
-        "layers": variant.pick("5l", 4, [3, 5, 6]),
-        "forward_ms": 1.0,
-        "backward_ms": 2.0,
-        "gather_ms": gather,
-        # the same bytes as a gather, on the same communication stream: the backward's
-        # gathers queue behind the reduce-scatters
-        "reduce_scatter_ms": gather,
-        "N": 2,
-    }
+given_5 = numbers(
+    layers=pick("5l", 4, [3, 5, 6]),
+    forward_ms=1.0,
+    backward_ms=2.0,
+    gather_ms=pick("5g", 0.6, [0.4, 0.8, 1.0]),
+    # the same bytes as a gather, on the same communication stream: the backward's gathers
+    # queue behind the reduce-scatters
+    reduce_scatter_ms=lambda g: g.gather_ms,
+    N=2,
+)
 
 
 def their_costs(variant: Variant = DEFAULT):

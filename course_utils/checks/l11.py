@@ -293,19 +293,14 @@ def exercise_5(g, culprit, extra, fix, variant) -> str:
     )
 
 
-def given_6(variant: Variant = DEFAULT) -> dict:
-    # F = I and I/2 <= W <= I: DeepSeek's DualPipeV figure and ZB-V's both hold exactly.
-    p, m, F, I, W = variant.pick(  # noqa: N806, E741
-        "6",
-        (4, 8, 1.0, 1.0, 0.6),
-        [
-            (3, 6, 1.0, 1.0, 0.5),
-            (5, 10, 1.2, 1.2, 0.9),
-            (3, 7, 0.9, 0.9, 0.6),
-            (6, 12, 1.0, 1.0, 1.0),
-        ],
-    )
-    return {"p": p, "m": m, "F": F, "I": I, "W": W}
+# (p, m, F, I, W) with F = I and I/2 <= W <= I: DeepSeek's DualPipeV figure and ZB-V's hold.
+SETUPS_6 = [
+    (3, 6, 1.0, 1.0, 0.5),
+    (5, 10, 1.2, 1.2, 0.9),
+    (3, 7, 0.9, 0.9, 0.6),
+    (6, 12, 1.0, 1.0, 1.0),
+]
+given_6 = numbers(pick("6", (4, 8, 1.0, 1.0, 0.6), SETUPS_6, "p", "m", "F", "I", "W"))
 
 
 @exercise(given_6, dualpipe_idle="number", times_zbv="number", dualpipe_peak="whole number")
