@@ -512,11 +512,10 @@ def exercise_8(g, ulysses_degree, ring_degree) -> str:
     """Both combined: the Ulysses degree inside a group and the ring degree across groups."""
     gpus, kv, u = g.gpus, g.kv_heads, ulysses_degree
     want = max(d for d in range(1, kv + 1) if kv % d == 0 and gpus % d == 0)
+    query_heads = g.heads if g.heads != kv else None
     hints = {
         f"`ulysses_degree` = {u} splits the query heads, but the keys and values have only "
-        f"{kv} heads: a larger degree would need copies of them.": g.heads
-        if g.heads != kv
-        else None,
+        f"{kv} heads: a larger degree would need copies of them.": query_heads,
         f"`ulysses_degree` = {u}: each GPU of an all-to-all group takes whole K/V heads, so the "
         f"degree must divide the {kv} K/V heads.": u > want,
         "`ulysses_degree` is too small: the all-to-all sends less as its degree grows. Take the "
