@@ -333,14 +333,16 @@ def exercise_5(groups_of, variant) -> str:
 @exercise(
     problem={
         "b": checks.RIGHT,
-        "a": "The bubble bars of the two runs hardly changed. Which part of the step grew?",
+        "a": "Compare the bubble bars of the two runs: they hardly changed. Which part of the "
+        "step grew?",
         "c": "Both runs have dp = 1, so no data-parallel all-reduce. Which part grew?",
         "d": "The memory per GPU went down, not up, when tp doubled. Which part grew?",
     },
     fix={
         "b": checks.RIGHT,
         "a": "More micro-batches shrink the bubble, which is not what grew.",
-        "c": "A larger tensor group would cross even more nodes.",
+        "c": "A tensor group of 16 would span even more nodes: every layer's all-reduces would "
+        "cross the slow network again.",
         "d": "ZeRO-3 saves memory (and adds communication); memory is not the problem.",
     },
 )
