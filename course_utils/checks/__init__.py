@@ -18,10 +18,11 @@ of each answer, the right answer and the hints keyed to the mistake they name:
         judge(bubble_fraction, (g.p - 1) / (g.m + g.p - 1), "bubble_fraction", hints)
         return "Right: ..."
 
-`exercise` reads the answers (None -> NotAnswered, NaN -> a message), `judge` names the
-mistake, a diagnosis's choices are judged from their table, and the returned message is printed with
-its tick. The grader calls the same `exercise_K`, `given_K` and `cases_K` (a Build
-exercise's inputs) in its own process (`course_utils.grading`).
+`exercise` reads the answers (None -> NotAnswered, NaN -> a message; a Diagnose exercise's
+choices judged from their table of hints), `judge` names the mistake, and the returned message
+is printed with its tick. A Build exercise tries the learner's function on its `cases_K` with
+`each_call`. The grader calls the same `exercise_K`, `given_K` and `cases_K` in its own
+process (`course_utils.grading`).
 
 Numbers: every number a learner types passes when it is right to 3 significant figures
 (`judge`, `matches`, `close`; inside lists and tuples too), and the mistakes a check
