@@ -3,12 +3,19 @@ and peak memory (the child's own `getrusage` figures, which do not depend on how
 machine is), with its standard streams as a careless user leaves them: stdout on /dev/full,
 closed, or a pipe its reader closes after a few bytes; stderr closed.
 
+The commands start from a small runner process (this file, run with `--serve`), one per test
+process, not from the test process itself: Linux carries a process's peak resident size
+across `exec`, so a child forked from a pytest worker that holds torch would report the
+worker's memory as its own peak.
+
 `tree_peak_mb` measures a command with children (grade: workers and kernels) by sampling the
 proportional set size of the whole process tree.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import os
 import subprocess
 import sys
@@ -27,9 +34,42 @@ def measure(
     env: dict[str, str] | None = None,
     timeout: float = 60,
 ) -> dict:
-    """{code, out, err, cpu, mb (10^6 bytes), wall} of `command` run in `cwd`. CPU time and
-    peak memory come from `os.wait4`: the child's own figures, its waited-for children
-    included (what its `getrusage` says), not the machine's."""
+    """{code, out, err, cpu, mb (10^6 bytes), wall} of `command` run in `cwd`, started by the
+    runner. CPU time and peak memory come from `os.wait4`: the child's own figures, its
+    waited-for children included (what its `getrusage` says), not the machine's."""
+    request = {
+        "command": command,
+        "cwd": str(cwd),
+        "stdout": stdout,
+        "stderr": stderr,
+        "env": {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+        "timeout": timeout,
+    }
+    runner = _runner()
+    assert runner.stdin is not None and runner.stdout is not None
+    runner.stdin.write(json.dumps(request) + "\n")
+    runner.stdin.flush()
+    answer = runner.stdout.readline()
+    assert answer, "the measuring runner died"
+    return json.loads(answer)
+
+
+@functools.cache
+def _runner() -> subprocess.Popen:
+    """The small process that starts the commands (-S: no site-packages); it ends when this
+    process closes its stdin, at exit at the latest."""
+    return subprocess.Popen(
+        [sys.executable, "-S", __file__, "--serve"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _measured(
+    command: list[str], cwd: str, stdout: str, stderr: str, env: dict[str, str], timeout: float
+) -> dict:
+    """In the runner: start `command`, wait for it, and measure it."""
     import tempfile
     import threading
 
@@ -51,7 +91,7 @@ def measure(
             stderr=err_file if stderr == "capture" else subprocess.DEVNULL,
             text=True,
             cwd=cwd,
-            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+            env=env,
         )
         timer = threading.Timer(timeout, lambda: (timed_out.set(), proc.kill()))
         timer.start()
@@ -132,3 +172,8 @@ def tree_peak_mb(args: list[str], cwd: Path, timeout: float = 600, env=None) -> 
     if proc.poll() is None:
         proc.kill()
     return proc.wait(), peak
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--serve"]:
+    for line in sys.stdin:  # one request per line, one answer per line
+        print(json.dumps(_measured(**json.loads(line))), flush=True)

@@ -148,6 +148,11 @@ def test_the_runner_sees_a_childs_cpu_time_and_memory(tmp_path):
         assert result["cpu"] >= 0.5 and result["mb"] >= 300, (streams, result)
     hang = measure([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path, timeout=1)
     assert hang["code"] < 0 and hang["err"].endswith("TIMED OUT") and hang["wall"] < 30, hang
+    # A child forked from this test process would report its memory as the child's own peak
+    # (Linux keeps the peak across exec): with 600 MB here, a plain Python still measures small.
+    ballast = b"x" * (600 * 2**20)
+    small = measure([sys.executable, "-c", "pass"], tmp_path)
+    assert small["code"] == 0 and small["mb"] < 100 < len(ballast) / 1e6, small
 
 
 API_MISUSE = [
