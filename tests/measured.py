@@ -56,14 +56,18 @@ def measure(
 
 @functools.cache
 def _runner() -> subprocess.Popen:
-    """The small process that starts the commands (-S: no site-packages); it ends when this
-    process closes its stdin, at exit at the latest."""
-    return subprocess.Popen(
+    """The small process that starts the commands (-S: no site-packages); it ends when its
+    stdin closes, which this process does at exit."""
+    import atexit
+
+    runner = subprocess.Popen(
         [sys.executable, "-S", __file__, "--serve"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
+    atexit.register(lambda: (runner.stdin and runner.stdin.close(), runner.wait(30)))
+    return runner
 
 
 def _measured(
