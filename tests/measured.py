@@ -35,8 +35,10 @@ def measure(
     timeout: float = 60,
 ) -> dict:
     """{code, out, err, cpu, mb (10^6 bytes), wall} of `command` run in `cwd`, started by the
-    runner. CPU time and peak memory come from `os.wait4`: the child's own figures, its
-    waited-for children included (what its `getrusage` says), not the machine's."""
+    runner. `stdout`: capture, full (/dev/full), closed or early (a reader that leaves after
+    10 bytes); `stderr`: capture or closed. CPU time and peak memory come from `os.wait4`: the
+    child's own figures, its waited-for children included (what its `getrusage` says), not the
+    machine's."""
     request = {
         "command": command,
         "cwd": str(cwd),
@@ -124,21 +126,11 @@ def _measured(
     }
 
 
-def run_course(
-    args: list[str],
-    cwd: Path,
-    *,
-    stdout: str = "capture",
-    stderr: str = "capture",
-    env: dict[str, str] | None = None,
-    timeout: float = 60,
-    wrap: list[str] | None = None,
-) -> dict:
-    """`measure` of `python -m course_utils ARGS` in `cwd`. `stdout`: capture, full
-    (/dev/full), closed or early (a reader that leaves after 10 bytes); `stderr`: capture or
-    closed; `wrap`: a command it runs under (bwrap ...)."""
+def run_course(args: list[str], cwd: Path, *, wrap: list[str] | None = None, **how) -> dict:
+    """`measure` of `python -m course_utils ARGS` in `cwd`, under `wrap` (bwrap ...) if given;
+    `how`: measure's stdout, stderr, env and timeout."""
     command = [*(wrap or []), sys.executable, "-m", "course_utils", *map(str, args)]
-    return measure(command, cwd, stdout=stdout, stderr=stderr, env=env, timeout=timeout)
+    return measure(command, cwd, **how)
 
 
 def tree_peak_mb(args: list[str], cwd: Path, timeout: float = 600, env=None) -> tuple[int, float]:
