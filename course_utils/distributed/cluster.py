@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -131,22 +131,36 @@ def die_with_parent(parent: int) -> None:
 
 
 @contextlib.contextmanager
-def _ranks_ignore_ctrl_c():
-    """Start processes that ignore SIGINT from their first instruction.
+def _starting_ranks() -> Iterator[None]:
+    """Start processes that ignore SIGINT from their first instruction, and hold a SIGTERM
+    back until every one of them has started.
 
     Ctrl-C in a terminal reaches the whole process group: the parent stops the ranks
     (Cluster.close), so a rank must not print a traceback of its own, not even while it is
     still importing torch. An ignored signal stays ignored across exec, and Python installs
     its KeyboardInterrupt handler only where SIGINT was left at the default.
+
+    A SIGTERM (kill, a job scheduler) reaches the parent only. Acted on in the middle of
+    starting a rank, it stopped the parent before it had written the rank its instructions:
+    the rank printed "EOFError: Ran out of input" and was not among the ranks to stop. Held
+    to the end of the starts, it stops the parent with every rank started, and close() stops
+    them all. (A handler, unlike an ignored signal, is reset to the default across exec: the
+    ranks still end on SIGTERM.)
     """
     if threading.current_thread() is not threading.main_thread():
         yield  # signal handlers belong to the main thread
         return
+    held: list[int] = []
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous_term = signal.signal(signal.SIGTERM, lambda signum, _: held.append(signum))
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+        if previous_term is not None:  # None: a handler Python did not install
+            signal.signal(signal.SIGTERM, previous_term)
+        if held:
+            signal.raise_signal(signal.SIGTERM)
 
 
 def _child(rank: int, world: int, port: int, inbox, outbox, timeout: float, parent: int) -> None:
@@ -247,7 +261,7 @@ class Cluster:
             for r in range(self.workers)
         ]
         try:
-            with _ranks_ignore_ctrl_c():
+            with _starting_ranks():
                 for p in self._procs:
                     p.start()
             self._collect(-1, "start-up")
