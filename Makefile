@@ -103,11 +103,11 @@ test-browser: setup
 	sudo apt-get install chromium fonts-noto-color-emoji (.ci/run installs them)" >&2; exit 2; }
 	$(PY) -m pytest -m browser -p no:cacheprovider
 
-# The oldest supported PyTorch: the unit tests without the slow ones, the slow tests of the
-# version-dependent APIs (torch.distributed.pipelining, FSDP2, DCP under torchrun) and lessons
-# 08, 11 and 13.
+# The oldest supported PyTorch, in one pytest run: the unit tests without the slow ones, the
+# slow tests of the version-dependent APIs (marked torch_api: torch.distributed.pipelining,
+# FSDP2, DCP under torchrun) and lessons 08, 11 and 13 (with nbval; each notebook stays on one
+# worker). The lessons come first, so that the longest ones are not left for the end.
 # The learner's pins and the test runners from requirements*.txt, with torch replaced.
-COMPAT_SLOW_TESTS := tests/test_distributed.py tests/test_torchrun.py
 COMPAT_LESSONS := notebooks/08_sharded_data_parallelism.ipynb \
 	notebooks/11_v_shaped_schedules.ipynb notebooks/13_beyond_one_machine.ipynb
 test-compat:
@@ -118,11 +118,9 @@ test-compat:
 		$$(grep -E '^(pytest|pytest-xdist|execnet|nbval|hypothesis|pyyaml)==' requirements-dev.txt)
 	$(COMPAT_PY) -m pip --disable-pip-version-check --quiet install --no-deps --force-reinstall -e .
 	$(COMPAT_PY) -c "import torch; assert torch.__version__.split('+')[0] == '$(COMPAT_TORCH)', torch.__version__"
-	$(COMPAT_PY) -m pytest -p no:cacheprovider -m "not slow and not browser and not constrained" \
-		$(XDIST)
-	$(COMPAT_PY) -m pytest -p no:cacheprovider -m "slow" $(COMPAT_SLOW_TESTS) $(XDIST)
-	$(COMPAT_PY) -m pytest -p no:cacheprovider --nbval-lax --nbval-current-env $(COMPAT_LESSONS) \
-		-n $(JOBS) --dist loadfile
+	$(COMPAT_PY) -m pytest -p no:cacheprovider \
+		-m "not browser and not constrained and (not slow or torch_api)" $(XDIST) \
+		--nbval-lax --nbval-current-env $(COMPAT_LESSONS) tests --ignore=tests/fixtures
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .hypothesis artifacts screenshots

@@ -20,6 +20,15 @@ ROOT = Path(__file__).resolve().parents[1]
 SOCKETS_IN_TMP = pytest.mark.xdist_group("sockets-in-tmp")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A notebook collected by nbval (`make test-compat` runs three) is a list of cells that
+    share one kernel, in order: `--dist loadgroup` keeps each notebook on one worker."""
+    for item in items:
+        if type(item).__module__.startswith("nbval"):
+            item.add_marker(pytest.mark.xdist_group(f"notebook-{item.path.stem}"))
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

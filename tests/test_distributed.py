@@ -40,6 +40,9 @@ from course_utils.distributed.pipelining import (
 from course_utils.errors import CourseInputError, WorkerError
 from course_utils.pipeline.schedules import SCHEDULES
 
+# torch.distributed, torchrun, DCP, FSDP2 and pipelining change between PyTorch versions.
+pytestmark = pytest.mark.torch_api
+
 ROOT = Path(__file__).resolve().parents[1]
 
 TOL = 1e-5

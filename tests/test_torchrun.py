@@ -32,6 +32,9 @@ from course_utils.errors import CourseInputError
 from course_utils.pipeline import make_schedule
 from course_utils.pipeline.export import to_pytorch_csv
 
+# torch.distributed, torchrun, DCP, FSDP2 and pipelining change between PyTorch versions.
+pytestmark = pytest.mark.torch_api
+
 ROOT = Path(__file__).resolve().parents[1]
 TOL = 1e-5
 
