@@ -257,7 +257,26 @@ def evaluate(
     It fits when its memory is at most the usable memory: the GPU's minus the reserve.
     """
     prec = get_precision(precision)
+    return _estimate(model, config, prec, hardware, memory(model, config, prec))
+
+
+def fit_or_reason(
+    model: ModelShape,
+    config: Config,
+    precision: str | Precision = "bf16-mixed",
+    hardware: Hardware = Hardware(),
+) -> Estimate | str:
+    """`evaluate`'s Estimate for a layout that fits; for one that does not, only the reason,
+    without its traffic and step time (most of the layouts a search tries do not fit)."""
+    prec = get_precision(precision)
     mem = memory(model, config, prec)
+    reason = _why_not(mem, config, hardware)
+    return reason if reason is not None else _estimate(model, config, prec, hardware, mem)
+
+
+def _estimate(
+    model: ModelShape, config: Config, prec: Precision, hardware: Hardware, mem: dict[str, float]
+) -> Estimate:
     comm = communication(model, config, prec)
     time = _step_time(model, config, prec, hardware, comm)
     use = utilisation(model, config, time["total"], prec, hardware)

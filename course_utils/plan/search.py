@@ -30,7 +30,7 @@ from course_utils.plan.inputs import (
     Precision,
     get_precision,
 )
-from course_utils.plan.model import Estimate, evaluate
+from course_utils.plan.model import Estimate, fit_or_reason
 from course_utils.validation import MAX_GPUS
 
 
@@ -144,16 +144,16 @@ def search(
                             )
                             continue
                         try:
-                            estimate = evaluate(model, config, prec, hardware)
+                            estimate = fit_or_reason(model, config, prec, hardware)
                         except CourseInputError as exc:  # e.g. the schedule's own rules on m
                             rejected.append((config, str(exc)))
                             continue
-                        if estimate.reason is None:  # it fits
-                            feasible.append(estimate)
-                            if first_fit:
-                                return {"feasible": feasible, "rejected": rejected}
-                        else:
-                            rejected.append((config, estimate.reason))
+                        if isinstance(estimate, str):  # it does not fit: the reason
+                            rejected.append((config, estimate))
+                            continue
+                        feasible.append(estimate)
+                        if first_fit:
+                            return {"feasible": feasible, "rejected": rejected}
     feasible.sort(key=lambda e: (e.time["total"], e.memory["total"]))
     return {"feasible": feasible, "rejected": rejected}
 
