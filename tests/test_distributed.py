@@ -317,6 +317,7 @@ def test_busy_port_is_one_clear_line(run_cli):
             del os.environ["MASTER_PORT"]
 
 
+@pytest.mark.slow  # the cluster fixture starts two torch.distributed ranks
 def test_a_started_cluster_holds_its_port(cluster, monkeypatch):
     # Two commands that both found the port free: the parent binds it before spawning, so
     # the second is refused at once, in one line, and starts no process.

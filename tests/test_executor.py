@@ -345,6 +345,7 @@ class Sleepy(nn.Module):
         return x * self.scale
 
 
+@pytest.mark.slow  # seconds of sleeping on the wall clock
 def test_a_slow_stage_is_not_a_deadlock():
     # Device 1 waits 6 s for device 0's first message: slow, not stuck (no message is
     # missing for good), so the step completes. (Sleeping takes no CPU time: only the wall
@@ -356,6 +357,7 @@ def test_a_slow_stage_is_not_a_deadlock():
     assert result.loss > 0 and result.timeline.device_events(1)[0].start >= 6.0
 
 
+@pytest.mark.slow  # seconds of sleeping on the wall clock
 def test_the_step_time_limit_bounds_the_step():
     stages = [Sleepy(3.0), nn.Linear(4, 2)]
     x, y = torch.randn(4, 4), torch.tensor([0, 1, 0, 1])
@@ -371,6 +373,7 @@ def test_the_step_time_limit_bounds_the_step():
         PipelineExecutor(stages, 2, loss_fn, step_timeout=float("nan"))
 
 
+@pytest.mark.slow  # seconds of sleeping on the wall clock
 def test_a_bar_ends_when_the_work_does_not_after_the_hand_over(monkeypatch):
     # Posting a message can hand the core to the receiver before the sender reads the
     # clock again (one core, the GIL). Here every hand-over takes 0.3 s: the bars of the
