@@ -58,8 +58,9 @@ XDIST := -n $(JOBS) --dist loadgroup
 # each, two at a time): tests/test_lessons.py and tests/test_exercises.py read those runs.
 test: setup lint unit
 
+# Beside the notebook runs, one torch thread per pytest worker (tests/conftest.py says why).
 unit: setup
-	$(PY) -m pytest -m "not browser and not constrained" $(XDIST)
+	COURSE_TEST_TORCH_THREADS=1 $(PY) -m pytest -m "not browser and not constrained" $(XDIST)
 
 # The quick loop while editing: the unit tests without the slow ones (real processes: notebook
 # kernels, nbval and grader runs, torch.distributed ranks, make, one CLI smoke test per command),
@@ -118,7 +119,7 @@ test-compat:
 		$$(grep -E '^(pytest|pytest-xdist|execnet|nbval|hypothesis|pyyaml)==' requirements-dev.txt)
 	$(COMPAT_PY) -m pip --disable-pip-version-check --quiet install --no-deps --force-reinstall -e .
 	$(COMPAT_PY) -c "import torch; assert torch.__version__.split('+')[0] == '$(COMPAT_TORCH)', torch.__version__"
-	$(COMPAT_PY) -m pytest -p no:cacheprovider \
+	COURSE_TEST_TORCH_THREADS=1 $(COMPAT_PY) -m pytest -p no:cacheprovider \
 		-m "not browser and not constrained and (not slow or torch_api)" $(XDIST) \
 		--nbval-lax --nbval-current-env $(COMPAT_LESSONS) tests --ignore=tests/fixtures
 

@@ -6,6 +6,7 @@ start-up per call); `run_module` really starts it, for the one smoke test per co
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -18,6 +19,20 @@ ROOT = Path(__file__).resolve().parents[1]
 # Tests that make or watch /tmp/cg-*, where a grader with a long TMPDIR keeps its kernels'
 # sockets: `--dist loadgroup` runs them on one pytest worker, one after the other.
 SOCKETS_IN_TMP = pytest.mark.xdist_group("sockets-in-tmp")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """COURSE_TEST_TORCH_THREADS=1 (`make test`, `make test-compat`): one intra-op thread for
+    torch in each pytest worker. There the workers share the two cores with the notebook runs
+    and the processes the tests start; with torch's default of one thread per core, its
+    threads wait for each other on a busy core. Lesson 10's balancing-loss test took 10 s
+    instead of 0.6 s in `make test`; its unit run took 589 s with one thread, 696 s without.
+    `make test-fast`, whose cores are often idle, keeps the default (2-3 s faster)."""
+    threads = os.environ.get("COURSE_TEST_TORCH_THREADS")
+    if threads and os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(int(threads))
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
