@@ -24,7 +24,7 @@ COMPAT_VENV ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/course-compat/torch-$(COMP
 COMPAT_PY := $(COMPAT_VENV)/bin/python
 
 .PHONY: setup lab test test-fast lint format unit notebooks exercises bench test-browser \
-	test-constrained test-compat record-reference clean
+	test-constrained test-compat test-limits record-reference clean
 
 # Set-up: a venv with the pinned dependencies, the test tools, course_utils (editable) and the
 # instructors' pytest plugin (`pytest --course-grade`, see INSTRUCTORS.md; Binder leaves it
@@ -56,11 +56,18 @@ XDIST := -n $(JOBS) --dist loadgroup
 
 # Every lesson and solution runs once inside `unit` (tests/notebook_runs.py, pinned to one core
 # each, two at a time): tests/test_lessons.py and tests/test_exercises.py read those runs.
-test: setup lint unit
+# Lint runs beside the unit tests (mypy's half minute on a fresh clone is mostly one core);
+# make waits for both and fails when either does. GNU make 4 keeps their lines whole (macOS's
+# make 3.81 has no --output-sync: its lines may mix).
+SYNC := $(if $(filter output-sync,$(.FEATURES)),--output-sync=line)
+test: setup
+	@$(MAKE) --no-print-directory -j 2 $(SYNC) lint unit
 
 # Beside the notebook runs, one torch thread per pytest worker (tests/conftest.py says why).
+# Without the runs at the documented limits: `make test-limits`, which CI runs.
 unit: setup
-	COURSE_TEST_TORCH_THREADS=1 $(PY) -m pytest -m "not browser and not constrained" $(XDIST)
+	COURSE_TEST_TORCH_THREADS=1 $(PY) -m pytest -m "not browser and not constrained and not limits" \
+		$(XDIST)
 
 # The quick loop while editing: the unit tests without the slow ones (real processes: notebook
 # kernels, nbval and grader runs, torch.distributed ranks, make, one CLI smoke test per command),
@@ -98,6 +105,11 @@ test-constrained: setup
 # On an idle machine: run every lesson and store its measurements as the reference twins.
 record-reference: setup
 	$(PY) -m course_utils.measure.record
+
+# Every command at the corner of its documented limits, under the memory budget (3 to 4
+# minutes of CPU; peak memory, not time, is measured). CI runs it beside the browser test.
+test-limits: setup
+	$(PY) -m pytest -m limits $(XDIST) -p no:cacheprovider
 
 test-browser: setup
 	@command -v chromium >/dev/null 2>&1 || { echo "make test-browser needs Debian's chromium: \

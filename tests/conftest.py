@@ -38,10 +38,23 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A notebook collected by nbval (`make test-compat` runs three) is a list of cells that
-    share one kernel, in order: `--dist loadgroup` keeps each notebook on one worker."""
+    share one kernel, in order: `--dist loadgroup` keeps each notebook on one worker.
+
+    Then the longest work goes first, so that the run does not end with one worker busy and
+    the other idle (longest first is the classic rule for sharing jobs between machines):
+    notebooks (the session's notebook runs, nbval's lessons), then the slow tests, then the
+    rest, each in collection order. `make test` ended on a 57 s torchrun test alone."""
     for item in items:
         if type(item).__module__.startswith("nbval"):
             item.add_marker(pytest.mark.xdist_group(f"notebook-{item.path.stem}"))
+
+    def rank(item: pytest.Item) -> int:
+        group = item.get_closest_marker("xdist_group")
+        if group is not None and str(group.args[0]).startswith("notebook"):
+            return 0
+        return 1 if item.get_closest_marker("slow") else 2
+
+    items.sort(key=rank)  # stable: collection order within each rank
 
 
 def free_port() -> int:

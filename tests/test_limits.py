@@ -7,7 +7,9 @@ proportional set size of its whole process tree (workers and kernels). Then `gra
 killed mid-batch (SIGTERM, SIGKILL, Ctrl-C): 5 s later none of its workers or kernels is
 left, nor any file in its temporary folder, and Ctrl-C ends it within 2 s with one line.
 
-All slow (a few minutes in all: real training steps at their largest).
+All slow (a few minutes in all: real training steps at their largest). The runs at the limits
+(marked `limits`, 3 to 4 minutes of CPU) are `make test-limits`, which CI runs beside the
+browser and the oldest PyTorch; `make test` runs the rest.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ AT_THE_LIMITS = [
 ]  # fmt: skip
 
 
+@pytest.mark.limits
 @pytest.mark.parametrize("args, what", AT_THE_LIMITS, ids=[w for _, w in AT_THE_LIMITS])
 def test_every_documented_limit_runs_under_the_budget(args, what, tmp_path):
     result = run_course(args, tmp_path, timeout=600)
@@ -87,6 +90,7 @@ def _heavy_handful(folder: Path, count: int) -> None:
         shutil.copy(lesson, folder / f"s{lesson.name[:2]}_{lesson.name}")
 
 
+@pytest.mark.limits
 def test_grade_at_its_most_jobs_stays_under_the_budget(tmp_path):
     from course_utils.validation import MAX_GRADE_JOBS
 

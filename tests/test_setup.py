@@ -285,7 +285,7 @@ def test_setup_check_busy_machine_is_a_warning_not_an_error(monkeypatch, capsys)
 def test_makefile_targets_and_ci_script():
     makefile = (ROOT / "Makefile").read_text()
     targets = ("lab:", "test:", "test-fast:", "lint:", "exercises:", "bench:", "test-browser:")
-    for target in (*targets, "test-compat:"):
+    for target in (*targets, "test-compat:", "test-limits:"):
         assert re.search(rf"^{target}", makefile, re.M), target
     # The compat venv lives outside the checkout (a clean clone must not carry GBs of torch).
     assert re.search(
@@ -302,11 +302,11 @@ exit 0
 """
 
 
-@pytest.mark.parametrize("failing", ["", "test", "test-browser", "test-compat"])
+@pytest.mark.parametrize("failing", ["", "test", "test-browser", "test-compat", "test-limits"])
 def test_ci_runs_every_suite_and_fails_when_one_does(tmp_path, failing):
     """.ci/run with a stand-in `make` (and stand-ins for what it would apt-get): it runs make
-    test, then the browser test beside the oldest PyTorch, shows the browser's output, and
-    fails when any of them fails."""
+    test, then the browser test and the limits beside the oldest PyTorch, shows the logs of
+    the two, and fails when any of them fails."""
     (tmp_path / ".ci").mkdir()
     script = tmp_path / ".ci" / "run"
     script.write_text((ROOT / ".ci" / "run").read_text())
@@ -322,10 +322,12 @@ def test_ci_runs_every_suite_and_fails_when_one_does(tmp_path, failing):
     env = dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}", CALLS=str(calls), FAILING=failing)
     out = subprocess.run([str(script)], capture_output=True, text=True, env=env, timeout=60)
     made = sorted(calls.read_text().split())
-    assert made == (["test"] if failing == "test" else ["test", "test-browser", "test-compat"])
+    everything = ["test", "test-browser", "test-compat", "test-limits"]
+    assert made == (["test"] if failing == "test" else everything)
     assert (out.returncode == 0) == (failing == ""), (out.returncode, out.stdout, out.stderr)
     if failing != "test":
-        assert "output of make test-browser" in out.stdout  # its log, printed at the end
+        for suite in ("test-browser", "test-limits"):  # their logs, printed at the end
+            assert f"output of make {suite}" in out.stdout
 
 
 def test_gitignore_covers_venv_and_caches():
