@@ -34,8 +34,7 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml instructor_tools/
 	@$(PY) -m pip --version >/dev/null 2>&1 || { rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
 	$(if $(TORCH_INDEX),$(PIP) install --index-url $(TORCH_INDEX) "$$(grep '^torch==' requirements.txt)")
 	$(PIP) install -r requirements.txt -r requirements-dev.txt
-	$(PIP) install --no-deps -e .
-	$(PIP) install --no-deps -e instructor_tools
+	$(PIP) install --no-deps --no-build-isolation -e . -e instructor_tools
 	@# No "get notified about Jupyter news?" pop-up over the lessons (it is a network feature).
 	$(VENV)/bin/jupyter labextension disable --level=sys_prefix \
 		"@jupyterlab/apputils-extension:announcements" >/dev/null 2>&1
@@ -57,11 +56,10 @@ XDIST := -n $(JOBS) --dist loadgroup
 # Every lesson and solution runs once inside `unit` (tests/notebook_runs.py, pinned to one core
 # each, two at a time): tests/test_lessons.py and tests/test_exercises.py read those runs.
 # Lint runs beside the unit tests (mypy's half minute on a fresh clone is mostly one core);
-# make waits for both and fails when either does. GNU make 4 keeps their lines whole (macOS's
-# make 3.81 has no --output-sync: its lines may mix).
-SYNC := $(if $(filter output-sync,$(.FEATURES)),--output-sync=line)
+# make waits for both and fails when either does. (Not --output-sync: it would hold pytest's
+# progress until the end.)
 test: setup
-	@$(MAKE) --no-print-directory -j 2 $(SYNC) lint unit
+	@$(MAKE) --no-print-directory -j 2 lint unit
 
 # Beside the notebook runs, one torch thread per pytest worker (tests/conftest.py says why).
 # Without the runs at the documented limits: `make test-limits`, which CI runs.

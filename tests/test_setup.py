@@ -30,7 +30,7 @@ WRONG_CONDA_NAMES = {
 # What only `make test` needs: never in the learner's requirements.txt or Binder image.
 TEST_TOOLS = {
     "pytest", "pytest-xdist", "execnet", "nbval", "hypothesis", "ruff", "mypy", "playwright",
-    "pyyaml",
+    "pyyaml", "setuptools",  # setuptools: the editable installs' build backend (make setup)
 }  # fmt: skip
 
 
