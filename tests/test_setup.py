@@ -431,3 +431,37 @@ def test_tests_in_one_xdist_group_run_on_one_worker(tmp_path):
     workers = set(re.findall(r"\[(gw\d)\] \[[ \d]+%\] PASSED \S+::test_grouped", out.stdout))
     grouped = re.findall(r"PASSED \S+::test_grouped\S*", out.stdout)
     assert len(grouped) == 12 and len(workers) == 1, out.stdout[-3000:]
+
+
+class _Item:
+    """What the ordering hook reads of a collected test: its markers."""
+
+    def __init__(self, name: str, *marks: pytest.MarkDecorator) -> None:
+        self.name, self.marks = name, {m.mark.name: m.mark for m in marks}
+
+    def get_closest_marker(self, name: str):
+        return self.marks.get(name)
+
+    def add_marker(self, mark: pytest.MarkDecorator) -> None:
+        self.marks[mark.mark.name] = mark.mark
+
+
+def test_the_longest_work_is_handed_out_first():
+    # tests/conftest.py: the notebooks, then the slow tests, then the rest, each in the order
+    # collected, so that a long test does not start last and leave one worker running alone.
+    import conftest
+
+    runs, slow = pytest.mark.xdist_group("notebook-runs"), pytest.mark.slow
+    items = [
+        _Item("fast-1"),
+        _Item("slow-1", slow),
+        _Item("reads-the-runs", runs, slow),
+        _Item("grouped-fast", pytest.mark.xdist_group("sockets-in-tmp")),
+        _Item("fast-2"),
+        _Item("slow-2", slow),
+        _Item("lesson-cell", pytest.mark.xdist_group("notebook-08_sharded")),
+    ]
+    conftest.pytest_collection_modifyitems(items)
+    assert [i.name for i in items] == [
+        "reads-the-runs", "lesson-cell", "slow-1", "slow-2", "fast-1", "grouped-fast", "fast-2",
+    ]  # fmt: skip
