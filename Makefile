@@ -105,7 +105,7 @@ record-reference: setup
 	$(PY) -m course_utils.measure.record
 
 # Every command at the corner of its documented limits, under the memory budget (3 to 4
-# minutes of CPU; peak memory, not time, is measured). CI runs it beside the browser test.
+# minutes of CPU; peak memory, not time, is measured). CI runs it last, alone.
 test-limits: setup
 	$(PY) -m pytest -m limits $(XDIST) -p no:cacheprovider
 

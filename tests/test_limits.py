@@ -8,8 +8,8 @@ killed mid-batch (SIGTERM, SIGKILL, Ctrl-C): 5 s later none of its workers or ke
 left, nor any file in its temporary folder, and Ctrl-C ends it within 2 s with one line.
 
 All slow (a few minutes in all: real training steps at their largest). The runs at the limits
-(marked `limits`, 3 to 4 minutes of CPU) are `make test-limits`, which CI runs beside the
-browser and the oldest PyTorch; `make test` runs the rest.
+(marked `limits`, 3 to 4 minutes of CPU) are `make test-limits`, which CI runs last, alone;
+`make test` runs the rest.
 """
 
 from __future__ import annotations
