@@ -441,9 +441,6 @@ class _Item:
     def get_closest_marker(self, name: str):
         return self.marks.get(name)
 
-    def add_marker(self, mark: pytest.MarkDecorator) -> None:
-        self.marks[mark.mark.name] = mark.mark
-
 
 def test_the_longest_work_is_handed_out_first():
     # tests/conftest.py: the notebooks, then the slow tests, then the rest, each in the order
