@@ -183,9 +183,9 @@ runpy.run_module("ipykernel_launcher", run_name="__main__", alter_sys=True)
 """
 
 
-def slow_kernel_spec(monkeypatch, tmp_path: Path, marker: str) -> None:
+def slow_kernel_spec(monkeypatch, tmp_path: Path, marker: str, seconds: int = 8) -> None:
     """Kernels (without a sandbox: the script lives in tmp_path) start through SLOW_START:
-    the first start (or every one) never answers."""
+    the first start (or every one) never answers; each try gets `seconds` to answer."""
     import sys
 
     from course_utils.grading import notebook_tools, sandbox
@@ -194,7 +194,7 @@ def slow_kernel_spec(monkeypatch, tmp_path: Path, marker: str) -> None:
     script.write_text(SLOW_START)
     argv = [sys.executable, "-I", str(script), marker, "-f", "{connection_file}"]
     monkeypatch.setattr(sandbox, "_plain_argv", lambda: argv)
-    monkeypatch.setattr(notebook_tools, "KERNEL_STARTUP_SECONDS", 8)
+    monkeypatch.setattr(notebook_tools, "KERNEL_STARTUP_SECONDS", seconds)
 
 
 def test_a_kernel_that_never_starts_is_retried_once_then_reported(monkeypatch, tmp_path):
@@ -205,7 +205,8 @@ def test_a_kernel_that_never_starts_is_retried_once_then_reported(monkeypatch, t
     result = grade(solved(), sandbox=False)
     assert marker.exists() and result.problem is None
     assert passed(result) == ALL
-    slow_kernel_spec(monkeypatch, tmp_path, "never")
+    # No kernel is meant to start now: 2 s a try is enough, and the test idles 12 s less.
+    slow_kernel_spec(monkeypatch, tmp_path, "never", seconds=2)
     result = grade(solved(), sandbox=False)
     assert result.problem and "the grading kernel did not start (2 tries" in result.problem
     assert result.exercises == [] and result.score == 0
