@@ -446,8 +446,9 @@ def test_the_longest_work_is_handed_out_first():
     # tests/conftest.py: the notebooks, then the slow tests, then the rest, each in the order
     # collected, so that a long test does not start last and leave one worker running alone.
     import conftest
+    from notebook_runs import READS_THE_RUNS  # the real group: a rename must keep its rank
 
-    runs, slow = pytest.mark.xdist_group("notebook-runs"), pytest.mark.slow
+    runs, slow = READS_THE_RUNS, pytest.mark.slow
     items = [
         _Item("fast-1"),
         _Item("slow-1", slow),
