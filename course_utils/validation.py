@@ -60,7 +60,7 @@ def integer(value: object, name: str, low: int = 1, high: int | None = None) -> 
         or (high is not None and value > high)
     ):
         allowed = f"from {low:,} to {high:,}" if high is not None else f">= {low:,}"
-        raise CourseInputError(f"{name} must be an integer {allowed}, got {_shown(value)}")
+        raise CourseInputError(f"{name} must be an integer {allowed}, got {shown(value)}")
     return value
 
 
@@ -79,7 +79,7 @@ def number(
         bound = f"> {low:g}" if strict else f">= {low:g}"
         within = f" and <= {high:g}" if math.isfinite(high) else ""
         raise CourseInputError(
-            f"{name} must be a finite number {bound}{within}, got {_shown(value)}"
+            f"{name} must be a finite number {bound}{within}, got {shown(value)}"
         )
     return float(value)
 
@@ -88,7 +88,18 @@ def choice(value: object, name: str, choices: Iterable[str]) -> str:
     """`value` if it is one of `choices` (strings only: a list or None is refused cleanly)."""
     options = list(choices)
     if not isinstance(value, str) or value not in options:
-        raise CourseInputError(f"{name} must be one of {', '.join(options)}, got {_shown(value)}")
+        raise CourseInputError(f"{name} must be one of {', '.join(options)}, got {shown(value)}")
+    return value
+
+
+def instance(value: object, name: str, kind: type | tuple[type, ...], what: str = "") -> object:
+    """`value` if it is a `kind` (a class or a tuple of them), else one line naming `name`
+    and what it must be (`what`, or the class's name)."""
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind in (int, float)):
+        if not what:
+            kinds = kind if isinstance(kind, tuple) else (kind,)
+            what = " or ".join(f"a {k.__name__}" for k in kinds)
+        raise CourseInputError(f"{name} must be {what}, got {type(value).__name__} {shown(value)}")
     return value
 
 
@@ -108,7 +119,8 @@ def env_port(name: str = "MASTER_PORT") -> int | None:
     return int(text)
 
 
-def _shown(value: object) -> str:
+def shown(value: object) -> str:
+    """`value` as an error message quotes it: its repr, cut to 60 characters."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -195,7 +207,7 @@ def output_file(
     if isinstance(path, Path):
         path = str(path)
     if not isinstance(path, str) or not path.strip():
-        raise CourseInputError(f"{name} needs a file name, got {_shown(path)}")
+        raise CourseInputError(f"{name} needs a file name, got {shown(path)}")
     if path.endswith(("/", os.sep)) or Path(path).name in ("", ".", ".."):
         raise CourseInputError(f"{name} {path!r} names a folder: give a file name")
     out = Path(path)
@@ -279,7 +291,7 @@ def input_file(path: object, name: str, max_bytes: int) -> Path:
     if isinstance(path, str):
         path = Path(path)
     if not isinstance(path, Path) or not str(path).strip():
-        raise CourseInputError(f"{name} needs a file name, got {_shown(path)}")
+        raise CourseInputError(f"{name} needs a file name, got {shown(path)}")
     try:
         info = path.stat()
     except OSError as exc:
