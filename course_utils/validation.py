@@ -31,6 +31,9 @@ MAX_GANTT_ACTIONS = 20_000  # bars matplotlib draws in a few seconds
 MAX_THREADS = 16  # simulated devices (threads) in any one pool: data parallelism's limit
 MAX_WORKERS = 8  # threads of a tensor-, context- or expert-parallel or ZeRO run
 MAX_PIPELINE_DEVICES, MAX_PIPELINE_STAGES = MAX_WORKERS, 32  # PipelineExecutor and `run`
+# torch.distributed processes on this machine (a Cluster, `distributed`): each one imports
+# torch, about 160 MB, beside the parent's; more would not leave room for their work.
+MAX_PROCESSES = 4
 MAX_SEED = 2**31 - 1
 MAX_GPUS = 65_536  # GPUs the planner searches
 # Each grading job is a worker and a sandboxed kernel with torch, about 300 MB: 4 at once stay

@@ -23,6 +23,7 @@ from course_utils.distributed.setup import (
     Setup,
     build_model,
     data_parallel_setup,
+    largest,
     loss_fn,
     make_batch,
     max_abs_diff,
@@ -137,15 +138,15 @@ def run_fsdp(
         [out["records"] for out in outs], f"FSDP2 on {workers} processes", {"model": setup.model}
     )
     extra: dict = {
-        "max_param_diff": max(max_abs_diff(out["params"], ref_params) for out in outs),
+        "max_param_diff": largest(max_abs_diff(out["params"], ref_params) for out in outs),
         "held_bytes": [out["held_bytes"] for out in outs],
         "model_bytes": sum(p.numel() * p.element_size() for p in ref_params.values()),
     }
     if setup.model == "mlp":
         mine = _flat_per_unit(setup, outs[0]["params"])
         theirs = threads_fsdp(setup, workers, steps, lr)
-        extra["threads_max_param_diff"] = max(
+        extra["threads_max_param_diff"] = largest(
             (a - b).abs().max().item() for a, b in zip(mine, theirs, strict=True)
         )
-    max_grad_diff = max(max_abs_diff(out["grads"], ref_grads) for out in outs)
+    max_grad_diff = largest(max_abs_diff(out["grads"], ref_grads) for out in outs)
     return DistributedResult(workers, losses, ref_losses, max_grad_diff, seconds, timeline, extra)

@@ -30,12 +30,8 @@ from torch import nn
 from course_utils import models
 from course_utils.actions import Schedule
 from course_utils.distributed.fsdp import fsdp_units
+from course_utils.distributed.job import MOMENTUM
 from course_utils.distributed.setup import Setup, build_model, loss_fn, make_batch
-
-MODES = ("ddp", "fsdp", "pipeline", "fsdp+pipeline")
-
-
-MOMENTUM = 0.9
 
 
 def optimizer(params, lr: float) -> torch.optim.Optimizer:

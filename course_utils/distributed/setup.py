@@ -4,6 +4,7 @@ the single-process reference's bookkeeping, and the result a comparison returns.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -13,10 +14,9 @@ from torch import nn
 from course_utils import models, validation
 from course_utils.actions import Action
 from course_utils.distributed.cluster import MAX_WORKERS, Cluster, worker_count
+from course_utils.distributed.job import MODELS
 from course_utils.errors import CourseInputError, WorkerError
 from course_utils.timeline import Event, Timeline
-
-MODELS = ("gpt", "mlp")
 
 
 @dataclass(frozen=True)
@@ -109,11 +109,24 @@ def gradient_arrays(module: nn.Module) -> dict:
     return grads
 
 
+def largest(values: Iterable[float]) -> float:
+    """The largest of `values` (0.0 for none), or NaN if any is NaN. Python's `max` keeps the
+    first value a NaN is compared with, so a run whose gradients became NaN would be reported
+    as equal to its reference ("difference 0.0")."""
+    out = 0.0
+    for value in values:
+        if math.isnan(value):
+            return math.nan
+        out = max(out, value)
+    return out
+
+
 def max_abs_diff(a: dict, b: dict) -> float:
-    """Largest |a - b| over arrays with the same names (0 for none); names must match."""
+    """Largest |a - b| over arrays with the same names (0 for none, NaN if any is NaN); names
+    must match."""
     if a.keys() != b.keys():
         raise WorkerError(f"parameter names differ: {sorted(a)[:3]} vs {sorted(b)[:3]}")
-    return max((float(abs(a[k] - b[k]).max()) for k in a), default=0.0)
+    return largest(float(abs(a[k] - b[k]).max()) for k in a)
 
 
 def measured_timeline(per_rank: list[list[tuple]], name: str, meta: dict) -> Timeline:
@@ -141,7 +154,8 @@ class DistributedResult:
 
     @property
     def max_loss_diff(self) -> float:
-        return max(abs(a - b) for a, b in zip(self.losses, self.reference_losses, strict=True))
+        pairs = zip(self.losses, self.reference_losses, strict=True)
+        return largest(abs(a - b) for a, b in pairs)
 
     def to_dict(self) -> dict:
         return {
