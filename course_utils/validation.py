@@ -34,6 +34,12 @@ MAX_PIPELINE_DEVICES, MAX_PIPELINE_STAGES = MAX_WORKERS, 32  # PipelineExecutor 
 # torch.distributed processes on this machine (a Cluster, `distributed`): each one imports
 # torch, about 160 MB, beside the parent's; more would not leave room for their work.
 MAX_PROCESSES = 4
+# Sequences (samples) of one batch on those processes, by model: every rank holds its share
+# and the one-process reference all of it, about 0.6 MB a sequence of the course's GPT.
+MAX_PROCESS_BATCH = {"gpt": 128, "mlp": 4096}
+# Steps of a comparison on those processes: every rank returns each step's gradients (0.8 MB
+# a step of the GPT) to be checked against one process's.
+MAX_COMPARED_STEPS = 10
 MAX_SEED = 2**31 - 1
 MAX_GPUS = 65_536  # GPUs the planner searches
 # Each grading job is a worker and a sandboxed kernel with torch, about 300 MB: 4 at once stay
@@ -214,6 +220,10 @@ def output_file(
     if path.endswith(("/", os.sep)) or Path(path).name in ("", ".", ".."):
         raise CourseInputError(f"{name} {path!r} names a folder: give a file name")
     out = Path(path)
+    if suffixes and out.name.lower() in suffixes:  # ".png": an ending without a name
+        raise CourseInputError(
+            f"{name} {path!r} is an ending without a name: give one, e.g. chart{out.name}"
+        )
     if suffixes and out.suffix.lower() not in suffixes:
         allowed = ", ".join(suffixes[:-1]) + " or " + suffixes[-1] if suffixes[1:] else suffixes[0]
         raise CourseInputError(f"{name} must end in {allowed}, got {path!r}")
@@ -237,6 +247,32 @@ def output_file(
     for target in (out, *(out.with_suffix(s) for s in siblings)):
         _writable_file(target, name, path)
     _folder_takes_files(folder, name, path)
+    return out
+
+
+def output_folder(path: object, name: str) -> Path:
+    """Check that `path` is a folder that takes new files, or one that can be made (with the
+    folders above it): its nearest existing folder is a folder, not a file or a device, and a
+    file can be made there (not /proc, not read-only). Nothing is made yet."""
+    if isinstance(path, Path):
+        path = str(path)
+    if not isinstance(path, str) or not path.strip():
+        raise CourseInputError(f"{name} needs a folder name, got {shown(path)}")
+    out = Path(path)
+    limit = _name_max(Path("."))
+    for part in out.parts:
+        if len(os.fsencode(part)) > limit:
+            raise CourseInputError(
+                f"{name} {path!r}: a name in it is longer than this file system allows "
+                f"({len(os.fsencode(part))} bytes, at most {limit})"
+            )
+    existing = out
+    while not (existing.exists() or existing.is_symlink()) and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        what = "is" if existing == out else f"cannot be made: {str(existing)!r} is"
+        raise CourseInputError(f"{name} {path!r} {what} a file, not a folder")
+    _folder_takes_files(existing, name, path)
     return out
 
 

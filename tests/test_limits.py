@@ -2,8 +2,9 @@
 
 Each command is run at the corner of its limits (the sizes its --help promises, together) in
 a child process and must finish with exit code 0 under 1.5 GB (`validation.MEMORY_BUDGET`;
-Binder gives 2 GB), measured as the child's peak resident memory; `grade -j 4` as the
-proportional set size of its whole process tree (workers and kernels). Then `grade -j 2` is
+Binder gives 2 GB), measured as the child's peak resident memory; `grade -j 4`, `distributed`
+and the torchrun entry point as the proportional set size of their whole process tree
+(workers and kernels; ranks). Then `grade -j 2` is
 killed mid-batch (SIGTERM, SIGKILL, Ctrl-C): 5 s later none of its workers or kernels is
 left, nor any file in its temporary folder, and Ctrl-C ends it within 2 s with one line.
 
@@ -81,6 +82,43 @@ def test_every_documented_limit_runs_under_the_budget(args, what, tmp_path):
         predicted = validation.BASE_BYTES[use] + validation.ACTION_BYTES[use] * actions
         assert result["mb"] * 1e6 <= predicted, (result["mb"], predicted / 1e6)
     print(f"{' '.join(args)}: {result['mb']:.0f} MB, {result['cpu']:.1f} s of CPU")
+
+
+# (command at its limits, what it is the limit of): torch.distributed processes, measured as
+# their whole tree (every rank, the parent and its one-process reference)
+PROCESSES = validation.MAX_PROCESSES
+GPT_BATCH, MLP_BATCH = (validation.MAX_PROCESS_BATCH[m] for m in ("gpt", "mlp"))
+STEPS = validation.MAX_COMPARED_STEPS
+DISTRIBUTED_AT_THE_LIMITS = [
+    (["distributed", "--workers", PROCESSES, "--batch", GPT_BATCH, "--model", "gpt", "--steps",
+      STEPS], f"DDP: {PROCESSES} processes, the GPT's batch of {GPT_BATCH}, {STEPS} steps"),
+    (["distributed", "--workers", PROCESSES, "--batch", MLP_BATCH, "--model", "mlp"],
+     f"DDP: the MLP's batch of {MLP_BATCH}"),
+    (["distributed", "--fsdp", "--workers", PROCESSES, "--batch", GPT_BATCH, "--model", "gpt"],
+     "FSDP2: the GPT's batch"),
+    (["distributed", "--fsdp", "--workers", PROCESSES, "--batch", MLP_BATCH, "--model", "mlp"],
+     "FSDP2: the MLP's batch, against the threads' ZeRO-3"),
+    (["distributed", "--parallel", "pipeline", "--workers", PROCESSES, "--microbatches", "64",
+      "--batch", GPT_BATCH, "--model", "gpt"], "pipeline: 64 micro-batches"),
+    (["distributed", "--ring-attention", "--workers", PROCESSES], "ring attention"),
+    (["--standalone", f"--nproc-per-node={PROCESSES}", "-m", "course_utils.distributed.train",
+      "--parallel", "fsdp", "--batch", GPT_BATCH, "--steps", "3",
+      "--checkpoint-dir", "ckpt", "--report", "r.json"],
+     "torchrun: train with FSDP2 and checkpoints"),
+]  # fmt: skip
+
+
+@pytest.mark.limits
+@pytest.mark.parametrize("args, what", DISTRIBUTED_AT_THE_LIMITS,
+                         ids=[w for _, w in DISTRIBUTED_AT_THE_LIMITS])  # fmt: skip
+def test_distributed_at_its_limits_stays_under_the_budget(args, what, tmp_path):
+    torchrun = args[0] == "--standalone"  # the train entry point, as torchrun starts it
+    module = "torch.distributed.run" if torchrun else "course_utils"
+    args = [*args, "--timeout", "600"] if not torchrun else args
+    code, peak = tree_peak_mb(args, tmp_path, timeout=900, module=module)
+    assert code == 0, what
+    assert peak < BUDGET_MB, f"{what}: {peak:.0f} MB"
+    print(f"{' '.join(map(str, args))}: {peak:.0f} MB for the process tree")
 
 
 def _heavy_handful(folder: Path, count: int) -> None:

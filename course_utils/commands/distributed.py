@@ -31,10 +31,12 @@ from course_utils.pipeline.export import MAX_CSV_BYTES
 from course_utils.pipeline.schedules import RECOMMENDED, SCHEDULES
 
 HELP = "DDP, FSDP2, ring attention and pipelines on torch.distributed processes vs threads"
-# Limits: processes (each imports torch: about 160 MB), steps, micro-batches, seconds; the
+# Limits: processes (each imports torch: about 160 MB), steps (each rank returns every step's
+# gradients for the comparison: 0.8 MB a step of the GPT), micro-batches, seconds; the
 # batch is the model's (`job.MAX_BATCH`: about 0.6 MB a sequence of the GPT, held by the ranks
 # and again by the one-process reference). Each corner fits 1.5 GB: tests/test_limits.py.
-MAX_WORKERS, MAX_STEPS, MAX_TIMEOUT = validation.MAX_PROCESSES, 100, 3600
+MAX_WORKERS, MAX_STEPS = validation.MAX_PROCESSES, validation.MAX_COMPARED_STEPS
+MAX_TIMEOUT = 3600
 PIPELINES = tuple(name for name, info in SCHEDULES.items() if info.pytorch)
 PARALLEL = ("ddp", "fsdp", "pipeline")
 

@@ -78,7 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--timeout", type=float, default=600, help="seconds per notebook (default 600)"
     )
     parser.add_argument(
-        "--cell-timeout", type=float, default=120, help="seconds per cell (default 120)"
+        "--cell-timeout", type=float, default=120, help="whole seconds per cell (default 120)"
     )
     parser.add_argument(
         "--call-timeout",
@@ -88,36 +88,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _output_folder(path: Path, flag: str) -> None:
-    """A folder that exists and takes files, or one that can be made there."""
-    if path.exists() and not path.is_dir():
-        raise CourseInputError(f"{flag} {str(path)!r} is a file: give a folder")
-    # a file in it must be writable: checked like any output file, on a probe name
-    probe = path / "feedback.html" if path.is_dir() else path.parent / "feedback.html"
-    try:
-        validation.output_file(probe, flag)
-    except CourseInputError as exc:
-        raise CourseInputError(str(exc).replace(repr(str(probe)), repr(str(path)))) from None
-
-
 def _check(args: argparse.Namespace) -> None:
     """Every argument, before anything slow is imported or any notebook is run."""
     from course_utils.grading.roster import check_name, read_roster
 
-    for flag in ("--timeout", "--cell-timeout", "--call-timeout"):
+    for flag in ("--timeout", "--call-timeout"):
         number_flag(args, flag, 0.0, 86400.0, strict=True)
+    # nbclient counts a cell's time in whole seconds (an integer trait)
+    if not number_flag(args, "--cell-timeout", 1.0, 86400.0).is_integer():
+        raise CourseInputError(
+            f"--cell-timeout must be a whole number of seconds from 1 to 86400, "
+            f"got {args.cell_timeout:g}"
+        )
+    args.cell_timeout = int(args.cell_timeout)
     validation.integer(args.jobs, "--jobs", 1, MAX_JOBS)
     if args.lesson is not None:
         validation.integer(args.lesson, "--lesson", 1, 99)
-    if not _is_dir(args.solutions):
-        from course_utils.grading import SOLUTIONS
-
-        if args.solutions == SOLUTIONS:  # the default: course_utils is an installed package
-            raise CourseInputError(
-                "--solutions DIR is needed: the solved notebooks are not part of the installed "
-                "course_utils package; give the solutions/ folder of a course checkout"
-            )
-        raise CourseInputError(f"--solutions {str(args.solutions)!r} is not a folder")
+    _check_solutions(args)
     # every output, before a notebook is graded: a name, a folder that takes files, no device
     if args.csv is not None:
         args.csv = validation.output_file(args.csv, "--csv", siblings=(".jsonl",))
@@ -131,8 +118,7 @@ def _check(args: argparse.Namespace) -> None:
     if args.feedback is not None:
         if not args.feedback.strip():
             raise CourseInputError("--feedback needs a folder name, got ''")
-        args.feedback = Path(args.feedback)
-        _output_folder(args.feedback, "--feedback")
+        args.feedback = validation.output_folder(args.feedback, "--feedback")
     if args.roster is not None:
         validation.input_file(args.roster, "--roster", validation.MAX_ROSTER_BYTES)
     for path in args.submissions:
@@ -149,6 +135,31 @@ def _check(args: argparse.Namespace) -> None:
         if len(args.submissions) != 1 or _is_dir(args.submissions[0]):
             raise CourseInputError("--student regrades one notebook: give exactly one .ipynb file")
     args.roster = read_roster(args.roster) if args.roster is not None else None
+
+
+def _check_solutions(args: argparse.Namespace) -> None:
+    """--solutions: a folder of solved notebooks (NN_name.ipynb), made absolute (the workers
+    run elsewhere), and the one of --lesson among them."""
+    from course_utils.grading import SOLUTIONS
+
+    if not _is_dir(args.solutions):
+        if args.solutions == SOLUTIONS:  # the default: course_utils is an installed package
+            raise CourseInputError(
+                "--solutions DIR is needed: the solved notebooks are not part of the installed "
+                "course_utils package; give the solutions/ folder of a course checkout"
+            )
+        raise CourseInputError(f"--solutions {str(args.solutions)!r} is not a folder")
+    args.solutions = args.solutions.resolve()
+    lessons = sorted({p.name[:2] for p in args.solutions.glob("[0-9][0-9]_*.ipynb")})
+    if not lessons:
+        raise CourseInputError(
+            f"--solutions {str(args.solutions)!r} holds no solved notebooks (NN_name.ipynb)"
+        )
+    if args.lesson is not None and f"{args.lesson:02d}" not in lessons:
+        raise CourseInputError(
+            f"--lesson {args.lesson}: no solution notebook for it in {str(args.solutions)!r} "
+            f"(lessons {', '.join(str(int(n)) for n in lessons)})"
+        )
 
 
 def _is_dir(path: Path) -> bool:

@@ -82,7 +82,7 @@ def _fsdp2_worker(rank: int, world: int, payload: dict) -> dict:
 def reference_fsdp(setup: Setup, steps: int, lr: float) -> tuple[list[float], dict, dict]:
     """One process, full batches, Adam: (losses, first step's gradients, final parameters)."""
     losses, grads, params = one_process_training(
-        setup, steps, lambda ps: torch.optim.Adam(ps, lr=lr)
+        setup, steps, lambda ps: torch.optim.Adam(ps, lr=lr), grads_of=1
     )
     return losses, grads[0], params
 

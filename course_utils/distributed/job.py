@@ -34,10 +34,9 @@ RUN_FILE = "run.json"  # in the checkpoint folder: which training its checkpoint
 MODES = ("ddp", "fsdp", "pipeline", "fsdp+pipeline")  # how the model is laid out (parallelize)
 MODELS = ("gpt", "mlp")  # the course's TinyGPT and MLP (setup.build_model)
 MODEL_LAYERS = {"gpt": 6, "mlp": 5}  # what a pipeline cuts: len(build_model(...).layers())
-# Limits. The batch is the model's: every rank and the one-process reference hold it (or
-# their share of it) at once, about 0.6 MB a sequence of the GPT; see tests/test_limits.py.
+# Limits (the batch is the model's, `validation.MAX_PROCESS_BATCH`; tests/test_limits.py).
 MAX_STEPS, MAX_MICROBATCHES = 1000, 64
-MAX_BATCH = {"gpt": 1024, "mlp": 4096}
+MAX_BATCH = validation.MAX_PROCESS_BATCH
 MAX_LR = 10.0  # SGD's learning rate: beyond it the course's model only diverges
 MAX_TIMEOUT = 86_400.0  # a day: the longest a rank waits for the others
 MOMENTUM = 0.9
@@ -63,6 +62,13 @@ def check_arguments(args: argparse.Namespace) -> None:
         int_flag(args, "--fail-at-step", 1, args.steps)
     if args.report is not None and not args.report.endswith(".json"):
         raise CourseInputError(f"--report must end in .json, got {args.report!r}")
+
+
+def first_of_its_node(env=os.environ) -> bool:
+    """Whether this process says why a launch stops: LOCAL_RANK 0 (or none, or one that is
+    not a number: that one line is the error), so one line per node, not one per rank."""
+    local = env.get("LOCAL_RANK", "0").strip()
+    return not (local.isdigit() and int(local) > 0)
 
 
 def env_int(name: str, low: int = 0, default: int | None = None, env=os.environ) -> int:

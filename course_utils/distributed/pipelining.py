@@ -209,8 +209,9 @@ def run_pipeline(
     Pass a started `Cluster` to reuse its processes; otherwise a fresh one is spawned.
     """
     workers = validation.integer(worker_count(workers, cluster), "workers", 2, MAX_WORKERS)
-    batch = validation.integer(batch, "batch", 1, 4096)
-    setup = Setup(checked_model(model), batch, seed)
+    model = checked_model(model)
+    batch = validation.integer(batch, "batch", 1, validation.MAX_PROCESS_BATCH[model])
+    setup = Setup(model, batch, seed)
     payload: dict = {"setup": setup}
     csv_file = None
     if isinstance(schedule, Schedule):

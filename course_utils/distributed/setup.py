@@ -79,11 +79,16 @@ def split_stages(
 
 
 def one_process_training(
-    setup: Setup, steps: int, optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+    setup: Setup,
+    steps: int,
+    optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
+    grads_of: int | None = None,
 ) -> tuple[list[float], list[dict], dict]:
     """The training every comparison checks against: one process, the full batch of each step.
 
-    Returns the losses, the gradients of every step (numpy) and the final parameters.
+    Returns the losses, the gradients (numpy) of the first `grads_of` steps (None: every step;
+    each is a copy of the model: 1,000 steps of the GPT would hold 0.8 GB) and the final
+    parameters.
     """
     model = build_model(setup)
     opt = optimizer(model.parameters())
@@ -95,7 +100,8 @@ def one_process_training(
         loss = criterion(model(x), y)
         loss.backward()
         losses.append(loss.item())
-        grads.append(gradient_arrays(model))
+        if grads_of is None or step < grads_of:
+            grads.append(gradient_arrays(model))
         opt.step()
     return losses, grads, {n: p.detach().clone() for n, p in model.named_parameters()}
 
@@ -181,8 +187,9 @@ def data_parallel_setup(
     """(workers, steps, setup) of a data-parallel comparison (DDP, FSDP), checked: every
     rank takes `batch / workers` samples, so the batch must split evenly."""
     workers = validation.integer(worker_count(workers, cluster), "workers", 1, MAX_WORKERS)
-    steps = validation.integer(steps, "steps", 1, 100)
-    batch = validation.integer(batch, "batch", 1, 4096)
+    steps = validation.integer(steps, "steps", 1, validation.MAX_COMPARED_STEPS)
+    model = checked_model(model)
+    batch = validation.integer(batch, "batch", 1, validation.MAX_PROCESS_BATCH[model])
     if batch % workers:
         raise CourseInputError(f"batch must be a multiple of workers ({workers}), got {batch}")
-    return workers, steps, Setup(checked_model(model), batch, seed)
+    return workers, steps, Setup(model, batch, seed)

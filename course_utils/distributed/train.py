@@ -62,11 +62,13 @@ from course_utils.distributed.job import (
     check_files,
     check_shared,
     env_int,
+    first_of_its_node,
     make_plan,
     place_from_env,
 )
 from course_utils.errors import CourseInputError
 from course_utils.pipeline.schedules import RECOMMENDED, SCHEDULES
+from course_utils.validation import MAX_PROCESSES
 
 if TYPE_CHECKING:
     import torch
@@ -93,7 +95,7 @@ def parser() -> argparse.ArgumentParser:
         """Every rank stops on a usage error; the first of each node says why, in one line."""
 
         def exit(self, status=0, message=None):
-            if message and os.environ.get("LOCAL_RANK", "0") != "0":
+            if message and not first_of_its_node():
                 message = None
             super().exit(status, message)
 
@@ -102,7 +104,10 @@ def parser() -> argparse.ArgumentParser:
         description=DESCRIPTION,
         epilog="Start it on every node with torchrun, e.g. torchrun --nnodes=2 "
         "--nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT "
-        f"-m {PROG} --parallel fsdp+pipeline --checkpoint-dir CKPT --report report.json",
+        f"-m {PROG} --parallel fsdp+pipeline --checkpoint-dir CKPT --report report.json. "
+        f"On one machine (a laptop) at most {MAX_PROCESSES} processes in all fit 1.5 GB. A bad "
+        "flag or launch is one line from each node's first rank, before torch is imported "
+        "where the flags alone decide; torchrun then reports the failed ranks in its own words.",
     )
     p.add_argument(
         "--parallel",
@@ -282,7 +287,7 @@ def report(args, plan: Plan, place: Place, device: torch.device, outs: list[dict
     from course_utils.distributed.setup import largest, measured_timeline, one_process_training
 
     _, _, reference = one_process_training(
-        plan.setup, plan.steps, lambda ps: optimizer(ps, plan.lr)
+        plan.setup, plan.steps, lambda ps: optimizer(ps, plan.lr), grads_of=0
     )
     seen: set[str] = set()
     differences = []
@@ -380,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         place = place_from_env()
         check_arguments(args)
     except CourseInputError as exc:
-        if os.environ.get("LOCAL_RANK", "0") == "0":  # one line per node
+        if first_of_its_node():  # one line per node
             print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     from course_utils.distributed.cluster import die_with_parent
@@ -457,7 +462,13 @@ def run(args: argparse.Namespace, place: Place) -> int:
             )
         dist.barrier()  # no rank tears its connections down while another still reads from them
         return 0
-    except Exception as exc:  # one line naming where; COURSE_DEBUG=1 adds the traceback
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # one line naming where; COURSE_DEBUG=1 adds the traceback
+        # (BaseException: torch.distributed.checkpoint's CheckpointException is one, and it
+        # carries a Ctrl-C that came during a save as one of its ranks' failures)
+        if _wraps_ctrl_c(exc):
+            raise KeyboardInterrupt from None
         told = isinstance(exc, StepError | Diverged)
         what = str(exc) if told else f": {type(exc).__name__}: {exc}"
         what = GLOO_NOISE.sub("", what)  # "[.../pair.cc:553] Connection closed by peer. This.."
@@ -473,6 +484,15 @@ def run(args: argparse.Namespace, place: Place) -> int:
         return 1
     finally:
         dist.destroy_process_group()
+
+
+def _wraps_ctrl_c(exc: BaseException) -> bool:
+    """Whether `exc` is a collective's report of a KeyboardInterrupt on some rank."""
+    failures = getattr(exc, "failures", None)
+    if not isinstance(failures, dict):
+        return False
+    return any(isinstance(f[0] if isinstance(f, tuple) else f, KeyboardInterrupt)
+               for f in failures.values())  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -20,14 +20,15 @@ id is the seed); every name is checked (`roster.check_name`) before anything is 
 
 from __future__ import annotations
 
-import argparse
 import copy
 import re
+import shutil
 import sys
 from pathlib import Path
 
 import nbformat
 
+from course_utils import validation
 from course_utils.errors import CourseInputError
 from course_utils.grading.notebook_tools import (
     EXERCISES,
@@ -44,6 +45,9 @@ from course_utils.grading.roster import check_name, check_names, read_roster
 
 # Notebook metadata that only describes one run (widget state), not the exercise.
 RUN_METADATA = ("widgets",)
+# Students' handouts written at once: about 0.2 MB each (every lesson), 200 MB for a full
+# class; more is a mistake (a roster of a whole university) or a job for several runs.
+MAX_STUDENTS = 1000
 
 
 def exercise_notebook(solution: nbformat.NotebookNode, name: str = "notebook") -> str:
@@ -88,12 +92,25 @@ def for_student(text: str, student: str) -> str:
 
 def write_for_students(students: list[str], out: Path, solutions: Path = SOLUTIONS) -> list[Path]:
     """out/<student>/<lesson>.ipynb for every student and lesson: their own numbers. Every
-    name is checked before anything is written."""
+    name is checked, and the room on the disk, before anything is written."""
+    if len(students) > MAX_STUDENTS:
+        raise CourseInputError(
+            f"{len(students):,} students: at most {MAX_STUDENTS:,} handouts are written at once "
+            "(split the class)"
+        )
     students = check_names(students)
     notebooks = {
         p.name: exercise_notebook(read_notebook(p), p.name)
         for p in sorted(solutions.glob("*.ipynb"))
     }
+    needed = len(students) * sum(len(text.encode()) + 64 for text in notebooks.values())
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    free = shutil.disk_usage(existing).free
+    if needed > free // 2:
+        raise CourseInputError(
+            f"--out {str(out)!r}: the handouts need about {needed / 1e6:,.0f} MB, and only "
+            f"{free / 1e6:,.0f} MB are free there (at most half of it is used)"
+        )
     written = []
     for student in students:
         texts = {name: for_student(text, student) for name, text in notebooks.items()}
@@ -148,8 +165,13 @@ def write_exercises(solutions: Path = SOLUTIONS, exercises: Path = EXERCISES) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m course_utils.grading.make_exercises", description=__doc__.split("\n")[0]
+    from course_utils.cli import OneLineParser
+
+    parser = OneLineParser(
+        prog="python -m course_utils.grading.make_exercises",
+        description=f"{__doc__.splitlines()[0]} Limits: a --roster of "
+        f"{validation.MAX_ROSTER_BYTES // validation.MB} MB (as grade's), {MAX_STUDENTS:,} "
+        "students at once.",
     )
     parser.add_argument(
         "--check", action="store_true", help="only report stale files (exit 1 if any)"
@@ -183,8 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise CourseInputError("give --students or --roster, not both")
             if args.out is None:
                 raise CourseInputError("--students and --roster need --out FOLDER")
-            if args.out.exists() and not args.out.is_dir():
-                raise CourseInputError(f"--out {str(args.out)!r} is a file: give a folder")
+            validation.output_folder(args.out, "--out")
             ids = (
                 [s.id for s in read_roster(args.roster)]
                 if args.roster is not None
@@ -204,9 +225,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"exercises/ is up to date ({len(list(args.solutions.glob('*.ipynb')))} notebooks)"
             )
             return 0
+        validation.output_folder(args.exercises, "--exercises")
         written = write_exercises(args.solutions, args.exercises)
     except CourseInputError as exc:
         print(f"make_exercises: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # the disk filled, a folder vanished: one line, not a traceback
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"make_exercises: error: cannot write: {exc.strerror or exc}{where}", file=sys.stderr)
         return 2
     for path in written:
         print(f"wrote {path}")
