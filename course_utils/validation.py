@@ -36,7 +36,7 @@ MAX_PIPELINE_DEVICES, MAX_PIPELINE_STAGES = MAX_WORKERS, 32  # PipelineExecutor 
 MAX_PROCESSES = 4
 # Sequences (samples) of one batch on those processes, by model: every rank holds its share
 # and the one-process reference all of it, about 0.6 MB a sequence of the course's GPT.
-MAX_PROCESS_BATCH = {"gpt": 128, "mlp": 4096}
+MAX_PROCESS_BATCH = {"gpt": 64, "mlp": 4096}
 # Steps of a comparison on those processes: every rank returns each step's gradients (0.8 MB
 # a step of the GPT) to be checked against one process's.
 MAX_COMPARED_STEPS = 10

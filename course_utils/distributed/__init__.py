@@ -69,8 +69,8 @@ __all__ = [
 
 # name -> the module that defines it (each imports torch when first asked for)
 _HOME = {
-    "HOST": "cluster", "MAX_WORKERS": "cluster", "Cluster": "cluster", "free_port": "cluster",
-    "port_is_free": "cluster", "resolve_port": "cluster", "spawn": "cluster",
+    "HOST": "ports", "MAX_WORKERS": "cluster", "Cluster": "cluster", "free_port": "ports",
+    "port_is_free": "ports", "resolve_port": "ports", "spawn": "cluster",
     "reference_ddp": "ddp", "run_ddp": "ddp", "threads_ddp": "ddp",
     "reference_fsdp": "fsdp", "run_fsdp": "fsdp", "threads_fsdp": "fsdp",
     "PIPELINES": "pipelining", "course_schedule": "pipelining", "executor_pipeline": "pipelining",

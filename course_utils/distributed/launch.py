@@ -31,7 +31,7 @@ from pathlib import Path
 
 import psutil  # type: ignore[import-untyped]  # a dependency (requirements.txt)
 
-from course_utils.distributed.cluster import HOST, free_port
+from course_utils.distributed.ports import HOST, free_port
 from course_utils.errors import CourseInputError, WorkerError
 from course_utils.timeline import Event, Timeline
 
