@@ -325,6 +325,13 @@ def test_rosters_are_read_in_linear_time_within_the_size_limit(module, args, wor
 # -- silent wrong results and leaks ------------------------------------------------------------
 
 
+def test_the_layers_the_checks_count_are_the_models():
+    from course_utils.distributed.job import MODEL_LAYERS
+    from course_utils.distributed.setup import Setup, build_model
+
+    assert {m: len(build_model(Setup(m)).layers()) for m in MODEL_LAYERS} == MODEL_LAYERS
+
+
 def test_nan_is_never_reported_as_equality():
     import numpy as np
 
@@ -356,7 +363,7 @@ def test_a_bad_course_schedule_for_processes_is_refused_before_any_file_or_proce
         (Schedule("dupe", 2, 1, tuple(tuple(map(Action.parse, d)) for d in dupe)), "twice"),
     ]:
         with pytest.raises(CourseInputError, match=words):
-            run_pipeline(schedule, 2, batch=130)
+            run_pipeline(schedule, 2, batch=4, model="mlp")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m65.csv"]
 
 
@@ -434,16 +441,21 @@ def _plan():
     import numpy as np
 
     from course_utils import plan
+    from course_utils.parallel import sequence_parallel
+    from course_utils.parallel.context_parallel import costs as cp_costs
+    from course_utils.parallel.fsdp import costs as fsdp_costs
     from course_utils.pipeline import make_schedule, simulate
+    from course_utils.threads import ring
 
     shape = plan.ModelShape(7_000_000_000, 32, 4096, 32, 2048)
     return types.SimpleNamespace(plan=plan, M=shape, np=np, make_schedule=make_schedule,
-                                 simulate=simulate)  # fmt: skip
+                                 simulate=simulate, ring=ring, sp=sequence_parallel,
+                                 cp_costs=cp_costs, fsdp_costs=fsdp_costs)  # fmt: skip
 
 
 # (call, words of the one line): AttributeError, TypeError, ZeroDivisionError, OverflowError,
 # MemoryError, hangs and silent results once
-PLAN_API = [
+API_CALLS = [
     # the issue's
     (lambda a: a.plan.memory(a.M, config=5), "config must be a Config"),
     (lambda a: a.plan.search("70B", 64, 512), "model must be a ModelShape"),
@@ -493,11 +505,22 @@ PLAN_API = [
     (lambda a: a.plan.format_memory({"parameters": 1.0}), "must have a 'total'"),
     (lambda a: a.plan.format_time({"total": math.nan}), "parts['total']"),
     (lambda a: a.plan.search_to_dict([]), "result must be search()'s result"),
+    # the byte counts the planner restates, where the threads compute them
+    (lambda a: a.ring.ring_bytes_per_rank(100, 0), "world_size must be an integer"),
+    (lambda a: a.ring.chunk_bounds(10, 10**30), "parts must be an integer"),
+    (lambda a: a.ring.ring_plan(5, 4), "rank must be an integer from 0 to 3"),
+    (lambda a: a.ring.naive_bytes_per_rank(None, 4), "numel"),
+    (lambda a: a.sp.sp_comm_bytes(64, 1, 32, 0), "workers"),
+    (lambda a: a.sp.korthikanti_mlp_block_bytes(64, 1, 32, 128, tp=0), "tp"),
+    (lambda a: a.sp.layernorm_statistics_bytes("64", 1), "seq"),
+    (lambda a: a.sp.dropout_mask((2, 2), 1.5, 0), "p must be a finite number"),
+    (lambda a: a.fsdp_costs.precision_for(None), "element_size"),
+    (lambda a: a.cp_costs.simulate_ring(2, step_costs=[]), "step_costs must be a dict"),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("call, words", PLAN_API)
-def test_the_planner_refuses_what_it_cannot_compute_at_once(call, words):
+@pytest.mark.parametrize("call, words", API_CALLS)
+def test_the_api_refuses_what_it_cannot_compute_at_once(call, words):
     from course_utils.errors import CourseInputError
 
     api = _plan()

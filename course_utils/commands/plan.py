@@ -55,8 +55,9 @@ from course_utils.validation import MAX_GPUS
 
 HELP = "memory and throughput planner for a training run"
 
-# Limits that keep a plan to a second on a laptop (pipeline stages and simulated actions:
-# course_utils.plan.inputs, which the search respects too).
+# Limits that keep `plan memory` to a second on a laptop and `plan search` to seconds at its
+# corner (65,536 GPUs, 1,024 layers and heads: about 160,000 layouts); pipeline stages and
+# simulated actions are course_utils.plan.inputs's, which the search respects too.
 MAX_DEGREE = 4096  # tp, cp, dp, ep of one layout
 
 

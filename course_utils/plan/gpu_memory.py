@@ -222,8 +222,12 @@ def ring_attention_bytes(
     """
     check_sizes(seq=seq, cp=cp, heads=heads, head_dim=head_dim, bytes_per_value=bytes_per_value,
                 batch=batch)  # fmt: skip
+    return _ring_bytes(seq, cp, heads, head_dim, bytes_per_value, batch)
+
+
+def _ring_bytes(seq: int, cp: int, heads: int, head_dim: int, e: int, batch: int) -> float:
     t = -(-seq // cp)
-    return bytes_per_value * batch * heads * (6 * t * head_dim + t + 2 * t * t)
+    return e * batch * heads * (6 * t * head_dim + t + 2 * t * t)
 
 
 def ulysses_attention_bytes(
@@ -239,8 +243,12 @@ def ulysses_attention_bytes(
     """
     check_sizes(seq=seq, cp=cp, heads=heads, head_dim=head_dim, bytes_per_value=bytes_per_value,
                 batch=batch)  # fmt: skip
+    return _ulysses_bytes(seq, cp, heads, head_dim, bytes_per_value, batch)
+
+
+def _ulysses_bytes(seq: int, cp: int, heads: int, head_dim: int, e: int, batch: int) -> float:
     t = -(-seq // cp)
-    return bytes_per_value * batch * heads * (8 * t * head_dim + t + 2 * cp * t * t)
+    return e * batch * heads * (8 * t * head_dim + t + 2 * cp * t * t)
 
 
 # --------------------------------------------------------------------------- pipelines
@@ -354,7 +362,7 @@ def _buffers(model: ModelShape, config: Config, prec: Precision) -> dict[str, fl
     out["logits"] = b * s * model.vocab * (e + 4) / t
     heads = model.heads // t
     if config.cp > 1:
-        attention = ulysses_attention_bytes if config.cp_kind == "ulysses" else ring_attention_bytes
+        attention = _ulysses_bytes if config.cp_kind == "ulysses" else _ring_bytes
         whole = attention(model.seq, config.cp, heads, model.head_dim, e, b)
         kept = e * b * heads * 4 * s * model.head_dim  # q, k, v, output: in the activations
         out["attention in flight"] = whole - kept
