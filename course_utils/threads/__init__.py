@@ -1,6 +1,7 @@
 """The course's "cluster": CPU threads standing in for accelerators, and messages between them.
 
 - `devices`      `DeviceThreads`: persistent threads, one per device, one core's worth each
+- `mailboxes`    messages between device threads, and the proof that waiting devices are stuck
 - `collectives`  `ThreadGroup`: point-to-point mailboxes between threads with byte counters,
                  and the collectives (all-reduce, ...) written out with sends and receives
 - `ring`         the same collectives on paper: chunk plans, bytes per rank, and a one-thread
