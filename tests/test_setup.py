@@ -31,6 +31,7 @@ WRONG_CONDA_NAMES = {
 TEST_TOOLS = {
     "pytest", "pytest-xdist", "execnet", "nbval", "hypothesis", "ruff", "mypy", "playwright",
     "pyyaml", "setuptools",  # setuptools: the editable installs' build backend (make setup)
+    "sphinx", "myst-nb", "myst-parser",  # the course book (make book)
 }  # fmt: skip
 
 
@@ -302,11 +303,13 @@ exit 0
 """
 
 
-@pytest.mark.parametrize("failing", ["", "test", "test-browser", "test-compat", "test-limits"])
+@pytest.mark.parametrize(
+    "failing", ["", "test", "book", "test-browser", "test-compat", "test-limits"]
+)
 def test_ci_runs_every_suite_and_fails_when_one_does(tmp_path, failing):
     """.ci/run with a stand-in `make` (and stand-ins for what it would apt-get): it runs make
-    test, then the browser test beside the oldest PyTorch (showing the browser's log), then
-    the limits, and fails when any of them fails."""
+    test, the book, then the browser test beside the oldest PyTorch (showing the browser's
+    log), then the limits, and fails when any of them fails."""
     (tmp_path / ".ci").mkdir()
     script = tmp_path / ".ci" / "run"
     script.write_text((ROOT / ".ci" / "run").read_text())
@@ -322,8 +325,10 @@ def test_ci_runs_every_suite_and_fails_when_one_does(tmp_path, failing):
     env = dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}", CALLS=str(calls), FAILING=failing)
     out = subprocess.run([str(script)], capture_output=True, text=True, env=env, timeout=60)
     made = sorted(calls.read_text().split())
-    everything = ["test", "test-browser", "test-compat", "test-limits"]
+    everything = ["book", "test", "test-browser", "test-compat", "test-limits"]
     assert made == (["test"] if failing == "test" else everything)
+    if failing != "test":  # the book from make test's runs, before the browser opens it
+        assert calls.read_text().split()[:2] == ["test", "book"]
     assert (out.returncode == 0) == (failing == ""), (out.returncode, out.stdout, out.stderr)
     if failing != "test":
         assert "output of make test-browser" in out.stdout  # its log, printed after compat
