@@ -7,3 +7,7 @@ outputs of the one run of it that `make test` made (tests/notebook_runs.py), nev
 `pages` turns an executed notebook into a page, `verify` checks the built HTML (internal
 links; no solution anywhere). Not part of the learner's package: a maintainer's tool.
 """
+
+# Before anything imports nbformat: course_utils.grading spares it jsonschema's slow formats
+# (2 s and more of every `make book`; see there).
+import course_utils.grading  # noqa: E402, F401
