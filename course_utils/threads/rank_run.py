@@ -105,8 +105,9 @@ def failure_of(err: WorkerError, ranks: list[Rank]) -> RankError:
     if isinstance(exc, Deadlock):  # inside a collective
         return RankError("deadlock", rank, f"deadlock: {exc.who}")
     if exc is None:  # the run's time limit
-        where = "; ".join(f"rank {c.rank} was {c.where()}" for c in ranks)
-        return RankError("timeout", rank, f"the ranks were stopped: {err}: {where}")
+        doing = {c.rank: f"waiting for {c.waiting}" if c.waiting else "running" for c in ranks}
+        state = "; ".join(f"rank {c.rank} was {doing[c.rank]} ({c.where()})" for c in ranks)
+        return RankError("timeout", rank, f"{err} and were stopped: {state}")
     line = (str(exc).splitlines() or [""])[0]
     return ranks[rank].fail("raised", f"raised {type(exc).__name__}: {line}{_their_line(exc)}")
 

@@ -63,6 +63,7 @@ class Rank:
         self.comm = run.group.comm(rank)  # all_reduce, all_gather, reduce_scatter, all_to_all
         self.actions: list[Action] = []  # those finished, in order
         self.current: Action | None = None
+        self.waiting: str | None = None  # what it waits for in `recv`, if it does
         self.stream = run.recorder.stream(rank)
         self.saved = SavedActivations(self.stages)
         self.sends: list[tuple[int, str, int]] = []  # (to, tag, bytes), in order
@@ -104,12 +105,14 @@ class Rank:
         must be."""
         self._peer(frm, "waited for a message from")
         what = f"a message from rank {frm}" + ("" if tag is None else f" tagged {tag!r}")
+        self.waiting = what
         try:
             got, message, number, sent = self._run.mail.get(
                 ("p2p", frm, self.rank), self.rank, what
             )
         except Deadlock as exc:
             raise RankError("deadlock", self.rank, f"deadlock: {exc.who}") from None
+        self.waiting = None
         self.stream.recv(("p2p", frm, self.rank, number))
         self._run.group._count_received(self.rank, message.numel() * message.element_size())
         if tag is not None and got != tag:
