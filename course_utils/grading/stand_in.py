@@ -1,9 +1,8 @@
 """The check modules as a learner's kernel sees them while it is graded: numbers, no answers.
 
 Inside the sandbox `course_utils/checks/` is replaced by a folder written here. It holds the
-framework (`checks/__init__.py`: `Variant`, `for_student`, the messages' helpers), `wire.py`
-and `programs.py` (the kernel runs a rank program's cases with it) as they are, since none
-knows an answer, and for each lesson a *cut* of `lNN.py` with only
+framework (`checks/__init__.py`: `Variant`, `for_student`, the messages' helpers) and `wire.py`
+as they are, since neither knows an answer, and for each lesson a *cut* of `lNN.py` with only
 what a notebook legitimately uses while it runs:
 
 - `for_student`, and `given_K` answering with the numbers the grader drew for this student
@@ -129,7 +128,7 @@ def write(folder: Path, solutions: Path, lesson: int, given: dict[int, object]) 
     """Write the stand-in `checks` package into `folder` (created) and return it. `given`
     holds the graded lesson's numbers for this student ({K: encoded given_K(variant)})."""
     folder.mkdir(parents=True, exist_ok=True)
-    for name in ("__init__.py", "wire.py", "programs.py"):
+    for name in ("__init__.py", "wire.py", "programs.py"):  # programs: runs rank programs
         shutil.copyfile(CHECKS / name, folder / name)
     material = material_names(solutions)
     for path in sorted(CHECKS.glob("l[0-9][0-9].py")):
