@@ -64,6 +64,8 @@ def encode(value: Any, depth: int = 0) -> Any:
         return encode(value.item(), depth + 1)  # numpy scalar
     if kind == "course_utils" and name == "Action":
         return {TAG: "Action", "value": str(value)}
+    if kind == "course_utils" and name == "ProgramCase":  # a rank program's trial (programs)
+        return {TAG: "ProgramCase", "value": encode(vars(value), depth + 1)}
     if kind == "course_utils" and name == "Schedule":
         return {
             TAG: "Schedule",
@@ -109,6 +111,10 @@ def decode(data: Any) -> Any:
         from course_utils.actions import Action
 
         return Action.parse(data["value"])
+    if kind == "ProgramCase":
+        from course_utils.checks.programs import ProgramCase
+
+        return ProgramCase(**decode(data["value"]))
     if kind == "Schedule":
         from course_utils.actions import Action, Schedule
 
@@ -169,8 +175,10 @@ def call_outcome(
 
     previous = signal.signal(signal.SIGALRM, watch)
     signal.setitimer(signal.ITIMER_REAL, min(_WATCH_EVERY_S, limit_s), _WATCH_EVERY_S)
+    # A case may say how the answer is called: a `ProgramCase` runs a rank program.
+    call = getattr(args[0], "__course_call__", None) if len(args) == 1 else None
     try:
-        result = fn(*args)
+        result = call(fn) if callable(call) else fn(*args)
         signal.setitimer(signal.ITIMER_REAL, 0)  # encoding a big result is not the learner's
         outcome = {"result": encode(result)}
     except CallTimedOut as exc:

@@ -128,7 +128,7 @@ def write(folder: Path, solutions: Path, lesson: int, given: dict[int, object]) 
     """Write the stand-in `checks` package into `folder` (created) and return it. `given`
     holds the graded lesson's numbers for this student ({K: encoded given_K(variant)})."""
     folder.mkdir(parents=True, exist_ok=True)
-    for name in ("__init__.py", "wire.py"):
+    for name in ("__init__.py", "wire.py", "programs.py"):  # programs: runs rank programs
         shutil.copyfile(CHECKS / name, folder / name)
     material = material_names(solutions)
     for path in sorted(CHECKS.glob("l[0-9][0-9].py")):

@@ -6,6 +6,9 @@
                  and the collectives (all-reduce, ...) written out with sends and receives
 - `ring`         the same collectives on paper: chunk plans, bytes per rank, and a one-thread
                  replay of the ring all-reduce for drawing
+- `ranks`        `run_ranks`: a learner's per-rank program on the device threads (`rank_run`:
+                 its result as evidence, or the one error naming rank and action; `saved`:
+                 the activations autograd holds, counted)
 
 Every parallel dimension of the course (`course_utils.pipeline.executor`,
 `course_utils.parallel`) runs on these. Importing `devices` or `collectives` imports

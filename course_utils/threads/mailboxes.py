@@ -1,18 +1,24 @@
 """Messages between device threads, and the proof that a set of waiting devices is stuck.
 
-A device posts a tensor under a key (`put`); another takes it (`get`), waiting until it is
-there. Sends never block (a message waits in its box), so the only way a run can hang is
-that every device still running waits for a message nobody has posted: nobody is left to
-post it. `Mailboxes` checks exactly that proof at every wake-up and then raises a
-`ScheduleError` naming who waits for what, instead of hanging. A device that is merely
+A device posts a message under a key (`put`); another takes it (`get`), waiting until it is
+there. Messages under one key queue in the order they were posted (first in, first out), as
+messages between two GPUs arrive in the order they were sent. Sends never block (a message
+waits in its box), so the only way a run can hang is that every device still running waits
+for a message nobody has posted: nobody is left to post it. `Mailboxes` checks exactly that
+proof at every wake-up and then raises `Deadlock` naming who waits for what (and, given
+`progress`, what each device last finished), instead of hanging. A device that is merely
 waiting for a busy one is slow, not stuck; the caller's own time limit bounds that.
 
-The pipeline executor keys its messages ("act" | "grad", receiving stage, micro-batch).
+The pipeline executor keys its messages ("act" | "grad", receiving stage, micro-batch); the
+per-rank harness (`threads.ranks`) keys them by (channel, sender, receiver).
 """
 
 from __future__ import annotations
 
 import threading
+from collections import deque
+from collections.abc import Callable, Hashable
+from typing import Any
 
 import torch
 
@@ -25,26 +31,45 @@ _POLL_S = 0.02  # how often a waiting device re-checks abort and deadlock
 Message = tuple[tuple, torch.Tensor]
 
 
+class Deadlock(ScheduleError):
+    """Every device still running waits for a message nobody has posted (`who`: for what)."""
+
+    def __init__(self, who: str) -> None:
+        super().__init__(f"schedule cannot complete (deadlock): {who}")
+        self.who = who
+
+
 class Mailboxes:
-    """Messages between devices, keyed by any hashable; detects deadlock.
+    """Messages between devices, keyed by any hashable, first in first out; detects deadlock.
 
     A deadlock is certain when every device that has not finished is waiting for a message
     nobody has posted: nobody is left to post it. Only that proof is called a deadlock: a
     device waiting a long time for a busy one is just slow (the step's own time limit,
     `PipelineExecutor(step_timeout=...)`, bounds how long anything may take).
+
+    `unit` names a device in messages ("device", "rank"); `progress(d)` may add what device
+    d last did, e.g. " (last finished 0F0)".
     """
 
-    def __init__(self, num_devices: int, abort: threading.Event) -> None:
+    def __init__(
+        self,
+        num_devices: int,
+        abort: threading.Event,
+        unit: str = "device",
+        progress: Callable[[int], str] | None = None,
+    ) -> None:
         self.num_devices = num_devices
         self.abort = abort
+        self.unit = unit
+        self.progress = progress or (lambda d: "")
         self._cond = threading.Condition()
-        self._box: dict[tuple, torch.Tensor] = {}
-        self._waiting: dict[int, tuple[tuple, str]] = {}
+        self._box: dict[Hashable, deque] = {}
+        self._waiting: dict[int, tuple[Hashable, str]] = {}
         self._finished: set[int] = set()
 
-    def put(self, key: tuple, value: torch.Tensor) -> None:
+    def put(self, key: Hashable, value: Any) -> None:
         with self._cond:
-            self._box[key] = value
+            self._box.setdefault(key, deque()).append(value)
             self._cond.notify_all()
 
     def finished(self, device: int) -> None:
@@ -52,20 +77,29 @@ class Mailboxes:
             self._finished.add(device)
             self._cond.notify_all()
 
-    def get(self, key: tuple, device: int, what: str) -> torch.Tensor:
-        """Take message `key`, waiting for it; `what` describes the wait for error messages."""
+    def get(self, key: Hashable, device: int, what: str) -> Any:
+        """Take the oldest message under `key`, waiting for it; `what` describes the wait."""
         with self._cond:
             self._waiting[device] = (key, what)
             try:
                 while key not in self._box:
                     if self.abort.is_set():
-                        raise Aborted(f"device {device} gave up waiting for {what}")
+                        raise Aborted(f"{self.unit} {device} gave up waiting for {what}")
                     if self._deadlocked():
-                        raise ScheduleError(f"schedule cannot complete (deadlock): {self._who()}")
+                        raise Deadlock(self._who())
                     self._cond.wait(_POLL_S)
-                return self._box.pop(key)
+                queue = self._box[key]
+                value = queue.popleft()
+                if not queue:  # an empty box is no box: `key in self._box` means a message
+                    del self._box[key]
+                return value
             finally:
                 del self._waiting[device]
+
+    def left(self) -> dict[Hashable, list]:
+        """The messages nobody took, by key (after a run: what was sent and never received)."""
+        with self._cond:
+            return {key: list(queue) for key, queue in self._box.items()}
 
     def _deadlocked(self) -> bool:
         active = set(range(self.num_devices)) - self._finished
@@ -74,6 +108,10 @@ class Mailboxes:
         )
 
     def _who(self) -> str:
-        parts = [f"device {d} waits for {self._waiting[d][1]}" for d in sorted(self._waiting)]
-        parts += [f"device {d} has finished its actions" for d in sorted(self._finished)]
+        unit, progress = self.unit, self.progress
+        parts = [
+            f"{unit} {d}{progress(d)} waits for {self._waiting[d][1]}"
+            for d in sorted(self._waiting)
+        ]
+        parts += [f"{unit} {d}{progress(d)} has finished" for d in sorted(self._finished)]
         return "; ".join(parts)
