@@ -455,10 +455,11 @@ def test_resources_beyond_the_limits_are_refused_in_each_sandbox(tmp_path, monke
         "sockets-deep": attacker(fill(SOCKETS_SUBFOLDERS, DEPTH=3, COUNT=1, SIZE=1500 << 20)),
         "sockets-wide": attacker(fill(SOCKETS_SUBFOLDERS, DEPTH=1, COUNT=64, SIZE=4096)),
         "flood": attacker(fill(FLOOD, COUNT=40, SIZE=1 << 20)),  # 40 MB, a message each
-        "flood-giant": attacker(fill(FLOOD, COUNT=1, SIZE=300 << 20), "answer-03-4"),
         "setsid": attacker(SETSID_SPINNERS),
     }
-    honest = {"a-honest": solved(), "z-honest": solved()}
+    # One message of 300 MB: dropped unread, and the rest of the notebook is still graded.
+    loud = with_code(solved(), "answer-03-1", fill(FLOOD, COUNT=1, SIZE=300 << 20))
+    honest = {"a-honest": solved(), "loud-honest": loud, "z-honest": solved()}
     results = grade_class(tmp_path, {**honest, "mechanisms": mechanisms, **attacks})
     verdict = {e.id: e for e in results["mechanisms"].exercises}["3.1"]
     assert verdict.passed, verdict.message  # every mechanism held, seen from inside
@@ -469,6 +470,7 @@ def test_resources_beyond_the_limits_are_refused_in_each_sandbox(tmp_path, monke
     for name in honest:
         assert passed(results[name]) == ALL and results[name].problem is None, name
     assert any("truncated" in n for n in results["flood"].notes), results["flood"].notes
+    assert any("over 16 MiB" in n for n in results["loud-honest"].notes)
     assert any("beside its sockets" in n for n in results["sockets-wide"].notes)
     time.sleep(1)
     assert processes_with(MARK) == []

@@ -308,7 +308,10 @@ def run_submission(
             target.write_bytes(data)
 
         def run_all(client) -> None:
+            iopub = _Iopub(client, run)
+
             def execute(source: str) -> nbformat.NotebookNode:
+                iopub.recover()
                 cell = nbformat.v4.new_code_cell(source)
                 client.nb.cells.append(cell)
                 client.execute_cell(cell, len(client.nb.cells) - 1)
@@ -324,11 +327,13 @@ def run_submission(
                             run.notes.append(note)
                     else:
                         _run_learner_cell(client, cell, index, where, cell_timeout, run)
+                        iopub.recover()
                 for k in points.get(index, []):
                     _capture(execute, by_k[k], call_timeout, run)
             for ex in exercises:  # answers defined later than their exercise still count
                 if any("missing" in found for found in run.answers.get(ex.k, {}).values()):
                     _capture(execute, ex, call_timeout, run)
+            iopub.close()
 
         cells = list(nb.cells)  # the learner's; captures are appended after them
         if stand_in is not None and limits is None:
@@ -425,6 +430,50 @@ def _capped_manager():
             return super().client(**kwargs)
 
     return CappedKernelManager
+
+
+class _Iopub:
+    """The client's output socket, watched: ZeroMQ drops a message over `MESSAGE_BYTES` by
+    closing the connection, and after such an error it does not connect again, so the rest
+    of the notebook's output (its answers too) would be lost. `recover`, between cells,
+    connects again and notes once that output was dropped."""
+
+    def __init__(self, client, run: Run) -> None:
+        import zmq
+
+        self.run = run
+        self.channel = client.kc.iopub_channel.socket
+        self.socket = zmq.Socket.shadow(self.channel.underlying)
+        self.url = client.kc._make_url("iopub")
+        monitor = self.channel.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.monitor = zmq.Socket.shadow(monitor.underlying)
+        self._keep = monitor
+
+    def recover(self) -> None:
+        import zmq
+        from zmq.utils.monitor import recv_monitor_message
+
+        dropped = False
+        while self.monitor.poll(0):
+            recv_monitor_message(self.monitor)
+            dropped = True
+        if not dropped:
+            return
+        note = (
+            f"the kernel sent a message over {MESSAGE_BYTES >> 20} MiB (or its connection "
+            "broke): it was dropped unread, and its output was truncated"
+        )
+        if note not in self.run.notes:
+            self.run.notes.append(note)
+        try:
+            self.socket.disconnect(self.url)
+        except zmq.ZMQError:
+            pass
+        self.socket.connect(self.url)
+
+    def close(self) -> None:
+        self.channel.disable_monitor()
+        self._keep.close(linger=0)
 
 
 def _output_size(msg: dict) -> int:
