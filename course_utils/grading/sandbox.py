@@ -443,10 +443,10 @@ class _Iopub:
 
         self.run = run
         self.channel = client.kc.iopub_channel.socket
-        self.socket = zmq.Socket.shadow(self.channel.underlying)
+        self.socket: zmq.Socket = zmq.Socket.shadow(self.channel.underlying)
         self.url = client.kc._make_url("iopub")
         monitor = self.channel.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        self.monitor = zmq.Socket.shadow(monitor.underlying)
+        self.monitor: zmq.Socket = zmq.Socket.shadow(monitor.underlying)
         self._keep = monitor
 
     def recover(self) -> None:
