@@ -16,7 +16,10 @@ Every resource a kernel can take is bounded per sandbox (`isolation` makes the s
   cell (`sandbox`); the row says when it cut one short;
 - **CPU**: every process of a sandbox stays in its one session (`setsid` is refused by a
   seccomp filter, `kernel_start.py`), so the scheduler shares the CPU between sandboxes,
-  not between the processes one of them starts; in a cgroup, its own CPU weight too.
+  not between the processes one of them starts; in a cgroup with the CPU controller, its own
+  CPU weight too. (The cgroup path was checked on a cgroup v2 machine: a kernel's cgroup
+  under the grader's parent cgroup, `memory.max` 256 MiB: 128 MiB of shared memory touched,
+  512 MiB killed.)
 """
 
 from __future__ import annotations
@@ -183,16 +186,20 @@ def describe(limits: isolation.Limits, cgroup: Path | None) -> str:
     """One line: which mechanisms bound each kernel here (`grade` says it at the start)."""
     from course_utils.grading import sandbox
 
+    cpu = "CPU shared per sandbox (setsid refused by seccomp)"
     if cgroup is not None:
         memory = f"memory {_size(cgroup_memory(limits))} per sandbox (cgroup v2, tmpfs included)"
-        cpu = "CPU shared per sandbox (setsid refused; own cgroup)"
+        try:
+            if "cpu" in (cgroup / "cgroup.subtree_control").read_text().split():
+                cpu = "CPU shared per sandbox (setsid refused by seccomp; a cgroup's CPU weight)"
+        except OSError:
+            pass
     else:
         memory = (
             f"memory {_size(limits.memory_bytes)} data, {_size(limits.address_bytes)} address "
             "space (shared mappings included) per process (RLIMIT_AS: no writable cgroup v2 "
             "here)"
         )
-        cpu = "CPU shared per sandbox (setsid refused by seccomp)"
     if not setsid_blocked():
         cpu = "CPU: setsid NOT refused (seccomp filter unknown for this architecture)"
     return (
