@@ -614,6 +614,7 @@ def test_the_pytest_route_runs_nothing_of_the_folder_but_its_notebooks(tmp_path)
     assert run.returncode == 1, run.stdout + run.stderr  # alice's six fail
     assert "6 failed, 6 passed" in run.stdout
     assert "sandbox per kernel (bwrap)" in run.stdout  # the header says what bounds them
+    assert "files no kernel got" in run.stdout and "sitecustomize.py" in run.stdout
     assert list(outside.iterdir()) == []
     # A configuration file inside the folder stops the run before anything is graded.
     configs = {

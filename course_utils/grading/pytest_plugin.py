@@ -130,7 +130,7 @@ def _grades(config: pytest.Config) -> dict[Path, list]:
     """Every notebook under the command line's paths, graded once, as a batch."""
     if not hasattr(config, "_course_grades"):
         from course_utils.errors import CourseInputError
-        from course_utils.grading.batch import grade_all
+        from course_utils.grading.batch import find_submissions, grade_all, unowned_files
         from course_utils.grading.roster import read_roster
 
         paths = [Path(a.split("::")[0]) for a in config.args]
@@ -139,22 +139,36 @@ def _grades(config: pytest.Config) -> dict[Path, list]:
         ]
         try:
             roster_path = config.getoption("course_roster")
+            roster = read_roster(roster_path) if roster_path else None
             results = grade_all(
                 paths,
                 jobs=config.getoption("course_jobs"),
                 variants=config.getoption("course_variants"),
                 lesson=config.getoption("course_lesson"),
                 sandbox=not config.getoption("course_no_sandbox"),
-                roster=read_roster(roster_path) if roster_path else None,
+                roster=roster,
             )
+            unowned = unowned_files(find_submissions(paths, roster)) if paths else []
         except CourseInputError as exc:
             raise pytest.UsageError(str(exc)) from None
+        config._course_unowned = unowned  # type: ignore[attr-defined]
         found: dict[Path, list] = {}
         for result in results:
             if result.notebook:
                 found.setdefault(Path(result.notebook).resolve(), []).append(result)
         config._course_grades = found  # type: ignore[attr-defined]
     return config._course_grades  # type: ignore[attr-defined]
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    """The files beside the notebooks that no kernel got (nobody's, by the LMS's names)."""
+    unowned = getattr(config, "_course_unowned", [])
+    if unowned:
+        from course_utils.grading.neutral import visible
+
+        terminalreporter.section("files no kernel got (no graded student's)")
+        for path in unowned:
+            terminalreporter.line(visible(path))
 
 
 class GradedNotebook(pytest.File):
