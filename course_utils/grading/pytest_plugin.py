@@ -60,10 +60,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-def _graded_folders(config: pytest.Config) -> list[Path]:
+def _config_files(config: pytest.Config) -> list[Path]:
+    """The pytest configuration files in the folders given (at any depth) and beside the
+    notebooks given."""
     args = config.known_args_namespace.file_or_dir or []
-    paths = [Path(str(a).split("::")[0]) for a in args]
-    return [p.resolve() for p in paths if p.is_dir()]
+    found = []
+    for path in (Path(str(a).split("::")[0]) for a in args):
+        for name in CONFIG_FILES:
+            if path.is_dir():
+                found += sorted(path.rglob(name))
+            elif (path.parent / name).exists():
+                found.append(path.parent / name)
+    return found
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -73,17 +81,15 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
     if not early_config.known_args_namespace.course_grade:
         return
     early_config.known_args_namespace.noconftest = True  # what pytest's own hook reads next
-    for folder in _graded_folders(early_config):
-        for name in CONFIG_FILES:
-            found = sorted(folder.rglob(name))
-            if found:
-                from course_utils.grading.neutral import visible
+    found = _config_files(early_config)
+    if found:
+        from course_utils.grading.neutral import visible
 
-                raise pytest.UsageError(
-                    f"--course-grade: {visible(found[0])} is a pytest configuration file inside "
-                    f"a folder to grade (its addopts, pythonpath or hooks could run the "
-                    f"folder's code here): move it out, or grade the notebooks' folders"
-                )
+        raise pytest.UsageError(
+            f"--course-grade: {visible(found[0])} is a pytest configuration file inside "
+            f"a folder to grade (its addopts, pythonpath or hooks could run the "
+            f"folder's code here): move it out, or grade the notebooks' folders"
+        )
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
