@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from gradingkit import SETSID_PROBE
 
 from course_utils.grading import isolation, resources
 
@@ -18,14 +19,8 @@ sys.path.insert(0, {str(LAUNCHER.parent)!r})
 import kernel_start
 if sys.argv[1] == "filtered":
     kernel_start.block_setsid()
-child = os.fork()
-if child == 0:
-    try:
-        os.setsid()
-        os._exit(0)
-    except OSError as exc:
-        os._exit(exc.errno)
-print(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))
+{SETSID_PROBE}
+print(setsid_errno)
 """
 
 
