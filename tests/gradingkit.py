@@ -19,6 +19,18 @@ NAME = "03_bubble_tradeoff.ipynb"
 SOLVED = nbformat.read(ROOT / "solutions" / NAME, as_version=4)
 BLANK = nbformat.read(ROOT / "exercises" / NAME, as_version=4)
 ALL = [f"3.{k}" for k in range(1, 7)]
+# Code that forks a child which tries to leave its session: `setsid_errno` is 0 if it could,
+# else the errno it got (EPERM, 1, under the sandbox's filter). Needs `os` imported.
+SETSID_PROBE = """
+child = os.fork()
+if child == 0:
+    try:
+        os.setsid()
+        os._exit(0)
+    except OSError as exc:
+        os._exit(exc.errno)
+setsid_errno = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
+"""
 
 
 def solved() -> nbformat.NotebookNode:

@@ -15,7 +15,7 @@ from gradingkit import ROOT, SOLVED, blank, cell, personal, solved
 from course_utils.grading.feedback import page, write_feedback
 from course_utils.grading.gradebook import write_gradebook
 from course_utils.grading.grader import ExerciseResult, GradeResult
-from course_utils.grading.journal import Journal, key_of
+from course_utils.grading.journal import Journal
 from course_utils.grading.roster import Student
 from course_utils.grading.similarity import canonical, similar_pairs
 from course_utils.grading.stats import class_statistics, stats_table, write_stats
@@ -160,5 +160,108 @@ def test_the_journal_keeps_each_row_as_it_comes_and_gives_back_finished_ones(tmp
     with path.with_suffix(".jsonl").open("a") as f:
         f.write('{"notebook": "torn')  # the line being written when it was killed
     again = Journal(path).previous()
-    assert list(again) == [key_of(done)]  # bob's row had no score: graded again
-    assert json.loads(json.dumps(again[key_of(done)].to_dict())) == done.to_dict()
+    assert list(again) == [done.notebook]  # bob's row had no score: graded again
+    assert json.loads(json.dumps(again[done.notebook].to_dict())) == done.to_dict()
+
+
+# --------------------------------------------------------------------------- hostile text
+# What a student writes reaches the instructor only as text shown, cells that stay text and
+# file names chosen here (issue 37); no answer text can stop a report.
+
+
+def test_escape_sequences_are_shown_and_formulas_stay_text():
+    from course_utils.grading.neutral import cell, file_name, visible
+
+    hidden = "\x1b[2J\x1b[1A\r\u202e\u200b\ud800\x00\x9b"
+    shown = visible(f"score: 0/6{hidden}\nscore: 6/6")
+    assert shown == ("score: 0/6\\x1b[2J\\x1b[1A\\r\\u202e\\u200b\\ud800\\x00\\x9b\\nscore: 6/6")
+    assert visible("a\nb", newlines=True) == "a\nb" and visible("José ✅") == "José ✅"
+    for dangerous in ("=HYPERLINK(1)", "+1+cmd", "-1+cmd", "@SUM(A1)", "\tx", "\rx"):
+        assert cell(dangerous) == "'" + dangerous
+    for harmless in (-3, 2.5, "-3", "+4.5e-3", "-.5", "alice", "", None):
+        assert cell(harmless) == harmless
+    assert file_name("/abs/dir") == "_abs_dir" and file_name("..") == "unnamed"
+    assert file_name("a\x1b[2Jb/../c") == "a_x1b[2Jb_.._c"
+
+
+def test_reports_hold_no_formula_and_feedback_stays_in_its_folder(tmp_path):
+    hostile = [
+        result('=HYPERLINK("x")', [1, 0], name="@SUM(1)"),
+        result("/abs/dir", [1, 1]),
+        result("..", [0, 0]),
+    ]
+    hostile[1].notebook = "/elsewhere/=bad\x1b[2J.ipynb"
+    grades = tmp_path / "grades.csv"
+    Journal(grades).close(hostile)
+    book = tmp_path / "gradebook.csv"
+    write_gradebook(hostile, book, None, SOLUTIONS)
+    for path in (grades, book):
+        for row in csv.reader(path.open(encoding="utf-8")):
+            assert not any(c.startswith(("=", "+", "@", "\t", "\r")) for c in row), row
+            assert not any(c.startswith("-") and not c.lstrip("-")[:1].isdigit() for c in row)
+    rows = list(csv.DictReader(grades.open(encoding="utf-8")))
+    assert rows[0]["student"] == '\'=HYPERLINK("x")' and rows[0]["score"] == "1"
+    pages = write_feedback(hostile, tmp_path / "fb", [], SOLUTIONS)
+    assert len(set(pages)) == 3
+    for page_path in pages:
+        assert page_path.resolve().is_relative_to((tmp_path / "fb").resolve()), page_path
+        assert "\x1b" not in page_path.read_text()
+    assert not Path("/abs").exists() and not (tmp_path / "elsewhere").exists()
+
+
+def test_an_answer_nested_too_deeply_and_a_tex_hint_stop_no_report(tmp_path):
+    deep = solved()
+    cell(deep, "answer-03-2").source = (
+        "def gpipe_bubble(p, m):\n    return (p - 1) / (m + p - 1)" + " + 0" * 600
+    )
+    twin = personal(deep, "twin")
+    paths = []
+    for student, nb in {"deep": deep, "twin": twin}.items():
+        path = tmp_path / f"{student}.ipynb"
+        nbformat.write(nb, path)
+        paths.append((student, str(path), 3))
+    (tmp_path / "broken.ipynb").write_text("{not json")
+    paths.append(("broken", str(tmp_path / "broken.ipynb"), 3))
+    pairs, lines = similar_pairs(paths, SOLUTIONS)
+    assert ("3.2", "deep", "twin", "identical") in {
+        (p.exercise, p.first, p.second, p.how) for p in pairs
+    }  # compared as written
+    assert any("deep's answer nests too deeply" in line for line in lines)
+    assert any(line.startswith("broken:") and "could not be read" in line for line in lines)
+    tex = r"gpipe_bubble(1, 6) raised ValueError: $\undefinedmacro{x}$"
+    results = [result(f"s{i}", [1, 0]) for i in range(3)]
+    for r in results:
+        r.exercises[1].message = tex
+    skipped: list[str] = []
+    chart, table = write_stats(class_statistics(results), tmp_path / "stats.png", skipped)
+    assert chart.read_bytes()[:4] == b"\x89PNG" and skipped == []  # drawn as plain text
+    assert "$\\undefinedmacro{x}$" in table.read_text()
+
+
+def test_the_resume_key_names_every_reason_to_grade_again(tmp_path):
+    from course_utils.grading.resume import ResumeKey, resume_key
+
+    def key(**changed) -> ResumeKey:
+        given = {"data": b"nb", "files": {"a.csv": b"1"}, "variant": "alice", "lesson": 3}
+        given.update(changed)
+        return resume_key("sub/alice/03.ipynb", solutions=SOLUTIONS, **given)
+
+    first = key()
+    assert first.changes(first) == [] and key() == first
+    assert first.changes(None) == ["it was not graded before"]
+    assert key(data=b"other").changes(first) == ["the notebook changed"]
+    assert key(files={"a.csv": b"2"}).changes(first) == ["its other files changed"]
+    assert key(files={"a.csv": b"1", "b.py": b""}).changes(first) == ["its other files changed"]
+    assert key(variant="default").changes(first) == ["it is graded on other numbers"]
+    assert key(lesson=4).changes(first) == [
+        "the solutions or the checks changed",
+        "it is graded as another lesson",
+    ]
+    assert ResumeKey.from_dict(first.to_dict()) == first
+    assert ResumeKey.from_dict({"notebook": "x"}) is None  # a row of an older journal
+    copy = tmp_path / "solutions"  # the same lesson judged by edited solutions
+    copy.mkdir()
+    solution = SOLUTIONS / "03_bubble_tradeoff.ipynb"
+    (copy / solution.name).write_bytes(solution.read_bytes() + b"\n")
+    edited = resume_key("sub/alice/03.ipynb", b"nb", {"a.csv": b"1"}, "alice", 3, copy)
+    assert edited.changes(first) == ["the solutions or the checks changed"]

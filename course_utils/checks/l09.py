@@ -291,6 +291,11 @@ given_5 = numbers(
 )
 
 
+# The calls of its material a graded notebook may make (the grader computes their results and
+# hands them to the sandbox as data: course_utils.grading.stand_in): name -> other arguments.
+MATERIAL = {"their_timeline": [{}, {"zigzag": True}]}
+
+
 def their_timeline(variant: Variant = DEFAULT, zigzag: bool = False):
     """Exercise 9.5's causal ring forward, simulated (the plain split unless `zigzag`)."""
     from course_utils.parallel.context_parallel import simulate_ring

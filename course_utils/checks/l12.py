@@ -532,6 +532,14 @@ def given_7(variant: Variant = DEFAULT) -> dict:
             "gpu": "A100-80GB"}  # fmt: skip
 
 
+# The calls of its material a graded notebook may make (the grader computes their results and
+# hands them to the sandbox as data: course_utils.grading.stand_in): name -> other arguments.
+MATERIAL = {
+    "long_context_layout": [{"cp": cp} for cp in (1, 2, 4, 8)],
+    "moe_layout": [{"ep": ep} for ep in (1, 2, 4, 8)],
+}
+
+
 def long_context_layout(cp: int, variant: Variant = DEFAULT) -> tuple[plan.ModelShape, plan.Config]:
     """The 64 GPUs as tp=8 (+sp) x cp x dp, selective recomputation, b = 1, 1F1B, pp = 1."""
     g = given_7(variant)

@@ -6,6 +6,12 @@ notebook, or `--json` (always a list), and for the class: `--csv` (one row per n
 written as each finishes: a rerun grades only what is missing), `--roster`, `--gradebook`,
 `--feedback`, `--stats`, `--similarity`. `grade FILE --student NAME` regrades one notebook on
 that student's numbers.
+
+It says first, in one line, what bounds each sandbox on this machine (`resources.describe`),
+and last which files beside the notebooks reached no kernel. Whatever it prints that came
+from a submission is shown `visible`; no single notebook can stop a report: each report is
+written on its own, and one that fails says so in a line while the others are still written
+(exit code 1 then).
 """
 
 from __future__ import annotations
@@ -167,11 +173,16 @@ def run(args: argparse.Namespace) -> int:
         raise CourseInputError(why)
     from course_utils.grading.batch import find_submissions, grade_all
     from course_utils.grading.grader import table
+    from course_utils.grading.neutral import visible
 
-    find_submissions(args.submissions)  # an empty folder: one line too
+    found = find_submissions(args.submissions)  # an empty folder: one line too
     say = sys.stderr if args.json else sys.stdout
     if args.no_sandbox:
         print("warning: --no-sandbox: learners' code runs with your permissions", file=say)
+    else:
+        from course_utils.grading import resources
+
+        print(resources.describe(*resources.for_batch(args.timeout)), file=say, flush=True)
 
     graded_now = []
 
@@ -202,47 +213,78 @@ def run(args: argparse.Namespace) -> int:
     else:
         for r in results:
             if "missing" in r.flags:
-                print(f"{r.name or r.student} (student {r.student}): {r.problem}")
+                print(visible(f"{r.name or r.student} (student {r.student}): {r.problem}"))
             elif "not on the roster" in r.flags:
-                print(f"{r.notebook}: not on the roster (graded as {r.student!r})")
+                print(visible(f"{r.notebook}: not on the roster (graded as {r.student!r})"))
+    from course_utils.grading.batch import unowned_files
+
+    unowned = unowned_files(found)
+    if unowned:
+        print(f"{len(unowned)} files beside the notebooks are no graded student's (the LMS's "
+              "names do not say whose, or that student sent no notebook): no kernel got them",
+              file=say)  # fmt: skip
+        for path in unowned:
+            print(f"  {visible(path)}", file=say)
     reused = sum(1 for r in results if r.notebook) - len(graded_now)
-    _class_outputs(args, results, say, reused)
-    return 0
+    return _class_outputs(args, results, say, reused)
 
 
-def _class_outputs(args: argparse.Namespace, results, say, reused: int) -> None:
-    """The gradebook, feedback pages, statistics and similarity pairs, each if asked for."""
-    if args.csv:
+REPORTS = ("csv", "gradebook", "feedback", "stats", "similarity")
+
+
+def _class_outputs(args: argparse.Namespace, results, say, reused: int) -> int:
+    """The gradebook, feedback pages, statistics and similarity pairs, each if asked for,
+    each on its own: one that fails is a line, and the others are still written (then 1)."""
+    failed = 0
+    for report in REPORTS:
+        if getattr(args, report):
+            try:
+                _report(report, args, results, say, reused)
+            except Exception as exc:  # noqa: BLE001 - the other reports still get written
+                from course_utils.grading.neutral import visible
+
+                print(f"could not write the --{report} report: {visible(repr(exc))}", file=say)
+                failed = 1
+    return failed
+
+
+def _report(report: str, args: argparse.Namespace, results, say, reused: int) -> None:
+    from course_utils.grading.neutral import visible
+
+    if report == "csv":
         print(f"wrote {args.csv} ({len(results)} rows) and {args.csv.with_suffix('.jsonl')}",
               file=say)  # fmt: skip
         if reused > 0:
             print(f"  ({reused} rows kept from the earlier run: those notebooks are unchanged)",
                   file=say)  # fmt: skip
-    if args.gradebook:
+    elif report == "gradebook":
         from course_utils.grading.gradebook import write_gradebook
 
         rows = write_gradebook(results, args.gradebook, args.roster, args.solutions)
         print(f"wrote {args.gradebook} ({rows} students)", file=say)
-    if args.feedback:
+    elif report == "feedback":
         from course_utils.grading.feedback import write_feedback
 
         pages = write_feedback(results, args.feedback, args.submissions, args.solutions)
         print(f"wrote {len(pages)} feedback pages in {args.feedback}", file=say)
-    if args.stats:
+    elif report == "stats":
         from course_utils.grading.stats import class_statistics, stats_table, write_stats
 
         stats = class_statistics(results)
         print(stats_table(stats), file=say)
-        chart, table = write_stats(stats, args.stats)
+        skipped: list[str] = []
+        chart, table = write_stats(stats, args.stats, skipped)
+        for line in skipped:
+            print(f"  {visible(line)}", file=say)
         print(f"wrote {chart} and {table}", file=say)
-    if args.similarity:
+    elif report == "similarity":
         from course_utils.grading.similarity import pairs_table, similar_pairs, write_pairs
 
         graded = [(r.student, r.notebook, r.lesson) for r in results if r.exercises]
         pairs, common = similar_pairs(graded, args.solutions)
         print(pairs_table(pairs), file=say)
         for line in common:
-            print(f"  {line}", file=say)
+            print(f"  {visible(line)}", file=say)
         if isinstance(args.similarity, Path):
             write_pairs(pairs, args.similarity)
             print(f"wrote {args.similarity} ({len(pairs)} pairs)", file=say)

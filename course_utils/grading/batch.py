@@ -6,7 +6,10 @@
 1. Find every notebook under the folders given and whose it is (`roster.label`, `match`):
    with a roster, a notebook nobody on it owns is graded and flagged "not on the roster".
    Only regular files are read: a link (to `/etc/passwd`, say) or a FIFO is a row saying
-   so, and so is a link beside a notebook (it is not copied into the sandbox).
+   so, and so is a link beside a notebook (it is not copied into the sandbox). A student's
+   kernel gets that student's files only (`own_files`): all of their own folder's, or in a
+   flat download the ones the LMS's name pattern says are theirs; a file nobody owns
+   reaches no kernel (`unowned_files` lists them).
 2. Read everything into memory first, so nothing one submission does to the files around it
    (deleting a classmate's notebook, say) changes what the others are graded on.
 3. Grade each one in `python -I -m course_utils.grading.worker`, at most `jobs` at a time,
@@ -19,8 +22,9 @@
    writes no row for the notebooks it did not finish; killed outright, its workers notice
    and end themselves (`worker.py`), so no worker or kernel outlives the batch.
 4. With a `journal` (the per-notebook CSV), each row reaches the disk the moment its
-   notebook is graded; a rerun reuses the rows of notebooks that have not changed and
-   grades only the rest (`journal.py`).
+   notebook is graded; a rerun reuses the rows whose resume key (`resume.py`: the
+   notebook, its student's other files, the solutions and checks, the variant, the lesson)
+   is unchanged and grades only the rest, each row saying why (`GradeResult.regraded`).
 5. With a roster, each student with no notebook of a lesson in the batch gets a row
    "missing" for it.
 """
@@ -31,6 +35,7 @@ import base64
 import json
 import os
 import secrets
+import shutil
 import signal
 import stat
 import subprocess
@@ -44,8 +49,10 @@ from pathlib import Path
 from course_utils import validation
 from course_utils.checks import DEFAULT_STUDENT
 from course_utils.errors import CourseInputError
+from course_utils.grading import isolation
 from course_utils.grading.grader import GradeResult
 from course_utils.grading.notebook_tools import SOLUTIONS
+from course_utils.grading.resume import ResumeKey, resume_key
 from course_utils.grading.roster import Student, label, match
 from course_utils.validation import MAX_NOTEBOOK_BYTES
 
@@ -123,17 +130,59 @@ def _not_regular(path: Path, max_bytes: int | None = None) -> str | None:
     return f"{path} is not a regular file ({kind or 'not a file'}): not read"
 
 
-def _folder_files(notebook: Path) -> dict[str, str]:
-    """The other regular files beside a notebook (not notebooks, not links), base64, up to
-    MAX_FOLDER_BYTES."""
+def _beside(folder: Path) -> list[Path]:
+    """The regular files in `folder` that are not notebooks (not links, not FIFOs)."""
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError:
+        return []
+    return [p for p in entries if p.suffix != ".ipynb" and _not_regular(p) is None]
+
+
+def own_files(sub: Submission) -> dict[str, Path]:
+    """The files of `sub`'s student that its kernel gets ({name in its scratch copy: file}):
+    every file beside the notebook when it lies in a folder of its own under the folder
+    given (or alone in its folder); in a flat download (Moodle, Canvas: notebooks side by
+    side), those whose name says they are the same student's (`Label.owns`), under the name
+    the student gave them. In a flat folder of plain names (`alice.ipynb`, `bob.ipynb`) no
+    file says whose it is: none is given."""
+    folder = sub.path.parent
+    relative = sub.path.relative_to(sub.root) if sub.root else Path(sub.path.name)
+    others = [p for p in folder.glob("*.ipynb") if p != sub.path]
+    if len(relative.parts) > 1 or not others:
+        return {p.name: p for p in _beside(folder)}
+    mine = label(Path(sub.path.name))
+    found = {}
+    for path in _beside(folder):
+        theirs = label(Path(path.name))
+        if mine.owns(theirs) and theirs.rest:
+            found[theirs.rest] = path
+    return found
+
+
+def unowned_files(submissions: list[Submission]) -> list[Path]:
+    """The files beside the notebooks (and at the top of each folder given) that no
+    notebook's kernel gets: nobody's, or the files of a student with no notebook here."""
+    places = {s.root for s in submissions if s.root is not None}
+    places |= {s.path.parent for s in submissions}
+    owned = {p for s in submissions for p in own_files(s).values()}
+    return sorted(
+        p
+        for place in places
+        for p in _beside(place)
+        if p not in owned and not p.name.startswith(".")
+    )
+
+
+def _folder_files(sub: Submission) -> dict[str, bytes]:
+    """`own_files`, read, up to MAX_FOLDER_BYTES in all."""
     files, total = {}, 0
-    for path in sorted(notebook.parent.iterdir()):
-        if path.suffix != ".ipynb" and _not_regular(path) is None:
-            size = path.stat().st_size
-            if total + size > MAX_FOLDER_BYTES:
-                break
-            files[path.name] = base64.b64encode(path.read_bytes()).decode()
-            total += size
+    for name, path in sorted(own_files(sub).items()):
+        size = path.stat().st_size
+        if total + size > MAX_FOLDER_BYTES:
+            break
+        files[name] = path.read_bytes()
+        total += size
     return files
 
 
@@ -141,10 +190,11 @@ def _folder_files(notebook: Path) -> dict[str, str]:
 class _Job:
     submission: Submission
     data: bytes | None
-    files: dict[str, str]
+    files: dict[str, bytes]
     problem: str | None
     variant: str
     lesson: int | None  # the lesson it will be graded as (pinned, or what it looks like)
+    key: ResumeKey | None = None
 
 
 def _read(sub: Submission, variant: str, lesson: int | None) -> _Job:
@@ -154,7 +204,7 @@ def _read(sub: Submission, variant: str, lesson: int | None) -> _Job:
     data, files = None, {}
     if problem is None:
         try:
-            data, files = sub.path.read_bytes(), _folder_files(sub.path)
+            data, files = sub.path.read_bytes(), _folder_files(sub)
         except OSError as exc:
             problem = f"could not read {sub.path}: {exc.strerror or exc}"
     seen = lesson
@@ -189,14 +239,15 @@ def grade_all(
     `trust_name_cell` a notebook graded without `variants` is graded on the numbers of the
     student its name cell names, flagged as not verified. `on_result(result)` is called as
     each notebook finishes (not for rows reused from the journal)."""
-    import hashlib
+    from dataclasses import asdict
 
-    from course_utils.grading import isolation
-    from course_utils.grading.journal import Journal, key
+    from course_utils.grading import resources
+    from course_utils.grading.journal import Journal
 
     validation.integer(jobs, "jobs", 1, validation.MAX_GRADE_JOBS)
     if sandbox and (why := isolation.problem()):
         raise CourseInputError(why)
+    limits, cgroup = resources.for_batch(total_timeout) if sandbox else (None, None)
     submissions = find_submissions(paths, roster)
     work = []
     for sub in submissions:  # read everything before any learner code runs
@@ -211,16 +262,20 @@ def grade_all(
     done = book.previous() if book else {}
     results: list[GradeResult | None] = [None] * len(work)
     todo = []
+    regraded: dict[int, list[str]] = {}
     for i, job in enumerate(work):
-        sha = hashlib.sha256(job.data).hexdigest() if job.data is not None else ""
-        kept = done.get(key(str(job.submission.path), sha, job.variant, job.lesson))
-        if kept is not None:
+        path = str(job.submission.path)
+        job.key = resume_key(path, job.data, job.files, job.variant, job.lesson, solutions)
+        kept = done.get(path)
+        changed = job.key.changes(ResumeKey.from_dict(kept.key) if kept else None)
+        if kept is not None and not changed:
             kept.flags = [f for f in kept.flags if f != "not on the roster"]
             kept.flags += job.submission.flags
             kept.student, kept.name = job.submission.student, job.submission.name
             results[i] = kept
         else:
             todo.append(i)
+            regraded[i] = changed if kept is not None else []
     if book:
         book.open(_exercise_ids(lessons, solutions), [r for r in results if r is not None])
     lock = threading.Lock()
@@ -239,16 +294,20 @@ def grade_all(
                     "variant": job.variant if job.variant != DEFAULT_STUDENT else None,
                     "lesson": lesson,
                     "solutions": str(solutions),
-                    "folder_files": job.files,
+                    "folder_files": {k: base64.b64encode(v).decode() for k, v in job.files.items()},
                     "cell_timeout": cell_timeout,
                     "total_timeout": total_timeout,
                     "call_timeout": call_timeout,
                     "sandbox": sandbox,
                     "trust_name_cell": trust_name_cell and job.variant == DEFAULT_STUDENT,
+                    "limits": asdict(limits) if limits else None,
+                    "cgroup": str(cgroup) if cgroup else None,
                 },
                 total_timeout + 120,
             )
         result.name = sub.name
+        result.key = job.key.to_dict() if job.key else {}
+        result.regraded = regraded.get(i, [])
         result.flags += sub.flags
         if result.lesson is None:
             result.lesson = job.lesson
@@ -352,13 +411,20 @@ def _run_worker(job: dict, limit: float) -> GradeResult:
         return _failed(job, "grading was interrupted")
     with tempfile.TemporaryDirectory(prefix="course-grade-", ignore_cleanup_errors=True) as private:
         read_end, write_end = os.pipe()
+        life_read, life_write = os.pipe()  # the worker's watcher sees its end if we die
         worker = "course_utils.grading.worker"
+        command = [sys.executable, "-I", "-m", worker, str(write_end), str(life_read)]
+        sockets = None
+        if job["sandbox"]:  # its kernels' sockets in a tmpfs of its own
+            sockets = _socket_mount(Path(private))
+            job["ipc"] = str(sockets)
+            command = isolation.worker_argv(sockets, command)
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-m", worker, str(write_end), str(os.getpid())],
+            command,
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
-            pass_fds=(write_end,),
+            pass_fds=(write_end, life_read),
             cwd=private,  # nothing in its working folder or TMPDIR comes from a submission
             # the worker draws nothing on screen: a stray MPLBACKEND must not break it
             env={**os.environ, "TMPDIR": private, "MPLBACKEND": "agg"},
@@ -369,6 +435,7 @@ def _run_worker(job: dict, limit: float) -> GradeResult:
         if _stopping.is_set():  # stopped while it started
             _signal(proc, signal.SIGKILL)
         os.close(write_end)
+        os.close(life_read)
         chunks: list[bytes] = []
         reader = threading.Thread(target=_drain, args=(read_end, chunks))
         reader.start()
@@ -381,6 +448,9 @@ def _run_worker(job: dict, limit: float) -> GradeResult:
         finally:
             with _live_lock:
                 _live.discard(proc)
+            os.close(life_write)
+            if sockets is not None and sockets.parent != Path(private):
+                shutil.rmtree(sockets.parent, ignore_errors=True)
         reader.join(10)
     report = b"".join(chunks).decode(errors="replace")
     base = _failed(job, "")
@@ -399,6 +469,17 @@ def _run_worker(job: dict, limit: float) -> GradeResult:
         base.problem = "the grading result did not come from the grading process"
         return base
     return GradeResult.from_dict(data)
+
+
+def _socket_mount(private: Path) -> Path:
+    """An empty folder where a worker's sockets tmpfs is mounted (`isolation.worker_argv`):
+    in its private folder, or in /tmp where that path is too long for a Unix socket's (107
+    bytes; the sockets are `k2/kernel-ipc-NNNNN` in it)."""
+    folder = private / "ipc"
+    if len(str(folder / "k2" / "kernel-ipc-65535")) > 100:
+        folder = Path(tempfile.mkdtemp(prefix="cg-", dir="/tmp")) / "ipc"
+    folder.mkdir()
+    return folder
 
 
 def _drain(fd: int, chunks: list[bytes]) -> None:

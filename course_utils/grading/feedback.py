@@ -7,8 +7,11 @@ A page lists every exercise of the notebook with its title, passed or not, and t
 the learner's own check cell gives for that answer: the same kind hint, never the expected
 answer (the checks are written that way, and the page adds nothing of the grader's). Then
 what else the grader noticed (a name cell edited, locked cells changed, a cell that ran too
-long), and the score. Everything that came from the notebook or the checks is escaped.
-The pages mirror the submissions' folders, so each lands beside the student's name.
+long), and the score. Everything that came from the notebook or the checks is escaped, its control
+characters shown (`neutral.visible`). The pages mirror the submissions' folders, so each lands
+beside the student's name, always inside the feedback folder: every part of a page's path is
+a safe file name (`neutral.file_name`), and a name the notebook chose (its name cell) is never
+a path.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import re
 from pathlib import Path
 
 from course_utils.grading.grader import GradeResult
+from course_utils.grading.neutral import file_name, visible
 
 STYLE = """
 body { font-family: system-ui, sans-serif; max-width: 52rem; margin: 2rem auto; padding: 0 1rem;
@@ -51,7 +55,10 @@ def titles(solutions: Path, lesson: int) -> dict[str, str]:
 
 def page(result: GradeResult, exercise_titles: dict[str, str]) -> str:
     """The feedback page of one graded notebook."""
-    e = html.escape
+
+    def e(text: object) -> str:
+        return html.escape(visible(text, newlines=True))
+
     who = result.name or result.student
     lesson = f"Lesson {result.lesson:02d}" if result.lesson else "Exercises"
     out = [
@@ -97,15 +104,20 @@ def page(result: GradeResult, exercise_titles: dict[str, str]) -> str:
 
 
 def place(result: GradeResult, roots: list[Path]) -> Path:
-    """Where a notebook's page goes inside the feedback folder: its path under the folder
-    it was found in, else `<student>/<notebook>`, with `.html`."""
+    """Where a notebook's page goes inside the feedback folder (a relative path of safe
+    names): its path under the folder it was found in, else `<student>/<notebook>`, with
+    `.html`."""
     notebook = Path(result.notebook)
+    parts: tuple[str, ...] = (result.student, notebook.name)
     for root in roots:
         try:
-            return notebook.relative_to(root).with_suffix(".html")
+            parts = notebook.relative_to(root).parts
+            break
         except ValueError:
             continue
-    return Path(result.student) / notebook.with_suffix(".html").name
+    names = [file_name(p) for p in parts]
+    names[-1] = file_name(Path(names[-1]).stem) + ".html"
+    return Path(*names)
 
 
 def write_feedback(
@@ -113,7 +125,7 @@ def write_feedback(
 ) -> list[Path]:
     """One page per notebook that was found (not for "missing" rows); the paths written."""
     known: dict[int, dict[str, str]] = {}
-    written = []
+    written: list[Path] = []
     for result in results:
         if not result.notebook:
             continue
@@ -123,6 +135,8 @@ def write_feedback(
             except Exception:  # no solution for it: the page just lacks the titles
                 known[result.lesson] = {}
         path = folder / place(result, [r for r in roots if r.is_dir()])
+        while path in written:  # two names made safe alike
+            path = path.with_name(f"{path.stem}-{len(written)}.html")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(page(result, known.get(result.lesson or 0, {})), encoding="utf-8")
         written.append(path)

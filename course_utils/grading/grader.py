@@ -42,6 +42,7 @@ from course_utils.errors import CourseInputError
 from course_utils.grading import stand_in
 from course_utils.grading.judge import cases_for, judge
 from course_utils.grading.make_exercises import STUDENT_LINE
+from course_utils.grading.neutral import visible
 from course_utils.grading.notebook_tools import SOLUTIONS, is_check_cell, tags
 from course_utils.grading.sandbox import Exercise, KernelStartError, check_calls, run_submission
 
@@ -69,7 +70,9 @@ class GradeResult:
     seconds: float = 0.0
     flags: list[str] = field(default_factory=list)  # "default numbers", "missing", ...
     name: str = ""  # the student's name on the roster
-    sha256: str = ""  # of the notebook's bytes: a rerun grades only what changed or is new
+    sha256: str = ""  # of the notebook's bytes
+    key: dict = field(default_factory=dict)  # its resume key (`resume.ResumeKey`), as graded
+    regraded: list[str] = field(default_factory=list)  # why graded again (a rerun's reasons)
 
     @property
     def total(self) -> int:
@@ -95,6 +98,8 @@ class GradeResult:
             "flags": self.flags,
             "name": self.name,
             "sha256": self.sha256,
+            "key": self.key,
+            "regraded": self.regraded,
         }
 
     @classmethod
@@ -113,6 +118,8 @@ class GradeResult:
             flags=data.get("flags", []),
             name=data.get("name", ""),
             sha256=data.get("sha256", ""),
+            key=data.get("key") or {},
+            regraded=list(data.get("regraded") or []),
         )
 
 
@@ -247,12 +254,16 @@ def grade_notebook(
     call_timeout: float = 20.0,
     sandbox: bool = True,
     trust_name_cell: bool = False,
+    limits=None,
+    ipc_root: Path | None = None,
+    cgroup: Path | None = None,
 ) -> GradeResult:
     """Grade one submitted notebook given as bytes (see the module docstring).
 
     `sandbox=False` runs the learner's kernel without a sandbox (`grade --no-sandbox`).
     `trust_name_cell` (a single handout graded without a name): with no `variant`, grade on
-    the numbers of the student its setup cell names, and flag the name as not verified."""
+    the numbers of the student its setup cell names, and flag the name as not verified.
+    `limits`, `ipc_root` and `cgroup` are the sandbox's (`sandbox.run_submission`)."""
     result = GradeResult(notebook=name, student=student, variant=variant or DEFAULT_STUDENT)
     result.sha256 = hashlib.sha256(data).hexdigest()
     try:
@@ -292,12 +303,7 @@ def grade_notebook(
     with tempfile.TemporaryDirectory(prefix="course-checks-") as tmp:
         checks = None
         if sandbox:
-            given = {
-                int(found.group(1)): encode(getattr(module, attr)(learner))
-                for attr in dir(module)
-                if (found := re.fullmatch(r"given_(\d+)", attr))
-            }
-            checks = stand_in.write(Path(tmp) / "checks", solutions, result.lesson, given)
+            checks = stand_in.write(Path(tmp) / "checks", solution, module, learner)
         try:
             run = run_submission(
                 submission,
@@ -309,6 +315,9 @@ def grade_notebook(
                 call_timeout,
                 skip=checks_cells,
                 stand_in=checks,
+                limits=limits,
+                ipc_root=ipc_root,
+                cgroup=cgroup,
             )
         except KernelStartError as exc:
             result.problem = str(exc)
@@ -324,19 +333,23 @@ def grade_notebook(
 
 
 def table(result: GradeResult) -> str:
-    head = f"{result.notebook} (student {result.student}"
+    """The result for the terminal: every text that came from the submission is `visible`
+    (an escape sequence in it is shown, not obeyed), one line each."""
+    v = visible
+    head = f"{v(result.notebook)} (student {v(result.student)}"
     head += f", lesson {result.lesson:02d}" if result.lesson else ""
-    head += f", variant {result.variant})" if result.variant != DEFAULT_STUDENT else ")"
+    head += f", variant {v(result.variant)})" if result.variant != DEFAULT_STUDENT else ")"
     lines = [head]
     if result.problem:
-        lines.append(f"  not graded: {result.problem}")
+        lines.append(f"  not graded: {v(result.problem)}")
     width = max((len(e.id) for e in result.exercises), default=0)
     for e in result.exercises:
         message = e.message.splitlines()[0] if e.message and not e.passed else ""
-        lines.append(f"  {e.id:<{width}}  {'passed' if e.passed else 'FAILED'}  {message}".rstrip())
+        verdict = "passed" if e.passed else "FAILED"
+        lines.append(f"  {v(e.id):<{width}}  {verdict}  {v(message)}".rstrip())
     for t in result.tampering:
-        lines.append(f"  locked cell {t['cell']}: {t['status']}")
-    lines += [f"  note: {n}" for n in result.notes]
+        lines.append(f"  locked cell {v(t['cell'])}: {v(t['status'])}")
+    lines += [f"  note: {v(n)}" for n in result.notes]
     if result.total:
         lines.append(
             f"  score: {result.score}/{result.total} ({100 * result.score / result.total:.0f}%)"

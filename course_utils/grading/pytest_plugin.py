@@ -13,6 +13,17 @@ so `--junitxml report.xml` hands GitHub Classroom, GitLab or any CI one test per
 per student. A notebook that could not be graded is one failed item, `::notebook`, saying
 why. Options: `--course-variants` (each student's own numbers), `--course-roster CSV`,
 `--course-lesson N`, `--course-jobs N` (notebooks at once), `--course-no-sandbox`.
+
+With `--course-grade`, nothing from the submissions but their notebooks is imported or run,
+and those only in their sandboxes, made exactly as `grade` makes them (`grade_all`; the
+report's header says what bounds them): conftest files are not loaded at all (as with
+`--noconftest`, forced before pytest looks for one), every other file under the paths given
+is left out of collection (a `test_*.py` or `test*.txt` beside a notebook is not collected,
+a folder's `__init__.py` is not imported), and a pytest ini file (`pytest.ini`,
+`pyproject.toml`, `setup.cfg`, `tox.ini`) or `conftest.py` inside a folder given stops the run
+in one line: its `addopts` or `pythonpath` could bring the folder's code in. (pytest reads an
+ini file at or above the folder given before any plugin loads: grade the download's own
+top folder, where an LMS puts no file of a student's.)
 """
 
 from __future__ import annotations
@@ -20,6 +31,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
+CONFIG_FILES = (
+    "pytest.ini",
+    ".pytest.ini",
+    "pyproject.toml",
+    "setup.cfg",
+    "tox.ini",
+    "conftest.py",
+)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -40,9 +60,71 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+def _config_files(config: pytest.Config) -> list[Path]:
+    """The pytest configuration files in the folders given (at any depth) and beside the
+    notebooks given."""
+    args = config.known_args_namespace.file_or_dir or []
+    found = []
+    for path in (Path(str(a).split("::")[0]) for a in args):
+        for name in CONFIG_FILES:
+            if path.is_dir():
+                found += sorted(path.rglob(name))
+            elif (path.parent / name).exists():
+                found.append(path.parent / name)
+    return found
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    """Before pytest loads any conftest: none will be (`--noconftest`), and a folder to grade
+    that holds a pytest configuration file stops the run."""
+    if not early_config.known_args_namespace.course_grade:
+        return
+    early_config.known_args_namespace.noconftest = True  # what pytest's own hook reads next
+    found = _config_files(early_config)
+    if found:
+        from course_utils.grading.neutral import visible
+
+        raise pytest.UsageError(
+            f"--course-grade: {visible(found[0])} is a pytest configuration file inside "
+            f"a folder to grade (its addopts, pythonpath or hooks could run the "
+            f"folder's code here): move it out, or grade the notebooks' folders"
+        )
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """With --course-grade, every file but a notebook is left out: nothing else runs."""
+    if config.getoption("course_grade") and collection_path.suffix != ".ipynb":
+        if not collection_path.is_dir() or collection_path.is_symlink():
+            return True
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collect_directory(path: Path, parent: pytest.Collector):
+    """A plain folder, never a package: its `__init__.py` is not imported."""
+    if parent.config.getoption("course_grade"):
+        return pytest.Dir.from_parent(parent, path=path)
+    return None
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    if not config.getoption("course_grade") or config.getoption("course_no_sandbox"):
+        return None
+    from course_utils.grading import isolation, resources
+
+    if isolation.problem() is not None:
+        return None
+    return resources.describe(*resources.for_batch(600.0))
+
+
 def pytest_collect_file(file_path: Path, parent: pytest.Collector):
     if parent.config.getoption("course_grade") and file_path.suffix == ".ipynb":
-        return GradedNotebook.from_parent(parent, path=file_path)
+        from course_utils.grading.neutral import visible
+
+        node = GradedNotebook.from_parent(parent, path=file_path)
+        node._nodeid = visible(node.nodeid)  # a file's name is a student's: shown, not obeyed
+        return node
     return None
 
 
@@ -54,7 +136,7 @@ def _grades(config: pytest.Config) -> dict[Path, list]:
     """Every notebook under the command line's paths, graded once, as a batch."""
     if not hasattr(config, "_course_grades"):
         from course_utils.errors import CourseInputError
-        from course_utils.grading.batch import grade_all
+        from course_utils.grading.batch import find_submissions, grade_all, unowned_files
         from course_utils.grading.roster import read_roster
 
         paths = [Path(a.split("::")[0]) for a in config.args]
@@ -63,22 +145,36 @@ def _grades(config: pytest.Config) -> dict[Path, list]:
         ]
         try:
             roster_path = config.getoption("course_roster")
+            roster = read_roster(roster_path) if roster_path else None
             results = grade_all(
                 paths,
                 jobs=config.getoption("course_jobs"),
                 variants=config.getoption("course_variants"),
                 lesson=config.getoption("course_lesson"),
                 sandbox=not config.getoption("course_no_sandbox"),
-                roster=read_roster(roster_path) if roster_path else None,
+                roster=roster,
             )
+            unowned = unowned_files(find_submissions(paths, roster)) if paths else []
         except CourseInputError as exc:
             raise pytest.UsageError(str(exc)) from None
+        config._course_unowned = unowned  # type: ignore[attr-defined]
         found: dict[Path, list] = {}
         for result in results:
             if result.notebook:
                 found.setdefault(Path(result.notebook).resolve(), []).append(result)
         config._course_grades = found  # type: ignore[attr-defined]
     return config._course_grades  # type: ignore[attr-defined]
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    """The files beside the notebooks that no kernel got (nobody's, by the LMS's names)."""
+    unowned = getattr(config, "_course_unowned", [])
+    if unowned:
+        from course_utils.grading.neutral import visible
+
+        terminalreporter.section("files no kernel got (no graded student's)")
+        for path in unowned:
+            terminalreporter.line(visible(path))
 
 
 class GradedNotebook(pytest.File):
@@ -108,8 +204,14 @@ class ExerciseItem(pytest.Item):
 
     def repr_failure(self, excinfo, style=None):
         if isinstance(excinfo.value, ExerciseFailed):
-            return f"{self.result.student}, exercise {self.name}: {excinfo.value}"
+            from course_utils.grading.neutral import visible
+
+            said = f"{self.result.student}, exercise {self.name}: {excinfo.value}"
+            return visible(said, newlines=True)
         return super().repr_failure(excinfo)
 
     def reportinfo(self):
-        return self.path, None, f"{self.result.student}: exercise {self.name}"
+        from course_utils.grading.neutral import visible
+
+        where = visible(self.path)
+        return where, None, visible(f"{self.result.student}: exercise {self.name}")

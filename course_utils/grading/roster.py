@@ -143,6 +143,16 @@ class Label:
     text: str  # the name, login or folder, as written
     number: str = ""  # the LMS's number for the student, if the layout has one
     layout: str = "plain"
+    rest: str = ""  # in a flat download: the file's own name, after the LMS's prefix
+
+    def owns(self, other: Label) -> bool:
+        """Whether `other` (a file's label in a flat download) is this student's: the same
+        LMS layout, name and number. A plain name (`alice.ipynb`) owns nothing else."""
+        return self.layout != "plain" and (other.layout, other.text, other.number) == (
+            self.layout,
+            self.text,
+            self.number,
+        )
 
 
 def label(relative: Path) -> Label:
@@ -153,9 +163,9 @@ def label(relative: Path) -> Label:
             return Label(found["name"], found["number"], "moodle")
         return Label(relative.parts[0])
     if found := MOODLE.fullmatch(relative.name):
-        return Label(found["name"], found["number"], "moodle")
+        return Label(found["name"], found["number"], "moodle", found["rest"])
     if found := CANVAS.fullmatch(relative.name):
-        return Label(found["login"], found["number"], "canvas")
+        return Label(found["login"], found["number"], "canvas", found["rest"])
     return Label(relative.stem)
 
 

@@ -8,6 +8,11 @@ Only notebooks that were graded count (not "missing" rows, not files that could 
 read). Hints are grouped with their numbers masked, since every student has their own
 numbers: "gpipe_bubble(5, 17) gives (p-1)/m" and "gpipe_bubble(3, 9) gives (p-1)/m" are the
 same mistake. The example shown is the first student's wording.
+
+A hint may hold anything a student's code raised (TeX, escape sequences, odd characters): it
+is drawn as plain text (no mathtext), shown `visible` in the terminal and written through
+`neutral.cell` into the CSV, and if the chart still cannot be drawn with the hints it is
+drawn without them, saying so: no answer text can stop the report.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from course_utils.grading.grader import GradeResult
+from course_utils.grading.neutral import cell, visible
 
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
 LABEL = re.compile(r"^Exercise \d+\.\d+(?: is)?:?\s*")  # the table's row says which exercise
@@ -70,14 +76,36 @@ def class_statistics(results: list[GradeResult]) -> list[ExerciseStats]:
 def stats_table(stats: list[ExerciseStats], width: int = 72) -> str:
     lines = [f"{'exercise':<9} {'passed':>13}  commonest hint (how many got it)"]
     for s in stats:
-        hint = textwrap.shorten(s.hint, width) + f" ({s.hint_count})" if s.hint else "-"
+        hint = textwrap.shorten(visible(s.hint), width) + f" ({s.hint_count})" if s.hint else "-"
         share = f"{s.passed}/{s.graded} {100 * s.share:3.0f}%"
-        lines.append(f"{s.id:<9} {share:>13}  {hint}")
+        lines.append(f"{visible(s.id):<9} {share:>13}  {hint}")
     return "\n".join(lines)
 
 
-def write_stats(stats: list[ExerciseStats], path: Path) -> tuple[Path, Path]:
-    """The bar chart at `path` (PNG) and the table as CSV beside it (same name, .csv)."""
+def write_stats(
+    stats: list[ExerciseStats], path: Path, skipped: list[str] | None = None
+) -> tuple[Path, Path]:
+    """The bar chart at `path` (PNG) and the table as CSV beside it (same name, .csv). If
+    the chart cannot be drawn with its hints it is drawn without them, and a line saying so
+    goes to `skipped`."""
+    try:
+        _draw(stats, path, hints=True)
+    except Exception as exc:  # a hint no font or parser takes: the shares still count
+        _draw(stats, path, hints=False)
+        if skipped is not None:
+            skipped.append(f"the chart shows no hints: one could not be drawn ({exc!r:.200})")
+    table = path.with_suffix(".csv")
+    with table.open("w", newline="", encoding="utf-8", errors="backslashreplace") as f:
+        writer = csv.writer(f)
+        writer.writerow(["exercise", "graded", "passed", "percent passed", "commonest hint",
+                         "students given it"])  # fmt: skip
+        for s in stats:
+            writer.writerow([cell(c) for c in (s.id, s.graded, s.passed,
+                             round(100 * s.share, 1), s.hint, s.hint_count)])  # fmt: skip
+    return path, table
+
+
+def _draw(stats: list[ExerciseStats], path: Path, hints: bool) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -97,18 +125,11 @@ def write_stats(stats: list[ExerciseStats], path: Path) -> tuple[Path, Path]:
     for y, s in zip(rows, stats, strict=True):
         ax.text(1, y, f"{s.passed}/{s.graded}", va="center", fontsize=8, color="white"
                 if s.share > 0.12 else "black")  # fmt: skip
-        if s.hint:
-            hint = textwrap.shorten(s.hint, 90) + f"  ({s.hint_count}×)"
-            ax.text(102, y, hint, va="center", fontsize=8, clip_on=False)
+        if s.hint and hints:  # plain text: a `$` in a student's message is not TeX
+            hint = textwrap.shorten(visible(s.hint), 90) + f"  ({s.hint_count}×)"
+            ax.text(102, y, hint, va="center", fontsize=8, clip_on=False, parse_math=False)
     fig.subplots_adjust(left=0.06, right=0.5, top=1 - 0.5 / height, bottom=0.6 / height)
-    fig.savefig(path)
-    plt.close(fig)
-    table = path.with_suffix(".csv")
-    with table.open("w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(["exercise", "graded", "passed", "percent passed", "commonest hint",
-                         "students given it"])  # fmt: skip
-        for s in stats:
-            writer.writerow([s.id, s.graded, s.passed, round(100 * s.share, 1), s.hint,
-                             s.hint_count])  # fmt: skip
-    return path, table
+    try:
+        fig.savefig(path)
+    finally:
+        plt.close(fig)
