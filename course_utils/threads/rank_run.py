@@ -48,7 +48,7 @@ class RankRun:
     grads: list[dict[str, torch.Tensor | None]]  # "stage.parameter" -> its gradient
     bytes_sent: list[int]
     bytes_received: list[int]
-    sends: list[list[tuple[int, str, int]]]  # (to, tag, bytes), in order
+    sends: list[list[tuple]]  # (to, tag, bytes, the action the send followed or None), in order
     saved_bytes: list[int]  # the peak of saved activations
     saved_microbatches: list[int]  # the most (chunk, micro-batch)s holding some at once
     losses: list[float | None]  # per micro-batch, as `ctx.loss` computed it

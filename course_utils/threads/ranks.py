@@ -66,7 +66,7 @@ class Rank:
         self.waiting: str | None = None  # what it waits for in `recv`, if it does
         self.stream = run.recorder.stream(rank)
         self.saved = SavedActivations(self.stages)
-        self.sends: list[tuple[int, str, int]] = []  # (to, tag, bytes), in order
+        self.sends: list[tuple] = []  # (to, tag, bytes, the action it followed), in order
         self._sent: dict[int, int] = defaultdict(int)  # messages sent so far, per receiver
 
     def where(self) -> str:
@@ -98,7 +98,7 @@ class Rank:
         bar = None if last is None else Action(last.stage, kind, last.microbatch)
         self.stream.send(("p2p", self.rank, to, number), to, nbytes, bar)
         self._run.mail.put(("p2p", self.rank, to), (tag, message, number, self.where()))
-        self.sends.append((to, repr(tag), nbytes))
+        self.sends.append((to, repr(tag), nbytes, None if last is None else str(last)))
 
     def recv(self, frm: int, tag=None, shape: Sequence[int] | None = None) -> torch.Tensor:
         """The next message from rank `frm`, waiting for it; with `tag` or `shape`, what it
