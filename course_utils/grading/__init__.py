@@ -31,3 +31,32 @@ sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]
 REPO = Path(__file__).resolve().parents[2]
 SOLUTIONS = REPO / "solutions"
 EXERCISES = REPO / "exercises"
+
+
+def solution_of(lesson: int, solutions: Path) -> Path | None:
+    """The solution notebook of `lesson` in the folder `solutions` (`NN_*.ipynb`), if any."""
+    found = sorted(solutions.glob(f"{lesson:02d}_*.ipynb"))
+    return found[0] if found else None
+
+
+def course_lessons() -> list[int]:
+    """The lessons this course has exercises for: those with a check module (`checks/lNN.py`)."""
+    import re
+
+    checks = Path(__file__).resolve().parents[1] / "checks"
+    found = (re.fullmatch(r"l(\d\d)\.py", p.name) for p in checks.iterdir())
+    return sorted(int(m.group(1)) for m in found if m)
+
+
+def missing_solution(lesson: int, solutions: Path) -> str | None:
+    """Why `solutions` cannot grade `lesson` (None: it can): one line for the instructor."""
+    if solution_of(lesson, solutions) is not None:
+        return None
+    known = course_lessons()
+    if lesson not in known:
+        have = f"{known[0]:02d}-{known[-1]:02d}" if known else "none"
+        return f"lesson {lesson:02d} has no exercises in this course (lessons with them: {have})"
+    return (
+        f"the solutions folder {str(solutions)!r} has no notebook of lesson {lesson:02d} "
+        f"({lesson:02d}_*.ipynb): give the solutions/ folder of a course checkout"
+    )
