@@ -28,6 +28,8 @@ import nbformat
 import pytest
 from gradingkit import NAME, ROOT, blank, cell, data, personal, solved
 
+from course_utils.grading.feedback import inline_markdown
+
 pytestmark = pytest.mark.slow
 
 ROSTER = (
@@ -199,7 +201,7 @@ def test_a_canvas_download_flags_late_work_and_keep_on_time_regrades_nothing(tmp
         "work does not count)" in again.stdout  # fmt: skip
 
 
-def test_a_relative_solutions_folder_grades_a_wrong_one_stops_and_a_changed_one_regrades(
+def test_a_relative_solutions_folder_grades_a_wrong_one_stops_and_a_fixed_one_regrades(
     tmp_path, run_cli, monkeypatch
 ):
     monkeypatch.chdir(tmp_path)
@@ -207,11 +209,19 @@ def test_a_relative_solutions_folder_grades_a_wrong_one_stops_and_a_changed_one_
     (tmp_path / "empty").mkdir()
     for student, nb in {"ann": solved(), "ben": blank()}.items():
         write(tmp_path / "class" / student / NAME, nb)
+    # The instructor's copy of the solutions has a slip in a check cell the students never saw.
+    solution = tmp_path / "solutions_v2" / NAME
+    original = solution.read_bytes()
+    nb = nbformat.read(solution, as_version=4)
+    cell(nb, "check-03-2").source += "  # a slip"
+    nbformat.write(nb, solution)
     first = run_cli("grade", "class", "--solutions", "solutions_v2", "--csv", "grades.csv",
                     "--no-sandbox")  # fmt: skip
     assert first.returncode == 0, first.stdout + first.stderr
     rows = rows_of(tmp_path / "grades.csv")
     assert rows[f"ann/{NAME}"][2:] == ("6", "6") and rows[f"ben/{NAME}"][2:] == ("0", "6")
+    flagged = [json.loads(line)["tampering"] for line in Path("grades.jsonl").open()]
+    assert flagged == [[{"cell": "check-03-2", "status": "changed"}]] * 2  # against the slip
     # a run that cannot grade stops before grading: one line, exit 2, the table untouched
     before = (tmp_path / "grades.csv").read_bytes()
     for args, words in [
@@ -223,22 +233,36 @@ def test_a_relative_solutions_folder_grades_a_wrong_one_stops_and_a_changed_one_
         assert stopped.returncode == 2 and words in stopped.stderr, (args, stopped)
         assert len(stopped.stderr.strip().splitlines()) == 1 and "variant" not in stopped.stdout
         assert (tmp_path / "grades.csv").read_bytes() == before
-    # the grader's side changed (a solution edited): every row of that lesson is graded again
-    solution = tmp_path / "solutions_v2" / NAME
-    nb = nbformat.read(solution, as_version=4)
-    nb.cells[0].source += "\n\nEdited by the instructor."
-    nbformat.write(nb, solution)
+    # The slip fixed: the same command grades both again, and the false flags are gone.
+    solution.write_bytes(original)
     again = run_cli("grade", "class", "--solutions", "solutions_v2", "--csv", "grades.csv",
                     "--no-sandbox")  # fmt: skip
     assert again.returncode == 0, again.stderr
     assert "0 rows kept from the earlier run (their resume key is unchanged), 2 graded again " \
         "(2 because the solutions or the checks changed), 0 graded for the first time" \
         in again.stdout  # fmt: skip
-    lines = (tmp_path / "grades.jsonl").read_text().splitlines()
-    assert [json.loads(line)["regraded"] for line in lines] == [
-        ["the solutions or the checks changed"]
-    ] * 2
-    assert all(not json.loads(line)["tampering"] for line in lines)  # no false "changed"
+    lines = [json.loads(line) for line in Path("grades.jsonl").open()]
+    assert [r["regraded"] for r in lines] == [["the solutions or the checks changed"]] * 2
+    assert [r["tampering"] for r in lines] == [[], []] and [r["score"] for r in lines] == [6, 0]
+    # One notebook regraded for a student joins the class's table; its gradebook is hers alone.
+    alone = run_cli("grade", f"class/ann/{NAME}", "--student", "ann", "--solutions",
+                    "solutions_v2", "--csv", "grades.csv", "--gradebook", "ann.csv",
+                    "--feedback", "fb", "--no-sandbox")  # fmt: skip
+    assert alone.returncode == 0, alone.stderr
+    assert "1 graded again (1 because it is graded on other numbers)" in alone.stdout
+    assert [r[:2] for r in rows_of(tmp_path / "grades.csv").values()] == [
+        ("ben", "graded"), ("ann", "default numbers")  # her notebook is on the course's
+    ]  # fmt: skip
+    assert list(gradebook(tmp_path / "ann.csv")) == ["ann"]
+    # Her notebook printed the course's numbers, not hers: 3.1 is wrong on hers, and her
+    # page shows what her own check cell said on the numbers it printed (right).
+    (row,) = [json.loads(r) for r in Path("grades.jsonl").open() if '"ann"' in r]
+    first = row["exercises"][0]
+    assert not first["passed"] and first["as_printed"]["passed"]
+    assert row["exercises"][1]["as_printed"] is None  # a Build exercise: the grader's calls
+    text = (tmp_path / "fb" / "ann" / NAME.replace(".ipynb", ".html")).read_text(encoding="utf-8")
+    assert "Right for the numbers your notebook showed, but those are not your numbers" in text
+    assert inline_markdown(first["message"]) not in text  # the verdict on numbers it never showed
 
 
 def test_a_batch_where_nothing_could_be_graded_exits_1_and_writes_no_gradebook(tmp_path, run_cli):

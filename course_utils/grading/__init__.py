@@ -1,13 +1,16 @@
 """For instructors: exercise notebooks generated from the solutions, and grading.
 
 - `notebook_tools`  reading notebooks, answer and check cells, solution blocks
-- `make_exercises`  exercises/ from solutions/, and handouts per student (`--students`, `--roster`)
+- `make_exercises`  exercises/ from solutions/, handouts per student (`--students`, `--roster`),
+                    one lesson's laid out for an LMS (`--lesson`)
 - `grader`          grade one notebook: run it apart, judge its answers here (`judge`)
 - `sandbox`         run a notebook's cells in a kernel and capture its answers as data
 - `isolation`       the bubblewrap sandbox each kernel runs in (`kernel_start` sets its limits)
 - `stand_in`        the checks package as a sandboxed kernel sees it: numbers, no answers
 - `batch`, `worker` a class, each notebook in a worker process (`python -m course_utils grade`)
 - `roster`          students' names, the roster, whose file a Moodle/Canvas download is
+- `keep`            duplicates, late work, disagreeing folders: which notebook counts (`--keep`)
+- `resume`          the resume key: whether an earlier grade still holds
 - `journal`         the per-notebook CSV, row by row, so a killed batch can be resumed
 - `gradebook`, `feedback`, `stats`, `similarity`  what an instructor takes away from a batch
 - `pytest_plugin`   `pytest --course-grade submissions/`: one test per exercise per student
