@@ -292,7 +292,8 @@ def grade_all(
     for sub in submissions:  # read everything before any learner code runs
         if student is not None:
             sub.student = sub.name = student
-            sub.flags, sub.notes = [], []  # its place in a download does not say whose it is
+            # its place in a download does not say whose it is (a late mark still holds)
+            sub.flags, sub.notes = [f for f in sub.flags if f == keep.LATE], []
             mine = [s for s in roster or [] if s.id == student]
             sub.name = mine[0].name if mine else student
             if roster is not None and not mine:

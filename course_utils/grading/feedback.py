@@ -19,7 +19,7 @@ attribute holds any), its control characters
 shown (`neutral.visible`). The pages mirror the submissions' folders, so each lands beside
 the student's name, always inside the feedback folder: every part of a page's path is a safe
 file name (`neutral.file_name`), and a name the notebook chose (its name cell) is never a
-path. Zipped, the folder is what Moodle's "Upload multiple feedback files in a zip" and
+path. Zipped, the folder is what Moodle's "Upload multiple feedback files in a ZIP" and
 Canvas's "Re-Upload Submissions" read back (INSTRUCTORS.md).
 """
 
