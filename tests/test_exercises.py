@@ -120,15 +120,20 @@ def test_for_student_puts_the_name_in_the_setup_line_of_the_file_and_of_a_cell()
         for_student(cell, "../etc")
 
 
-def test_a_notebook_written_for_a_student_is_not_tampered_but_a_renamed_one_is():
+def test_a_notebook_written_for_a_student_is_not_tampered_and_a_renamed_one_only_flagged():
     from course_utils.grading.grader import tampering
     from course_utils.grading.make_exercises import for_student
 
     solution = nbformat.read(ROOT / "solutions" / "03_bubble_tradeoff.ipynb", as_version=4)
     mine = nbformat.reads(for_student(nbformat.writes(solution), "ana"), as_version=4)
     assert tampering(mine, solution, "ana") == []
-    # ana sets her notebook back to the course's numbers: her locked setup cell changed
-    assert [t["status"] for t in tampering(solution, solution, "ana")] == ["changed"]
+    # ana sets her notebook back to the course's numbers: the name cell's flag says so
+    # ("default numbers", grader._name_cell), not a second report of a changed cell...
+    assert tampering(solution, solution, "ana") == []
+    # ...but anything else added to her setup cell is a change
+    setup = next(c for c in mine.cells if "for_student(" in c.source)
+    setup.source += "\ncheck.exercise_1 = print"
+    assert [t["status"] for t in tampering(mine, solution, "ana")] == ["changed"]
 
 
 @pytest.mark.slow
