@@ -1,9 +1,10 @@
 """The check modules as a learner's kernel sees them while it is graded: numbers, no answers.
 
 Inside the sandbox `course_utils/checks/` is replaced by a folder written here. It holds the
-framework (`checks/__init__.py`: `Variant`, `for_student`, the messages' helpers) and `wire.py`
-as they are, since neither knows an answer, and for each lesson a *cut* of `lNN.py` with only
-what a notebook legitimately uses while it runs:
+framework (`FRAMEWORK`: `checks/__init__.py` and its modules: `Variant`, `for_student`, the
+messages' helpers; `layouts.py`, judging with the planner the learner has; `wire.py`) as it is,
+since none of it knows an answer, and for each lesson a *cut* of `lNN.py` with only what a
+notebook legitimately uses while it runs:
 
 - `for_student`, and `given_K` answering with the numbers the grader drew for this student
   (as data: the code that draws them may look at the answer, e.g. to pick numbers whose
@@ -32,6 +33,17 @@ from pathlib import Path
 import course_utils.checks as real_checks
 
 CHECKS = Path(real_checks.__file__).parent
+# Copied as they are: the framework and what lessons' check modules import from it.
+FRAMEWORK = (
+    "__init__.py",
+    "feedback.py",
+    "reading.py",
+    "judging.py",
+    "variants.py",
+    "declaring.py",
+    "layouts.py",
+    "wire.py",
+)
 USES = re.compile(r"\bl(\d\d)\.([A-Za-z_]\w*)")
 GIVEN = re.compile(r"given_\d+")
 KEPT_BY_GRADER = "belongs to the course's checks"  # in the error a learner's kernel sees
@@ -128,7 +140,7 @@ def write(folder: Path, solutions: Path, lesson: int, given: dict[int, object]) 
     """Write the stand-in `checks` package into `folder` (created) and return it. `given`
     holds the graded lesson's numbers for this student ({K: encoded given_K(variant)})."""
     folder.mkdir(parents=True, exist_ok=True)
-    for name in ("__init__.py", "wire.py"):
+    for name in FRAMEWORK:
         shutil.copyfile(CHECKS / name, folder / name)
     material = material_names(solutions)
     for path in sorted(CHECKS.glob("l[0-9][0-9].py")):
