@@ -368,6 +368,16 @@ def test_setup_names_the_missing_optional_packages_in_one_line_and_never_fails(t
     assert "Optional" not in said("setup", tools)
 
 
+def test_every_course_utils_module_reads_in_one_sitting():
+    """The style rule (picotron's): in course_utils a module is one idea, at most 600 lines."""
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in sorted((ROOT / "course_utils").rglob("*.py"))
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > 600
+    }
+    assert long == {}, f"split these at a natural seam: {long}"
+
+
 def test_gitignore_covers_venv_and_caches():
     ignored = (ROOT / ".gitignore").read_text().split()
     for entry in (".venv/", "__pycache__/", ".pytest_cache/", "*.egg-info/"):
