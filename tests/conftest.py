@@ -119,8 +119,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     """One line at the end: how many tests were skipped for want of which package, and the
     command that installs them (or how many failed for it, where that was required)."""
     result = yield
-    for outcome, said in (("skipped", "skipped"), ("error", "failed")):
-        reports = terminalreporter.stats.get(outcome, [])
+    for outcomes, said in ((("skipped",), "skipped"), (("error", "failed"), "failed")):
+        reports = [r for outcome in outcomes for r in terminalreporter.stats.get(outcome, [])]
         texts = [str(getattr(r, "longrepr", "")) for r in reports]
         counts = {t: sum(_skipped_for(t) in text for text in texts) for t in TOOLS}
         found = {t: n for t, n in counts.items() if n}
