@@ -26,6 +26,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from gradingkit import NO_SANDBOX, SANDBOX
 from notebook_runs import READS_THE_RUNS, run
 
 from course_utils.grading import make_exercises
@@ -201,7 +202,8 @@ def test_every_solution_cell_runs_without_error(name):
 @pytest.mark.slow
 @pytest.mark.skipif(not SOLVED, reason="no solutions/NN_*.ipynb notebooks yet")
 def test_the_grader_gives_another_student_full_marks_in_every_lesson(tmp_path):
-    """Graded outside the learner's kernel, in its sandbox: the solution written out for
+    """Graded outside the learner's kernel, in its sandbox (where one can be made: without
+    bubblewrap, the verdicts without one, `gradingkit.SANDBOX`): the solution written out for
     another student (their own numbers, graded with --variants) earns full marks, since every
     check computes its expected answers from the student's numbers, and every solution from
     `g`, never from the default's literals. (Each lesson's blank notebook and its solution for
@@ -216,7 +218,7 @@ def test_the_grader_gives_another_student_full_marks_in_every_lesson(tmp_path):
         text = for_student(path.read_text(), "s7")
         assert 'for_student(\\"s7\\")' in text, path.name  # the student's own numbers, really
         (folder / path.name).write_text(text)
-    results = grade_all([folder.parent], jobs=2, variants=True)
+    results = grade_all([folder.parent], jobs=2, variants=True, sandbox=SANDBOX)
     assert sorted(Path(r.notebook).name for r in results) == [p.name for p in SOLVED]
     totals = {p.name: len(check_cells(nbformat.read(p, as_version=4))) for p in SOLVED}
     for r in results:
@@ -254,7 +256,7 @@ def test_grader_on_a_real_exercise_notebook(tmp_path, run_cli):
     for student, nb in {"unanswered": exercise, "solved": solution, "cheat": cheat}.items():
         (tmp_path / student).mkdir()
         nbformat.write(nb, tmp_path / student / name)
-    result = run_cli("grade", tmp_path, "--json")  # nbval runs each notebook in a child process
+    result = run_cli("grade", tmp_path, "--json", *NO_SANDBOX)  # each notebook in its own kernel
     assert result.returncode == 0, result.stderr
     scores = {
         Path(r["notebook"]).parent.name: (r["score"], r["total"]) for r in json.loads(result.stdout)
