@@ -14,7 +14,8 @@ import pytest
 from rankprograms import beside_a_busy_loop
 
 from course_utils.checks import CheckFailed, NotAnswered, Variant, l06, l07
-from course_utils.checks.rank_cases import DDPCase, RingCase, TPCase, ring_result
+from course_utils.checks.rank_cases import DDPCase, RingCase, TPCase
+from course_utils.checks.rank_references import ring_result
 from course_utils.checks.wire import Replay, call_outcome, decode, encode
 
 BUILDS = {  # name: (check, cases, the answer's name, the right program)

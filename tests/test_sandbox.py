@@ -309,3 +309,5 @@ def test_the_stand_in_checks_hold_numbers_and_material_but_no_answers(tmp_path):
     l08 = (folder / "l08.py").read_text()
     assert "def their_timeline" in l08 and "ORDER" not in l08  # material, not the answer
     assert (folder / "wire.py").read_bytes() == (ROOT / "course_utils/checks/wire.py").read_bytes()
+    assert (folder / "rank_cases.py").exists() and not (folder / "rank_references.py").exists()
+    assert "_ring_sums" not in l06 and "rank_references" not in l06.split("def ")[0]

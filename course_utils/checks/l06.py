@@ -183,6 +183,8 @@ def _ring_failed(shown: str, failure: dict) -> str:
 def _ring_sums(shown: str, case: RingCase, results: list) -> None:
     import torch
 
+    from course_utils.checks import rank_references  # the grader's only: not in a kernel
+
     data = case.data()
     want, n = sum(data), case.devices
     for r, got in enumerate(results):
@@ -196,13 +198,13 @@ def _ring_sums(shown: str, case: RingCase, results: list) -> None:
             continue
         if n > 1 and torch.allclose(got, want / n):
             fail(f"{shown}: rank {r} holds the mean; this exercise asks for the sum.")
-        if torch.equal(got, rank_cases.ring_result(data, r, add_in_gather=True)):
+        if torch.equal(got, rank_references.ring_result(data, r, add_in_gather=True)):
             fail(
                 f"{shown}: rank {r}'s numbers are too large: the all-gather added what arrived "
                 "(reducing a second time). A chunk that travels in the all-gather is already "
                 "the finished sum: keep it, do not add it to your copy."
             )
-        if torch.equal(got, rank_cases.ring_result(data, r, gather_from=0)):
+        if torch.equal(got, rank_references.ring_result(data, r, gather_from=0)):
             fail(
                 f"{shown}: rank {r}'s sums are incomplete: its all-gather began with its chunk "
                 f"{r}, which is not finished there. {CHUNK_HINT}"
@@ -424,7 +426,7 @@ def cases_8(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
     more ranks, other models and bucket sizes, no accumulation at all."""
     g, rng = given_8(variant), rank_cases.draws(variant, "8")
     m = g.microbatches
-    cases = [DDPCase(2, 8 * m, 32, 3, m, g.bucket_cap, seed=8)]
+    cases = [DDPCase(2, 64 * m, 32, 3, m, g.bucket_cap, seed=8)]  # 32 rows a micro-batch
     for microbatches in (rng.randint(2, 3), 1):
         devices = rng.randint(2, 4)
         cases.append(
@@ -519,7 +521,9 @@ def _exposed(run: dict, case: DDPCase) -> tuple[float, float]:
 def _ddp_weights(shown: str, case: DDPCase, run: dict) -> None:
     """Every replica's weights against one worker's on the whole batch, and if they differ,
     the mistake the gradients show."""
-    want, n = case.reference(), case.devices
+    from course_utils.checks.rank_references import ddp_reference  # the grader's only
+
+    want, n = ddp_reference(case), case.devices
     for r, weights in enumerate(run["weights"]):
         if all(close(weights.get(k), w) for k, w in want["weights"].items()):
             continue

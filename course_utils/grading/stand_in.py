@@ -13,7 +13,7 @@ what a notebook legitimately uses while it runs:
   need, found by reading the code (`ast`).
 
 The `exercise_K` checks, the reference implementations and the expected answers are not
-there: an answer that hands back `l03._bubble` or `l06.ring_messages` raises, in the
+there: an answer that hands back `l03._bubble` or `l07._tp_counts` raises, in the
 learner's own kernel, an AttributeError saying the checks belong to the grader.
 `check.exercise_K(...)` in a learner's cell does nothing there (it prints that the grader
 judges the answer), so a cell that calls it still runs to its end. (What a Diagnose
@@ -128,7 +128,9 @@ def write(folder: Path, solutions: Path, lesson: int, given: dict[int, object]) 
     """Write the stand-in `checks` package into `folder` (created) and return it. `given`
     holds the graded lesson's numbers for this student ({K: encoded given_K(variant)})."""
     folder.mkdir(parents=True, exist_ok=True)
-    for name in ("__init__.py", "wire.py", "programs.py"):  # programs: runs rank programs
+    # programs, rank_cases: a graded kernel runs rank programs on their cases (the references
+    # the grader judges them against, `rank_references`, stay out)
+    for name in ("__init__.py", "wire.py", "programs.py", "rank_cases.py"):
         shutil.copyfile(CHECKS / name, folder / name)
     material = material_names(solutions)
     for path in sorted(CHECKS.glob("l[0-9][0-9].py")):
