@@ -241,3 +241,23 @@ def test_the_messages_replayed_without_compute_give_the_naive_formula():
     log = decode(json.loads(json.dumps(encode(run.evidence()["messages"]))))
     want = 2 * (n - 1) * (1e-5 + 4 * numel / 1e6)
     assert replay_messages(log, links) == pytest.approx(want, rel=1e-9)
+
+
+def test_ranks_that_end_together_are_never_taken_for_a_deadlock():
+    """A rank's stream is told to stop before the rank counts as finished: else the last rank
+    to finish could see every stream idle and nobody left to give them work. (Threads switch
+    every microsecond here, so that the moment in between is hit if it exists.)"""
+    import sys
+
+    def last_one_late(ctx, t):
+        if ctx.rank == ctx.world - 1:
+            time.sleep(0.002)
+        return t
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(100):
+            run_collective(last_one_late, [torch.ones(1)] * 2)
+    finally:
+        sys.setswitchinterval(interval)

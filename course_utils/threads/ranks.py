@@ -185,9 +185,9 @@ class _Run:
         except BaseException:
             self.abort.set()  # peers give up, rather than take this rank's end for a deadlock
             raise
-        finally:
+        finally:  # its stream serves what was issued, then ends (told before it may look idle)
+            self.streams.stop(ctx.rank)
             self.mail.finished(ctx.rank)
-            self.streams.stop(ctx.rank)  # its stream serves what was issued, then ends
 
 
 def run_ranks(
