@@ -131,18 +131,21 @@ EVIDENCE = ("world", "actions", "grads", "bytes_sent", "bytes_received", "sends"
 COUNTS = ("bytes_sent", "bytes_received", "saved_bytes", "saved_microbatches")
 
 
-def evidence(got: Any, shown: str, case: ProgramCase) -> dict:
-    """`got` as a run's evidence for `case`, else a failure: whatever else a kernel sends
-    (a verdict of its own, a field too few) is not evidence."""
+def evidence(got: Any, shown: str, case: Any, per_rank: tuple[str, ...] = ()) -> dict:
+    """`got` as a run's evidence for `case` (its `devices` ranks), else a failure: whatever
+    else a kernel sends (a verdict of its own, a field too few) is not evidence. `per_rank`:
+    more fields it must hold, each a list with one item per rank."""
     from course_utils.actions import Action
 
     ranks = case.devices
 
-    def per_rank(value: Any) -> bool:
+    def one_each(value: Any) -> bool:
         return isinstance(value, list) and len(value) == ranks
 
+    fields = [*EVIDENCE[1:], *COUNTS, *per_rank]
     ok = isinstance(got, dict) and all(key in got for key in (*EVIDENCE, *COUNTS, "failure"))
-    ok = ok and got["world"] == ranks and all(per_rank(got[k]) for k in (*EVIDENCE[1:], *COUNTS))
+    ok = ok and all(key in got for key in per_rank)
+    ok = ok and got["world"] == ranks and all(one_each(got[k]) for k in fields)
     ok = ok and all(isinstance(a, Action) for acts in got["actions"] for a in acts)
     ok = ok and all(isinstance(g, dict) for g in got["grads"])
     ok = ok and all(isinstance(n, int) and not isinstance(n, bool) for k in COUNTS for n in got[k])
