@@ -24,7 +24,7 @@ COMPAT_VENV ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/course-compat/torch-$(COMP
 COMPAT_PY := $(COMPAT_VENV)/bin/python
 
 .PHONY: setup lab test test-fast lint format unit notebooks exercises bench test-browser \
-	test-constrained test-compat test-limits record-reference clean
+	test-constrained test-compat test-limits record-reference book clean
 
 # Set-up: a venv with the pinned dependencies, the test tools, course_utils (editable) and the
 # instructors' pytest plugin (`pytest --course-grade`, see INSTRUCTORS.md; Binder leaves it
@@ -40,7 +40,20 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml instructor_tools/
 		"@jupyterlab/apputils-extension:announcements" >/dev/null 2>&1
 	@touch $(STAMP)
 
+# Two system packages are optional: the course, `make lab` and `make test` need neither
+# (`make test` skips the tests that do: tests/conftest.py). Said in one line, once per `make`
+# (the line `make test` prints, not its inner make's), never a failure; not for `make lab`,
+# since a learner needs neither.
 setup: $(STAMP)
+ifeq ($(filter lab,$(MAKECMDGOALS))$(OPTIONAL_SAID),)
+	@missing=""; packages=""; \
+	command -v bwrap >/dev/null 2>&1 || { packages="bubblewrap"; \
+		missing="bubblewrap (sandboxed grading: instructors, and the sandbox's tests)"; }; \
+	command -v chromium >/dev/null 2>&1 || { packages="$${packages:+$$packages }chromium"; \
+		missing="$${missing:+$$missing, }chromium (the real-browser test, make test-browser)"; }; \
+	[ -z "$$packages" ] || echo "Optional system packages not installed: $$missing; make test \
+	skips the tests that need them. To install: sudo apt-get install $$packages"
+endif
 
 lab: setup
 	@echo "Starting JupyterLab on the course index; open the URL printed below (Ctrl-C stops it)."
@@ -59,20 +72,21 @@ XDIST := -n $(JOBS) --dist loadgroup
 # make waits for both and fails when either does. (Not --output-sync: it would hold pytest's
 # progress until the end.)
 test: setup
-	@$(MAKE) --no-print-directory -j 2 lint unit
+	@$(MAKE) --no-print-directory -j 2 lint unit OPTIONAL_SAID=1
 
 # Beside the notebook runs, one torch thread per pytest worker (tests/conftest.py says why).
 # Without the runs at the documented limits: `make test-limits`, which CI runs.
 unit: setup
-	COURSE_TEST_TORCH_THREADS=1 $(PY) -m pytest -m "not browser and not constrained and not limits" \
-		$(XDIST)
+	COURSE_TEST_TORCH_THREADS=1 $(PY) -m pytest \
+		-m "not browser and not constrained and not limits and not book" $(XDIST)
 
 # The quick loop while editing: the unit tests without the slow ones (real processes: notebook
 # kernels, nbval and grader runs, torch.distributed ranks, make, one CLI smoke test per command),
 # without the browser and without the constrained runs (every lesson twice: make test-constrained).
 # No groups among them: workers steal work from each other, which balances them best.
 test-fast: setup
-	$(PY) -m pytest -m "not slow and not browser and not constrained" -n $(JOBS) --dist worksteal
+	$(PY) -m pytest -m "not slow and not browser and not constrained and not book" -n $(JOBS) \
+		--dist worksteal
 
 # Every lesson, run top to bottom with nbval (outputs are not compared), as an instructor would
 # check a copy of the course. `make test` does not run it: its tests read one run of every
@@ -109,6 +123,14 @@ record-reference: setup
 test-limits: setup
 	$(PY) -m pytest -m limits $(XDIST) -p no:cacheprovider
 
+# The course as a static HTML book (artifacts/book/html/index.html): every lesson and blank
+# exercise notebook with the outputs of its run by `make test` (run that first: without its
+# runs this says so and exits 2; it never runs a notebook), then the book's own tests (no
+# solution anywhere in it, every lesson page holds its charts, no broken internal link).
+book: setup
+	$(PY) -m book.build
+	$(PY) -m pytest -m book -p no:cacheprovider -q tests/test_book.py
+
 test-browser: setup
 	@command -v chromium >/dev/null 2>&1 || { echo "make test-browser needs Debian's chromium: \
 	sudo apt-get install chromium fonts-noto-color-emoji (.ci/run installs them)" >&2; exit 2; }
@@ -130,7 +152,7 @@ test-compat:
 	$(COMPAT_PY) -m pip --disable-pip-version-check --quiet install --no-deps --force-reinstall -e .
 	$(COMPAT_PY) -c "import torch; assert torch.__version__.split('+')[0] == '$(COMPAT_TORCH)', torch.__version__"
 	COURSE_TEST_TORCH_THREADS=1 $(COMPAT_PY) -m pytest -p no:cacheprovider \
-		-m "not browser and not constrained and (not slow or torch_api)" $(XDIST) \
+		-m "not browser and not constrained and not book and (not slow or torch_api)" $(XDIST) \
 		--nbval-lax --nbval-current-env $(COMPAT_LESSONS) tests --ignore=tests/fixtures
 
 clean:

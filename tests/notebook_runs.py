@@ -9,7 +9,9 @@ lessons' tests (test_lessons.py) and the exercises' (test_exercises.py) read the
 instead of running the notebooks again.
 
 Runs are kept in artifacts/notebook-runs/ under a hash of the notebook and of the course's
-code, so a second `make test` without changes reuses them. A file lock lets the pytest
+code, so a second `make test` without changes reuses them; each summary also says when and on
+which machine (CPU, cores, torch) the run was made. `make book` renders these executed copies
+(`records`) instead of running the notebooks again. A file lock lets the pytest
 workers of `make test` (pytest-xdist) share one set of runs: the first to ask runs them, the
 others wait for it and read them.
 """
@@ -20,6 +22,7 @@ import fcntl
 import hashlib
 import json
 import os
+import platform
 import queue
 import shutil
 import subprocess
@@ -27,10 +30,14 @@ import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib.metadata import version
 from pathlib import Path
 
 import nbformat
 import pytest
+
+from course_utils.measure.reference import cpu_model
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDER = ROOT / "artifacts" / "notebook-runs"
@@ -75,7 +82,8 @@ def _run_one(path: Path, core: int, key: str) -> None:
     command = [sys.executable, str(ROOT / "tests" / "nbrun.py"), str(path), "--save", str(saved)]
     if path.parent.name != "notebooks":
         command.append("--allow-errors")  # every check of an exercise notebook runs
-    if shutil.which("taskset") and len(os.sched_getaffinity(0)) > core:
+    pinned = shutil.which("taskset") is not None and len(os.sched_getaffinity(0)) > core
+    if pinned:
         command = ["taskset", "-c", str(core), *command]
     env = dict(os.environ, COURSE_HEADLINES=str(heads))
     out = subprocess.run(
@@ -87,8 +95,31 @@ def _run_one(path: Path, core: int, key: str) -> None:
         result = json.loads(out.stdout.strip().splitlines()[-1])
     lines = heads.read_text().splitlines() if heads.exists() else []
     result["headlines"] = [json.loads(line) for line in lines]
+    result["machine"] = _machine(pinned, cores_used=1 if pinned else len(os.sched_getaffinity(0)))
     heads.unlink(missing_ok=True)
     summary.write_text(json.dumps(result, indent=1))
+
+
+def _machine(pinned: bool, cores_used: int) -> dict:
+    """When and where a run was made, for whoever shows its outputs (the course book)."""
+    return {
+        "finished": datetime.now(UTC).isoformat(timespec="seconds"),
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "pinned": pinned,
+        "cores_used": cores_used,
+        "system": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "torch": version("torch"),
+    }
+
+
+def records(paths: list[Path]) -> dict[Path, Path | None]:
+    """The summary (.json) of each notebook's stored run for the code as it is now, or None
+    where there is none; the executed notebook lies beside it (same name, .ipynb)."""
+    code = _code_hash()
+    found = {p: FOLDER / f"{_key(p, code)}.json" for p in paths}
+    return {p: (summary if summary.exists() else None) for p, summary in found.items()}
 
 
 _lock = threading.Lock()

@@ -1,11 +1,14 @@
 """JupyterLab in a real browser: headless Debian Chromium driven by Playwright.
 
 Run with `make test-browser` (CI installs Debian's chromium with apt; no browser download).
+Without chromium every test here is skipped (`needs_chromium`, tests/conftest.py), or fails
+where COURSE_REQUIRE_OPTIONAL=1 or CI=true.
 Opens the course index, the pipeline explorer lesson, the capstone and the lessons 08-11, runs
 all cells, checks there is no error output, that the charts are visible, that moving the
 micro-batch slider changes the chart and the bubble %, that the planner redraws, and that an
-exercise notebook's locked cells can be neither edited nor deleted. Screenshots go to
-`screenshots/` (git-ignored).
+exercise notebook's locked cells can be neither edited nor deleted. Then two pages of the
+course book (`make book`, which CI runs before this): their charts load, no error output.
+Screenshots go to `screenshots/` (git-ignored).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import pytest
 from conftest import ROOT
 from lab_server import jupyter_lab
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.needs_chromium]
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -37,8 +40,6 @@ SHOTS = ROOT / "screenshots"
 
 @pytest.fixture(scope="module")
 def lab():
-    if not shutil.which("chromium") and not (ROOT / CHROMIUM).exists():
-        pytest.fail("Debian's chromium is not installed: apt-get install chromium (.ci/run does)")
     command = [
         str(ROOT / ".venv" / "bin" / "jupyter"),
         "lab",
@@ -264,4 +265,37 @@ def test_locked_cells_cannot_be_edited_or_deleted_in_jupyterlab(browser, lab):
     delete("s03-md-03")  # a plain markdown cell can be deleted: the deletions did run
     assert index("s03-md-03") < 0 and page.evaluate(count) == before - 1
     page.screenshot(path=str(SHOTS / "locked_cells.png"))
+    page.close()
+
+
+# Two pages of the course book (artifacts/book/html/, `make book`): the explorer's lesson and
+# the capstone, read as static files with the network cut off (the charts are the book's own).
+BOOK = ROOT / "artifacts" / "book" / "html"
+BOOK_PAGES = ["notebooks/02_microbatching_gpipe.html", "notebooks/12_capstone_planning.html"]
+
+
+@pytest.mark.parametrize("name", BOOK_PAGES, ids=lambda p: p.split("/")[-1][:2])
+def test_a_book_page_shows_its_charts_and_no_error(browser, name):
+    if not (BOOK / name).exists():
+        pytest.fail(f"the course book has no {name}: run make test, then make book (.ci/run does)")
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.route("**/*", lambda r: r.continue_() if r.request.url.startswith("file:") else r.abort())
+    page.goto((BOOK / name).as_uri())
+    charts = page.locator("div.cell_output img")
+    assert charts.count() >= 3, charts.count()
+    charts.first.scroll_into_view_if_needed()
+    assert charts.first.is_visible()
+    assert page.evaluate(  # every chart a decoded image, none a broken icon
+        "() => [...document.querySelectorAll('div.cell_output img')]"
+        ".every(img => img.complete && img.naturalWidth > 100)"
+    )
+    assert page.locator("div.output.traceback, div.output.stderr").count() == 0
+    assert page.locator("text=The outputs on this page come from one run").count() == 1
+    assert page.locator("text=run it to move the sliders").count() >= 1
+    binder = page.locator("a:has-text('Launch on Binder')").first.get_attribute("href")
+    assert binder.endswith(f"urlpath=lab/tree/{name.removesuffix('.html')}.ipynb"), binder
+    page.screenshot(path=str(SHOTS / f"book_{name.split('/')[-1][:2]}.png"), full_page=False)
+    assert errors == []
     page.close()

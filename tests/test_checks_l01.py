@@ -3,6 +3,7 @@
 import math
 
 import pytest
+import rankprograms as programs
 
 from course_utils.checks import CheckFailed, NotAnswered, Variant
 from course_utils.checks import l01 as check
@@ -47,6 +48,7 @@ RIGHT = {
     4: (0.25, 1.0),
     5: ("b", "a"),
     6: ("tensor", "pipeline"),
+    7: (programs.naive,),
 }
 
 
@@ -94,6 +96,15 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (2, (per_parameter,), "is the bytes of one parameter"),
     (5, ("d", "a"), "no optimizer step at all"),
     (5, ("b", "c"), "A larger batch makes every bar longer"),
+    *((7, (wrong,), words) for wrong, words in programs.MISTAKES.items()),
+    (7, (programs.output_backward,), "Only the loss is a single number"),
+    (7, (programs.no_backward_on_rank_0,), "rank 0's gradients are None"),
+    (7, (programs.zeros_back,), "rank 0's gradients are all zero"),
+    (7, (programs.doubled_loss,), "rank 1's gradients are not those of one device"),
+    (7, (programs.unmarked,), "with ctx.forward(0):"),
+    (7, (programs.sent_twice,), "one activation forward and one gradient back"),
+    (7, (programs.to_itself,), "the other ranks are"),
+    (7, (42,), "should be a function"),
 ]
 
 
@@ -174,7 +185,41 @@ def test_build_exercise_names_missing_key():
 
 
 def right_for(variant):
-    """The right answers of exercises 1, 3 and 4 from the student's own numbers."""
+    """The right answers of exercises 1, 3 and 4 from the student's own numbers (and 7's
+    program, the same for everybody, tried on their own model)."""
     g1, g3, g4 = check.given_1(variant), check.given_3(variant), check.given_4(variant)
     fewest = math.ceil(g3["billions"] * 16 / (g3["gpu_gb"] - g3["reserve_gb"]) - 1e-9)
-    return {1: (g1["billions"] * 16,), 3: (fewest,), 4: (1 / g4["p"], 1.0)}
+    return {1: (g1["billions"] * 16,), 3: (fewest,), 4: (1 / g4["p"], 1.0), 7: (programs.naive,)}
+
+
+def test_the_program_is_tried_on_the_learners_model_then_on_secret_ones():
+    mine = check.cases_7(Variant("alice", cases_seed=1))["naive_program"]
+    again = check.cases_7(Variant("alice", cases_seed=1))["naive_program"]
+    secret = check.cases_7(Variant("alice", cases_seed=2))["naive_program"]
+    g = check.given_7(Variant("alice"))
+    (first,) = mine[0]
+    assert (first.batch, first.hidden, first.devices) == (g["batch"], g["hidden"], 2)
+    assert mine == again and mine[1:] != secret[1:] and mine[0] == secret[0]
+
+
+def test_each_mistake_fails_on_the_first_case_with_its_own_hint_only():
+    hints = {}
+    for wrong, words in programs.MISTAKES.items():
+        with pytest.raises(CheckFailed) as info:
+            check.exercise_7(wrong)
+        hints[wrong.__name__] = str(info.value)
+        assert words in hints[wrong.__name__]
+    for name, message in hints.items():  # no two mistakes share their hint
+        others = [w for wrong, w in programs.MISTAKES.items() if wrong.__name__ != name]
+        assert not any(w in message for w in others), (name, message)
+
+
+def test_a_stub_is_not_answered_and_a_forged_record_is_not_a_run():
+    from course_utils.checks.wire import Replay, encode
+
+    with pytest.raises(NotAnswered, match="NotImplementedError"):
+        check.exercise_7(programs.stub)
+    cases = check.cases_7()["naive_program"]
+    forged = [{"result": encode({"passed": True, "score": 1})} for _ in cases]
+    with pytest.raises(CheckFailed, match="did not come back as the record of a run"):
+        check.exercise_7(Replay("naive_program", cases, forged))

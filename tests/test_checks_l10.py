@@ -178,7 +178,7 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (7, ([e + 1 for e in _C7], _G7, _B7), "numbers the experts from 1"),
     (7, ([0] * 8, _G7, _B7), "the largest score + bias"),
     (7, (_C7, [0.52, 0.45, 0.38, 0.38, 0.60, 0.38, 0.50, 0.43], _B7), "adds the bias"),
-    (7, (_C7, [1] * 8, _B7), "are all 1"),
+    (7, (_C7, [1] * 8, _B7), "renormalises only its sigmoid scores"),
     (7, (_C7, [0.5] * 8, _B7), "each token's score for the expert"),
     (7, (_C7, _G7, [-0.08, 0.05, -0.02, 0.05]), "moves the wrong way"),
     (7, (_C7, _G7, [-0.14, 0.05, 0.04, 0.05]), "in proportion to its excess load"),

@@ -61,3 +61,18 @@ def test_an_author_cited_without_an_id_gets_one_of_their_papers_years():
             if author in years and year not in years[author]:
                 wrong.append((name, m.group(0), sorted(years[author])))
     assert not wrong, wrong
+
+
+def test_dualpipev_is_credited_to_sea_ai_labs_cut_in_half_wherever_deepseek_is_cited():
+    # arXiv 2412.19437 (the DeepSeek-V3 report) describes DualPipe; the V variant is Sea AI
+    # Lab's "cut-in-half" of it, as DeepSeek's DualPipe README says.
+    found, wrong = 0, []
+    for name, text in texts():
+        for m in re.finditer(r"2412\.19437", text):
+            near = text[max(0, m.start() - 300) : m.end() + 300]
+            if "DualPipeV" in near or "dualpipe-v" in near or "dualpipe_v" in near:
+                found += 1
+                if "Sea AI Lab" not in near and "cut-in-half" not in near:
+                    wrong.append((name, text[max(0, m.start() - 120) : m.end()]))
+    assert found >= 5  # the scan sees the lesson, the package and the docs
+    assert not wrong, wrong

@@ -331,6 +331,51 @@ def test_a_started_cluster_holds_its_port(cluster, monkeypatch):
     assert pids(spawned_children()) <= before and not second.pids
 
 
+FSDP2_STATE_BYTES = """
+import json, os, torch, torch.distributed as dist
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"])
+dist.init_process_group("gloo", rank=0, world_size=1)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+for layer in (model[0], model[2]):
+    fully_shard(layer, mp_policy=mp)
+fully_shard(model, mp_policy=mp)
+opt = torch.optim.Adam(model.parameters())
+model(torch.randn(8, 16)).float().pow(2).mean().backward()
+opt.step()
+def held(ts):
+    return sum(t.numel() * t.element_size() for t in ts)
+params = [p.to_local() for p in model.parameters()]
+states = [v for st in opt.state.values() for v in st.values() if torch.is_tensor(v) and v.dim()]
+print(json.dumps({"n": sum(p.numel() for p in params), "param": held(params),
+                  "grad": held(p.grad.to_local() for p in model.parameters()),
+                  "optimizer": held(states), "dtypes": sorted({str(p.dtype) for p in params})}))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_fsdp2_with_fp32_parameters_holds_16_bytes_per_parameter_not_18():
+    # Lesson 08 and plan/inputs.py: fully_shard keeps the sharded parameter in its original
+    # dtype and the optimizer steps on it (no fp32 master copy beside bf16 weights), so a bf16
+    # MixedPrecisionPolicy with fp32 reductions holds 4 + 4 + 8 bytes per parameter.
+    env = {**os.environ, "PORT": str(resolve_port())}
+    out = subprocess.run([sys.executable, "-c", FSDP2_STATE_BYTES], capture_output=True,
+                         text=True, timeout=120, env=env, cwd=ROOT)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    held = json.loads(out.stdout.strip().splitlines()[-1])
+    n = held["n"]
+    assert held["dtypes"] == ["torch.float32"]
+    assert (held["param"] / n, held["grad"] / n, held["optimizer"] / n) == (4.0, 4.0, 8.0)
+    from course_utils import plan
+
+    fsdp2 = sum(plan.model_state_bytes(1.0, "fp32", zero=3, dp=1).values())
+    megatron = sum(plan.model_state_bytes(1.0, "bf16-mixed-fp32-grads", zero=3, dp=1).values())
+    assert (fsdp2, megatron) == (16.0, 18.0)
+
+
 @pytest.mark.slow
 def test_fsdp2_matches_one_process_and_the_threads_zero3(cluster):
     from course_utils.distributed.fsdp import run_fsdp

@@ -470,7 +470,13 @@ def test_cli_validates_without_importing_torch():
 # --------------------------------------------------------------------------- on a real cluster
 
 
-def _exposed(tokens: float, layers: int, flops: float = 1e12, bandwidth: float = 1e9) -> float:
+def _exposed(
+    tokens: float,
+    layers: int,
+    flops: float = 1e12,
+    bandwidth: float = 1e9,
+    reduce_element_size: int | None = None,
+) -> float:
     """Seconds a ZeRO-3 step with prefetch 1 waits beyond its compute, for equal layers."""
     from course_utils.parallel.fsdp import FSDPCosts, simulate_fsdp
 
@@ -481,6 +487,7 @@ def _exposed(tokens: float, layers: int, flops: float = 1e12, bandwidth: float =
         layer_numels=(psi,) * layers,
         bandwidth=bandwidth,
         element_size=e,
+        reduce_element_size=reduce_element_size,
     )
     timeline = simulate_fsdp(costs, workers, stage=3, prefetch=1)
     return timeline.makespan - timeline.busy_per_device()[0]
@@ -497,6 +504,25 @@ def test_gathers_hide_behind_compute_from_the_bound_on():
     # Below it every layer adds a wait.
     below = [_exposed(bound * 0.6, layers) for layers in (4, 8, 16)]
     assert below[0] < below[1] < below[2]
+
+
+def test_fp32_reduce_scatters_need_one_and_a_half_times_the_tokens_to_hide():
+    from course_utils.parallel.fsdp import gather_hiding_tokens
+
+    bf16 = gather_hiding_tokens(1e12, 1e9, 2, 4)
+    fp32_reduce = gather_hiding_tokens(1e12, 1e9, 2, 4, reduce_element_size=4)
+    # the backward sends 2 + 4 bytes per parameter for twice the forward's compute
+    assert fp32_reduce == pytest.approx(1.5 * bf16)
+    assert gather_hiding_tokens(1e12, 1e9, 2, 4, reduce_element_size=2) == bf16
+    assert gather_hiding_tokens(1e12, 1e9, 4, 4, reduce_element_size=2) == pytest.approx(2 * bf16)
+    # the simulator agrees: above the old bound the fp32 reduce-scatters still show, above
+    # the new one only the ends of the step wait, however many layers
+    below = [_exposed(bf16 * 1.2, n, reduce_element_size=4) for n in (4, 8, 16)]
+    assert below[0] < below[1] < below[2]
+    above = [_exposed(fp32_reduce * 1.05, n, reduce_element_size=4) for n in (4, 8, 16)]
+    assert above[0] == pytest.approx(above[1]) == pytest.approx(above[2])
+    with pytest.raises(CourseInputError, match="reduce_element_size"):
+        gather_hiding_tokens(1e12, 1e9, 2, 4, reduce_element_size=0)
 
 
 def test_hybrid_sharding_and_resharding_counts():

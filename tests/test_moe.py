@@ -681,3 +681,16 @@ def test_router_z_loss_is_the_mean_squared_logsumexp():
     for bad in (torch.zeros(3), "x"):
         with pytest.raises(CourseInputError, match="logits must be"):
             router_z_loss(bad)
+
+
+def test_router_z_loss_is_smallest_where_the_logsumexp_is_zero_not_at_zero_logits():
+    from course_utils.parallel.moe import router_z_loss
+
+    experts = 4
+    flat = torch.full((1, experts), -math.log(experts), dtype=torch.float64)
+    assert router_z_loss(flat).item() == pytest.approx(0.0, abs=1e-24)
+    assert router_z_loss(torch.zeros(1, experts)).item() == pytest.approx(math.log(4) ** 2)
+    # at its minimum its gradient is zero; at zero logits it pulls them down
+    zeros = torch.zeros(1, experts, requires_grad=True)
+    router_z_loss(zeros).backward()
+    assert zeros.grad is not None and (zeros.grad > 0).all()

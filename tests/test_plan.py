@@ -281,6 +281,50 @@ def test_context_parallel_traffic_and_buffers_equal_the_ring_attention_module():
     assert plan.ring_attention_bytes(SMALL.seq, 4, SMALL.heads, SMALL.head_dim) == whole
 
 
+def test_the_kv_heads_set_the_rings_bytes_and_the_ulysses_limit():
+    from dataclasses import replace
+
+    from course_utils.parallel import context_parallel as ctx
+
+    gqa = replace(plan.MODEL_PRESETS["70B"], seq=8192)  # Llama 2 70B: 64 heads share 8 K/V
+    mha = replace(gqa, kv_heads=0)
+    assert (gqa.key_value_heads, mha.key_value_heads) == (8, 64)
+    assert [gqa.kv_heads_per_gpu(t) for t in (1, 2, 8, 16)] == [8, 4, 1, 1]  # 16: copied
+    # the ring's K/V block: tp = 8 leaves each GPU 1 K/V head (of its 8 query heads)
+    cfg = plan.Config(tp=8, cp=4, microbatches=3)
+    per_layer = ctx.ring_bytes_per_worker(gqa.seq, 4, 1, gqa.head_dim, 2)
+    sent = plan.traffic(gqa, cfg)["context"]
+    assert sent == 3 * gqa.layers * (per_layer["forward"] + per_layer["backward"])
+    assert plan.traffic(mha, cfg)["context"] == 8 * sent
+    t = gqa.seq // 4  # the arriving block: 1 K/V head instead of 8, 2 t D values each
+    held = {m: plan.buffers(m, cfg)["attention in flight"] for m in (gqa, mha)}
+    assert held[mha] - held[gqa] == 2 * (8 - 1) * 2 * t * gqa.head_dim
+    assert plan.ring_attention_bytes(gqa.seq, 4, 8, 128, kv_heads=8) == plan.ring_attention_bytes(
+        gqa.seq, 4, 8, 128
+    )
+    # Ulysses: q and the output carry the query heads, k and v the K/V heads
+    uly = plan.Config(cp=8, cp_kind="ulysses", microbatches=2)
+    per = ctx.ulysses_bytes_per_worker(gqa.seq, 8, 64, gqa.head_dim, 2, kv_heads=8)
+    want = 2 * gqa.layers * (per["forward"] + per["backward"])
+    assert plan.traffic(gqa, uly)["context"] == pytest.approx(want, rel=1e-12)
+    # its limit is the K/V heads of a tensor-parallel GPU, not the query heads
+    plan.check_config(gqa, uly)
+    plan.check_config(mha, replace(uly, cp=16))
+    with pytest.raises(CourseInputError, match="cp=16 must divide the 8 K/V heads"):
+        plan.check_config(gqa, replace(uly, cp=16))
+    with pytest.raises(CourseInputError, match="cp=2 must divide the 1 K/V head of"):
+        plan.check_config(gqa, plan.Config(tp=8, cp=2, cp_kind="ulysses"))
+    found = plan.search(replace(gqa, seq=16384), 32, 32, cp_kind="ulysses")
+    pairs = {(e.config.tp, e.config.cp) for e in found["feasible"]}
+    assert pairs and all(gqa.kv_heads_per_gpu(tp) % cp == 0 for tp, cp in pairs)
+    assert any("K/V head" in reason for _, reason in found["rejected"])
+    with pytest.raises(CourseInputError, match="must divide the 12 K/V heads or be a multiple"):
+        plan.check_config(plan.ModelShape(13_000_000_000, 40, 6144, 48, kv_heads=12),
+                          plan.Config(tp=8))  # fmt: skip
+    with pytest.raises(CourseInputError, match=r"kv_heads \(3\) must divide heads \(40\)"):
+        plan.ModelShape(13_000_000_000, 40, 5120, 40, kv_heads=3)
+
+
 def test_context_parallelism_splits_activations_and_shards_weights_with_dp():
     long = plan.ModelShape(30_000_000_000, 48, 7168, 56, seq=32768)
     one = plan.memory(long, plan.Config(tp=8, sequence_parallel=True, recompute="selective"))
@@ -592,6 +636,14 @@ def test_cli_search_json_shape(cli):
         (["memory", "--params", "7B", "--layers", "32", "--hidden", "4096", "--heads", "32",
           "--seq", "2048", "--cp", "3"], "2 x cp"),
         (["memory", "--params", "7B", "--gpu", "B200"], "--gpu"),
+        (["memory", "--params", "7B", "--kv-heads", "8"], "--kv-heads needs the shape"),
+        (["memory", "--params", "7B", "--layers", "32", "--hidden", "4096", "--heads", "32",
+          "--kv-heads", "6", "--seq", "2048"], "--kv-heads (6) must divide --heads (32)"),
+        (["memory", "--params", "7B", "--layers", "32", "--hidden", "4096", "--heads", "32",
+          "--kv-heads", "64", "--seq", "2048"], "--kv-heads must be an integer from 0 to 32"),
+        (["memory", "--params", "70B", "--layers", "80", "--hidden", "8192", "--heads", "64",
+          "--kv-heads", "8", "--seq", "8192", "--cp", "16", "--cp-kind", "ulysses"],
+         "cp=16 must divide the 8 K/V heads"),
         (["memory", "--params", "7B", "--reserve-gib", "80"], "--reserve-gib"),
         (["memory", "--params", "7B", "--reserve-gib", "-1"], "--reserve-gib"),
         (["memory", "--params", "7B", "--layers", "32", "--hidden", "4096", "--heads", "32",
@@ -634,6 +686,23 @@ def test_cli_echoes_every_assumption_and_the_fewest_gpus(cli):
             "--seq", "2048", "--global-batch", "256", "--gpus", "8", "--json").stdout
     )  # fmt: skip
     assert data["min_gpus"] == 16 and data["assumptions"]
+
+
+def test_cli_kv_heads_reach_the_model_and_its_echo(cli):
+    shape = ["--params", "70B", "--layers", "80", "--hidden", "8192", "--heads", "64"]
+    args = ["search", *shape, "--seq", "8192", "--global-batch", "16", "--gpus", "16"]
+    args += ["--cp-kind", "ulysses"]
+    gqa = cli(*args, "--kv-heads", "8", "--json")
+    mha = cli(*args, "--json")
+    assert gqa.returncode == 0 and mha.returncode == 0, gqa.stderr + mha.stderr
+    cps = {
+        name: {(r["tp"], r["cp"]) for r in json.loads(out.stdout)["feasible"]}
+        for name, out in (("gqa", gqa), ("mha", mha))
+    }
+    assert cps["gqa"] and all(8 // tp % cp == 0 for tp, cp in cps["gqa"])  # tp <= 8 here
+    assert cps["mha"] - cps["gqa"]  # multi-head allows Ulysses degrees GQA does not
+    text = cli(*args, "--kv-heads", "8", "--top", "1")
+    assert "a=64 (8 K/V)" in text.stdout
 
 
 def test_cli_context_and_expert_parallel_layouts(cli):

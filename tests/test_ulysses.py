@@ -199,7 +199,7 @@ def test_planner_refuses_a_ulysses_degree_beyond_the_heads():
         plan.memory(model, plan.Config(cp=2, cp_kind="striped"))
     result = plan.search(model, 64, 64, cp_kind="ulysses")
     reasons = [r for c, r in result["rejected"] if isinstance(c, dict) and "cp" in c]
-    assert any("Ulysses gives each GPU whole heads" in r for r in reasons)
+    assert any("of the all-to-all computes whole heads" in r for r in reasons)
     assert all(e.config.cp_kind == "ulysses" for e in result["feasible"])
     assert any(e.config.cp > 1 for e in result["feasible"])
 

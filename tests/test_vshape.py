@@ -631,3 +631,26 @@ def test_dualpipe_v_on_threads_sends_a_slots_outputs_when_the_slot_ends():
             if k[0] == send.device and k[1:3] == (a.stage, a.microbatch) and k[3] in kinds
         ]
         assert made and send.start >= made[0] - 1e-12, (send, made)
+
+
+def test_dualpipe_v_early_send_on_threads_sends_before_its_slot_ends():
+    """Without send groups the executor sends an output as its action ends: some F&B slot's
+    forward output leaves before the slot's backward is done (lesson 11's "early send")."""
+    p, m = 2, 4
+    model = make_mlp(2 * p)
+    x, y = model.example_batch(2 * m, torch.Generator().manual_seed(1))
+    sched = dualpipe_v(p, m, early_send=True)
+    assert sched.send_groups is None
+    with PipelineExecutor(partition(model, 2 * p), p, loss_fn) as ex:
+        tl = ex.step(sched, x, y).timeline
+    ends = {(e.device, e.action): e.end for e in tl.events if e.action.is_compute}
+    sends = {(e.device, e.action.stage, e.action.microbatch): e.start
+             for e in tl.events if e.action.kind == "SEND_F"}  # fmt: skip
+    early = 0
+    for d, slots in enumerate(dualpipe_v_slots(p, m)):
+        for slot in slots:
+            if len(slot) == 2 and (d, slot[0].stage, slot[0].microbatch) in sends:
+                sent = sends[(d, slot[0].stage, slot[0].microbatch)]
+                assert sent >= ends[(d, slot[0])] - 1e-12  # after its forward ...
+                early += sent < ends[(d, slot[1])]  # ... and before the slot's backward ends
+    assert early > 0

@@ -93,3 +93,23 @@ def test_a_function_that_eats_memory_is_stopped_near_the_limit():
     with pytest.raises(LearnerError, match="memory") as info:
         Replay("hungry", [(1,)], [outcome])(1)
     assert type(info.value).__name__ == "MemoryError"
+
+
+def test_a_rank_programs_case_crosses_and_says_how_the_program_is_called():
+    from course_utils.checks.programs import ProgramCase
+
+    case = ProgramCase(devices=2, batch=4, hidden=8, seed=5)
+    back = decode(json.loads(json.dumps(encode((case,)))))
+    assert back == (case,) and repr(back) == repr((case,))  # Replay finds it by its repr
+
+    def program(ctx):  # the kernel runs it on the case's ranks, not program(case)
+        if ctx.rank == 0:
+            ctx.send(ctx.inputs[0], to=1)
+        else:
+            ctx.recv(0)
+
+    outcome = call_outcome(program, back, 10)
+    record = decode(json.loads(json.dumps(outcome["result"])))
+    assert record["world"] == 2 and record["bytes_sent"] == [4 * 16 * 4, 0]
+    with pytest.raises(ValueError, match="ProgramCase.batch"):
+        ProgramCase(devices=2, batch=0, hidden=8, seed=5)

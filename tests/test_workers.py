@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from course_utils.errors import CourseInputError, WorkerError
-from course_utils.threads.devices import Aborted, DeviceThreads
+from course_utils.threads.devices import COOPERATE_S, Aborted, DeviceThreads
 
 
 def test_runs_each_function_on_its_own_persistent_thread():
@@ -104,3 +104,41 @@ def test_keyboard_interrupt_in_caller_stops_workers(ctrl_c_delivered):
             pool.run([wait_for_abort, wait_for_abort])
         assert seen == [True, True]  # both workers saw abort and finished before re-raise
         assert pool.run([lambda: 1, lambda: 2]) == [1, 2]
+
+
+def spin():
+    """Pure Python that never looks at abort (a learner's runaway loop)."""
+    n = 0
+    while True:
+        n += 1
+
+
+def test_a_thread_that_ignores_abort_is_stopped_and_the_pool_closed():
+    pool = DeviceThreads(2, name="spinner")
+    threads = list(pool._threads)
+    t0 = time.monotonic()
+    with pytest.raises(WorkerError, match=r"timed out after 0.2 s with spinner 1 still running"):
+        pool.run([lambda: None, spin], timeout=0.2)
+    assert time.monotonic() - t0 < 0.2 + COOPERATE_S + 2
+    assert not any(t.is_alive() for t in threads)  # stopped from outside, then joined
+    with pytest.raises(WorkerError, match="closed"):
+        pool.run([lambda: 1, lambda: 2])
+
+
+def test_an_exception_in_the_waiting_caller_stops_runaway_workers(ctrl_c_delivered):
+    import _thread
+
+    pool = DeviceThreads(2)
+    threads = list(pool._threads)
+
+    def swallowing():  # even `except Exception` does not keep it alive: Stopped is a BaseException
+        while True:
+            try:
+                spin()
+            except Exception:
+                pass
+
+    threading.Timer(0.2, _thread.interrupt_main).start()
+    with pytest.raises(KeyboardInterrupt):
+        pool.run([spin, swallowing])
+    assert not any(t.is_alive() for t in threads)

@@ -12,7 +12,18 @@ from __future__ import annotations
 import math
 
 from course_utils import checks
-from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge, numbers, pick
+from course_utils.checks import (
+    DEFAULT,
+    OTHERWISE,
+    Variant,
+    exercise,
+    fail,
+    judge,
+    numbers,
+    pick,
+    programs,
+)
+from course_utils.checks.programs import ProgramCase
 
 for_student = checks.lesson_checks(__name__)
 
@@ -245,4 +256,115 @@ def exercise_6(scenario_a, scenario_b) -> str:
     return (
         "Right: a layer bigger than a device must be cut inside (tensor parallelism); over a "
         "slow link, cut between layers (pipeline) so only stage boundaries communicate."
+    )
+
+
+# --------------------------------------------------------------------------- 1.7: the program
+
+
+given_7 = numbers(batch=pick("7b", 8, [4, 6, 12, 16]), hidden=pick("7h", 32, [16, 24, 48]))
+
+
+def cases_7(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
+    """The learner's own model (their numbers), then two drawn afresh: other sizes, depths
+    and seeds."""
+    g, rng = given_7(variant), variant.cases("7")
+    cases = [ProgramCase(devices=2, batch=g.batch, hidden=g.hidden, seed=7)]
+    cases += [
+        ProgramCase(
+            devices=2,
+            batch=rng.choice([2, 4, 6, 10]),
+            hidden=rng.choice([8, 12, 20]),
+            depth=rng.choice([1, 2, 4]),
+            seed=rng.randint(1, 10**6),
+        )
+        for _ in range(2)
+    ]
+    return {"naive_program": [(case,) for case in cases]}
+
+
+NAIVE_ACTIONS = [["0F0", "0B0"], ["1F0", "1B0"]]
+
+
+def _failed_run(shown: str, failure: dict) -> str:
+    """The hint for a run that stopped with `failure` (its kind, rank and message)."""
+    kind, rank, said = failure.get("kind"), failure.get("rank"), str(failure["message"])
+    if kind == "deadlock":
+        return (
+            f"{shown} never finished: {said}. A receive waits until the other rank has sent: "
+            "rank 0 must send its activation before it waits for the gradient, and rank 1 "
+            "can only send the gradient after its backward."
+        )
+    if kind == "not a tensor" and rank == 1:
+        return (
+            f"{shown}: {said}. Rank 1's `x.grad` is None: what rank 1 received is a plain "
+            "tensor (a message carries no graph), so its backward stops before it. Make it a "
+            "leaf that wants a gradient: `x = ctx.recv(0).requires_grad_()`."
+        )
+    if "does not require grad" in said:
+        return (
+            f"{shown}: {said}. Rank {rank}'s output has no graph to backpropagate through: "
+            "it was detached (or computed under torch.no_grad()) before the rank kept it. Keep "
+            "the stage's output as it is: `send` already sends a copy without the graph."
+        )
+    if "implicitly created only for scalar" in said:
+        return (
+            f"{shown}: {said}. Only the loss is a single number to start a backward from: "
+            "rank 0 must start from its output with the gradient rank 1 sent back, "
+            "`torch.autograd.backward(out, grad)`."
+        )
+    return f"{shown}: {said}. Compare it with the six steps listed above the answer cell."
+
+
+@exercise(given_7, naive_program=programs.as_program)
+def exercise_7(naive_program, variant) -> str:
+    """Build the naive two-rank program; judged on what the run did (evidence)."""
+    for (case,), shown, got in checks.each_call(naive_program, cases_7(variant)["naive_program"]):
+        run = programs.evidence(got, shown, case)
+        if run["failure"] is not None:
+            fail(_failed_run(shown, run["failure"]))
+        ran = [[str(a) for a in actions] for actions in run["actions"]]
+        for rank, (mine, want) in enumerate(zip(ran, NAIVE_ACTIONS, strict=True)):
+            if mine != want:
+                fail(
+                    f"{shown}: rank {rank} ran the actions {mine or 'none'}, not {want}. Put "
+                    "each stage's forward in `with ctx.forward(0):` and its backward in `with "
+                    "ctx.backward(0):`, so the harness sees (and times) them."
+                )
+        one_device = case.reference()
+        off = programs.gradients_off(run, case, one_device["grads"])
+        if off.get(1):
+            fail(
+                f"{shown}: rank 1's gradients are not those of one device. Rank 1 computes "
+                "the loss with `ctx.loss(out, 0)` on its stage's output and backpropagates it."
+            )
+        if off.get(0) == "none":
+            fail(
+                f"{shown}: rank 0's gradients are None: its backward never reached its stage. "
+                "Rank 0 starts it from the output it kept, with the gradient rank 1 sent "
+                "back: `torch.autograd.backward(out, grad)`."
+            )
+        if off.get(0) == "zero":
+            fail(
+                f"{shown}: rank 0's gradients are all zero: the gradient rank 1 sent back was "
+                "zeros. Did rank 1 make the activation it received want a gradient "
+                "(`requires_grad_()`) before its forward?"
+            )
+        if off.get(0):
+            fail(
+                f"{shown}: rank 1's gradients are right, rank 0's are not. Rank 0's backward "
+                "must start from the gradient rank 1 sent back, `torch.autograd.backward(out, "
+                "grad)`, not from its own output (`out.sum().backward()`)."
+            )
+        handed = one_device["handed"][0]
+        if run["bytes_sent"] != [handed, handed] or run["bytes_received"] != [handed, handed]:
+            fail(
+                f"{shown}: the ranks sent {run['bytes_sent']} bytes; the naive program sends "
+                f"one activation forward and one gradient back, {handed} bytes each."
+            )
+    return (
+        "Right: on your model and two others, both ranks' gradients equal one device's, with "
+        "one activation sent forward and one gradient sent back. That hand-over, a leaf that "
+        "wants a gradient on one side and `backward(out, grad)` on the other, is every "
+        "pipeline's stage boundary."
     )

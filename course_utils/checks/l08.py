@@ -246,6 +246,11 @@ def their_costs(variant: Variant = DEFAULT):
     )
 
 
+# The calls of its material a graded notebook may make (the grader computes their results and
+# hands them to the sandbox as data: course_utils.grading.stand_in): name -> other arguments.
+MATERIAL = {"their_timeline": [{}, {"prefetch": 1}]}
+
+
 def their_timeline(variant: Variant = DEFAULT, prefetch: int = 0):
     """Exercise 8.5's ZeRO-3 step, simulated (no prefetch unless asked)."""
     from course_utils.parallel.fsdp import simulate_fsdp

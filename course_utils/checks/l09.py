@@ -291,6 +291,11 @@ given_5 = numbers(
 )
 
 
+# The calls of its material a graded notebook may make (the grader computes their results and
+# hands them to the sandbox as data: course_utils.grading.stand_in): name -> other arguments.
+MATERIAL = {"their_timeline": [{}, {"zigzag": True}]}
+
+
 def their_timeline(variant: Variant = DEFAULT, zigzag: bool = False):
     """Exercise 9.5's causal ring forward, simulated (the plain split unless `zigzag`)."""
     from course_utils.parallel.context_parallel import simulate_ring
@@ -487,9 +492,9 @@ def exercise_7(g, ulysses_sent, ring_sent, less_traffic, at_big) -> str:
         )
     if at_big != "ring":
         fail(
-            f"`at_big`: Ulysses gives each worker whole heads, so its degree must divide the "
-            f"{kv} K/V heads: {g.big} workers would need copies of the heads. What does the "
-            "ring split instead?"
+            f"`at_big`: Ulysses gives each worker whole heads, so its degree cannot exceed the "
+            f"{kv} K/V heads (and must divide them in the course's even split): {g.big} workers "
+            "would need copies of the heads. What does the ring split instead?"
         )
     less = "the same bytes" if right == "equal" else f"the {right} sends less here"
     return (
@@ -517,7 +522,8 @@ def exercise_8(g, ulysses_degree, ring_degree) -> str:
         f"`ulysses_degree` = {u} splits the query heads, but the keys and values have only "
         f"{kv} heads: a larger degree would need copies of them.": query_heads,
         f"`ulysses_degree` = {u}: each GPU of an all-to-all group takes whole K/V heads, so the "
-        f"degree must divide the {kv} K/V heads.": u > want,
+        f"degree cannot exceed the {kv} K/V heads, and with the course's even split it must "
+        "divide them.": u > want,
         "`ulysses_degree` is too small: the all-to-all sends less as its degree grows. Take the "
         "largest that divides both the K/V heads and the GPUs.": OTHERWISE,
     }

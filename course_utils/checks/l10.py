@@ -536,7 +536,9 @@ def exercise_7(g, chosen, gates, new_bias) -> str:
     hints = {
         "`gates` adds the bias. The bias only steers the choice; the gate that weighs the "
         "expert's output is the score itself.": biased,
-        "`gates` are all 1: with top-1 the gate is the chosen expert's score.": [1.0] * tokens,
+        "`gates` are all 1, as if renormalised over the one expert chosen. DeepSeek-V3 "
+        "renormalises only its sigmoid scores; these are softmax probabilities, and with top-1 "
+        "the gate is the chosen expert's score itself.": [1.0] * tokens,
         "`gates` is not right: each token's score for the expert it was sent to.": OTHERWISE,
     }
     judge(gates, [scores[t][e] for t, e in enumerate(want)], "gates", hints)

@@ -6,7 +6,8 @@ stages; in a V device d holds stage d (its down chunk) and stage 2p-1-d (its up 
 and W are the costs of one micro-batch through one chunk (one stage), B = I + W; stages,
 devices and micro-batches are numbered from 0 and actions are written like PyTorch's: `3F0`
 is stage 3's forward of micro-batch 0. ZB-V: Qi et al. 2024, arXiv 2401.10241; DualPipeV:
-DeepSeek-AI 2024, arXiv 2412.19437.
+DualPipe (DeepSeek-AI 2024, arXiv 2412.19437) cut in half by Sea AI Lab (2025, "cut-in-half"
+blog post), as DeepSeek's dualpipe/dualpipev.py runs it.
 """
 
 from __future__ import annotations

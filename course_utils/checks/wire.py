@@ -22,6 +22,14 @@ from fractions import Fraction
 from typing import Any
 
 TAG = "__course_type__"
+# The trials of per-rank programs, by class name: the module that defines each (only these
+# are ever made from data).
+CASES = {
+    "ProgramCase": "course_utils.checks.programs",
+    "RingCase": "course_utils.checks.rank_cases",
+    "DDPCase": "course_utils.checks.rank_cases",
+    "TPCase": "course_utils.checks.rank_cases",
+}
 
 
 def encode(value: Any, depth: int = 0) -> Any:
@@ -64,6 +72,8 @@ def encode(value: Any, depth: int = 0) -> Any:
         return encode(value.item(), depth + 1)  # numpy scalar
     if kind == "course_utils" and name == "Action":
         return {TAG: "Action", "value": str(value)}
+    if kind == "course_utils" and name in CASES:  # a rank program's trial (programs, ...)
+        return {TAG: name, "value": encode(vars(value), depth + 1)}
     if kind == "course_utils" and name == "Schedule":
         return {
             TAG: "Schedule",
@@ -109,6 +119,11 @@ def decode(data: Any) -> Any:
         from course_utils.actions import Action
 
         return Action.parse(data["value"])
+    if kind in CASES:
+        import importlib
+
+        case = getattr(importlib.import_module(CASES[kind]), kind)
+        return case(**decode(data["value"]))
     if kind == "Schedule":
         from course_utils.actions import Action, Schedule
 
@@ -169,8 +184,10 @@ def call_outcome(
 
     previous = signal.signal(signal.SIGALRM, watch)
     signal.setitimer(signal.ITIMER_REAL, min(_WATCH_EVERY_S, limit_s), _WATCH_EVERY_S)
+    # A case may say how the answer is called: a `ProgramCase` runs a rank program.
+    call = getattr(args[0], "__course_call__", None) if len(args) == 1 else None
     try:
-        result = fn(*args)
+        result = call(fn) if callable(call) else fn(*args)
         signal.setitimer(signal.ITIMER_REAL, 0)  # encoding a big result is not the learner's
         outcome = {"result": encode(result)}
     except CallTimedOut as exc:

@@ -74,6 +74,11 @@ def _add_model_args(parser: argparse.ArgumentParser, required: bool) -> None:
     model.add_argument("--layers", type=int, required=required, help="transformer layers L")
     model.add_argument("--hidden", type=int, required=required, help="hidden size h")
     model.add_argument("--heads", type=int, required=required, help="attention heads a")
+    model.add_argument(
+        "--kv-heads", type=int, default=0,
+        help="key/value heads, dividing --heads: fewer than --heads is grouped-query attention "
+        "(default: as many as --heads). Sets the ring's K/V bytes and the Ulysses limit",
+    )  # fmt: skip
     model.add_argument("--seq", type=int, required=required, help="sequence length s (tokens)")
     model.add_argument(
         "--vocab", type=int, default=ModelShape.vocab,
@@ -129,7 +134,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     layout.add_argument(
         "--cp-kind", choices=CP_KINDS, default="ring",
         help="how attention crosses the cp GPUs: ring (K/V blocks passed round) or ulysses "
-        "(all-to-all over heads; cp divides heads / tp)",
+        "(all-to-all over heads; cp divides the K/V heads / tp)",
     )  # fmt: skip
     layout.add_argument("--pp", type=int, default=1, help="pipeline-parallel degree")
     layout.add_argument("--dp", type=int, default=1, help="data-parallel degree")
@@ -164,7 +169,7 @@ def _shape_from_args(args) -> ModelShape | int:
     params = parse_count(args.params, "--params")
     given = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "seq")}
     extra = {"--experts": args.experts != 1, "--top-k": args.top_k != 1,
-             "--ffn-hidden": args.ffn_hidden != 0}  # fmt: skip
+             "--ffn-hidden": args.ffn_hidden != 0, "--kv-heads": args.kv_heads != 0}  # fmt: skip
     if all(v is None for v in given.values()):
         if any(extra.values()):
             flag = next(f for f, used in extra.items() if used)
@@ -181,13 +186,16 @@ def _shape_from_args(args) -> ModelShape | int:
     validation.integer(args.ffn_hidden, "--ffn-hidden", 0, MAX_SHAPE)
     if args.hidden % args.heads:
         raise CourseInputError(f"--heads ({args.heads}) must divide --hidden ({args.hidden})")
+    validation.integer(args.kv_heads, "--kv-heads", 0, args.heads)
+    if args.kv_heads and args.heads % args.kv_heads:
+        raise CourseInputError(f"--kv-heads ({args.kv_heads}) must divide --heads ({args.heads})")
     if args.top_k > args.experts:
         raise CourseInputError(f"--top-k ({args.top_k}) cannot exceed --experts ({args.experts})")
     validation.number(args.capacity_factor, "--capacity-factor", 1, 64)
     try:
         return ModelShape(
             params, args.layers, args.hidden, args.heads, args.seq, args.vocab, args.experts,
-            args.top_k, args.ffn_hidden, args.capacity_factor,
+            args.top_k, args.ffn_hidden, args.capacity_factor, args.kv_heads,
         )  # fmt: skip
     except CourseInputError as exc:
         raise CourseInputError(f"--params: {exc}") from None
@@ -225,9 +233,10 @@ def _assumptions(model, hardware: Hardware, precision: str, overlap: bool | None
             if model.is_moe
             else f", f={model.ffn}"
         )
+        kv = f" ({model.key_value_heads} K/V)" if model.kv_heads else ""
         lines.append(
             f"model: {model.params / 1e9:.4g}B parameters, L={model.layers}, h={model.hidden}, "
-            f"a={model.heads}, s={model.seq}, V={model.vocab}{moe}; {precision}"
+            f"a={model.heads}{kv}, s={model.seq}, V={model.vocab}{moe}; {precision}"
         )
     else:
         lines.append(f"model: {model / 1e9:.4g}B parameters (no shape: model states only); "

@@ -12,7 +12,10 @@ you map any column to a user field and each lesson column to a grade item (INSTR
 walks through both). A lesson's score is the number of its exercises passed; a notebook that
 could not be graded scores 0; a student with no notebook of a lesson gets empty cells, which
 both LMSs leave as they were. Where a student handed in more than one notebook of a lesson,
-the best counts.
+the one `keep` left counted is taken (`grade --keep`: the latest by default; rows nobody
+chose between, as from the API, count their best). Rows `keep` never counts (not on the
+roster, a folder whose number and name disagree, not kept) are left out. No cell can be taken
+for a formula (`neutral.cell`: a name "=HYPERLINK(...)" is written "'=HYPERLINK(...)").
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ import csv
 from pathlib import Path
 
 from course_utils.grading.grader import GradeResult
+from course_utils.grading.keep import counted
+from course_utils.grading.neutral import cell
 from course_utils.grading.roster import Student
 
 IDENTITY = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
@@ -54,13 +59,13 @@ def write_gradebook(
         roster = [Student(s, next(r.name for r in results if r.student == s) or s) for s in order]
     best: dict[tuple[str, int], int] = {}
     for r in results:
-        if r.lesson and "missing" not in r.flags and "not on the roster" not in r.flags:
+        if r.lesson and counted(r):
             k = (r.student, r.lesson)
             best[k] = max(best.get(k, 0), r.score)
     columns = [f"Lesson {n:02d} {what}" for n in lessons for what in ("score", "percent")]
-    with path.open("w", newline="", encoding="utf-8") as f:
+    with path.open("w", newline="", encoding="utf-8", errors="backslashreplace") as f:
         writer = csv.writer(f)
-        writer.writerow(IDENTITY + columns)
+        writer.writerow([cell(c) for c in IDENTITY + columns])
         for s in roster:
             cells: list[object] = []
             for n in lessons:
@@ -69,5 +74,5 @@ def write_gradebook(
                     cells += [score, round(100 * score / totals[n], 1) if totals[n] else ""]
                 else:
                     cells += ["", ""]
-            writer.writerow([s.name, s.lms_id, s.id, "", "", *cells])
+            writer.writerow([cell(c) for c in (s.name, s.lms_id, s.id, "", "", *cells)])
     return len(roster)

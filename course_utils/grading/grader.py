@@ -24,6 +24,7 @@ many notebooks, each in its own worker process.
 from __future__ import annotations
 
 import ast
+import copy
 import hashlib
 import importlib
 import json
@@ -41,8 +42,10 @@ from course_utils.checks.wire import encode
 from course_utils.errors import CourseInputError
 from course_utils.grading import stand_in
 from course_utils.grading.judge import cases_for, judge
-from course_utils.grading.make_exercises import STUDENT_LINE
+from course_utils.grading.make_exercises import ANY_STUDENT
+from course_utils.grading.neutral import visible
 from course_utils.grading.notebook_tools import SOLUTIONS, is_check_cell, tags
+from course_utils.grading.roster import possessive
 from course_utils.grading.sandbox import Exercise, KernelStartError, check_calls, run_submission
 
 IMPORT = re.compile(r"course_utils\.checks import l(\d+)")
@@ -54,6 +57,17 @@ class ExerciseResult:
     id: str  # "3.2"
     passed: bool
     message: str
+    # Graded on other numbers than the notebook printed (its name cell names someone else):
+    # {"passed", "message"} its own check cell would have shown (None where the same).
+    as_printed: dict | None = None
+
+
+NOT_ANSWERED = re.compile(r"^Exercise \d+\.\d+ is not answered")
+
+
+def unanswered(exercise: ExerciseResult) -> bool:
+    """Whether the exercise was left unanswered (its message says so), not answered wrong."""
+    return not exercise.passed and bool(NOT_ANSWERED.match(exercise.message))
 
 
 @dataclass
@@ -69,7 +83,9 @@ class GradeResult:
     seconds: float = 0.0
     flags: list[str] = field(default_factory=list)  # "default numbers", "missing", ...
     name: str = ""  # the student's name on the roster
-    sha256: str = ""  # of the notebook's bytes: a rerun grades only what changed or is new
+    sha256: str = ""  # of the notebook's bytes
+    key: dict = field(default_factory=dict)  # its resume key (`resume.ResumeKey`), as graded
+    regraded: list[str] = field(default_factory=list)  # why graded again (a rerun's reasons)
 
     @property
     def total(self) -> int:
@@ -80,13 +96,14 @@ class GradeResult:
         return sum(e.passed for e in self.exercises)
 
     def to_dict(self) -> dict:
+        missing = "missing" in self.flags  # no notebook: no score, no total
         return {
             "notebook": self.notebook,
             "student": self.student,
             "lesson": self.lesson,
             "variant": self.variant,
-            "score": self.score,
-            "total": self.total,
+            "score": None if missing else self.score,
+            "total": None if missing else self.total,
             "exercises": [asdict(e) for e in self.exercises],
             "tampering": self.tampering,
             "problem": self.problem,
@@ -95,6 +112,8 @@ class GradeResult:
             "flags": self.flags,
             "name": self.name,
             "sha256": self.sha256,
+            "key": self.key,
+            "regraded": self.regraded,
         }
 
     @classmethod
@@ -113,6 +132,8 @@ class GradeResult:
             flags=data.get("flags", []),
             name=data.get("name", ""),
             sha256=data.get("sha256", ""),
+            key=data.get("key") or {},
+            regraded=list(data.get("regraded") or []),
         )
 
 
@@ -139,10 +160,12 @@ def detect_lesson(nb: nbformat.NotebookNode) -> int | None:
 
 
 def solution_for(lesson: int, solutions: Path = SOLUTIONS) -> Path:
-    found = sorted(solutions.glob(f"{lesson:02d}_*.ipynb"))
-    if not found:
-        raise CourseInputError(f"no solution notebook for lesson {lesson} in {solutions}")
-    return found[0]
+    from course_utils.grading import missing_solution, solution_of
+
+    found = solution_of(lesson, solutions)
+    if found is None:
+        raise CourseInputError(missing_solution(lesson, solutions) or "no solution")
+    return found
 
 
 def exercises_of(solution: nbformat.NotebookNode) -> list[Exercise]:
@@ -167,20 +190,22 @@ def tampering(
     variant: str = DEFAULT_STUDENT,
 ) -> list[dict]:
     """Locked cells of the solution (check cells and cells tagged "locked") that the
-    submission changed or removed, matched by cell id, else by content. A notebook written
-    for `variant` names that student in its setup cell: that is not a change."""
+    submission changed or removed, matched by cell id, else by content. The name in the
+    setup cell is not compared (a notebook written for a student names them there; one that
+    names someone else is flagged by `_name_cell`, not reported twice)."""
+
+    def fingerprint(source: str) -> str:
+        return source_fingerprint(ANY_STUDENT.sub(f'for_student("{DEFAULT_STUDENT}")', source))
+
     theirs = {c.get("id"): c for c in submission.cells}
-    contents = {source_fingerprint(c.source) for c in submission.cells}
+    contents = {fingerprint(c.source) for c in submission.cells}
     report = []
     for cell in solution.cells:
         if not (is_check_cell(cell) or "locked" in tags(cell)):
             continue
-        source = cell.source
-        if variant != DEFAULT_STUDENT:
-            source = STUDENT_LINE.sub(lambda m: f'for_student("{variant}")', source)
-        mine = source_fingerprint(source)
+        mine = fingerprint(cell.source)
         if cell.get("id") in theirs:
-            if source_fingerprint(theirs[cell.get("id")].source) != mine:
+            if fingerprint(theirs[cell.get("id")].source) != mine:
                 report.append({"cell": cell.get("id"), "status": "changed"})
         elif mine not in contents:
             report.append({"cell": cell.get("id"), "status": "removed"})
@@ -211,6 +236,22 @@ def name_in_notebook(nb: nbformat.NotebookNode) -> str | None:
     return None
 
 
+def naming(nb: nbformat.NotebookNode, student: str) -> nbformat.NotebookNode:
+    """`nb` with its name cell naming `student` (a copy, if it named someone else). Without a
+    sandbox the kernel draws its numbers from the real checks, for the student its name cell
+    names; in one, the stand-in hands it the numbers of the student graded, whatever the cell
+    says. The notebook run without a sandbox names that student, so both grade alike."""
+    named = name_in_notebook(nb)
+    if named is None or named == student:
+        return nb
+    call = re.compile(r"""for_student\((["'])""" + re.escape(named) + r"\1\)")
+    nb = copy.deepcopy(nb)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.source = call.sub(lambda m: f"for_student({student!r})", cell.source)
+    return nb
+
+
 def _name_cell(result: GradeResult, named: str | None) -> None:
     """Say in the result when the setup cell does not name the student graded."""
     if result.variant == DEFAULT_STUDENT:
@@ -220,18 +261,39 @@ def _name_cell(result: GradeResult, named: str | None) -> None:
                 f"(grade with --variants or --student {named!r} for that student's own)"
             )
         return
+    own = possessive(result.variant)
     if named == DEFAULT_STUDENT:
         result.flags.append("default numbers")
         result.notes.append(
             f'worked on the course\'s default numbers: its name cell says "default", '
-            f"not {result.variant!r}; graded on {result.variant!r}'s numbers"
+            f"not {result.variant!r}; graded on {own} numbers"
         )
     elif named is not None and named != result.variant:
         result.flags.append("name cell edited")
         result.notes.append(
             f"its name cell was edited: it says {named!r}, not {result.variant!r}; "
-            f"graded on {result.variant!r}'s numbers"
+            f"graded on {own} numbers"
         )
+
+
+def _as_printed(
+    result: GradeResult, module, exercises: list[Exercise], run, named: str | None
+) -> None:
+    """Where the notebook printed other numbers than it was graded on (its name cell names
+    someone else, or "default"), what its own check cells said on those numbers, for the
+    feedback page: a student is never shown numbers her notebook did not print. Build
+    exercises are left as they are: their messages show the grader's own calls."""
+    if named is None or named == result.variant:
+        return
+    try:
+        printed = Variant(named, cases_seed=secrets.token_hex(8))
+    except ValueError:  # a name cell no check could have run with
+        return
+    for ex, row in zip(exercises, result.exercises, strict=True):
+        if ex.cases:
+            continue
+        verdict = judge(module, ex, run.answers.get(ex.k, {}), printed, run.problems.get(ex.k, []))
+        row.as_printed = {"passed": verdict.passed, "message": verdict.message}
 
 
 def grade_notebook(
@@ -247,12 +309,16 @@ def grade_notebook(
     call_timeout: float = 20.0,
     sandbox: bool = True,
     trust_name_cell: bool = False,
+    limits=None,
+    ipc_root: Path | None = None,
+    cgroup: Path | None = None,
 ) -> GradeResult:
     """Grade one submitted notebook given as bytes (see the module docstring).
 
     `sandbox=False` runs the learner's kernel without a sandbox (`grade --no-sandbox`).
     `trust_name_cell` (a single handout graded without a name): with no `variant`, grade on
-    the numbers of the student its setup cell names, and flag the name as not verified."""
+    the numbers of the student its setup cell names, and flag the name as not verified.
+    `limits`, `ipc_root` and `cgroup` are the sandbox's (`sandbox.run_submission`)."""
     result = GradeResult(notebook=name, student=student, variant=variant or DEFAULT_STUDENT)
     result.sha256 = hashlib.sha256(data).hexdigest()
     try:
@@ -292,15 +358,10 @@ def grade_notebook(
     with tempfile.TemporaryDirectory(prefix="course-checks-") as tmp:
         checks = None
         if sandbox:
-            given = {
-                int(found.group(1)): encode(getattr(module, attr)(learner))
-                for attr in dir(module)
-                if (found := re.fullmatch(r"given_(\d+)", attr))
-            }
-            checks = stand_in.write(Path(tmp) / "checks", solutions, result.lesson, given)
+            checks = stand_in.write(Path(tmp) / "checks", solution, module, learner)
         try:
             run = run_submission(
-                submission,
+                submission if sandbox else naming(submission, result.variant),
                 folder_files or {},
                 result.lesson,
                 exercises,
@@ -309,6 +370,9 @@ def grade_notebook(
                 call_timeout,
                 skip=checks_cells,
                 stand_in=checks,
+                limits=limits,
+                ipc_root=ipc_root,
+                cgroup=cgroup,
             )
         except KernelStartError as exc:
             result.problem = str(exc)
@@ -320,23 +384,28 @@ def grade_notebook(
         result.exercises.append(
             ExerciseResult(f"{result.lesson}.{ex.k}", verdict.passed, verdict.message)
         )
+    _as_printed(result, module, exercises, run, named)
     return result
 
 
 def table(result: GradeResult) -> str:
-    head = f"{result.notebook} (student {result.student}"
+    """The result for the terminal: every text that came from the submission is `visible`
+    (an escape sequence in it is shown, not obeyed), one line each."""
+    v = visible
+    head = f"{v(result.notebook)} (student {v(result.student)}"
     head += f", lesson {result.lesson:02d}" if result.lesson else ""
-    head += f", variant {result.variant})" if result.variant != DEFAULT_STUDENT else ")"
+    head += f", variant {v(result.variant)})" if result.variant != DEFAULT_STUDENT else ")"
     lines = [head]
     if result.problem:
-        lines.append(f"  not graded: {result.problem}")
+        lines.append(f"  not graded: {v(result.problem)}")
     width = max((len(e.id) for e in result.exercises), default=0)
     for e in result.exercises:
         message = e.message.splitlines()[0] if e.message and not e.passed else ""
-        lines.append(f"  {e.id:<{width}}  {'passed' if e.passed else 'FAILED'}  {message}".rstrip())
+        verdict = "passed" if e.passed else "FAILED"
+        lines.append(f"  {v(e.id):<{width}}  {verdict}  {v(message)}".rstrip())
     for t in result.tampering:
-        lines.append(f"  locked cell {t['cell']}: {t['status']}")
-    lines += [f"  note: {n}" for n in result.notes]
+        lines.append(f"  locked cell {v(t['cell'])}: {v(t['status'])}")
+    lines += [f"  note: {v(n)}" for n in result.notes]
     if result.total:
         lines.append(
             f"  score: {result.score}/{result.total} ({100 * result.score / result.total:.0f}%)"

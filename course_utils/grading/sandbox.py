@@ -4,9 +4,14 @@ The learner's code runs in a fresh kernel inside a sandbox of its own (`isolatio
 namespaces, read-only system and package without the checks, a memory-backed scratch copy of
 the notebook's folder as its working directory, limits), started as `python -I`, so neither
 that folder nor PYTHONPATH nor the user's site packages are on `sys.path`. It has no network:
-it talks to the grader over Jupyter's `ipc` transport, through sockets in a folder of the
-grader's that the sandbox can see (and that is watched: a kernel that stores anything else
-there is stopped). The grader inserts a *capture* cell after each exercise; it evaluates the
+it talks to the grader over Jupyter's `ipc` transport, through sockets in a folder the
+sandbox can see: a 1 MiB tmpfs of the worker's own (`isolation.worker_argv`), else a folder of
+the grader's; either is watched (a kernel that stores anything else there is stopped). What
+the kernel prints is read with a cap: `MESSAGE_BYTES` a message (ZeroMQ drops a bigger one
+before it is read), `CELL_OUTPUT_BYTES` a cell and `OUTPUT_BYTES` a notebook; past them the
+output is not kept and the row says so.
+
+The grader inserts a *capture* cell after each exercise; it evaluates the
 expressions the solution's check cell passes to `check.exercise_K(...)` and returns them
 as data (`course_utils.checks.wire`). A function answer is called there, on the inputs
 the grader chose, each call under a time limit, and only its results come back.
@@ -72,6 +77,10 @@ KERNEL_STARTS = 2  # a kernel that never became ready ran nothing: one fresh sta
 MAX_ANSWER_CHARS = 5_000_000  # an answer bigger than this is not read
 MAX_IPC_BYTES = 1 << 20  # sockets and the connection file; anything more is not Jupyter's
 MAX_IPC_ENTRIES = 16
+MESSAGE_BYTES = 16 << 20  # one message from the kernel (an answer is at most 5 MB of text)
+QUEUED_MESSAGES = 16  # received and not yet read: at most 256 MiB in the worker
+CELL_OUTPUT_BYTES = 4 << 20  # what one cell's output may hold
+OUTPUT_BYTES = 32 << 20  # and the whole notebook's
 
 
 # What this process started and has not cleaned up yet, for `abandon` (a worker whose batch
@@ -208,12 +217,17 @@ class _Watch:
 
     def _run(self) -> None:
         while not self._stop.wait(0.25):
-            try:
-                entries = list(os.scandir(self.folder))
-                size = sum(e.stat(follow_symlinks=False).st_size for e in entries)
-            except OSError:
-                continue
-            if len(entries) > MAX_IPC_ENTRIES or size > MAX_IPC_BYTES:
+            entries, size, folders = 0, 0, [self.folder]
+            while folders and entries <= MAX_IPC_ENTRIES:  # its sub-folders too
+                try:
+                    for entry in os.scandir(folders.pop()):
+                        entries += 1
+                        size += entry.stat(follow_symlinks=False).st_size
+                        if entry.is_dir(follow_symlinks=False):
+                            folders.append(Path(entry.path))
+                except OSError:
+                    continue
+            if entries > MAX_IPC_ENTRIES or size > MAX_IPC_BYTES:
                 self.tripped = True
                 self.kill()
                 return
@@ -253,6 +267,8 @@ def run_submission(
     skip: frozenset[str] = frozenset(),
     stand_in: Path | None = None,
     limits: isolation.Limits | None = None,
+    ipc_root: Path | None = None,
+    cgroup: Path | None = None,
 ) -> Run:
     """Execute the submission's cells in a sandboxed kernel, capturing each exercise's answers.
 
@@ -264,10 +280,13 @@ def run_submission(
     the verdict is the grader's (a learner's function that hangs would hang them too).
     `stand_in` is the checks package the sandbox shows the kernel (`stand_in.write`); None
     runs the kernel without a sandbox. `limits` default to `Limits.for_notebook`.
+    `ipc_root` is where the sockets go (the worker's tmpfs), `cgroup` the cgroup v2 folder
+    each kernel gets a cgroup of its own under (`resources.cgroup_parent`).
     """
     from jupyter_client.kernelspec import KernelSpecManager
-    from jupyter_client.manager import AsyncKernelManager
     from nbclient.exceptions import DeadKernelError
+
+    _CappedKernelManager = _capped_manager()
 
     run = Run()
     nb = copy.deepcopy(submission)
@@ -289,7 +308,10 @@ def run_submission(
             target.write_bytes(data)
 
         def run_all(client) -> None:
+            iopub = _Iopub(client, run)
+
             def execute(source: str) -> nbformat.NotebookNode:
+                iopub.recover()
                 cell = nbformat.v4.new_code_cell(source)
                 client.nb.cells.append(cell)
                 client.execute_cell(cell, len(client.nb.cells) - 1)
@@ -305,29 +327,35 @@ def run_submission(
                             run.notes.append(note)
                     else:
                         _run_learner_cell(client, cell, index, where, cell_timeout, run)
+                        iopub.recover()
                 for k in points.get(index, []):
                     _capture(execute, by_k[k], call_timeout, run)
             for ex in exercises:  # answers defined later than their exercise still count
                 if any("missing" in found for found in run.answers.get(ex.k, {}).values()):
                     _capture(execute, ex, call_timeout, run)
+            iopub.close()
 
         cells = list(nb.cells)  # the learner's; captures are appended after them
+        if stand_in is not None and limits is None:
+            limits = isolation.Limits.for_notebook(total_timeout, cgroup=cgroup is not None)
         for attempt in range(1, KERNEL_STARTS + 1):
-            ipc = _socket_folder(Path(tmp), attempt)
-            if stand_in is not None:
+            ipc = _socket_folder(Path(tmp), attempt, ipc_root)
+            box = None
+            if stand_in is not None and limits is not None:
+                if cgroup is not None:
+                    from course_utils.grading import resources
+
+                    memory = resources.cgroup_memory(limits)
+                    box = resources.make_cgroup(cgroup, memory, limits.processes)
                 argv = isolation.kernel_argv(
-                    ipc,
-                    handout,
-                    stand_in,
-                    limits or isolation.Limits.for_notebook(total_timeout),
-                    isolation.font_cache(),
+                    ipc, handout, stand_in, limits, isolation.font_cache(), box
                 )
             else:
                 argv = _plain_argv()
             specs = _kernel_spec(Path(tmp) / f"kernels{attempt}", argv, sandboxed)
             # nbclient drives the kernel from its event loop: a synchronous manager cannot
             # interrupt a cell that runs too long there (the interrupt silently never comes).
-            km = AsyncKernelManager(
+            km = _CappedKernelManager(
                 kernel_name="course-grader",
                 kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(specs)]),
                 transport="ipc",
@@ -343,6 +371,8 @@ def run_submission(
                 # The folder the kernel starts in: in a sandbox its own scratch copy is in there.
                 resources={"metadata": {"path": tmp if sandboxed else str(handout)}},
             )
+            client.store_widget_state = False  # a widget's state is output too: not kept
+            _cap_output(client, len(cells), run)
             ready = False
             watch = _Watch(ipc, lambda km=km: _kill(km))
             _LIVE_KERNELS.add(km)
@@ -366,7 +396,11 @@ def run_submission(
                 continue
             finally:
                 _LIVE_KERNELS.discard(km)
-                if ipc.parent != Path(tmp):
+                if box is not None:
+                    from course_utils.grading import resources
+
+                    resources.remove_cgroup(box)
+                if ipc_root is None and ipc.parent != Path(tmp):
                     shutil.rmtree(ipc.parent, ignore_errors=True)
                     _SOCKET_FOLDERS.discard(ipc.parent)
             if watch.tripped:
@@ -379,9 +413,114 @@ def run_submission(
     return run
 
 
-def _socket_folder(tmp: Path, attempt: int) -> Path:
-    """A fresh folder for one kernel's sockets; a Unix socket's path must stay short (107
-    bytes), so where the temporary folder's path is long it goes to /tmp instead."""
+def _capped_manager():
+    """AsyncKernelManager whose clients read at most `MESSAGE_BYTES` a message and queue at
+    most `QUEUED_MESSAGES` (ZeroMQ's own limits, set on every socket of the client's context:
+    a bigger message is dropped before it is read, so it never reaches the worker's memory)."""
+    import zmq
+    import zmq.asyncio
+    from jupyter_client.manager import AsyncKernelManager
+
+    class CappedKernelManager(AsyncKernelManager):
+        def client(self, **kwargs):
+            context = zmq.asyncio.Context()
+            context.setsockopt(zmq.MAXMSGSIZE, MESSAGE_BYTES)
+            context.setsockopt(zmq.RCVHWM, QUEUED_MESSAGES)
+            kwargs.setdefault("context", context)
+            return super().client(**kwargs)
+
+    return CappedKernelManager
+
+
+class _Iopub:
+    """The client's output socket, watched: ZeroMQ drops a message over `MESSAGE_BYTES` by
+    closing the connection, and after such an error it does not connect again, so the rest
+    of the notebook's output (its answers too) would be lost. `recover`, between cells,
+    connects again and notes once that output was dropped."""
+
+    def __init__(self, client, run: Run) -> None:
+        import zmq
+
+        self.run = run
+        self.channel = client.kc.iopub_channel.socket
+        self.socket: zmq.Socket = zmq.Socket.shadow(self.channel.underlying)
+        self.url = client.kc._make_url("iopub")
+        monitor = self.channel.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self.monitor: zmq.Socket = zmq.Socket.shadow(monitor.underlying)
+        self._keep = monitor
+
+    def recover(self) -> None:
+        import zmq
+        from zmq.utils.monitor import recv_monitor_message
+
+        dropped = False
+        while self.monitor.poll(0):
+            recv_monitor_message(self.monitor)
+            dropped = True
+        if not dropped:
+            return
+        note = (
+            f"the kernel sent a message over {MESSAGE_BYTES >> 20} MiB (or its connection "
+            "broke): it was dropped unread, and its output was truncated"
+        )
+        if note not in self.run.notes:
+            self.run.notes.append(note)
+        try:
+            self.socket.disconnect(self.url)
+        except zmq.ZMQError:
+            pass
+        self.socket.connect(self.url)
+
+    def close(self) -> None:
+        self.channel.disable_monitor()
+        self._keep.close(linger=0)
+
+
+def _output_size(msg: dict) -> int:
+    content = msg.get("content", {})
+    if msg.get("msg_type") == "stream":
+        return len(content.get("text", ""))
+    return len(json.dumps(content, default=str))
+
+
+def _cap_output(client, learner_cells: int, run: Run) -> None:
+    """Keep at most `CELL_OUTPUT_BYTES` of each cell's output and `OUTPUT_BYTES` of the
+    notebook's (the capture's own answer, read by `_captured`, is exempt); past that a
+    message is dropped unread, and the run's notes say so once."""
+    process = client.process_message
+    spent: dict[int, int] = {}
+    kept = ("stream", "display_data", "update_display_data", "execute_result", "error")
+
+    def capped(msg: dict, cell, cell_index: int):
+        kind = msg.get("msg_type", "")
+        if kind in kept or kind.startswith("comm"):
+            answer = kind == "execute_result" and cell_index >= learner_cells
+            if not answer:
+                size = _output_size(msg)
+                spent[cell_index] = spent.get(cell_index, 0) + size
+                total = sum(spent.values())
+                if spent[cell_index] > CELL_OUTPUT_BYTES or total > OUTPUT_BYTES:
+                    note = (
+                        f"the notebook printed more than the grader reads (at most "
+                        f"{CELL_OUTPUT_BYTES >> 20} MiB a cell, {OUTPUT_BYTES >> 20} MiB in "
+                        "all): its output was truncated"
+                    )
+                    if note not in run.notes:
+                        run.notes.append(note)
+                    return None
+        return process(msg, cell, cell_index)
+
+    client.process_message = capped
+
+
+def _socket_folder(tmp: Path, attempt: int, root: Path | None = None) -> Path:
+    """A fresh folder for one kernel's sockets: in `root` (the worker's tmpfs, its path kept
+    short by the batch) if given; else in `tmp`, but a Unix socket's path must stay short
+    (107 bytes), so where the temporary folder's path is long it goes to /tmp instead."""
+    if root is not None:
+        folder = root / f"k{attempt}"
+        folder.mkdir()
+        return folder
     folder = tmp / f"ipc{attempt}"
     if len(str(folder / "kernel-ipc-65535")) > 100:
         short = Path(tempfile.mkdtemp(prefix="cg-", dir="/tmp"))

@@ -13,6 +13,11 @@ Reported as pairs of students. Left out: unanswered exercises (the stub), answer
 to say anything (fewer than MIN_NODES syntax nodes: `x = 63`), and an answer shared by more
 than a third of the students who answered (and more than three): that is what the exercise
 leads everyone to, not a copy. A pair is a reason to look, not a verdict.
+
+No answer can stop the report: one the renaming cannot take (600 `+` terms nest deeper than
+Python's recursion limit) is compared as written, and a notebook that cannot be read at all
+is left out; either is named in the report's lines. Names and paths are shown `visible`
+and written through `neutral.cell`.
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import nbformat
+
+from course_utils.grading.neutral import cell as csv_cell
+from course_utils.grading.neutral import visible
 
 MIN_NODES = 15
 BUILTINS = set(dir(builtins))
@@ -94,16 +102,26 @@ class _Renamer(ast.NodeTransformer):
                 node.body = body[1:] or [ast.Pass()]
 
 
+class TooDeep(ValueError):
+    """An answer nested too deeply to compare after renaming (it is compared as written)."""
+
+
 def canonical(cells: list[str]) -> tuple[str, int] | None:
     """The answer's program with names renamed, and its size in syntax nodes; None if it
-    does not parse (then only the text is compared)."""
+    does not parse (then only the text is compared). Raises TooDeep when the program parses
+    but nests deeper than the renaming can follow."""
     try:
         tree = ast.parse("\n".join(_code(c) for c in cells))
-    except SyntaxError:
+    except (SyntaxError, ValueError):  # ValueError: a null byte
         return None
-    tree = _Renamer().visit(tree)
-    size = sum(1 for _ in ast.walk(tree))
-    return ast.dump(tree, annotate_fields=False), size
+    except (RecursionError, MemoryError) as exc:
+        raise TooDeep(type(exc).__name__) from None
+    try:
+        tree = _Renamer().visit(tree)
+        size = sum(1 for _ in ast.walk(tree))
+        return ast.dump(tree, annotate_fields=False), size
+    except (RecursionError, MemoryError) as exc:
+        raise TooDeep(type(exc).__name__) from None
 
 
 def answer_cells(nb: nbformat.NotebookNode, solution: nbformat.NotebookNode, lesson: int):
@@ -132,8 +150,9 @@ def answer_cells(nb: nbformat.NotebookNode, solution: nbformat.NotebookNode, les
 def similar_pairs(
     notebooks: list[tuple[str, str, int]], solutions: Path
 ) -> tuple[list[Pair], list[str]]:
-    """Pairs for `notebooks` = [(student, path, lesson)], and a line per answer left out
-    because most of the class shares it."""
+    """Pairs for `notebooks` = [(student, path, lesson)], and a line per answer left out:
+    because most of the class shares it, because it could only be compared as written, or
+    because its notebook could not be read."""
     from course_utils.grading.grader import solution_for
     from course_utils.grading.notebook_tools import strip_solutions
 
@@ -151,12 +170,26 @@ def similar_pairs(
                 continue
             try:
                 nb = nbformat.read(path, as_version=4)
-            except Exception:  # graded, so readable; changed since: nothing to compare
+                found = answer_cells(nb, solution, lesson)
+            except Exception as exc:  # changed since it was graded, or cells of no kind known
+                common.append(
+                    f"{visible(student)}: {visible(path)} left out "
+                    f"(it could not be read: {type(exc).__name__})"
+                )
                 continue
-            for k, cells in answer_cells(nb, solution, lesson).items():
+            for k, cells in found.items():
                 text = _text(cells)
-                if text and text != blanks.get(k):
-                    answers.setdefault(k, []).append((student, path, text, canonical(cells)))
+                if not text or text == blanks.get(k):
+                    continue
+                try:
+                    shape = canonical(cells)
+                except TooDeep:
+                    shape = None
+                    common.append(
+                        f"{lesson}.{k}: {visible(student)}'s answer nests too deeply to compare "
+                        "after renaming: compared as written"
+                    )
+                answers.setdefault(k, []).append((student, path, text, shape))
         for k, given in sorted(answers.items()):
             pairs += _pairs(f"{lesson}.{k}", given, common)
     return pairs, common
@@ -189,12 +222,13 @@ def _pairs(exercise: str, answers, common: list[str]) -> list[Pair]:
 
 
 def write_pairs(pairs: list[Pair], path: Path) -> None:
-    with path.open("w", newline="", encoding="utf-8") as f:
+    with path.open("w", newline="", encoding="utf-8", errors="backslashreplace") as f:
         writer = csv.writer(f)
         writer.writerow(["exercise", "student", "other student", "how", "students sharing it",
                          "notebook", "other notebook"])  # fmt: skip
         for p in pairs:
-            writer.writerow([p.exercise, p.first, p.second, p.how, p.group, *p.notebooks])
+            row = [p.exercise, p.first, p.second, p.how, p.group, *p.notebooks]
+            writer.writerow([csv_cell(c) for c in row])
 
 
 def pairs_table(pairs: list[Pair]) -> str:
@@ -202,5 +236,5 @@ def pairs_table(pairs: list[Pair]) -> str:
         return "no answer cells are identical across students"
     lines = [f"{'exercise':<9} {'students':<40} how"]
     for p in pairs:
-        lines.append(f"{p.exercise:<9} {p.first + ' & ' + p.second:<40} {p.how}")
+        lines.append(f"{p.exercise:<9} {visible(p.first + ' & ' + p.second):<40} {p.how}")
     return "\n".join(lines)

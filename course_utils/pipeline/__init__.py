@@ -3,6 +3,7 @@
 - `schedules`  the schedule builders and the registry `SCHEDULES` (one entry per schedule)
 - `simulate`   a schedule and a cost model -> a predicted `Timeline`; `validate` grades orders
 - `executor`   runs any schedule on a real model, one CPU thread per device (imports torch)
+- `zero_bubble` the backward split in two (I and W) that the executor runs for ZB schedules
 - `export`     writes a schedule in the CSV format PyTorch's pipelining runtime loads
 
     from course_utils.pipeline import CostModel, make_schedule, simulate

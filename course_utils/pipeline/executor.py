@@ -27,7 +27,6 @@ full-batch mean loss; the tests check them against the unsplit model.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import defaultdict
 from collections.abc import Sequence
@@ -40,8 +39,10 @@ from course_utils import validation
 from course_utils.actions import ACTIVATIONS, INPUT_GRAD, KIND_NAMES, KINDS, Action, Schedule
 from course_utils.errors import CourseInputError, ScheduleError, WorkerError
 from course_utils.pipeline.simulate import structure_problems
+from course_utils.pipeline.zero_bubble import backward_input, backward_weight, forward_recording
 from course_utils.threads.devices import Aborted, DeviceThreads, ThreadRunner
 from course_utils.threads.links import Links
+from course_utils.threads.mailboxes import Mailboxes, Message
 from course_utils.threads.trace import Recorder, Stream, check_clock
 from course_utils.timeline import Event, Timeline
 from course_utils.validation import MAX_PIPELINE_DEVICES, MAX_PIPELINE_STAGES
@@ -50,10 +51,6 @@ from course_utils.validation import MAX_PIPELINE_DEVICES, MAX_PIPELINE_STAGES
 # the receiver needs from the stage at `offset` from its own (KINDS[kind].needs).
 _MESSAGE_OF = {(-1, ACTIVATIONS): "act", (1, INPUT_GRAD): "grad"}
 _MESSAGES = {name: key for key, name in _MESSAGE_OF.items()}
-_POLL_S = 0.02  # how often a waiting device re-checks abort and deadlock
-
-# What an action hands to another stage: (mailbox key, tensor), e.g. (("act", 2, 0), out).
-Message = tuple[tuple, torch.Tensor]
 
 
 @dataclass
@@ -91,63 +88,6 @@ class StepResult:
     def step_s(self) -> float:
         """The step's time on the timeline's clock (its makespan)."""
         return self.timeline.makespan
-
-
-# --------------------------------------------------------------------------- mailboxes
-
-
-class Mailboxes:
-    """Messages between devices, keyed by (kind, stage, micro-batch); detects deadlock.
-
-    A deadlock is certain when every device that has not finished is waiting for a message
-    nobody has posted: nobody is left to post it. Only that proof is called a deadlock: a
-    device waiting a long time for a busy one is just slow (the step's own time limit,
-    `PipelineExecutor(step_timeout=...)`, bounds how long anything may take).
-    """
-
-    def __init__(self, num_devices: int, abort: threading.Event) -> None:
-        self.num_devices = num_devices
-        self.abort = abort
-        self._cond = threading.Condition()
-        self._box: dict[tuple, torch.Tensor] = {}
-        self._waiting: dict[int, tuple[tuple, str]] = {}
-        self._finished: set[int] = set()
-
-    def put(self, key: tuple, value: torch.Tensor) -> None:
-        with self._cond:
-            self._box[key] = value
-            self._cond.notify_all()
-
-    def finished(self, device: int) -> None:
-        with self._cond:
-            self._finished.add(device)
-            self._cond.notify_all()
-
-    def get(self, key: tuple, device: int, what: str) -> torch.Tensor:
-        """Take message `key`, waiting for it; `what` describes the wait for error messages."""
-        with self._cond:
-            self._waiting[device] = (key, what)
-            try:
-                while key not in self._box:
-                    if self.abort.is_set():
-                        raise Aborted(f"device {device} gave up waiting for {what}")
-                    if self._deadlocked():
-                        raise ScheduleError(f"schedule cannot complete (deadlock): {self._who()}")
-                    self._cond.wait(_POLL_S)
-                return self._box.pop(key)
-            finally:
-                del self._waiting[device]
-
-    def _deadlocked(self) -> bool:
-        active = set(range(self.num_devices)) - self._finished
-        return bool(active) and all(
-            d in self._waiting and self._waiting[d][0] not in self._box for d in active
-        )
-
-    def _who(self) -> str:
-        parts = [f"device {d} waits for {self._waiting[d][1]}" for d in sorted(self._waiting)]
-        parts += [f"device {d} has finished its actions" for d in sorted(self._finished)]
-        return "; ".join(parts)
 
 
 # --------------------------------------------------------------------------- the executor
@@ -441,7 +381,7 @@ class _Run:
         stage = self.ex.stages[s]
         with torch.enable_grad():
             if self.split:
-                out, records = _forward_recording(stage, x)
+                out, records = forward_recording(stage, x)
             else:
                 out, records = stage(x), []
             if s == self.last:
@@ -488,43 +428,6 @@ class _Run:
         )
 
 
-# ------------------------------------------------- zero bubble: the backward split in two
-
-
-def backward_input(st: dict, s: int, mb: int, grad_out: torch.Tensor) -> Message | None:
-    """I: one backward pass through stage `s` for micro-batch `mb` that stops short of the
-    weights (`st`: what its forward saved).
-
-    It yields the gradient of the stage input (sent to the previous stage at once) and of
-    every parameterised module's output, which is all W needs later.
-    """
-    x, records = st["x"], st["records"]
-    wanted = ([x] if x.requires_grad else []) + [o for _, o in records]
-    grads = torch.autograd.grad(st["out"], wanted, grad_out, retain_graph=True, allow_unused=True)
-    message = None
-    if x.requires_grad:
-        gx, grads = grads[0], grads[1:]
-        message = ("grad", s - 1, mb), gx if gx is not None else x * 0
-    st["grad_out"], st["record_grads"] = grad_out, list(grads)
-    return message
-
-
-def backward_weight(st: dict, stage: nn.Module) -> None:
-    """W: each module's weight gradients from the output gradient I left for it in `st`.
-
-    Backward from a module's output with `inputs=` its own parameters runs only that
-    module's weight-gradient ops (for a Linear, one matmul), not the whole chain again.
-    """
-    covered = {id(p) for mod, _ in st["records"] for p in mod.parameters(recurse=False)}
-    rest = [p for p in stage.parameters() if p.requires_grad and id(p) not in covered]
-    if rest:  # parameters used outside a recorded module: the plain (slower) way
-        torch.autograd.backward(st["out"], st["grad_out"], inputs=rest, retain_graph=True)
-    for (mod, out), g in zip(st["records"], st["record_grads"], strict=True):
-        params = [p for p in mod.parameters(recurse=False) if p.requires_grad]
-        if params and g is not None:
-            torch.autograd.backward(out, g, inputs=params)
-
-
 def _group_ends(schedule: Schedule, d: int) -> list[bool]:
     """Per action of device d: whether its send group ends with it (`Schedule.send_groups`;
     without groups every action sends its output as it ends, as if it were a group alone)."""
@@ -537,28 +440,6 @@ def _group_ends(schedule: Schedule, d: int) -> list[bool]:
         at += size
         ends[at] = True
     return ends
-
-
-def _forward_recording(stage: nn.Module, x: torch.Tensor):
-    """Run `stage(x)` and record (module, output) for every module that owns parameters.
-
-    The zero-bubble split needs those outputs: I computes their gradients, W turns each
-    into that module's weight gradients.
-    """
-    records: list[tuple[nn.Module, torch.Tensor]] = []
-
-    def hook(module, _inputs, output) -> None:
-        if isinstance(output, torch.Tensor) and output.requires_grad:
-            records.append((module, output))
-
-    owners = [m for m in stage.modules() if any(True for _ in m.parameters(recurse=False))]
-    handles = [m.register_forward_hook(hook) for m in owners]
-    try:
-        out = stage(x)
-    finally:
-        for h in handles:
-            h.remove()
-    return out, records
 
 
 def _stage_costs(events: list[Event], schedule: Schedule) -> StageCosts:

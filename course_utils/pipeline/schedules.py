@@ -17,7 +17,8 @@ timeline; the thread executor runs the same lists on a real model.
                    (Qi et al. 2024, ICLR, arXiv 2401.10241)
     zb-v           zero bubble ZB-V: two chunks per device placed in a V (same paper)
     dualpipe-v     DualPipeV: a V with one micro-batch's forward beside another's backward
-                   (DeepSeek-AI 2024, arXiv 2412.19437); both V builders are in vshape.py
+                   (DualPipe, DeepSeek-AI 2024, arXiv 2412.19437, cut in half onto a V:
+                   Sea AI Lab 2025); both V builders are in vshape.py
 
 `SCHEDULES` is the registry: per schedule its builder, the label learners read, whether it
 takes chunks, its closed-form bubble and peak activation memory (each with the condition under
@@ -440,7 +441,7 @@ SCHEDULES: dict[str, ScheduleInfo] = {
                 lambda c: True,
             ),
             pytorch="ScheduleDualPipeV",
-            source="DeepSeek-AI 2024, arXiv 2412.19437",
+            source="Sea AI Lab 2025 (cut-in-half); DualPipe: DeepSeek-AI 2024, arXiv 2412.19437",
         ),
     )
 }

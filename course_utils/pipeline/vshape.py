@@ -32,8 +32,17 @@ the optimizer step needs no synchronisation across devices; a single step still 
 
     zb_v(p, m)        ZB-V, order equal to PyTorch's ScheduleZBVZeroBubble (torch 2.13)
     dualpipe_v(p, m)  DualPipeV, order equal to PyTorch's ScheduleDualPipeV and to DeepSeek's
-                      dualpipev.py (DeepSeek-AI 2024, arXiv 2412.19437; the "cut-in-half"
-                      V variant of DualPipe by Sea AI Lab)
+                      dualpipe/dualpipev.py (github.com/deepseek-ai/DualPipe): the V variant
+                      of DualPipe (DeepSeek-AI 2024, arXiv 2412.19437) made by Sea AI Lab's
+                      "cut-in-half" procedure (Sea AI Lab 2025, blog post
+                      hackmd.io/@ufotalent/r1lVXsa9Jg, credited in DeepSeek's README)
+
+Which ZB-V. The course's ZB-V is one fixed order, PyTorch's construction (written for equal
+costs: its docstring says the order is zero-bubble only when F = I = W). The paper's own
+repository builds ZB-V differently: sail-sg/zero-bubble-pipeline-parallelism's
+zerobubble/scheduler/zbv.py places the actions greedily from the measured F, B and W costs
+under a memory limit (2p chunks' activations by default), trying a few fill rules and keeping
+the smallest bubble, so with unequal costs its order may differ from the one built here.
 
 DualPipeV's "F&B" slot. In its steady state DualPipeV runs the forward of one micro-batch
 and the full backward of another as one overlapped slot. The course's simulator and thread
@@ -47,7 +56,12 @@ starts, so both results of an F&B slot leave when the slot ends (and in the warm
 chunk's output waits for the up chunk's forward after it). `dualpipe_v` records those send
 points in `Schedule.send_groups` and the simulator and the thread executor honour them
 (tests/test_vshape.py finds every transfer after its group's end): this is the reference the
-course teaches, and DeepSeek's README figure (PP/2-1)(F&B + B - 3W) is its idle time. On a
+course teaches, and DeepSeek's README figure (PP/2-1)(F&B + B - 3W) is its idle time.
+What the course does not model: before every computation dualpipev.py posts the queued sends
+and receives together and waits for all of them (`_commit_and_wait_comm`: one
+`batch_isend_irecv`, then `wait()` on every request), so a sender also waits until its peer
+has posted the matching receive. Here a send never blocks its sender (as if buffered): only
+a receiver waits, for its message. On a
 GPU (DeepSeek-V3 report, Section 3.2.1) the two chunks' kernels of a slot are interleaved so
 that one chunk's communication (the MoE all-to-all and the pipeline send/receive) hides
 behind the other's computation; the computation itself is not faster, so a slot costs about
@@ -72,7 +86,7 @@ The V schedules belong to the family of "Pipeline Parallelism with Controllable 
 (Qi, Wan, Amar & Lin 2024, arXiv 2405.15362): a schedule is a building block repeated, and
 the block's lifespan sets the peak activation memory. Its V-shaped blocks give V-Min (about
 1/3 of 1F1B's activation memory, a larger bubble), V-Half (1/2) and V-ZB (1F1B's memory,
-almost no bubble: the ZB-V order built here).
+almost no bubble: ZB-V).
 
 Nothing here imports torch.
 """
@@ -131,7 +145,8 @@ def chunk_costs(forward: float, input_grad: float, weight_grad: float, p2p: floa
 
 
 def _zb_v_order(p: int, d: int, m: int) -> list[Action]:
-    """Device d's ZB-V actions (the construction of PyTorch's ScheduleZBVZeroBubble)."""
+    """Device d's ZB-V actions: the construction of PyTorch's ScheduleZBVZeroBubble, one
+    fixed order whatever the costs (sail-sg's zbv.py builds its order from measured costs)."""
     # Built for at least 2p-1 micro-batches (what the warm-up needs to fill the V), then the
     # micro-batches that do not exist are dropped; dropping the same micro-batches from
     # every device keeps a deadlock-free order deadlock-free. Only the actions of existing
@@ -353,7 +368,8 @@ def _dualpipe_v_device(p: int, d: int, m: int) -> tuple[list[tuple[Action, ...]]
 def dualpipe_v(
     p: int, m: int, early_send: bool = False, *, max_actions: int = MAX_ACTIONS
 ) -> Schedule:
-    """DualPipeV (DeepSeek-AI 2024, arXiv 2412.19437; github.com/deepseek-ai/DualPipe).
+    """DualPipeV: DualPipe (DeepSeek-AI 2024, arXiv 2412.19437) cut in half onto a V (Sea AI
+    Lab 2025, "cut-in-half" blog post), as github.com/deepseek-ai/DualPipe's dualpipev.py runs it.
 
     Needs m >= 2p. Each overlapped F&B slot is written as F then B; the warm-up and the
     cool-down split some backwards into I and W like ZB-V. The schedule sends outputs when

@@ -210,24 +210,37 @@ def activation_bytes_per_layer(
 
 
 def ring_attention_bytes(
-    seq: int, cp: int, heads: int, head_dim: int, bytes_per_value: int = 2, batch: int = 1
+    seq: int,
+    cp: int,
+    heads: int,
+    head_dim: int,
+    bytes_per_value: int = 2,
+    batch: int = 1,
+    kv_heads: int | None = None,
 ) -> float:
     """Peak bytes of one attention layer on one GPU of a context-parallel ring.
 
     With t = seq / cp tokens, H heads of size D: q, k, v and the output (4 t H D, kept for
     the backward), the log-sum-exp (t H), the next K/V block arriving (2 t H D) and one block
     of scores and probabilities (2 t^2 H): e b H (6 t D + t + 2 t^2), the formula of
-    `parallel.context_parallel.attention_activation_bytes`. The first part is already in
-    `activation_terms`; `buffers` adds the rest.
+    `parallel.context_parallel.attention_activation_bytes`. With grouped-query attention the
+    arriving block has only the `kv_heads` K/V heads: 2 t H_kv D. The first part is already
+    in `activation_terms`; `buffers` adds the rest.
     """
     check_sizes(seq=seq, cp=cp, heads=heads, head_dim=head_dim, bytes_per_value=bytes_per_value,
                 batch=batch)  # fmt: skip
-    return _ring_bytes(seq, cp, heads, head_dim, bytes_per_value, batch)
+    if kv_heads is not None:
+        validation.integer(kv_heads, "kv_heads (None: as many as heads)", 1, heads)
+    kv = heads if kv_heads is None else kv_heads
+    return _ring_bytes(seq, cp, heads, head_dim, bytes_per_value, batch, kv)
 
 
-def _ring_bytes(seq: int, cp: int, heads: int, head_dim: int, e: int, batch: int) -> float:
+def _ring_bytes(
+    seq: int, cp: int, heads: int, head_dim: int, e: int, batch: int, kv_heads: int
+) -> float:
     t = -(-seq // cp)
-    return e * batch * heads * (6 * t * head_dim + t + 2 * t * t)
+    per_head = 4 * t * head_dim + t + 2 * t * t
+    return e * batch * (heads * per_head + kv_heads * 2 * t * head_dim)
 
 
 def ulysses_attention_bytes(
@@ -334,12 +347,14 @@ def buffers(
     - "attention in flight": the scores one layer builds while it computes attention. Without
       context parallelism, selective recomputation rebuilds the layer's whole s x s scores
       in the backward (Korthikanti's (2e + 1) a s^2 b / t term, for one layer at a time).
-      With cp > 1 the ring holds one K/V block arriving, one block of scores (t x t for
-      t = s / cp tokens: cp^2 times smaller) and the log-sum-exp: `ring_attention_bytes`
-      less the q, k, v and output `activation_terms` already counts (the course's ring
-      attention builds each block's scores; a tiled flash-style kernel would keep one tile).
-      With Ulysses (cp_kind="ulysses") the head-split q, k, v and output and the scores of
-      heads / (tp cp) heads over the whole sequence: `ulysses_attention_bytes`, less the same;
+      With cp > 1 the ring holds one K/V block arriving (the GPU's K/V heads), one block of
+      scores (t x t for t = s / cp tokens: cp^2 times smaller) and the log-sum-exp:
+      `ring_attention_bytes` less the q, k, v and output `activation_terms` already counts
+      (the course's ring attention builds each block's scores; a tiled flash-style kernel
+      would keep one tile). With Ulysses (cp_kind="ulysses") the head-split q, k, v and
+      output and the scores of heads / (tp cp) heads over the whole sequence:
+      `ulysses_attention_bytes`, less the same (k and v counted with every query head: a
+      safe side under grouped-query attention);
     - "recomputed layer" (full recomputation): one layer's activations, rebuilt from its
       input for its backward.
     The logits live on the last pipeline stage and the activations peak on the first; the
@@ -362,8 +377,12 @@ def _buffers(model: ModelShape, config: Config, prec: Precision) -> dict[str, fl
     out["logits"] = b * s * model.vocab * (e + 4) / t
     heads = model.heads // t
     if config.cp > 1:
-        attention = _ulysses_bytes if config.cp_kind == "ulysses" else _ring_bytes
-        whole = attention(model.seq, config.cp, heads, model.head_dim, e, b)
+        # (the sizes were checked with the model and layout: no check for each layout)
+        if config.cp_kind == "ulysses":
+            whole = _ulysses_bytes(model.seq, config.cp, heads, model.head_dim, e, b)
+        else:  # the arriving K/V block has the GPU's K/V heads
+            kv = model.kv_heads_per_gpu(t)
+            whole = _ring_bytes(model.seq, config.cp, heads, model.head_dim, e, b, kv)
         kept = e * b * heads * 4 * s * model.head_dim  # q, k, v, output: in the activations
         out["attention in flight"] = whole - kept
     elif config.recompute == "selective":

@@ -75,9 +75,13 @@ class Precision:
 
 # ZeRO paper, Section 3.1: mixed-precision Adam keeps 2 + 2 + K bytes per parameter with K = 12
 # (fp32 master weights, momentum, variance). Plain fp32 Adam: 4 + 4 + 8. Both are 16 bytes.
-# With gradient accumulation over micro-batches the gradients are usually summed in fp32:
-# Megatron-LM's `main_grad` buffer, FSDP2's MixedPrecisionPolicy(reduce_dtype=float32). Then
-# a gradient costs 4 bytes, 2 + 4 + 12 = 18 in all ("bf16-mixed-fp32-grads").
+# With gradient accumulation over micro-batches Megatron-LM sums the gradients of its bf16
+# weights in an fp32 `main_grad` buffer and keeps fp32 master weights in the optimizer: a
+# gradient costs 4 bytes, 2 + 4 + 12 = 18 in all ("bf16-mixed-fp32-grads"). FSDP2 is not that
+# case: `fully_shard` keeps each sharded parameter in its original dtype and the optimizer
+# steps on it, so fp32 parameters with MixedPrecisionPolicy(param_dtype=bfloat16,
+# reduce_dtype=float32) hold 4 + 4 + 8 = 16 bytes per parameter, with no separate master copy
+# (the bf16 copy lives only while a layer is gathered; tests/test_distributed.py measures it).
 PRECISIONS = {
     "bf16-mixed": Precision("bf16-mixed", 2, 2, 12, 2, "bf16"),
     "bf16-mixed-fp32-grads": Precision("bf16-mixed-fp32-grads", 2, 4, 12, 2, "bf16"),
@@ -132,7 +136,11 @@ class ModelShape:
     every layer's MLP is a mixture of E experts of that size, each token routed to `top_k` of
     them (Shazeer et al. 2017, arXiv 1701.06538; counted like `parallel.moe.expert_params`),
     and `capacity_factor` pads each expert's token buffer (Switch, arXiv 2101.03961).
-    `params` counts everything (all experts); it must agree with the shape within 2x.
+    `kv_heads` is the number of key/value heads (0 means `heads`: multi-head attention; fewer
+    is grouped-query attention, Ainslie et al. 2023, arXiv 2305.13245): it sets the size of
+    the ring's K/V blocks and the Ulysses limit. Its few K/V weights are not counted apart
+    (4 h^2 per layer stays the attention's count, a safe side). `params` counts everything
+    (all experts); it must agree with the shape within 2x.
     """
 
     params: int
@@ -145,12 +153,16 @@ class ModelShape:
     top_k: int = 1
     ffn_hidden: int = 0
     capacity_factor: float = 1.0
+    kv_heads: int = 0  # 0: as many as `heads` (multi-head attention)
 
     def __post_init__(self) -> None:
         names = ("layers", "hidden", "heads", "seq", "vocab", "experts", "top_k", "ffn_hidden")
         check_sizes(**{name: getattr(self, name) for name in names})
         if self.hidden % self.heads:
             raise CourseInputError(f"heads ({self.heads}) must divide hidden ({self.hidden})")
+        validation.integer(self.kv_heads, "kv_heads (0: as many as heads)", 0, self.heads)
+        if self.kv_heads and self.heads % self.kv_heads:
+            raise CourseInputError(f"kv_heads ({self.kv_heads}) must divide heads ({self.heads})")
         if self.top_k > self.experts:
             raise CourseInputError(
                 f"top_k ({self.top_k}) cannot exceed the number of experts ({self.experts})"
@@ -170,6 +182,40 @@ class ModelShape:
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
+
+    @property
+    def key_value_heads(self) -> int:
+        """The K/V heads: `kv_heads`, or all `heads` for multi-head attention."""
+        return self.kv_heads or self.heads
+
+    def kv_heads_per_gpu(self, tp: int) -> int:
+        """K/V heads one tensor-parallel GPU holds: kv_heads / tp, or 1 when tp is a multiple
+        of kv_heads (each K/V head copied to tp / kv_heads GPUs); else a one-line error."""
+        kv = self.key_value_heads
+        if kv % tp == 0:
+            return kv // tp
+        if tp % kv == 0:
+            return 1
+        raise CourseInputError(
+            f"tp={tp} must divide the {kv} K/V heads or be a multiple of them (each "
+            "tensor-parallel GPU holds whole K/V heads)"
+        )
+
+    def ulysses_problem(self, tp: int, cp: int) -> str | None:
+        """Why Ulysses cannot run over cp GPUs after tensor parallelism tp, or None.
+
+        The course's Ulysses gives each GPU of the all-to-all an equal share of whole heads,
+        so cp must divide the K/V heads of a tensor-parallel GPU (and so its query heads):
+        with grouped-query attention the K/V heads are the limit, as lesson 09 shows.
+        """
+        kv = self.kv_heads_per_gpu(tp)
+        if kv % cp == 0:
+            return None
+        what = ("K/V " if self.key_value_heads < self.heads else "") + "head" + "s" * (kv > 1)
+        return (
+            f"cp={cp} must divide the {kv} {what} of a tensor-parallel GPU for Ulysses (each "
+            "GPU of the all-to-all computes whole heads)"
+        )
 
     @property
     def is_moe(self) -> bool:
@@ -234,17 +280,19 @@ def params_disagree(params: float, shape: ModelShape) -> str | None:
     )
 
 
-# Shapes in the style of GPT-3 (Brown et al. 2020, arXiv 2005.14165, Table 2.1); the 30B and
-# 70B rows are the course's own round shapes (about 12 * layers * hidden^2 parameters). The
-# MoE row is the course's own too: the 6.7B model's shape with 8 experts in place of each MLP,
-# 2 per token (Mixtral's pattern, Jiang et al. 2024, arXiv 2401.04088): 36.7B parameters
-# (34.4B of them experts), of which 10.9B are used per token.
+# Shapes in the style of GPT-3 (Brown et al. 2020, arXiv 2005.14165, Table 2.1), multi-head
+# attention like GPT-3's; the 30B row is the course's own round shape (about 12 * layers *
+# hidden^2 parameters). The 70B row has Llama 2 70B's layers, hidden size and attention, 64
+# query heads sharing 8 K/V heads (Touvron et al. 2023, arXiv 2307.09288), with the course's
+# 4 h MLP. The MoE row is the course's own too: the 6.7B model's shape with 8 experts in place
+# of each MLP, 2 per token (Mixtral's pattern, Jiang et al. 2024, arXiv 2401.04088): 36.7B
+# parameters (34.4B of them experts), of which 10.9B are used per token.
 MODEL_PRESETS = {
     "1.3B": ModelShape(1_300_000_000, 24, 2048, 16),
     "6.7B": ModelShape(6_700_000_000, 32, 4096, 32),
     "13B": ModelShape(13_000_000_000, 40, 5120, 40),
     "30B": ModelShape(30_000_000_000, 48, 7168, 56),
-    "70B": ModelShape(70_000_000_000, 80, 8192, 64),
+    "70B": ModelShape(70_000_000_000, 80, 8192, 64, kv_heads=8),
     "175B": ModelShape(175_000_000_000, 96, 12288, 96),
     "8x6.7B-MoE": ModelShape(
         36_700_000_000, 32, 4096, 32, experts=8, top_k=2, capacity_factor=1.25
@@ -477,18 +525,15 @@ def check_layout(model: ModelShape | None, config: Config) -> None:
         return
     if model.heads % config.tp:
         raise CourseInputError(f"tp={config.tp} must divide the number of heads ({model.heads})")
+    model.kv_heads_per_gpu(config.tp)
     chunks = REGISTRY[config.schedule].chunks(config.chunks)
     if model.layers % (config.pp * chunks):
         raise CourseInputError(
             f"pp x chunks = {config.pp * chunks} must divide the number of layers ({model.layers})"
         )
     if config.cp > 1 and config.cp_kind == "ulysses":
-        heads = model.heads // config.tp
-        if heads % config.cp:
-            raise CourseInputError(
-                f"cp={config.cp} must divide the {heads} heads of a tensor-parallel GPU for "
-                "Ulysses (each GPU of the all-to-all computes whole heads)"
-            )
+        if problem := model.ulysses_problem(config.tp, config.cp):
+            raise CourseInputError(problem)
         if model.seq % config.cp:
             raise CourseInputError(f"cp={config.cp} must divide the sequence length ({model.seq})")
     elif model.seq % (2 * config.cp) and config.cp > 1:

@@ -142,11 +142,14 @@ def communication(
       and backward the same pair plus the all-gather again (the gathered input is not kept):
       10 (t-1)/t X instead of 8, as `parallel.sequence_parallel.sp_comm_bytes`. Full
       recomputation repeats the forward's;
-    - context (ring attention, Liu et al. 2023, arXiv 2310.01889): the K/V block, 2 X / t,
-      goes cp-1 steps around the ring forward, and backward cp-1 steps plus cp hops of the
-      travelling dK/dV (`parallel.context_parallel.ring_bytes_per_worker`). With
+    - context (ring attention, Liu et al. 2023, arXiv 2310.01889): the K/V block, 2 X / t
+      times H_kv / H (the GPU's K/V heads: all its heads with multi-head attention, fewer with
+      grouped-query attention, `ModelShape.kv_heads_per_gpu`), goes cp-1 steps around the
+      ring forward, and backward cp-1 steps plus cp hops of the travelling dK/dV
+      (`parallel.context_parallel.ring_bytes_per_worker` given the K/V heads). With
       cp_kind="ulysses" (Jacobs et al. 2023, arXiv 2309.14509) four all-to-alls forward
-      (q, k, v, output) and four backward, each sending (cp-1)/cp of X / t
+      (q, k, v, output) and four backward, each sending (cp-1)/cp of the GPU's tokens of that
+      tensor, X / t for q and the output, X / t x H_kv / H for k and v
       (`parallel.context_parallel.ulysses_bytes_per_worker`); full recomputation repeats
       the forward's;
     - pipeline: each micro-batch's activations forward and gradients back once per chunk
@@ -182,13 +185,15 @@ def _communication(model: ModelShape, config: Config, prec: Precision) -> dict[s
         msgs = (6 if full else 4) * 2 * (t - 1)
     tensor = Traffic(layer_steps * per_layer, layer_steps * msgs, t)
 
+    # this GPU's share of K and V against its share of q: its K/V heads over its query heads
+    kv_share = model.kv_heads_per_gpu(t) * t / model.heads
     if config.cp_kind == "ulysses":
         a2a = (4 + 4 + (4 if full else 0)) if c > 1 else 0  # all-to-alls per layer
-        context = Traffic(
-            layer_steps * a2a * (c - 1) / c * x / t, layer_steps * a2a * (c - 1), t * c
-        )
+        # of every 4 (q, k, v, output; dO, dQ, dK, dV), 2 carry the query heads, 2 the K/V heads
+        per_a2a = (c - 1) / c * x / t * (2 + 2 * kv_share) / 4
+        context = Traffic(layer_steps * a2a * per_a2a, layer_steps * a2a * (c - 1), t * c)
     else:
-        kv = 2 * x / t  # this GPU's K/V block: its heads of its tokens
+        kv = 2 * x / t * kv_share  # this GPU's K/V block: its K/V heads of its tokens
         hops = (c - 1) + (2 * c - 1 if c > 1 else 0) + ((c - 1) if full else 0)
         context = Traffic(layer_steps * hops * kv, layer_steps * hops, t * c)
 

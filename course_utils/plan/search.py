@@ -79,7 +79,8 @@ def search(
     does not matter (plain gradient accumulation), so only the recommended one is tried;
     with dp x cp = 1 only ZeRO-0. `dp_overlap` applies to every layout. `first_fit` stops at
     the first layout that fits (what `min_gpus` needs). `cp_kind` is how context
-    parallelism crosses its GPUs: "ring" or "ulysses" (cp must then divide heads / tp).
+    parallelism crosses its GPUs: "ring" or "ulysses" (cp must then divide the K/V heads of
+    a tensor-parallel GPU, `ModelShape.ulysses_problem`).
     """
     validation.instance(model, "model", ModelShape)
     check_sizes(gpus=gpus, global_batch=global_batch)  # the plan command's limits
@@ -94,6 +95,11 @@ def search(
         if model.heads % tp:
             rejected.append(({"tp": tp}, f"tp={tp} does not divide heads={model.heads}"))
             continue
+        try:
+            model.kv_heads_per_gpu(tp)
+        except CourseInputError as exc:
+            rejected.append(({"tp": tp}, str(exc)))
+            continue
         if tp > hardware.gpus_per_node:
             rejected.append(
                 (
@@ -104,14 +110,8 @@ def search(
             )
             continue
         for cp in context_degrees(model, gpus // tp, cp_kind):
-            if cp_kind == "ulysses" and (model.heads // tp) % cp:
-                rejected.append(
-                    (
-                        {"tp": tp, "cp": cp},
-                        f"cp={cp} does not divide the {model.heads // tp} heads per "
-                        "tensor-parallel GPU: Ulysses gives each GPU whole heads",
-                    )
-                )
+            if cp_kind == "ulysses" and (problem := model.ulysses_problem(tp, cp)):
+                rejected.append(({"tp": tp, "cp": cp}, problem))
                 continue
             for pp in _divisors(gpus // (tp * cp)):
                 dp = gpus // (tp * cp * pp)

@@ -53,6 +53,7 @@ from course_utils.errors import CourseInputError, WorkerError
 from course_utils.parallel.costs import ALGORITHMS
 from course_utils.threads import trace
 from course_utils.threads.devices import Aborted
+from course_utils.threads.mailboxes import Mailboxes
 from course_utils.threads.ring import (  # re-exported: the lessons import them from here
     RingStep,
     all_to_all_bytes,
@@ -135,7 +136,9 @@ class ThreadGroup:
     Create it once, outside the threads, then give thread `r` its handle `group.comm(r)`.
     `abort` is the event that makes blocked receives give up (pass the pool's
     `DeviceThreads.abort` so one failing worker does not leave the others hanging);
-    `timeout` bounds any single receive.
+    `timeout` bounds any single receive. With `mail` (a `Mailboxes`, as the per-rank harness
+    `threads.ranks` gives) the messages go through it instead, keyed ("comm", src, dst): a
+    collective that some rank never joins is then reported as a deadlock at once.
     """
 
     def __init__(
@@ -144,6 +147,7 @@ class ThreadGroup:
         abort: threading.Event | None = None,
         timeout: float = 60.0,
         devices: Sequence[int] | None = None,
+        mail: Mailboxes | None = None,
     ) -> None:
         if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
             raise CourseInputError(f"world_size must be an integer >= 1, got {world_size!r}")
@@ -175,6 +179,7 @@ class ThreadGroup:
         self.bytes_sent = [0] * world_size
         self.messages_sent = [0] * world_size
         self.bytes_received = [0] * world_size
+        self.mail = mail
 
     def comm(self, rank: int) -> Communicator:
         """The handle thread `rank` uses to talk to the others."""
@@ -247,11 +252,18 @@ class Communicator:
         stream = trace.current()
         if stream is not None:
             stream.send((id(g), *pair, number), g.devices[dst], nbytes, action, label)
-        g._mailboxes[pair].put((number, message))
+        if g.mail is not None:
+            g.mail.put(("comm", *pair), (number, message))
+        else:
+            g._mailboxes[pair].put((number, message))
 
     def recv(self, src: int) -> torch.Tensor:
         """Take the next message from `src`; give up on abort or after the group's timeout."""
         self._check_peer(src, "src")
+        if self.group.mail is not None:
+            what = f"rank {src}'s part of a collective"
+            number, message = self.group.mail.get(("comm", src, self.rank), self.rank, what)
+            return self._received(src, number, message)
         box = self.group._mailboxes[(src, self.rank)]
         deadline = time.monotonic() + self.group.timeout
         while True:
@@ -260,11 +272,7 @@ class Communicator:
             except queue.Empty:
                 pass
             else:
-                self.group._count_received(self.rank, message.numel() * message.element_size())
-                stream = trace.current()
-                if stream is not None:
-                    stream.recv((id(self.group), src, self.rank, number))
-                return message
+                return self._received(src, number, message)
             if self.group.abort.is_set():
                 raise CommAborted(f"rank {self.rank}: gave up waiting for rank {src} (aborted)")
             if time.monotonic() > deadline:
@@ -272,6 +280,14 @@ class Communicator:
                     f"rank {self.rank}: no message from rank {src} after "
                     f"{self.group.timeout:g} s (did every rank call the same collective?)"
                 )
+
+    def _received(self, src: int, number: int, message: torch.Tensor) -> torch.Tensor:
+        """Count and trace message `number` from `src`, now taken."""
+        self.group._count_received(self.rank, message.numel() * message.element_size())
+        stream = trace.current()
+        if stream is not None:
+            stream.recv((id(self.group), src, self.rank, number))
+        return message
 
     def barrier(self) -> None:
         """Wait until every rank arrives (or give up on abort/timeout)."""

@@ -16,6 +16,13 @@ would be alone, as on its own accelerator; the virtual clock needs no real paral
 function raises, the pool sets `abort` (a `threading.Event`) so peers blocked on a
 message that will never come can give up, waits for everybody, and raises a
 `WorkerError` in the caller that says which device failed and chains the original.
+
+When the caller gives up instead (its `timeout`, Ctrl-C, or the grader's time limit, which
+lands in the waiting caller as an exception), the pool sets `abort` and waits a moment; a
+thread that ignores it (a learner's loop in pure Python never looks) is then stopped with
+an exception raised inside it (`Stopped`, through `PyThreadState_SetAsyncExc`), and the
+pool is closed, so no thread of the run is left behind and the next run needs a new pool.
+A thread blocked inside one long C call (a `time.sleep`) only stops when that call returns.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import ctypes
 import functools
 import os
 import queue
+import signal
 import threading
 import time
 import traceback
@@ -43,13 +51,20 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-# How long `run` waits for workers to notice `abort` after an error, timeout or Ctrl-C.
+# How long `run` waits for workers to notice `abort` after an error, timeout or Ctrl-C,
+# and how long it then keeps stopping by force the ones that ignore it.
 ABORT_GRACE_S = 5.0
+COOPERATE_S = 1.0  # after a timeout or Ctrl-C: how long before threads are stopped by force
 _POLL_S = 0.05  # wake-up interval while waiting, so Ctrl-C in the caller is seen quickly
 
 
 class Aborted(Exception):
     """Raised by a worker that gave up because `abort` was set (a peer failed first)."""
+
+
+class Stopped(BaseException):
+    """Raised inside a worker thread that ignored `abort` (see the module docstring); a
+    BaseException, so that a learner's `except Exception:` does not swallow it."""
 
 
 class _Job:
@@ -84,13 +99,17 @@ def _worker_loop(tasks: queue.SimpleQueue, device: int, cpus: set[int] | None) -
     torch.set_num_threads(1)
     if cpus is not None:  # on Linux, pid 0 is the calling thread: only this one moves
         os.sched_setaffinity(0, cpus)
-    while True:
-        item = tasks.get()
-        if item is _STOP:
-            return
-        fn, job = item  # put there by run()
-        _run_one(fn, job, device)
-        del item, fn, job  # keep no reference to the task (and the pool behind it) while idle
+    item = None
+    while item is not _STOP:
+        try:
+            item = tasks.get()
+            if item is not _STOP:
+                fn, job = item  # put there by run()
+                _run_one(fn, job, device)
+                # keep no reference to the task (and the pool behind it) while idle
+                item = fn = job = None
+        except Stopped:  # meant for a task that had just ended: the pool is closing anyway
+            pass
 
 
 def _run_one(fn: Callable, job: _Job, device: int) -> None:
@@ -148,10 +167,52 @@ _M_ARENA_MAX = -8  # glibc's mallopt parameter number
 
 def _one_cpu() -> set[int] | None:
     """One of the cores this process may use, for threads that take turns (None where the
-    system cannot pin a thread: they then run wherever it puts them)."""
+    system cannot pin a thread: they then run wherever it puts them).
+
+    The core the calling thread runs on now: two processes running at the same moment run
+    on two different cores, so two graders' kernels (`grade -j 2`) or two lessons do not
+    pile their devices onto one core while the other idles (as always taking the lowest did).
+    """
     if not hasattr(os, "sched_getaffinity"):
         return None
-    return {min(os.sched_getaffinity(0))}
+    allowed = os.sched_getaffinity(0)
+    here = _current_cpu()
+    return {here if here in allowed else min(allowed)}
+
+
+def _current_cpu() -> int:
+    """The core the calling thread runs on (glibc's sched_getcpu), or -1 where unknown."""
+    try:
+        return int(ctypes.CDLL(None).sched_getcpu())
+    except (OSError, AttributeError, TypeError):
+        return -1
+
+
+def _raise_in(thread: threading.Thread, exc: type[BaseException]) -> None:
+    """Raise `exc` inside `thread` at its next Python instruction (CPython's only way to
+    stop a thread from outside; C code it is in finishes first)."""
+    if thread.ident is not None:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(thread.ident), ctypes.py_object(exc)
+        )
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """While the caller stops a run, its own alarm (the grader's time limit fires every 50 ms
+    until the call returns) and Ctrl-C are ignored: they would interrupt the stopping. Only
+    the main thread has signal handlers; elsewhere this does nothing."""
+    held = {}
+    if threading.current_thread() is threading.main_thread():
+        for name in ("SIGALRM", "SIGINT"):
+            number = getattr(signal, name, None)
+            if number is not None and signal.getsignal(number) is not None:
+                held[number] = signal.signal(number, lambda *_: None)
+    try:
+        yield
+    finally:
+        for number, handler in held.items():
+            signal.signal(number, handler)
 
 
 class DeviceThreads:
@@ -212,17 +273,13 @@ class DeviceThreads:
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             timed_out = self._wait(job, deadline)
-        except KeyboardInterrupt:
-            self.abort.set()
-            self._wait(job, time.monotonic() + ABORT_GRACE_S)
+        except BaseException:  # Ctrl-C, or the grader's time limit, in the waiting caller
+            self.stop(job)
             raise
         if timed_out:
             with job.cond:
                 stuck = sorted(job.running)
-            self.abort.set()
-            self._wait(job, time.monotonic() + ABORT_GRACE_S)
-            with job.cond:
-                still = sorted(job.running)
+            still = self.stop(job)
             where = ", ".join(str(d) for d in stuck)
             msg = f"timed out after {timeout:g} s with {self.name} {where} still running"
             if still:
@@ -247,6 +304,27 @@ class DeviceThreads:
                 wait = _POLL_S if deadline is None else min(_POLL_S, deadline - now)
                 job.cond.wait(wait)
         return False
+
+    def stop(self, job: _Job) -> list[int]:
+        """Stop a run the caller gave up on: set `abort`, wait `COOPERATE_S` for the threads
+        to notice; then raise `Stopped` inside those that ignore it, again every poll for
+        `ABORT_GRACE_S`, and close the pool (a stop may still be on its way to one of them).
+        Returns the devices still running after all that (stuck inside a long C call)."""
+        self.abort.set()
+        with _signals_held():
+            if not self._wait(job, time.monotonic() + COOPERATE_S):
+                return []
+            deadline = time.monotonic() + ABORT_GRACE_S
+            while True:
+                with job.cond:
+                    running = sorted(job.running)
+                if not running or time.monotonic() >= deadline:
+                    break
+                for d in running:
+                    _raise_in(self._threads[d], Stopped)
+                self._wait(job, min(deadline, time.monotonic() + _POLL_S))
+            self.close()
+        return running
 
     def _wait_previous(self) -> None:
         """A previous run that timed out may still occupy threads: wait, or refuse."""

@@ -28,10 +28,14 @@ stays nearly constant (`ring_bytes_per_worker`). The paper (Section 3.2) counts 
 all-to-alls of aggregate size 3Nh (q, k, v) and Nh (output) for sequence length N, hidden
 size h on P GPUs, 4Nh/P per link, its (P-1)/P rounded to 1.
 
-Limits. Each worker computes whole heads, so N must divide H: the degree is bounded by the
-number of heads (with grouped-query attention by the K/V heads, unless they are copied).
-Beyond it, combine: Ulysses inside a group of H workers and a ring across groups (the 2D
-"USP" scheme of Fang & Zhao 2024, arXiv 2405.07719). Memory: a worker builds the scores of
+Limits. Each worker computes whole heads, so the degree is bounded by the number of heads
+(with grouped-query attention by the K/V heads, unless they are copied). This implementation
+also splits them evenly, so N must divide H (and the K/V heads). DeepSpeed's
+`DistributedAttention` no longer needs that: when N does not divide the heads it switches to
+`uneven_heads_all2all` (deepspeed/sequence/layer.py), which gives some workers one head more
+than others, still with fewer workers than heads. Beyond the heads, combine: Ulysses inside
+a group of H workers and a ring across groups (the 2D "USP" scheme of Fang & Zhao 2024,
+arXiv 2405.07719). Memory: a worker builds the scores of
 H/N heads over the whole sequence, H L^2 / N, where the ring builds H (L/N)^2 per block;
 with a tiled FlashAttention kernel neither builds them whole. `ulysses_activation_bytes`
 counts it the way `attention_activation_bytes` counts the ring.
@@ -80,14 +84,15 @@ def ulysses_max_degree(heads: int, kv_heads: int | None = None) -> int:
 
 
 def check_ulysses_degree(workers: int, heads: int, kv_heads: int | None = None) -> None:
-    """A one-line error unless `workers` divides the (K/V) heads: each worker takes whole heads."""
+    """A one-line error unless `workers` divides the (K/V) heads: each worker takes whole heads,
+    as many as every other worker here (DeepSpeed also runs uneven splits, below the heads)."""
     validation.integer(workers, "workers", 1, MAX_WORKERS)
     kv = ulysses_max_degree(heads, kv_heads)
     if heads % workers or kv % workers:
         what = f"{kv} K/V heads" if kv != heads else f"{heads} heads"
         raise CourseInputError(
-            f"workers must divide the {what} for Ulysses (each worker computes whole heads), "
-            f"got {workers}"
+            f"workers must divide the {what} for Ulysses (each worker computes whole heads, "
+            f"an equal share in this implementation), got {workers}"
         )
 
 

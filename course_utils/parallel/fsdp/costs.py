@@ -111,23 +111,36 @@ def _positive_number(value, name: str) -> float:
 
 
 def gather_hiding_tokens(
-    flops_per_s: float, bandwidth: float, element_size: int = 2, workers: int = 8
+    flops_per_s: float,
+    bandwidth: float,
+    element_size: int = 2,
+    workers: int = 8,
+    reduce_element_size: int | None = None,
 ) -> float:
     """Fewest tokens per GPU (per micro-batch) at which a layer's collectives hide behind its
-    compute, with prefetching: T >= (N-1)/N x F e / (2 B).
+    compute, with prefetching: T >= (N-1)/N x F max(e, (e + e_r) / 2) / (2 B).
 
     A layer of Psi parameters computes 2 Psi FLOPs per token forward and 4 Psi backward
     (Kaplan et al. 2020, arXiv 2001.08361): 2 Psi T / F seconds forward on T tokens at F
     FLOP/s. Its ring all-gather moves (N-1)/N Psi e bytes over a link of B bytes/s. The
-    backward has twice the compute and twice the traffic (gather and reduce-scatter), so
-    the same T hides both. Psi cancels: what matters is tokens per GPU against the GPU's
-    FLOP rate over its link's bandwidth (the condition lesson 09 gives the ring).
+    backward has twice the compute and sends a gather and a reduce-scatter: twice the
+    traffic when the reduce-scatter's element size e_r (`reduce_element_size`, default e)
+    is the gather's, and then the same T hides both. Psi cancels: what matters is tokens per
+    GPU against the GPU's FLOP rate over its link's bandwidth (the condition lesson 09 gives
+    the ring). With bf16 gathers and fp32 reductions (FSDP2's MixedPrecisionPolicy(
+    param_dtype=bfloat16, reduce_dtype=float32)) the backward sends 2 + 4 = 6 bytes per
+    parameter against the forward's 2: three times, for twice the compute, so it needs 1.5
+    times the forward's tokens.
     """
     f = _positive_number(flops_per_s, "flops_per_s")
     b = _positive_number(bandwidth, "bandwidth")
     validation.integer(element_size, "element_size", 1, 64)
     validation.integer(workers, "workers", 1, 10**6)
-    return (workers - 1) / workers * f * element_size / (2 * b)
+    e_r = element_size if reduce_element_size is None else reduce_element_size
+    validation.integer(e_r, "reduce_element_size", 1, 64)
+    # forward: 2 Psi T / F >= (N-1)/N Psi e / B; backward: 4 Psi T / F >= (N-1)/N Psi (e + e_r) / B
+    per_token = max(element_size, (element_size + e_r) / 2)
+    return (workers - 1) / workers * f * per_token / (2 * b)
 
 
 def hsdp_bytes(params: float, shard: int, replicas: int, element_size: int = 2) -> dict[str, float]:
@@ -195,7 +208,9 @@ class FSDPCosts:
     """Seconds per layer per micro-batch shard (`forward[l]`, `backward[l]`), and the link.
 
     A ring collective of a layer takes (N-1) x (shard bytes / bandwidth + latency):
-    N-1 steps, each moving one shard over one link.
+    N-1 steps, each moving one shard over one link. Gathers move `element_size` bytes per
+    parameter, reduce-scatters `reduce_element_size` (None: the same), e.g. bf16 gathers and
+    fp32 reductions.
     """
 
     forward: tuple[float, ...]
@@ -205,6 +220,7 @@ class FSDPCosts:
     latency: float = 0.0  # seconds per ring step
     element_size: int = 4
     optimizer: float = 0.0
+    reduce_element_size: int | None = None
 
     def __post_init__(self) -> None:
         n = len(self.layer_numels)
@@ -216,9 +232,14 @@ class FSDPCosts:
         if not self.bandwidth > 0:
             raise CourseInputError(f"bandwidth must be > 0 bytes/s, got {self.bandwidth!r}")
 
-    def collective_time(self, layer: int, workers: int) -> float:
+    def collective_time(self, layer: int, workers: int, kind: str = "UNSHARD") -> float:
+        """Seconds of one ring collective of `layer`: a gather ("UNSHARD") or, with kind
+        "REDUCE_GRAD", a reduce-scatter (or all-reduce step) at `reduce_element_size`."""
         shard = padded_shard_numels([self.layer_numels[layer]], workers)[0]
-        return (workers - 1) * (shard * self.element_size / self.bandwidth + self.latency)
+        size = self.element_size
+        if kind == "REDUCE_GRAD" and self.reduce_element_size is not None:
+            size = self.reduce_element_size
+        return (workers - 1) * (shard * size / self.bandwidth + self.latency)
 
 
 def simulate_fsdp(
@@ -242,7 +263,7 @@ def simulate_fsdp(
         if instr.op == "issue":
             op = comms[c]
             start = max(clock, comm_free)
-            comm_free = done_at[c] = start + costs.collective_time(op.layer, workers)
+            comm_free = done_at[c] = start + costs.collective_time(op.layer, workers, op.kind)
             events.append((Action(op.layer, op.kind, op.microbatch), start, comm_free, op.label))
         elif instr.op == "wait":
             clock = max(clock, done_at[c])

@@ -7,8 +7,10 @@ weighs the chosen expert's output is the score itself, without the bias. After e
 the bias moves by a fixed amount gamma (DeepSeek-V3's "bias update speed"): down for an
 expert that got more than its share of the tokens, up for one that got less. No gradient
 flows through b, so balancing never pulls against the language-modelling loss, as an
-auxiliary loss does. (DeepSeek-V3's scores are sigmoid affinities normalised over the chosen
-experts; the rule is the same for the course's softmax router.)
+auxiliary loss does. (DeepSeek-V3's scores are sigmoid affinities, and its `Gate` in
+inference/model.py renormalises the chosen experts' gates to sum to 1 only for sigmoid
+scores; it also limits each token to the experts of 4 of its 8 groups, the report's
+node-limited routing. The bias rule is the same for the course's softmax router.)
 
 The router z-loss (ST-MoE, Zoph et al. 2022, arXiv 2202.08906, eq. 5), added with a small
 weight (0.001 in the paper):
@@ -16,7 +18,8 @@ weight (0.001 in the paper):
     L_z = (1 / B) sum over tokens of (log sum_j exp(x_j))^2
 
 keeps the router's logits x small: large logits make its softmax round badly in low
-precision, one of the instabilities ST-MoE traced.
+precision, one of the instabilities ST-MoE traced. It is smallest (0) where a token's
+log-sum-exp is 0, e.g. E equal logits of -log E, not where the logits are 0 (log E there).
 """
 
 from __future__ import annotations
@@ -41,7 +44,9 @@ def biased_choice(
     scores: torch.Tensor, bias: torch.Tensor, top_k: int = 1
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(experts, gates): each token's top-k experts by score + bias, and their gates, the
-    scores without the bias (renormalised over the k chosen when k > 1, as DeepSeek-V3 does).
+    scores without the bias, renormalised over the k chosen when k > 1 like GShard's top-2
+    gates (DeepSeek-V3 renormalises too, but only because its scores are sigmoids; its code
+    leaves softmax scores as they are).
 
     `scores` is (tokens, experts), `bias` (experts,)."""
     if not isinstance(scores, torch.Tensor) or scores.dim() != 2:
