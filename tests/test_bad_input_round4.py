@@ -432,6 +432,16 @@ def test_a_report_that_names_a_folder_or_a_junk_run_record_stops_before_training
         assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_utime - start < 30
 
 
+@pytest.mark.slow
+def test_fsdp2_on_processes_prints_its_report_and_no_warning(tmp_path):
+    # each rank printed FSDP2's "returned a view tensor" UserWarning at every forward (8 lines)
+    args = ["distributed", "--fsdp", "--workers", "2", "--batch", "4", "--model", "gpt",
+            "--steps", "1", "--timeout", "300"]  # fmt: skip
+    result = run_course(args, tmp_path, timeout=300)
+    assert result["code"] == 0, result["err"][-2000:]
+    assert result["err"] == "" and "FSDP2 (fully_shard) on 2 processes" in result["out"]
+
+
 # -- the planner's API -------------------------------------------------------------------------
 
 
