@@ -240,6 +240,42 @@ def test_the_torchrun_entry_point_refuses_before_importing_torch(env, args, word
     _refused(result, words)  # under a second of CPU: torch (2 s) was never imported
 
 
+TORCHRUN = "course_utils.distributed.torchrun"
+UNDER_TORCHRUN = ["--standalone", "--nproc-per-node=2", "-m", TRAIN]
+# (args after `-m course_utils.distributed.train`, words): under plain torchrun each ended in
+# its 45-line ChildFailedError report
+TORCHRUN_INPUTS = [
+    (["--lr", "inf"], "--lr"),
+    (["--parallel", "tp"], "--parallel"),
+    (["--timeout", "nan"], "--timeout"),
+    (["--seed", str(2**70)], "--seed"),
+    (["--steps", "3", "--fail-at-step", "4"], "--fail-at-step"),
+]
+
+
+@pytest.mark.parametrize("args, words", TORCHRUN_INPUTS, ids=[w for _, w in TORCHRUN_INPUTS])
+def test_the_courses_torchrun_refuses_the_training_flags_before_any_process(args, words, tmp_path):
+    _refused(_module(TORCHRUN, [*UNDER_TORCHRUN, *args], tmp_path), words)
+
+
+@pytest.mark.slow
+def test_a_refusal_of_the_ranks_under_the_courses_torchrun_is_their_one_line(tmp_path):
+    # what only the ranks can see (a checkpoint folder of another program's): they refuse
+    # together, the first of the node says why, and torchrun's report is not added
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "run.json").write_text("{not json")
+    out = subprocess.run(
+        [sys.executable, "-m", TORCHRUN, *UNDER_TORCHRUN, "--checkpoint-dir", "junk"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert out.stderr.strip().splitlines() == [
+        f"{TRAIN}: error: --checkpoint-dir junk: its run.json is not a record the course wrote: "
+        "use an empty folder"
+    ], out.stderr[-2000:]
+
+
 def test_the_entry_point_imports_torch_only_to_train():
     code = f"""
 import os, sys

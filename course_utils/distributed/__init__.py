@@ -17,6 +17,8 @@ The same model for `torchrun`, the way a cluster runs it:
 - `checkpoint`  sharded checkpoints (torch.distributed.checkpoint) and finding the last one
 - `clocks`      each rank's clock offset to rank 0's, for one chart of every node's actions
 - `launch`      `launch()`: a multi-node torchrun job on this machine (one agent per "node")
+- `torchrun`    `python -m course_utils.distributed.torchrun`: torchrun itself, the training
+                flags checked before any process and a failed rank said in one line
 
 Each returns a measured `Timeline` built from every process's own timestamps
 (`time.time_ns`, one clock for all processes on one machine), ready for

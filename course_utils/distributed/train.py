@@ -5,6 +5,9 @@ starts, the same program on a laptop and on a cluster.
         -m course_utils.distributed.train --parallel fsdp+pipeline --steps 6 \\
         --checkpoint-dir ckpt --report report.json
 
+(`python -m course_utils.distributed.torchrun` in place of `torchrun`: the same, with these
+flags checked before any process starts and a failed rank reported in one line.)
+
 torchrun starts `--nproc-per-node` processes on every node and tells each who it is (RANK,
 LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT, TORCHELASTIC_RESTART_COUNT).
 Every process then, top to bottom:
