@@ -4,9 +4,6 @@ failure one message naming rank and action, and nothing left running after it.""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
 
@@ -343,17 +340,10 @@ def test_past_the_graders_time_limit_the_threads_are_stopped_and_the_next_case_p
 
 @pytest.mark.slow  # a busy loop beside the test for a few seconds
 def test_the_solution_passes_on_one_core_beside_a_busy_loop(capsys):
+    from checkskit import beside_a_busy_loop
+
     from course_utils.checks import l01
 
-    mine = os.sched_getaffinity(0)
-    core = min(mine)
-    pin = lambda: os.sched_setaffinity(0, {core})  # noqa: E731
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=pin)
-    os.sched_setaffinity(0, {core})  # this thread, so the ranks' threads share its core too
-    try:
+    with beside_a_busy_loop():  # the ranks' threads share this thread's core too
         l01.exercise_7(programs.naive)
-    finally:
-        os.sched_setaffinity(0, mine)
-        busy.kill()
-        busy.wait()
     assert capsys.readouterr().out.startswith("✅ Right")

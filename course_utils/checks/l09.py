@@ -13,7 +13,18 @@ worker i chunks i and 2N-1-i of 2N (Dubey et al. 2024, arXiv 2407.21783).
 from __future__ import annotations
 
 from course_utils import checks
-from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge, numbers, pick
+from course_utils.checks import (
+    DEFAULT,
+    OTHERWISE,
+    Variant,
+    exercise,
+    fail,
+    judge,
+    numbers,
+    pick,
+    programs,
+)
+from course_utils.checks.programs import RingCase
 
 for_student = checks.lesson_checks(__name__)
 
@@ -76,124 +87,216 @@ def exercise_1(g, tp_only, with_sp) -> str:
     )
 
 
-def _merge_case(seed: int, t: int, d: int, kv: tuple[int, int], kind: str) -> tuple:
-    """Two key blocks' partial attention for the same queries: (out_a, lse_a, out_b, lse_b)."""
-    import torch
-
-    from course_utils.parallel.context_parallel import block_attention
-
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(t, d, generator=gen)
-    blocks = [(torch.randn(n, d, generator=gen), torch.randn(n, d, generator=gen)) for n in kv]
-    if kind == "large":  # sharp attention: log-sum-exps far above exp's float32 range (88)
-        q = q * 400.0
-        # ... on every draw: query 0 scores exactly 400 against block a's first key (a random
-        # q alone fell short once in CI, and a merge by plain exp passed).
-        key = blocks[0][0][0]
-        q[0] = key / key.dot(key) * 400.0 * d**0.5
-    mask_a = None
-    if kind == "masked":  # causal-like: query i sees block a's keys j < i, so row 0 sees none
-        mask_a = torch.arange(kv[0]).unsqueeze(0) < torch.arange(t).unsqueeze(1)
-    out_a, lse_a = block_attention(q, *blocks[0], mask=mask_a)
-    out_b, lse_b = block_attention(q, *blocks[1])
-    return (out_a, lse_a, out_b, lse_b)
+given_2 = numbers(
+    N=pick("2n", 4, [2, 3, 4]),
+    tokens=pick("2t", 4, [3, 4, 5]),
+    dim=pick("2d", 8, [4, 8]),
+)
+SHARP = 400  # queries scaled so: log-sum-exps near 400, far above float32 exp's range (88)
 
 
 def cases_2(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
-    rng = variant.cases("2")
-    specs = [(3, 4, (2, 3), "plain"), (4, 3, (3, 4), "masked"), (3, 4, (2, 2), "large")]
-    for _ in range(3):
-        specs.append(
-            (rng.randint(1, 5), rng.randint(2, 6), (rng.randint(1, 4), rng.randint(1, 4)), "plain")
-        )
-    cases = [_merge_case(rng.randint(0, 10**6), *spec) for spec in specs]
-    return {"merge": cases}
+    """The learner's own ring twice (their numbers; the second with sharp attention), then
+    two more: in the notebook fixed by their name, in the grader drawn afresh."""
+    g, rng = given_2(variant), programs.drawn(variant, "2")
+    mine = {"devices": g.N, "tokens": g.tokens, "dim": g.dim}
+    cases = [RingCase(**mine, seed=9), RingCase(**mine, seed=10, sharp=SHARP)]
+    for sharp in (1, SHARP):
+        devices, tokens, dim = rng.choice([2, 3, 4]), rng.choice([2, 3, 5]), rng.choice([4, 6])
+        cases.append(RingCase(devices, tokens, dim, rng.randint(1, 10**6), sharp))
+    return {"ring_attention": [(case,) for case in cases]}
 
 
 def _close(got, want) -> bool:
     import torch
 
-    return got.shape == want.shape and bool(
-        torch.isclose(got, want, rtol=1e-4, atol=1e-5).all()  # -inf == -inf counts as close
-    )
+    return got.shape == want.shape and bool(torch.isclose(got, want, rtol=1e-4, atol=1e-5).all())
 
 
-@exercise(merge="function")
-def exercise_2(merge, variant) -> str:
-    """Build merge(out_a, lse_a, out_b, lse_b) -> (out, lse): the log-sum-exp merge."""
+MERGES = ("right", "average", "swapped", "unnormalised", "larger", "sum")  # see `_merge`
+MERGE_HINTS = {
+    "average": "the running output and a block's are averaged, as if each block held the same "
+    "share of the softmax. Weigh each by its share: exp(lse_x - lse), lse the log-sum-exp over "
+    "both.",
+    "swapped": "the two weights of the merge are swapped: the running output goes with "
+    "exp(lse_running - lse), the block's with exp(lse_block - lse).",
+    "unnormalised": "the merge's weights exp(lse_a) and exp(lse_b) do not add up to 1: divide "
+    "them by exp(lse), that is, exp(lse_a - lse) and exp(lse_b - lse).",
+    "larger": "the merged lse is the larger of the two. The log-sum-exp over both blocks is "
+    "log(exp(lse_a) + exp(lse_b)), above either one (torch.logaddexp).",
+    "sum": "the merged lse = lse_a + lse_b multiplies the two sums of exponentials; the keys of "
+    "both blocks together need their sum, log(exp(lse_a) + exp(lse_b)).",
+}
+
+
+def _merge(rule: str, out, lse, out_b, lse_b):
+    """The running (out, lse) merged with a block's by `rule`: "right" (the log-sum-exp
+    merge), or one of the mistakes of `MERGE_HINTS`."""
     import torch
 
-    from course_utils.parallel.context_parallel import merge_partials
+    new = torch.logaddexp(lse, lse_b)
+    if rule == "larger":
+        new = torch.maximum(lse, lse_b)
+    elif rule == "sum":
+        new = lse + lse_b
+    if rule == "average":
+        return (out + out_b) / 2, new
+    norm = torch.zeros_like(new) if rule == "unnormalised" else new
+    w_a, w_b = (torch.exp(x - norm).unsqueeze(-1) for x in (lse, lse_b))
+    if rule == "swapped":
+        w_a, w_b = w_b, w_a
+    return w_a * out + w_b * out_b, new
 
-    cases = cases_2(variant)["merge"]
-    for i, ((out_a, lse_a, out_b, lse_b), _, result) in enumerate(checks.each_call(merge, cases)):
-        kind = "masked" if i == 1 else "large" if i == 2 else "plain"
-        t, d = out_a.shape
-        shown = f"merge(...) on case {i + 1} ({t} queries of dim {d}"
-        shown += {
-            "plain": ")",
-            "masked": ", query 0 sees no key of block a: lse_a[0] = -inf)",
-            "large": ", sharp attention: log-sum-exps near 100 or more)",
-        }[kind]
-        result = checks.as_sequence(result, shown)
-        if len(result) != 2:
-            fail(f"{shown} returned {len(result)} values; return the pair (out, lse).")
-        out = checks.as_tensor(result[0], f"the out of {shown}", out_a.shape)
-        lse = checks.as_tensor(result[1], f"the lse of {shown}", lse_a.shape)
-        want_out, want_lse = merge_partials(out_a, lse_a, out_b, lse_b)
-        if _close(out, want_out) and _close(lse, want_lse):
-            continue
-        if not torch.isfinite(out).all() or torch.isnan(lse).any():
-            if kind == "large":
+
+def _ring_merged(q, blocks: list, rule: str, masked_owner: int | None):
+    """Rank's output when it merges the blocks [(owner, k, v)] in that order with `rule`,
+    masking the block of `masked_owner` inside (causal)."""
+    import torch
+
+    from course_utils.parallel.context_parallel import block_attention
+
+    out = lse = None
+    for owner, k, v in blocks:
+        mask = None
+        if owner == masked_owner:
+            mask = torch.ones(len(q), len(k), dtype=torch.bool).tril()
+        out_b, lse_b = block_attention(q, k, v, mask)
+        if out is None:
+            out, lse = out_b, lse_b
+        else:
+            out, lse = _merge(rule, out, lse, out_b, lse_b)
+    return out
+
+
+def _attended(q, ks, vs, rank: int, got):
+    """(the owners, masked own block or not) of the blocks whose exact attention `got` is
+    rank's output, merged in the ring's order; None if none is."""
+    from itertools import combinations
+
+    n = len(ks)
+    ring = [(rank - s) % n for s in range(n)]
+    for size in range(1, n + 1):
+        for chosen in combinations(range(n), size):
+            order = [o for o in ring if o in chosen]
+            for mask in (True, False):
+                blocks = [(o, ks[o], vs[o]) for o in order]
+                if _close(got, _ring_merged(q, blocks, "right", rank if mask else None)):
+                    return sorted(chosen), mask
+    return None
+
+
+STOPPED_2 = {
+    "deadlock": "Sends never wait, receives do: every rank sends the block in hand to its right "
+    "neighbour before it waits for the next one from its left.",
+    "unreceived": "The block in hand at the last step goes nowhere: N - 1 sends and N - 1 "
+    "receives per rank.",
+}
+
+
+def _sent_owners(messages: list, rank: int, n: int) -> tuple[list[int], str | None]:
+    """The owners of the K/V blocks rank sent, in order, and a hint if a send is off."""
+    owners: list[int] = []
+    for to, what, _ in messages:
+        if to != (rank + 1) % n:
+            return owners, (
+                f"rank {rank} sent a message to rank {to}. Round the ring each block goes to "
+                f"the right neighbour, rank (r + 1) mod N = {(rank + 1) % n}, and the next "
+                "comes from the left."
+            )
+        digits = str(what).lstrip("kv")
+        if not digits.isdigit():
+            return owners, (
+                f"rank {rank} sent a message that is not a K/V block: send the keys and "
+                "values in hand, as they came."
+            )
+        if str(what).startswith("v") and owners and owners[-1] == int(digits):
+            continue  # v sent after k: the same block in two messages
+        owners.append(int(digits))
+    return owners, None
+
+
+@exercise(given_2, ring_attention=programs.as_program)
+def exercise_2(ring_attention, variant) -> str:
+    """Build causal ring attention as a per-rank program; judged on what the run did."""
+    import torch
+
+    from course_utils.parallel.context_parallel import attention, ring_bytes_per_worker
+    from course_utils.parallel.context_parallel.layout import split_sequence
+
+    cases = cases_2(variant)["ring_attention"]
+    for (case,), shown, got in checks.each_call(ring_attention, cases):
+        run = programs.watched(got, shown, case, "outputs")
+        if run["failure"] is not None:
+            fail(programs.stopped(shown, run["failure"], STOPPED_2))
+        n, t, d = case.devices, case.tokens, case.dim
+        q, k, v = case.build()
+        qs, ks, vs = (split_sequence(x, n) for x in (q, k, v))
+        bytes_ring = ring_bytes_per_worker(n * t, n, 1, d, 4)["forward"]
+        for rank, watch in enumerate(run["watched"]):
+            owners, off = _sent_owners(watch["messages"], rank, n)
+            if off:
+                fail(f"{shown}: {off}")
+            want = [(rank - s) % n for s in range(n - 1)]
+            if owners != want or run["bytes_sent"][rank] != bytes_ring:
                 fail(
-                    f"{shown} has inf or NaN: exp of a log-sum-exp above 88 overflows float32. "
-                    "Write each weight as exp(lse_x - lse), or sigmoid(lse_a - lse_b): "
-                    "they never exceed 1."
+                    f"{shown}: rank {rank} sent the blocks of ranks {owners}, "
+                    f"{run['bytes_sent'][rank]:,} bytes. Round the ring it passes on the block "
+                    "in hand, the one it has just received: at steps 0 to N - 2 those of "
+                    f"ranks {want}, {bytes_ring:,} bytes."
+                )
+        full = attention(q, k, v, causal=True)
+        for rank, out in enumerate(run["outputs"]):
+            if not isinstance(out, torch.Tensor) or tuple(out.shape) != (t, d):
+                what = out if isinstance(out, str) else f"shape {tuple(out.shape)}"
+                fail(
+                    f"{shown}: rank {rank} returned {what}; the program returns its queries' "
+                    f"attention output, ({t}, {d})."
+                )
+            out = out.float()
+            if _close(out, full[rank * t : (rank + 1) * t]):
+                continue
+            if not torch.isfinite(out).all():
+                fail(
+                    f"{shown}: rank {rank}'s output has inf or NaN. Exp of a log-sum-exp above "
+                    "88 overflows float32: write each weight of the merge as exp(lse_x - lse), "
+                    "with lse the merged log-sum-exp; it never exceeds 1."
+                )
+            blocks = [((rank - s) % n, ks[(rank - s) % n], vs[(rank - s) % n]) for s in range(n)]
+            seen = [b for b in blocks if b[0] <= rank]
+            for rule, hint in MERGE_HINTS.items():
+                if _close(out, _ring_merged(qs[rank], seen, rule, rank)):
+                    fail(f"{shown}: on rank {rank} {hint}")
+            found = _attended(qs[rank], ks, vs, rank, out)
+            if found == (list(range(rank + 1)), False):
+                fail(
+                    f"{shown}: rank {rank} attends to the right blocks, but its own without "
+                    "the mask: inside its own block query i may see keys 0 to i only (a "
+                    "lower-triangular mask)."
+                )
+            if found == (list(range(n)), True) or found == (list(range(n)), False):
+                fail(
+                    f"{shown}: rank {rank} attends to every block. Under the causal mask the "
+                    "blocks of later ranks hold only later tokens, which its queries may not "
+                    "see: skip them."
+                )
+            if found is not None:
+                fail(
+                    f"{shown}: rank {rank} attends to the blocks of ranks {found[0]}; its "
+                    f"queries may see those of ranks 0 to {rank} only. Whose block is in hand "
+                    "at step s? It has come s hops from the left."
                 )
             fail(
-                f"{shown} has inf or NaN. A query that sees no key of a block has lse = -inf "
-                "there, and its weight must come out as exactly 0. Look for a step that meets "
-                "inf - inf or -inf + inf (NaN); subtracting the larger lse first avoids them."
+                f"{shown}: rank {rank}'s output is not causal attention over the keys of ranks "
+                f"0 to {rank}. Merge each block's (out, lse) into the running ones with the "
+                "log-sum-exp rule of section 3."
             )
-        if not _close(lse, want_lse):
-            if _close(lse, torch.maximum(lse_a, lse_b)):
-                fail(
-                    f"{shown}: lse is the larger of the two. The log-sum-exp over both blocks "
-                    "is log(exp(lse_a) + exp(lse_b)), above either one."
-                )
-            if _close(lse, lse_a + lse_b):
-                fail(
-                    f"{shown}: lse = lse_a + lse_b multiplies the two sums of exponentials; "
-                    "the keys of both blocks together need their sum."
-                )
-            fail(f"{shown}: lse is not the log-sum-exp over the keys of both blocks.")
-        if _close(out, (out_a + out_b) / 2):
-            fail(
-                f"{shown}: out is the plain average, as if both blocks held the same share of "
-                "the softmax. Weigh each block by its share: exp(lse_a - lse) and "
-                "exp(lse_b - lse)."
-            )
-        wa, wb = (
-            torch.exp(lse_a - want_lse).unsqueeze(-1),
-            torch.exp(lse_b - want_lse).unsqueeze(-1),
-        )
-        if _close(out, wb * out_a + wa * out_b):
-            fail(f"{shown}: the two weights are swapped: out_a goes with exp(lse_a - lse).")
-        if kind != "large" and _close(
-            out, torch.exp(lse_a).unsqueeze(-1) * out_a + torch.exp(lse_b).unsqueeze(-1) * out_b
-        ):
-            fail(
-                f"{shown}: the weights exp(lse_a) and exp(lse_b) do not add up to 1: divide "
-                "them by exp(lse)."
-            )
-        fail(
-            f"{shown}: lse is right but out is not. Each block's out is already normalised "
-            "by its own sum; rescale each to the common sum, then add."
-        )
+    first = cases[0][0]
+    sent = ring_bytes_per_worker(first.devices * first.tokens, first.devices, 1, first.dim, 4)
     return (
-        f"Right on {len(cases)} cases, including a query that sees no key of one block and "
-        "log-sum-exps far beyond float32's exp. The merge is exact, so blocks of keys may "
-        "arrive one at a time, in any order: that is what lets ring attention pass them round."
+        f"Right on {len(cases)} rings, sharp attention included: every rank's output equals "
+        f"full causal attention, each rank passed on the blocks in the ring's order and sent "
+        f"N - 1 of them ({sent['forward']:,} bytes on your ring). Nothing of size L x L was "
+        "built anywhere, and the later ranks did the most work: the plain split's straggler."
     )
 
 

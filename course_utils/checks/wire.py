@@ -22,6 +22,7 @@ from fractions import Fraction
 from typing import Any
 
 TAG = "__course_type__"
+RANK_CASES = ("ProgramCase", "ShardCase", "RingCase", "DispatchCase")  # `checks.programs.CASES`
 
 
 def encode(value: Any, depth: int = 0) -> Any:
@@ -64,8 +65,8 @@ def encode(value: Any, depth: int = 0) -> Any:
         return encode(value.item(), depth + 1)  # numpy scalar
     if kind == "course_utils" and name == "Action":
         return {TAG: "Action", "value": str(value)}
-    if kind == "course_utils" and name == "ProgramCase":  # a rank program's trial (programs)
-        return {TAG: "ProgramCase", "value": encode(vars(value), depth + 1)}
+    if kind == "course_utils" and name in RANK_CASES:  # a rank program's trial (programs)
+        return {TAG: name, "value": encode(vars(value), depth + 1)}
     if kind == "course_utils" and name == "Schedule":
         return {
             TAG: "Schedule",
@@ -111,10 +112,10 @@ def decode(data: Any) -> Any:
         from course_utils.actions import Action
 
         return Action.parse(data["value"])
-    if kind == "ProgramCase":
-        from course_utils.checks.programs import ProgramCase
+    if kind in RANK_CASES:
+        from course_utils.checks.programs import CASES
 
-        return ProgramCase(**decode(data["value"]))
+        return CASES[kind](**decode(data["value"]))
     if kind == "Schedule":
         from course_utils.actions import Action, Schedule
 
@@ -175,7 +176,7 @@ def call_outcome(
 
     previous = signal.signal(signal.SIGALRM, watch)
     signal.setitimer(signal.ITIMER_REAL, min(_WATCH_EVERY_S, limit_s), _WATCH_EVERY_S)
-    # A case may say how the answer is called: a `ProgramCase` runs a rank program.
+    # A case may say how the answer is called: a `ProgramCase` (...) runs a rank program.
     call = getattr(args[0], "__course_call__", None) if len(args) == 1 else None
     try:
         result = call(fn) if callable(call) else fn(*args)
