@@ -7,6 +7,10 @@ parameter (16 in all); ZeRO stage 1 shards the optimizer state, stage 2 also the
 stage 3 also the parameters (Rajbhandari et al. 2019, arXiv 1910.02054); stage 3 is FSDP
 (Zhao et al. 2023, arXiv 2304.11277). A layer is one flat vector, padded with zeros to a
 multiple of N and cut into N equal contiguous shards.
+
+Exercise 8.6's answer is a program every rank runs (`checks.programs.ShardCase`): judged in
+the grader from its run's evidence against one device's SGD step, the ZeRO-3 traffic formula
+and a memory target (its shards, one gathered layer and one gradient shard at a time).
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """Checks for lesson 09's exercises (sequence parallelism and context parallelism).
 
 Every expected answer is computed with `course_utils.parallel` (Korthikanti's formula, the
-ring's layout, work and memory, the ring simulator) or `merge_partials`. Conventions shared
+ring's layout, work and memory, the ring simulator); Exercise 9.2's answer is a program every
+rank runs (`checks.programs.RingCase`), judged from its run against full causal attention
+(`attention`) and the ring's order of sends. Conventions shared
 with the lesson: an MLP block keeps, per device, Korthikanti's five terms (Korthikanti et al.
 2022, arXiv 2205.05198): the LayerNorm input, the first linear's input, the GeLU input, the
 second linear's input (e bytes per value each) and the dropout mask (one byte per value);

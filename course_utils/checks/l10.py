@@ -6,6 +6,10 @@ ceil(capacity_factor x tokens x k / E) (Switch Transformer, Fedus et al. 2021, a
 2101.03961, eq. 3, rounded up); slots are filled first come, first served in token order;
 worker w of N holds the contiguous experts w x E/N ... (w+1) x E/N - 1; a token is d_model
 numbers, and tokens for an expert on the sender's own worker never leave it.
+
+Exercise 10.8's answer is a program every rank runs (`checks.programs.DispatchCase`): judged
+in the grader from its run against the MoE layer on one device and Exercise 10.2's byte
+matrix (the dispatch's, and the combine's, its transpose).
 """
 
 from __future__ import annotations
