@@ -20,6 +20,7 @@ from course_utils.checks import (
     DEFAULT,
     OTHERWISE,
     Variant,
+    builds,
     exercise,
     fail,
     judge,
@@ -342,134 +343,7 @@ def cases_6(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
     return {"fsdp_step": [(case,) for case in cases]}
 
 
-STOPPED_6 = {
-    "deadlock": "A collective completes only when every rank calls it: every rank gathers every "
-    "layer, twice, and reduce-scatters every layer's gradient, all in the same order.",
-    "": "Compare it with the steps of one layer listed above the answer.",
-}
-
-
-def _targets_6(case: ShardCase) -> dict:
-    """What one device computes for `case`, and what the lesson's formulas give."""
-    from course_utils.parallel.fsdp import fsdp_traffic_bytes, gathered_bytes_bound
-    from course_utils.parallel.fsdp.rank_program import cut_in_shards, one_device_shards
-
-    model, x, y = case.build()
-    numels = [sum(p.numel() for p in layer.parameters()) for layer in model.layers()]
-    before = cut_in_shards(model, case.devices)
-    shard_bytes = [s.numel() * 4 for s in before[0]]
-    return {
-        "before": before,
-        "after": one_device_shards(model, case.devices, x, y),
-        "bytes": fsdp_traffic_bytes(numels, case.devices, stage=3),
-        "memory": sum(shard_bytes)
-        + gathered_bytes_bound(numels, case.devices, 0)
-        + max(shard_bytes),
-    }
-
-
-def _step_off(got: list, before: list, after: list, n: int) -> str | None:
-    """How a rank's shards after its step differ from one device's: None if they do not;
-    "unchanged"; "1/N" or "N" (times one device's step); or "wrong"."""
-    import torch
-
-    def close(a, b) -> bool:
-        return torch.allclose(a, b, rtol=1e-4, atol=1e-6)
-
-    ok = len(got) == len(after) and all(
-        isinstance(g, torch.Tensor) and g.shape == a.shape for g, a in zip(got, after, strict=False)
-    )
-    if not ok:
-        return "wrong"
-    got = [g.float() for g in got]
-    if all(close(g, a) for g, a in zip(got, after, strict=True)):
-        return None
-    if all(close(g, b) for g, b in zip(got, before, strict=True)):
-        return "unchanged"
-    steps = list(zip(got, before, after, strict=True))
-    for name, factor in (("1/N", 1 / n), ("N", n)):
-        if all(close(g - b, factor * (a - b)) for g, b, a in steps):
-            return name
-    return "wrong"
-
-
-def _listed(names: list[str]) -> str:
-    return ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else "".join(names)
-
-
 @exercise(given_6, fsdp_step=programs.as_program)
 def exercise_6(fsdp_step, variant) -> str:
     """Build one FSDP (ZeRO-3) step as a per-rank program; judged on what the run did."""
-    for (case,), shown, got in checks.each_call(fsdp_step, cases_6(variant)["fsdp_step"]):
-        run = programs.watched(got, shown, case, "shards")
-        if run["failure"] is not None:
-            fail(programs.stopped(shown, run["failure"], STOPPED_6))
-        want, n = _targets_6(case), case.devices
-        for rank in range(n):
-            off = _step_off(run["shards"][rank], want["before"][rank], want["after"][rank], n)
-            if off == "unchanged":
-                fail(
-                    f"{shown}: rank {rank}'s shards are as they were before the step. Each "
-                    "rank updates its own shards with SGD, shard -= ctx.lr x (its slice of the "
-                    "gradient summed over the ranks), in place in ctx.shards."
-                )
-            if off == "1/N":
-                fail(
-                    f"{shown}: every shard moved 1/{n} of one device's step. ctx.loss(out, "
-                    f"ctx.rank) already divides each rank's loss by the {n} ranks, so their "
-                    "gradients add up to the whole batch's: sum them, do not average."
-                )
-            if off == "N":
-                fail(
-                    f"{shown}: every shard moved {n} times one device's step. Each rank's "
-                    "loss is its share of the batch's mean, ctx.loss(out, ctx.rank), and the "
-                    "ranks' gradients are summed once."
-                )
-            if off:
-                fail(
-                    f"{shown}: rank {rank}'s shards after the step are not one device's. Each "
-                    "layer's backward starts from the gradient the next layer handed back "
-                    "(the grad of its input), and each rank keeps the sum over the ranks of "
-                    "its own slice of the layer's gradient."
-                )
-        for rank, watch in enumerate(run["watched"]):
-            peak, held = programs.held_at_peak(watch)
-            if peak > want["memory"]:
-                fail(
-                    f"{shown}: rank {rank} held {peak:,} bytes at once, over the "
-                    f"{want['memory']:,} of its shards, one gathered layer and one gradient "
-                    f"shard. At that moment it still held {_listed(held)}. Free a layer's "
-                    "gathered parameters once it is computed: keep no reference to them, not "
-                    "even through autograd, which keeps what a forward saved until its "
-                    "backward. Run the forward under torch.no_grad() and gather each layer "
-                    "again for its backward."
-                )
-            kinds = [str(c[0]) for c in watch["collectives"]]
-            if "all_reduce" in kinds:
-                fail(
-                    f"{shown}: rank {rank} all-reduces. An all-reduce sends twice the bytes of "
-                    "a reduce-scatter and leaves every rank the whole summed gradient, when "
-                    "its SGD needs only its own slice of it: which collective leaves each "
-                    "rank just its slice of the sum?"
-                )
-            sent = {
-                k: sum(sum(c[1]) for c in watch["collectives"] if c[0] == k)
-                for k in ("all_gather", "reduce_scatter")
-            }
-            if sent != {k: want["bytes"][k] for k in sent}:
-                fail(
-                    f"{shown}: rank {rank} sent {sent['all_gather']:,} bytes in all-gathers "
-                    f"and {sent['reduce_scatter']:,} in reduce-scatters; the lesson's formula "
-                    f"gives {want['bytes']['all_gather']:,} and "
-                    f"{want['bytes']['reduce_scatter']:,}: every layer gathered twice "
-                    "(forward, backward) and its gradient reduce-scattered once."
-                )
-    first = cases_6(variant)["fsdp_step"][0][0]
-    mine = _targets_6(first)
-    return (
-        f"Right: on your model and two others every rank's shards after the step equal one "
-        f"device's SGD step; on yours each rank sent {mine['bytes']['total']:,} bytes, the "
-        "formula's (each layer gathered twice, its gradient reduce-scattered once: 1.5 times "
-        "plain data parallelism), and held at most its shards, one gathered layer and one "
-        f"gradient shard ({mine['memory']:,} bytes). That is FSDP's whole trade."
-    )
+    return builds.fsdp_step(fsdp_step, cases_6(variant)["fsdp_step"])

@@ -21,6 +21,7 @@ from course_utils.checks import (
     DEFAULT,
     OTHERWISE,
     Variant,
+    builds,
     exercise,
     fail,
     judge,
@@ -28,6 +29,7 @@ from course_utils.checks import (
     pick,
     programs,
 )
+from course_utils.checks.builds import byte_matrix as _matrix
 from course_utils.checks.programs import DispatchCase
 
 for_student = checks.lesson_checks(__name__)
@@ -120,19 +122,6 @@ def exercise_1(g, tokens_per_expert, capacity, dropped, capacity_top2) -> str:
         f"Right: counts {counts}, {cap} slots per expert, tokens {want_dropped} dropped (their "
         f"residual carries them through unchanged); top-2 doubles the slots to {cap2}."
     )
-
-
-def _matrix(routed, d_model: int, size: int, owner=None, home: int = 0) -> list[list[int]]:
-    """Bytes worker s sends worker d for the experts d holds (contiguous blocks unless
-    `owner(e, workers)` says otherwise); a worker sends itself `home` times its tokens."""
-    workers, experts = len(routed), len(routed[0])
-    owner = owner or (lambda e, n: e // (experts // n))
-
-    def sent(s: int, d: int) -> int:
-        tokens = sum(routed[s][e] for e in range(experts) if owner(e, workers) == d)
-        return (home if s == d else 1) * tokens * d_model * size
-
-    return [[sent(s, d) for d in range(workers)] for s in range(workers)]
 
 
 def cases_2(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
@@ -603,159 +592,7 @@ def cases_8(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
     return {"moe_layer": [(case,) for case in cases]}
 
 
-STOPPED_8 = {
-    "deadlock": "An all-to-all completes only when every rank calls it: every rank makes the "
-    "same all-to-alls in the same order, with a chunk (maybe empty) for every rank.",
-}
-
-
-def _targets_8(case: DispatchCase) -> dict:
-    """What one device computes for `case`: each rank's tokens' output of the MoE layer (and
-    of the layer with one mistake in it), and the dispatch's byte matrix (Exercise 10.2's,
-    and those of two mistakes)."""
-    import torch
-
-    from course_utils.parallel.moe import route
-    from course_utils.threads.collectives import chunk_bounds
-
-    moe, x = case.build()
-    per, n = case.experts // case.devices, case.devices
-    names = ("x", "right", "ungated", "no residual", "one")
-    found: dict[str, list] = {name: [] for name in names}
-    routed, first = [], []
-    with torch.no_grad():
-        for lo, hi in chunk_bounds(len(x), n):
-            xr, h = x[lo:hi], moe.norm(x[lo:hi])
-            routing = route(moe.router(h), case.top_k, None)
-            routed.append(routing.counts())
-            first.append(torch.bincount(routing.expert[:, 0], minlength=case.experts).tolist())
-            every = torch.stack([expert(h) for expert in moe.experts])  # (E, T, d)
-            rows = torch.arange(len(xr))
-            parts = [  # (gate, the chosen expert's output, its rank's first expert's output)
-                (routing.gate[:, j, None], every[e, rows], every[e // per * per, rows])
-                for j, e in enumerate(routing.expert.T)
-            ]
-            found["x"].append(xr)
-            found["right"].append(xr + sum(g * o for g, o, _ in parts))
-            found["ungated"].append(xr + sum(o for _, o, _ in parts))
-            found["no residual"].append(sum(g * o for g, o, _ in parts))
-            found["one"].append(xr + sum(g * f for g, _, f in parts))  # one expert per rank
-    each = case.tokens * case.d_model * 4
-    found["dispatch"] = _matrix(routed, case.d_model, 4)
-    found["first"] = _matrix(first, case.d_model, 4)
-    found["everything"] = [[0 if s == d else each for d in range(n)] for s in range(n)]
-    return found
-
-
-def _carrying_tokens(watch: dict, d_model: int) -> list[list[int]]:
-    """The bytes each of a rank's all-to-alls of tokens (float, d_model wide) sent per rank."""
-    return [
-        list(c[1])
-        for c in watch["collectives"]
-        if c[0] == "all_to_all" and "float" in str(c[2]) and list(c[3]) == [d_model]
-    ]
-
-
-def _rows_elsewhere(got, want) -> bool:
-    """Every row of `got` is some row of `want` (not all in their places, or it would be right)."""
-    import torch
-
-    return all(any(torch.allclose(row, w, rtol=1e-4, atol=1e-5) for w in want) for row in got)
-
-
-def _all_to_alls_8(shown: str, run: dict, case: DispatchCase, want: dict) -> None:
-    """Fail unless every rank dispatched and combined its tokens by all-to-all, with the
-    byte matrices of the lesson (a failed run: as far as its all-to-alls went)."""
-    sent = [_carrying_tokens(w, case.d_model) for w in run["watched"]]
-    failed = run["failure"] is not None
-    if any(len(calls) < 2 for calls in sent) and not (failed and not any(sent)):
-        fail(
-            f"{shown}: a rank made {min(len(c) for c in sent)} all-to-all(s) of tokens "
-            f"({case.d_model} numbers wide). The tokens go to their experts' ranks in one "
-            "all-to-all (the dispatch) and the experts' outputs come back in another (the "
-            "combine): ctx.comm.all_to_all."
-        )
-    if any(len(calls) < 2 for calls in sent):
-        return  # failed before any: the failure says why
-    matrix = [calls[0] for calls in sent]
-    if matrix == want["everything"] and matrix != want["dispatch"]:
-        fail(
-            f"{shown}: every rank sends all its tokens to every other rank. Send each rank "
-            "only the tokens routed to the experts it holds: the dispatch's byte matrix "
-            "is the one of Exercise 10.2."
-        )
-    if matrix == want["first"] and matrix != want["dispatch"]:
-        fail(
-            f"{shown}: every token went to its first expert only. With top-{case.top_k} "
-            f"routing each token goes to each of its {case.top_k} experts (ctx.experts_of "
-            "has a column per choice), and its output is the gated sum of theirs."
-        )
-    if matrix != want["dispatch"]:
-        fail(
-            f"{shown}: the dispatch sent the byte matrix {matrix} (row s: what rank s sent "
-            f"each rank); the lesson's is {want['dispatch']}: the tokens rank s routes to "
-            "the experts rank d holds, times d_model x 4 bytes, 0 on the diagonal."
-        )
-    back = [calls[1] for calls in sent]
-    transposed = [list(col) for col in zip(*want["dispatch"], strict=True)]
-    if back != transposed:
-        fail(
-            f"{shown}: the combine sent the byte matrix {back}, not the dispatch's "
-            f"transposed, {transposed}: the expert outputs went back to the wrong ranks. "
-            "Each rank returns to rank s exactly the tokens rank s sent it, in that order."
-        )
-
-
 @exercise(given_8, moe_layer=programs.as_program)
 def exercise_8(moe_layer, variant) -> str:
     """Build the expert-parallel MoE layer's dispatch and combine; judged on what the run did."""
-    import torch
-
-    cases = cases_8(variant)["moe_layer"]
-    for (case,), shown, got in checks.each_call(moe_layer, cases):
-        run = programs.watched(got, shown, case, "outputs")
-        want = _targets_8(case)
-        if run["failure"] is None or run["failure"].get("kind") == "raised":
-            _all_to_alls_8(shown, run, case, want)
-        if run["failure"] is not None:
-            fail(programs.stopped(shown, run["failure"], STOPPED_8))
-        for rank, out in enumerate(run["outputs"]):
-            right = want["right"][rank]
-            if not isinstance(out, torch.Tensor) or out.shape != right.shape:
-                what = out if isinstance(out, str) else f"shape {tuple(out.shape)}"
-                fail(
-                    f"{shown}: rank {rank} returned {what}; the program returns its tokens' "
-                    f"output, {tuple(right.shape)}."
-                )
-            out = out.float()
-            if torch.allclose(out, right, rtol=1e-4, atol=1e-5):
-                continue
-            hints = {
-                "ungated": "adds the experts' outputs unweighted: weigh each by its gate, "
-                "ctx.gates (the router's say in the output, and its gradient).",
-                "no residual": "leaves out the residual: the layer's output is "
-                "x + sum_j gate_j expert_j(h).",
-                "one": "sends every token to the right rank, but that rank runs "
-                "each through the same expert. It must know which of its experts each token "
-                "chose: send the expert numbers (or the tokens per expert) along.",
-            }
-            for name, hint in hints.items():
-                if torch.allclose(out, want[name][rank], rtol=1e-4, atol=1e-5):
-                    fail(f"{shown}: rank {rank} {hint}")
-            if _rows_elsewhere(out - want["x"][rank], right - want["x"][rank]):
-                fail(
-                    f"{shown}: rank {rank}'s expert outputs are there, but added at other tokens' "
-                    "rows. The combine's chunk from rank d lines up with what you sent to d: "
-                    "add each output at the row of the token it belongs to."
-                )
-            fail(
-                f"{shown}: rank {rank}'s output is not the MoE layer's, "
-                "x + sum_j gate_j expert_j(h), for its tokens."
-            )
-    matrix = _targets_8(cases[0][0])["dispatch"]
-    return (
-        f"Right on {len(cases)} layers: every rank's output equals the MoE layer on one device, "
-        f"and the dispatch's byte matrix read from the run, {matrix} on yours, is the "
-        "lesson's; the combine sent it back transposed. Two all-to-alls per forward, two more "
-        "in the backward: the traffic expert parallelism pays for holding 1/N of the experts."
-    )
+    return builds.moe_layer(moe_layer, cases_8(variant)["moe_layer"])
