@@ -1,0 +1,106 @@
+"""A learner can find their way through every lesson: the sections are numbered in order,
+each markdown cell opens at most one section, the recap is the last section (with the
+exercises after it), the opening and the recap send the learner on to the next lesson and
+not past it, and each lesson's stated time covers its reading at 150 words a minute.
+
+Lesson 13 is being rewritten on another branch (dist44): it is checked for what holds today
+and skipped, with that reason, for the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from conftest import ROOT
+
+LESSONS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+APPENDIX = "14"  # how the course measures: reached from the lessons, not from lesson 13
+REWRITTEN_ELSEWHERE = {"13": "lesson 13 is being rewritten on branch dist44"}
+WORDS_PER_MINUTE = 150
+HEADING = re.compile(r"^(#{1,6})\s+(.*)$", re.M)
+NOTEBOOK = re.compile(r"\b(\d\d)_[a-z0-9_]+\.ipynb")
+
+
+def markdown(path) -> list[tuple[str, str]]:
+    """(cell id, source) of every markdown cell of a notebook."""
+    cells = json.loads(path.read_text())["cells"]
+    return [(c.get("id", "?"), "".join(c["source"])) for c in cells if c["cell_type"] == "markdown"]
+
+
+def headings(path) -> list[tuple[str, int, str]]:
+    """(cell id, level, title) of every heading, outside code fences."""
+    found = []
+    for cid, text in markdown(path):
+        text = re.sub(r"```.*?```", "", text, flags=re.S)
+        found += [(cid, len(m.group(1)), m.group(2).strip()) for m in HEADING.finditer(text)]
+    return found
+
+
+def recap_and_opening(path) -> tuple[str, str]:
+    cells = markdown(path)
+    recap = next((text for _, text in cells if re.search(r"^## Recap", text, re.M)), "")
+    return cells[0][1], recap
+
+
+def number(path) -> int:
+    return int(path.name[:2])
+
+
+def skip_if_rewritten(path) -> None:
+    if path.name[:2] in REWRITTEN_ELSEWHERE:
+        pytest.skip(REWRITTEN_ELSEWHERE[path.name[:2]])
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem)
+def test_sections_are_numbered_one_two_three_in_order(lesson):
+    numbers = [int(m.group(1)) for _, level, title in headings(lesson) if level == 2
+               for m in [re.match(r"(\d+)\.", title)] if m]
+    assert numbers == list(range(1, len(numbers) + 1)), f"{lesson.name}: sections {numbers}"
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem)
+def test_each_markdown_cell_opens_at_most_one_section(lesson):
+    skip_if_rewritten(lesson)
+    seen: dict[str, int] = {}
+    for cid, _, _ in headings(lesson):
+        seen[cid] = seen.get(cid, 0) + 1
+    assert [cid for cid, n in seen.items() if n > 1] == [], f"{lesson.name}: split these cells"
+
+
+@pytest.mark.parametrize("lesson", [p for p in LESSONS if p.name[:2] != "00"], ids=lambda p: p.stem)
+def test_the_recap_is_the_last_section_and_the_exercises_follow_it(lesson):
+    skip_if_rewritten(lesson)
+    titles = [title for _, level, title in headings(lesson) if level <= 2]
+    assert titles[-1] == "Recap", f"{lesson.name}: the last section is {titles[-1]!r}"
+    text = "\n".join(t for _, t in markdown(lesson))
+    practise = text.find("Now practise")
+    assert practise == -1 or practise > text.find("## Recap"), f"{lesson.name}: practise before recap"
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem)
+def test_the_opening_and_the_recap_send_the_learner_to_the_next_lesson(lesson):
+    skip_if_rewritten(lesson)
+    n = number(lesson)
+    opening, recap = recap_and_opening(lesson)
+    last = max(number(p) for p in LESSONS if p.name[:2] != APPENDIX)
+    for where, text in (("opening", opening), ("recap", recap)):
+        ahead = sorted({int(k) for k in NOTEBOOK.findall(text) if int(k) > n} - {int(APPENDIX)})
+        assert ahead in ([], [n + 1]), f"{lesson.name}: its {where} sends the learner to {ahead}"
+    if n == 0:
+        assert "01_" in opening + "\n".join(t for _, t in markdown(lesson))
+    elif n < last and lesson.name[:2] != APPENDIX:
+        assert f"({n + 1:02d}_" in recap, f"{lesson.name}: the recap has no link to lesson {n + 1:02d}"
+
+
+@pytest.mark.parametrize("lesson", [p for p in LESSONS if p.name[:2] != "00"], ids=lambda p: p.stem)
+def test_the_stated_time_covers_the_reading(lesson):
+    words = sum(len(t.split()) for _, t in markdown(lesson))
+    opening = markdown(lesson)[0][1]
+    stated = re.search(r"\*\*Time:\*\*\s*about (\d+) minutes(?: \((\d+) to read)?", opening)
+    assert stated, f"{lesson.name}: no '**Time:** about N minutes' in its opening"
+    reading = int(stated.group(2) or stated.group(1))
+    run_minutes = 2 if lesson.name[:2] == "13" else 1  # test_lessons.py's budgets, on one core
+    needed = words / WORDS_PER_MINUTE + run_minutes
+    assert reading >= needed, f"{lesson.name}: {reading} min to read and run, {needed:.0f} needed"
