@@ -55,8 +55,13 @@ def skip_if_rewritten(path) -> None:
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem)
 def test_sections_are_numbered_one_two_three_in_order(lesson):
-    numbers = [int(m.group(1)) for _, level, title in headings(lesson) if level == 2
-               for m in [re.match(r"(\d+)\.", title)] if m]
+    numbers = [
+        int(m.group(1))
+        for _, level, title in headings(lesson)
+        if level == 2
+        for m in [re.match(r"(\d+)\.", title)]
+        if m
+    ]
     assert numbers == list(range(1, len(numbers) + 1)), f"{lesson.name}: sections {numbers}"
 
 
@@ -76,7 +81,9 @@ def test_the_recap_is_the_last_section_and_the_exercises_follow_it(lesson):
     assert titles[-1] == "Recap", f"{lesson.name}: the last section is {titles[-1]!r}"
     text = "\n".join(t for _, t in markdown(lesson))
     practise = text.find("Now practise")
-    assert practise == -1 or practise > text.find("## Recap"), f"{lesson.name}: practise before recap"
+    assert practise == -1 or practise > text.find("## Recap"), (
+        f"{lesson.name}: practise before recap"
+    )
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.stem)
@@ -91,7 +98,9 @@ def test_the_opening_and_the_recap_send_the_learner_to_the_next_lesson(lesson):
     if n == 0:
         assert "01_" in opening + "\n".join(t for _, t in markdown(lesson))
     elif n < last and lesson.name[:2] != APPENDIX:
-        assert f"({n + 1:02d}_" in recap, f"{lesson.name}: the recap has no link to lesson {n + 1:02d}"
+        assert f"({n + 1:02d}_" in recap, (
+            f"{lesson.name}: the recap has no link to lesson {n + 1:02d}"
+        )
 
 
 @pytest.mark.parametrize("lesson", [p for p in LESSONS if p.name[:2] != "00"], ids=lambda p: p.stem)
