@@ -1,7 +1,8 @@
 """A learner can find their way through every lesson: the sections are numbered in order,
 each markdown cell opens at most one section, the recap is the last section (with the
 exercises after it), the opening and the recap send the learner on to the next lesson and
-not past it, and each lesson's stated time covers its reading at 150 words a minute.
+not past it, each lesson's stated time covers its reading at 150 words a minute, and the
+course's measuring tools are explained in the appendix (lesson 14), not in every lesson.
 
 Lesson 13 is being rewritten on another branch (dist44): it is checked for what holds today
 and skipped, with that reason, for the rest.
@@ -113,3 +114,26 @@ def test_the_stated_time_covers_the_reading(lesson):
     run_minutes = 2 if lesson.name[:2] == "13" else 1  # test_lessons.py's budgets, on one core
     needed = words / WORDS_PER_MINUTE + run_minutes
     assert reading >= needed, f"{lesson.name}: {reading} min to read and run, {needed:.0f} needed"
+
+
+# The words about the course's own measuring tools, as ../shared/tooling_words.py counts them:
+# a paragraph naming one of these counts whole. They belong in the appendix (lesson 14).
+TOOLING = re.compile(
+    r"virtual[- ]clock|wall[- ]clock|reference (twin|recording)|capacity probe|cores? (free|"
+    r"available)|free cores|take turns|taking turns|CPU time|busy loop|best of \d|spread of",
+    re.I,
+)
+TOOLING_SHARE = 0.05
+
+
+@pytest.mark.parametrize(
+    "lesson", [p for p in LESSONS if p.name[:2] != APPENDIX], ids=lambda p: p.stem
+)
+def test_the_measuring_tools_are_explained_in_the_appendix_not_in_the_lesson(lesson):
+    paragraphs = [p for _, text in markdown(lesson) for p in re.split(r"\n\s*\n", text)]
+    words = sum(len(p.split()) for p in paragraphs)
+    tooling = sum(len(p.split()) for p in paragraphs if TOOLING.search(p))
+    assert tooling <= TOOLING_SHARE * words, (
+        f"{lesson.name}: {tooling} of {words} words are about the measuring tools; move them to "
+        "notebooks/14_appendix_measuring.ipynb and link it"
+    )
