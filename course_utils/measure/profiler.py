@@ -11,14 +11,19 @@ as plain rows: per profiler thread, the actions (user annotations) and the opera
 
 The profiler's clock is the wall clock: compare it with the course's wall-clock timeline of
 the same run (`result.trace.timeline("wall")`), not with the virtual clock's.
+
+On real processes (lesson 13), `python -m course_utils.distributed.train --profile DIR` has
+every rank profile its last step into DIR/rank{R}.json; `read_rank_profiles(DIR)` reads them
+and `ranks_timeline` puts them side by side, one row per rank, from PyTorch's own marks.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -134,27 +139,73 @@ class Profile:
         return sorted(self.self_us(tid).items(), key=lambda item: -item[1])[:n]
 
 
-def _is_action(name: str) -> bool:
+# PyTorch's pipelining schedules mark their actions too: "PP:1F0" (the runtime of CSV and
+# multi-stage schedules), "Forward 3" and "Backward 3" (the single-stage GPipe and 1F1B,
+# whose rank holds stage RANK).
+_PYTORCH_MARK = re.compile(r"(Forward|Backward) (\d+)")
+
+
+def _action_name(name: str, rank: int | None) -> str | None:
+    """The course's name of an action mark ("2F0"), or None for any other annotation."""
+    name = name.removeprefix("PP:")
+    single = _PYTORCH_MARK.fullmatch(name)
+    if single and rank is not None:
+        name = f"{rank}{single[1][0]}{single[2]}"
     try:
-        Action.parse(name)
+        return str(Action.parse(name))
     except CourseInputError:
-        return False
-    return True
+        return None
 
 
-def read_profile(path: str | Path) -> Profile:
-    """The profiler's Chrome trace (`profile_step`'s file) as a `Profile`."""
+def read_profile(path: str | Path, rank: int | None = None) -> Profile:
+    """The profiler's Chrome trace (`profile_step`'s file, or one rank's of `train
+    --profile`: `rank` names its stage in PyTorch's "Forward 3" marks) as a `Profile`."""
     events = json.loads(Path(path).read_text(encoding="utf-8"))["traceEvents"]
     actions, operators = [], []
     for e in events:
         if e.get("ph") != "X" or not isinstance(e.get("tid"), int):
             continue
         piece = Slice(e["name"], e["tid"], float(e["ts"]), float(e.get("dur", 0.0)))
-        if e.get("cat") == "user_annotation" and _is_action(e["name"]):
-            actions.append(piece)
+        if e.get("cat") == "user_annotation":
+            name = _action_name(e["name"], rank)
+            if name is not None:
+                actions.append(replace(piece, name=name))
         elif e.get("cat") == "cpu_op":
             operators.append(piece)
     return Profile(actions, operators)
+
+
+def read_rank_profiles(folder: str | Path) -> dict[int, Profile]:
+    """{rank: its Profile} from the rank{R}.json traces that `train --profile DIR` wrote."""
+    found = {}
+    for path in sorted(Path(folder).glob("rank*.json")):
+        number = re.fullmatch(r"rank(\d+)\.json", path.name)
+        if number:
+            found[int(number[1])] = read_profile(path, rank=int(number[1]))
+    if not found:
+        raise CourseInputError(f"{str(folder)!r} holds no rank*.json trace")
+    return dict(sorted(found.items()))
+
+
+def ranks_timeline(
+    profiles: dict[int, Profile], name: str = "torch.profiler, per rank"
+) -> Timeline:
+    """Every rank's trace side by side: one row per rank, its pipeline actions as the
+    profiler marked them, in seconds from the first. The processes of one machine share its
+    wall clock; across machines the profilers' clocks differ by their offset
+    (`course_utils.distributed.clocks`), so there put the rows side by side, not in step."""
+    from course_utils.timeline import Event, Timeline
+
+    marks = [(rank, a) for rank, profile in profiles.items() for a in profile.actions]
+    if not marks:
+        raise CourseInputError("the ranks' traces mark no pipeline action")
+    t0 = min(a.ts for _, a in marks)
+    events = [
+        Event(rank, Action.parse(a.name), (a.ts - t0) / 1e6, (a.end - t0) / 1e6)
+        for rank, a in marks
+    ]
+    return Timeline(events, 1 + max(profiles), name=name, source="measured", unit="s",
+                    meta={"clock": "wall"})  # fmt: skip
 
 
 def profile_step(run: Callable[[], T], path: str | Path, memory: bool = True) -> T:
