@@ -26,6 +26,9 @@ TAG = "__course_type__"
 # are ever made from data).
 CASES = {
     "ProgramCase": "course_utils.checks.programs",
+    "ShardCase": "course_utils.checks.programs",
+    "AttentionCase": "course_utils.checks.programs",
+    "DispatchCase": "course_utils.checks.programs",
     "RingCase": "course_utils.checks.rank_cases",
     "DDPCase": "course_utils.checks.rank_cases",
     "TPCase": "course_utils.checks.rank_cases",
@@ -184,7 +187,7 @@ def call_outcome(
 
     previous = signal.signal(signal.SIGALRM, watch)
     signal.setitimer(signal.ITIMER_REAL, min(_WATCH_EVERY_S, limit_s), _WATCH_EVERY_S)
-    # A case may say how the answer is called: a `ProgramCase` runs a rank program.
+    # A case may say how the answer is called: a `ProgramCase` (...) runs a rank program.
     call = getattr(args[0], "__course_call__", None) if len(args) == 1 else None
     try:
         result = call(fn) if callable(call) else fn(*args)
