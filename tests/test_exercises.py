@@ -96,9 +96,8 @@ def test_notebook_follows_the_exercise_conventions(name):
     assert kinds == {"Predict", "Build", "Diagnose"}, f"{name}: exercise kinds {sorted(kinds)}"
 
 
-# Every lesson has an exercise notebook but the welcome (00) and the last, which runs on
-# real processes (13).
-WITHOUT_EXERCISES = {"00", "13"}
+# Every lesson has an exercise notebook but the welcome (00).
+WITHOUT_EXERCISES = {"00"}
 
 
 def test_every_lesson_has_exercises():

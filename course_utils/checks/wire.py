@@ -22,6 +22,12 @@ from fractions import Fraction
 from typing import Any
 
 TAG = "__course_type__"
+# The cases that say how an answer is called (`__course_call__`), by class: their module.
+CASES = {
+    "ProgramCase": "course_utils.checks.programs",  # a per-rank program on the device threads
+    "RingCase": "course_utils.checks.processes",  # a worker file on real processes
+    "DDPCase": "course_utils.checks.processes",
+}
 
 
 def encode(value: Any, depth: int = 0) -> Any:
@@ -64,8 +70,8 @@ def encode(value: Any, depth: int = 0) -> Any:
         return encode(value.item(), depth + 1)  # numpy scalar
     if kind == "course_utils" and name == "Action":
         return {TAG: "Action", "value": str(value)}
-    if kind == "course_utils" and name == "ProgramCase":  # a rank program's trial (programs)
-        return {TAG: "ProgramCase", "value": encode(vars(value), depth + 1)}
+    if kind == "course_utils" and name in CASES:  # a trial of a program or a worker
+        return {TAG: name, "value": encode(vars(value), depth + 1)}
     if kind == "course_utils" and name == "Schedule":
         return {
             TAG: "Schedule",
@@ -111,10 +117,11 @@ def decode(data: Any) -> Any:
         from course_utils.actions import Action
 
         return Action.parse(data["value"])
-    if kind == "ProgramCase":
-        from course_utils.checks.programs import ProgramCase
+    if kind in CASES:
+        import importlib
 
-        return ProgramCase(**decode(data["value"]))
+        case = getattr(importlib.import_module(CASES[kind]), kind)
+        return case(**decode(data["value"]))
     if kind == "Schedule":
         from course_utils.actions import Action, Schedule
 
@@ -165,20 +172,29 @@ def call_outcome(
     10^9 stages would otherwise fill the machine's memory before its time runs out."""
     start = time.perf_counter()
     before = _resident_bytes()
+    over = [False]  # the call is over: an alarm still due must not raise in what follows
 
     def watch(signum, frame):  # noqa: ARG001 - signal handler signature
+        if over[0]:
+            return
         if time.perf_counter() - start >= limit_s:
             raise CallTimedOut(f"ran past {limit_s:g} s")
         now = _resident_bytes()
         if before is not None and now is not None and now - before > memory_limit:
             raise CallUsedTooMuchMemory(f"used more than {memory_limit / 2**30:g} GiB of memory")
 
+    # A case may say how the answer is called (a `ProgramCase` runs a rank program), and how
+    # long that needs at least (a worker's processes take seconds to start).
+    call = getattr(args[0], "__course_call__", None) if len(args) == 1 else None
+    if callable(call):
+        limit_s = max(limit_s, float(getattr(args[0], "least_call_seconds", 0.0)))
     previous = signal.signal(signal.SIGALRM, watch)
     signal.setitimer(signal.ITIMER_REAL, min(_WATCH_EVERY_S, limit_s), _WATCH_EVERY_S)
-    # A case may say how the answer is called: a `ProgramCase` runs a rank program.
-    call = getattr(args[0], "__course_call__", None) if len(args) == 1 else None
     try:
-        result = call(fn) if callable(call) else fn(*args)
+        try:
+            result = call(fn) if callable(call) else fn(*args)
+        finally:  # first thing once the call has ended, however it ended
+            over[0] = True
         signal.setitimer(signal.ITIMER_REAL, 0)  # encoding a big result is not the learner's
         outcome = {"result": encode(result)}
     except CallTimedOut as exc:

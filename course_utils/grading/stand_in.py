@@ -157,7 +157,7 @@ def write(folder: Path, solution, module: ModuleType, variant) -> Path:
     from course_utils.checks.wire import encode
 
     folder.mkdir(parents=True, exist_ok=True)
-    for name in ("__init__.py", "wire.py", "programs.py"):  # programs: runs rank programs
+    for name in ("__init__.py", "wire.py", "programs.py", "processes.py"):  # run the cases
         shutil.copyfile(CHECKS / name, folder / name)
     lesson = int(module.__name__.rsplit(".l", 1)[-1])
     numbers = {
