@@ -40,7 +40,20 @@ $(STAMP): requirements.txt requirements-dev.txt pyproject.toml instructor_tools/
 		"@jupyterlab/apputils-extension:announcements" >/dev/null 2>&1
 	@touch $(STAMP)
 
+# Two system packages are optional: the course, `make lab` and `make test` need neither
+# (`make test` skips the tests that do: tests/conftest.py). Said in one line, once per `make`
+# (the line `make test` prints, not its inner make's), never a failure; not for `make lab`,
+# since a learner needs neither.
 setup: $(STAMP)
+ifeq ($(filter lab,$(MAKECMDGOALS))$(OPTIONAL_SAID),)
+	@missing=""; packages=""; \
+	command -v bwrap >/dev/null 2>&1 || { packages="bubblewrap"; \
+		missing="bubblewrap (sandboxed grading: instructors, and the sandbox's tests)"; }; \
+	command -v chromium >/dev/null 2>&1 || { packages="$${packages:+$$packages }chromium"; \
+		missing="$${missing:+$$missing, }chromium (the real-browser test, make test-browser)"; }; \
+	[ -z "$$packages" ] || echo "Optional system packages not installed: $$missing; make test \
+	skips the tests that need them. To install: sudo apt-get install $$packages"
+endif
 
 lab: setup
 	@echo "Starting JupyterLab on the course index; open the URL printed below (Ctrl-C stops it)."
@@ -59,7 +72,7 @@ XDIST := -n $(JOBS) --dist loadgroup
 # make waits for both and fails when either does. (Not --output-sync: it would hold pytest's
 # progress until the end.)
 test: setup
-	@$(MAKE) --no-print-directory -j 2 lint unit
+	@$(MAKE) --no-print-directory -j 2 lint unit OPTIONAL_SAID=1
 
 # Beside the notebook runs, one torch thread per pytest worker (tests/conftest.py says why).
 # Without the runs at the documented limits: `make test-limits`, which CI runs.

@@ -1,20 +1,22 @@
 """Benchmark: a class of 30 notebooks graded at -j 2, each kernel in its sandbox, per lesson.
 
-Target (issues 24 and 40): under 4 minutes on 2 cores, for each class. Two classes:
+Target (issues 24, 40 and 41): under 4 minutes on 2 cores, for each class. Three classes:
 
 - lesson 06 (issue 24);
 - lesson 01 (issue 40), whose Exercise 1.7 runs the learner's per-rank program on the
-  device threads in the kernel (`run_ranks`) and judges the run's evidence in the grader.
+  device threads in the kernel (`run_ranks`) and judges the run's evidence in the grader;
+- lesson 04 (issue 41), whose Exercise 4.7 does the same with a 1F1B program on three
+  pipelines (memory and order judged too).
 
 A class is the lesson's solution, its blank exercise version and partial answers (one Build
-left blank: 6.1, 1.7), plus two broken files (truncated JSON, not a notebook), in 30
+left blank: 6.1, 1.7, 4.7), plus two broken files (truncated JSON, not a notebook), in 30
 sub-folders: the batch must give 30 rows, the solved ones full marks. Then, for lesson 06's
 class, the sandbox's own cost: six of the notebooks graded one at a time, alternately with
 and without the sandbox (so a busy machine slows both alike), and the mean difference per
 notebook. Exits 1 if a class takes 4 minutes or more or a row is wrong.
 
-    .venv/bin/python benchmarks/bench_grading.py          # both classes
-    .venv/bin/python benchmarks/bench_grading.py 01       # lesson 01's class only
+    .venv/bin/python benchmarks/bench_grading.py          # every class
+    .venv/bin/python benchmarks/bench_grading.py 04       # lesson 04's class only
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CLASSES = {  # lesson: (notebook, the answer cell a partial submission leaves blank)
     "06": ("06_data_parallelism.ipynb", "answer-06-1"),
     "01": ("01_naive_model_parallelism.ipynb", "answer-01-7"),
+    "04": ("04_1f1b_zero_bubble.ipynb", "answer-04-7"),
 }
 SIZE = 30
 TARGET_S = 240.0

@@ -3,6 +3,12 @@
 `solved()` is the solution (every answer right), `BLANK` the exercise version (nothing
 answered); `with_code`, `wrong_answers` and `cell` edit them the way a learner (or a
 cheat) would; `grade_folder` grades {student: notebook} as a class, two at a time.
+
+Where no sandbox can be made (no bubblewrap: a fresh machine) the grader's verdicts are
+still tested, without one: `SANDBOX` is False there, and `NO_SANDBOX` the command line's
+flag for it. Honest, blank, wrong and tampered notebooks only: a test whose notebook attacks
+the grader, or that is about the sandbox, is marked `needs_bwrap` (tests/conftest.py) and
+never runs unsandboxed.
 """
 
 from __future__ import annotations
@@ -12,8 +18,11 @@ from pathlib import Path
 
 import nbformat
 
+from course_utils.grading import isolation
 from course_utils.grading.batch import grade_all
 
+SANDBOX = isolation.problem() is None
+NO_SANDBOX = [] if SANDBOX else ["--no-sandbox"]
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "03_bubble_tradeoff.ipynb"
 SOLVED = nbformat.read(ROOT / "solutions" / NAME, as_version=4)
@@ -83,5 +92,5 @@ def grade_folder(tmp_path: Path, submissions: dict[str, nbformat.NotebookNode], 
     for student, nb in submissions.items():
         (tmp_path / student).mkdir(parents=True, exist_ok=True)
         (tmp_path / student / NAME).write_bytes(data(nb))
-    results = grade_all([tmp_path], jobs=2, **kwargs)
+    results = grade_all([tmp_path], jobs=2, **{"sandbox": SANDBOX, **kwargs})
     return {r.student: r for r in results}

@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import skip_without
+from gradingkit import NO_SANDBOX
 from measured import measure, run_course
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -292,16 +294,12 @@ LIMITS = [
 @pytest.fixture
 def places(tmp_path):
     """The placeholders' values, and how to run in a read-only folder."""
-    import shutil
-
     fifo = tmp_path / "pipe.png"
     os.mkfifo(fifo)
     ro = tmp_path / "read-only"
     ro.mkdir()
     wrap = None
     if os.geteuid() == 0:  # root writes anywhere: a read-only bind mount says no to root too
-        if shutil.which("bwrap") is None:
-            pytest.skip("a read-only folder as root needs bwrap")
         wrap = ["bwrap", "--dev-bind", "/", "/", "--ro-bind", str(ro), str(ro)]
     else:
         ro.chmod(0o555)
@@ -340,13 +338,11 @@ def _one_clean_line(result: dict, code: int, words: str | None, where: str = "er
 )
 def test_output_errors_are_one_line_or_quiet(args, code, words, stdout, stderr, env, places):
     values, wrap, work = places
+    wrap = wrap if "{ro}" in " ".join(args) else None
+    if wrap:
+        skip_without("needs_bwrap")  # the read-only folder, as root
     result = run_course(
-        _filled(args, values),
-        work,
-        stdout=stdout,
-        stderr=stderr,
-        env=env,
-        wrap=wrap if "{ro}" in " ".join(args) else None,
+        _filled(args, values), work, stdout=stdout, stderr=stderr, env=env, wrap=wrap
     )
     _one_clean_line(result, code, words, "out" if stderr == "closed" else "err")
     assert sorted(p.name for p in work.iterdir()) == []  # nothing written, not even a probe
@@ -511,13 +507,12 @@ def _link(target: str):
 # (what to make at PATH, the command, exit code, words of its output): nothing that is not a
 # regular file of a reasonable size is read, and nothing of what it holds is printed
 SLOW = pytest.mark.slow  # a row of the batch: the grader starts (about 5 s)
+GRADE = ["grade", "{path}.ipynb", *NO_SANDBOX]  # no notebook runs: no sandbox needed
 NOT_FILES = [
-    pytest.param(_fifo, ["grade", "{path}.ipynb"], 0, "a FIFO", marks=SLOW),
-    pytest.param(_link("/dev/zero"), ["grade", "{path}.ipynb"], 0, "a symbolic link", marks=SLOW),
-    pytest.param(_link("/etc/passwd"), ["grade", "{path}.ipynb"], 0, "a symbolic link", marks=SLOW),
-    pytest.param(
-        _sparse(30 * 10**6), ["grade", "{path}.ipynb"], 0, "over the limit of 25 MB", marks=SLOW
-    ),  # fmt: skip
+    pytest.param(_fifo, GRADE, 0, "a FIFO", marks=SLOW),
+    pytest.param(_link("/dev/zero"), GRADE, 0, "a symbolic link", marks=SLOW),
+    pytest.param(_link("/etc/passwd"), GRADE, 0, "a symbolic link", marks=SLOW),
+    pytest.param(_sparse(30 * 10**6), GRADE, 0, "over the limit of 25 MB", marks=SLOW),
     (_fifo, ["grade", "{nb}", "--roster", "{path}.csv"], 2, "--roster"),
     (_link("/dev/zero"), ["grade", "{nb}", "--roster", "{path}.csv"], 2, "not a regular file"),
     (_sparse(6 * 10**6), ["grade", "{nb}", "--roster", "{path}.csv"], 2, "over the limit of 5 MB"),

@@ -3,6 +3,7 @@
 import math
 import time
 
+import pipeprograms as pipes
 import pytest
 
 from course_utils.checks import CheckFailed, NotAnswered, Variant
@@ -42,6 +43,7 @@ RIGHT = {
     5: ("a", "b"),
     6: (0.25,),
     7: (1.0, 32.0),  # 0.1 ms + 450 kB / 500 MB/s; (4 + 1)(2 + 4) + 2 x 1
+    8: (pipes.gpipe,),
 }
 
 
@@ -110,6 +112,9 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (5, ("a", "c"), "The learning rate changes the maths"),
     (6, (0.4,), "Not yet. Write the full-batch mean"),
     (3, (lambda p, m, d: gpipe_device(p, m, (d + 1) % p),), "but device 0 runs stage 0 only"),
+    *((8, (wrong,), words) for wrong, words in {**pipes.MISTAKES_8, **pipes.OTHERS_8}.items()),
+    (8, (pipes.one_f_one_b,), "it is not GPipe: all forwards first"),
+    (8, pipes.reordered(check, 8, "gpipe_program", pipes.gpipe), "GPipe's is"),
 ]
 
 
@@ -213,6 +218,7 @@ def right_for(variant):
         2: (f"0F{moment}", f"1F{moment - 1}"),
         4: (makespan, g4["p"] * g4["m"] * (g4["F"] + g4["B"]) / makespan),
         5: ("b", "d") if heavy_first else ("a", "b"),
+        8: (pipes.gpipe,),
         6: (1 / g6["m"],),
         7: (transfer, simulate(make_schedule("gpipe", 2, g7["m"]), costs).makespan),
     }

@@ -2,6 +2,7 @@
 
 import math
 
+import pipeprograms as pipes
 import pytest
 from checkskit import STUDENTS
 
@@ -87,6 +88,7 @@ RIGHT = {
     4: (16.5, 7.5),
     5: ("b", "c"),
     6: ("B", " c "),
+    7: (pipes.one_f_one_b,),
 }
 
 
@@ -149,6 +151,7 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (2, (gpipe_order,), "forwards before its first backward: too many"),
     (2, (one_short_warmup,), "forwards before its first backward: too few"),
     (2, (newest_backward_first,), "starts well but goes wrong at position"),
+    *((7, (wrong,), words) for wrong, words in {**pipes.MISTAKES_7, **pipes.OTHERS_7}.items()),
 ]
 
 
@@ -227,6 +230,7 @@ def right_for(v):
         1: ([m] * p, [min(m, p - d) for d in range(p)]),
         3: (span, span, (p3 - 1) / (m3 + p3 - 1)),
         4: ((p4 - 1) * (f + i + w), (p4 - 1) * (f + i - w)),
+        7: (pipes.one_f_one_b,),
     }
 
 

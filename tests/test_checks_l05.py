@@ -2,6 +2,7 @@
 
 import math
 
+import pipeprograms as pipes
 import pytest
 from checkskit import STUDENTS
 
@@ -67,6 +68,7 @@ RIGHT = {
     4: (BREADTH_FIRST_FIFO,),
     5: ("b", "b", 2),
     6: ("breadth-first", "depth-first", "b"),
+    7: (pipes.interleaved,),
 }
 
 
@@ -191,6 +193,8 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (1, (decreasing,), "list each device's stages in increasing order"),
     (1, (lambda p, v: [[0, 1], "x", [], []],), "`looping_placement(4, 2)[1]` should be a list"),
     *[(4, (schedule,), needle) for schedule, needle in SCHEDULE_WRONG],
+    *((7, (wrong,), words) for wrong, words in {**pipes.MISTAKES_57, **pipes.OTHERS_57}.items()),
+    (7, pipes.reordered(check, 7, "interleaved_program", pipes.interleaved), "1F1B's is"),
 ]
 
 
@@ -252,6 +256,7 @@ def right_for(variant):
         3: ("same", "depth-first", m3 * v3),
         4: (fifo_breadth_first(2, v4, m4),),
         5: ("b", "b", min(spans, key=spans.get)),
+        7: (pipes.interleaved,),
     }
 
 

@@ -9,7 +9,7 @@ import pytest
 from checkskit import Later
 
 from course_utils import plan
-from course_utils.checks import CheckFailed, NotAnswered, Variant
+from course_utils.checks import CheckFailed, NotAnswered, Variant, layouts
 from course_utils.checks import l12 as check
 
 GIB = plan.GIB
@@ -267,7 +267,8 @@ def test_the_build_cases_include_the_given_numbers_and_fresh_ones():
 def test_12_5_says_what_the_speed_up_shows():
     # 3.15x against a 3.17x peak-FLOP ratio: the step is compute-bound, and the message
     # says so from the numbers instead of asking what did not get faster.
-    story = check._refresh_story(check.DEFAULT)
+    g = check.given_5()
+    story = layouts.refresh_story(g["model"], g["gpus"], g["global_batch"], g["old"], g["new"])
     assert "compute" in story and "scales almost with the FLOPs" in story
 
 

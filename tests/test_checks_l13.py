@@ -11,7 +11,8 @@ import workerfiles as files
 
 from course_utils.checks import CheckFailed, NotAnswered, Variant
 from course_utils.checks import l13 as check
-from course_utils.checks.processes import DDPCase, RingCase, evidence, failed_run
+from course_utils.checks.processes import WorkerDDPCase, WorkerRingCase
+from course_utils.checks.worker_runs import evidence, failed_run, replicas, trained
 
 SLOW = True  # the contract tests start processes for this lesson
 STUDENTS = ["s1", "alice"]
@@ -88,7 +89,7 @@ def test_an_unwritten_or_stub_worker_is_not_answered(tmp_path):
 
 
 def test_what_a_kernel_claims_is_not_evidence():
-    case = RingCase(2, 3, 1)
+    case = WorkerRingCase(2, 3, 1)
     for claim in [{"passed": True}, {"world": 2, "returned": [1, 2]}, "✅ Right", None]:
         with pytest.raises(CheckFailed, match="did not come back as the record of a run"):
             evidence(claim, "ring_worker(...)", case)
@@ -112,13 +113,13 @@ def test_a_failed_run_gets_the_hint_of_its_kind():
 
 
 def test_the_ring_inputs_add_exactly_and_the_reference_is_one_process():
-    case = RingCase(2, 5, 7)
+    case = WorkerRingCase(2, 5, 7)
     a, b = case.inputs()
     assert a.dtype == torch.float32 and torch.equal(a, a.round()) and not torch.equal(a, b)
-    ddp = DDPCase(2, 8, 8, 3, 7)
-    mean, summed = ddp.replicas("mean"), ddp.replicas("sum")
-    want = ddp.trained()
+    ddp = WorkerDDPCase(2, 8, 8, 3, 7)
+    mean, summed = replicas(ddp, "mean"), replicas(ddp, "sum")
+    want = trained(ddp)
     assert all(torch.allclose(mean[0][k], want[k], atol=1e-6) for k in want)
     assert not all(torch.allclose(summed[0][k], want[k], atol=1e-4) for k in want)
     with pytest.raises(ValueError, match="multiple of world"):
-        DDPCase(2, 7, 8, 3, 1)
+        WorkerDDPCase(2, 7, 8, 3, 1)

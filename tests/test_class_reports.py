@@ -12,7 +12,14 @@ import nbformat
 import pytest
 from gradingkit import ROOT, SOLVED, blank, cell, personal, solved
 
-from course_utils.grading.feedback import page, write_feedback
+from course_utils.grading.feedback import (
+    inline_markdown,
+    locked_cells,
+    page,
+    solution_of_lesson,
+    titles,
+    write_feedback,
+)
 from course_utils.grading.gradebook import write_gradebook
 from course_utils.grading.grader import ExerciseResult, GradeResult
 from course_utils.grading.journal import Journal
@@ -65,14 +72,49 @@ def test_a_feedback_page_gives_each_exercise_and_its_hint_escaped_never_the_answ
     r = result("alice", [1, 0, 1, 1, 1, 1], name="Alice <Smith>")
     r.exercises[1].message = "`x` = <script>alert(1)</script> is not right: count the idle slots."
     r.notes.append("its name cell was edited: it says 'bob', not 'alice'")
+    r.flags.append("name cell edited")
     r.tampering.append({"cell": "check-03-2", "status": "changed"})
-    text = page(r, {"3.1": "(Predict): the bubble of a pipeline"})
+    r.tampering.append({"cell": "given-03-4", "status": "removed"})
+    solution = solution_of_lesson(SOLUTIONS, 3)
+    text = page(r, titles(solution), locked_cells(solution, 3))
     assert "<script>" not in text and "&lt;script&gt;" in text and "Alice &lt;Smith&gt;" in text
     assert "3.1 (Predict): the bubble of a pipeline" in text and "✅ passed" in text
-    assert "count the idle slots" in text and "locked cell check-03-2: changed" in text
-    assert "Score: 5 of 6 exercises (83%)" in text
+    # markdown rendered as the notebook renders it, after escaping
+    assert "<code>x</code> = &lt;script&gt;" in text and "`" not in text
+    # plain words: no cell ids, no grader's jargon, the instructor's notes left out
+    assert "check-03-2" not in text and "given-03-4" not in text and "locked" not in text
+    assert "The check cell of Exercise 3.2 was changed." in text
+    assert "The cell that shows the numbers of Exercise 3.4 was deleted." in text
+    assert "first cell names someone else" in text and "it says 'bob'" not in text
+    assert "count the idle slots" in text and "Score: 5 of 6 exercises (83%)" in text
     written = write_feedback([r], tmp_path / "fb", [Path("sub")], SOLUTIONS)
     assert written == [tmp_path / "fb" / "alice" / "03_bubble_tradeoff.html"]
+    assert written[0].read_text(encoding="utf-8") == text
+
+
+def test_inline_markdown_is_rendered_safely_and_possessives_read_right():
+    from course_utils.grading.roster import possessive
+
+    assert inline_markdown("`a < b` is **not** *quite* 2 ** 3 ** 4 <i>") == (
+        "<code>a &lt; b</code> is <strong>not</strong> <em>quite</em> 2 ** 3 ** 4 &lt;i&gt;"
+    )
+    assert inline_markdown("x * y * z, `\x1b[2J`") == "x * y * z, <code>\\x1b[2J</code>"
+    assert [possessive(n) for n in ("Eve Intruder", "James", "王小明")] == [
+        "Eve Intruder's", "James'", "王小明's"
+    ]  # fmt: skip
+
+
+def test_a_reseeded_notebook_is_shown_what_its_own_checks_said_on_the_numbers_it_printed():
+    # Her name cell said "default": the grade is on her own numbers, but the page shows the
+    # verdicts her notebook's own check cells gave on the numbers it printed, never hers.
+    r = result("eve", [0, 1])
+    r.flags.append("default numbers")
+    r.exercises[0].message = "bubble_fraction = 0.2 is not right: with p = 5 and m = 17 ..."
+    r.exercises[0].as_printed = {"passed": True, "message": "Right: 3/15 = 0.2."}
+    text = page(r, {})
+    assert "p = 5" not in text and "m = 17" not in text
+    assert "Right for the numbers your notebook showed, but those are not your numbers" in text
+    assert 'first cell was set to "default"' in text
 
 
 def test_feedback_pages_hold_the_checks_messages_only():
@@ -265,3 +307,97 @@ def test_the_resume_key_names_every_reason_to_grade_again(tmp_path):
     (copy / solution.name).write_bytes(solution.read_bytes() + b"\n")
     edited = resume_key("sub/alice/03.ipynb", b"nb", {"a.csv": b"1"}, "alice", 3, copy)
     assert edited.changes(first) == ["the solutions or the checks changed"]
+
+
+# --------------------------------------------------------------------------- which file counts
+# Duplicates, late files and folders whose number and name disagree (issue 39): flagged in the
+# row, chosen by --keep, and counted once per student by the gradebook and the statistics.
+
+
+def _class_with_duplicates():
+    first = result("bob", [1, 1, 1, 0, 0, 0])  # bob's first try, on time
+    first.notebook = "sub/bob/03_a.ipynb"
+    late = result("bob", [1, 0, 0, 0, 0, 0], flags=["late"])  # his second, late, worse
+    late.notebook = "sub/bob/03_b.ipynb"
+    alice = result("alice", [1, 1, 1, 1, 1, 1], flags=["late"])  # late, and alone
+    stranger = result("eve", [1, 1, 1, 1, 1, 1], flags=["not on the roster"])
+    swapped = result("carol", [1, 1, 1, 1, 1, 1], flags=["number and name disagree"])
+    order = {first.notebook: (1,), late.notebook: (2,)}
+    return [first, late, alice, stranger, swapped], order
+
+
+@pytest.mark.parametrize(
+    "keep, bob, alice",
+    [("latest", "03_b", "6"), ("best", "03_a", "6"), ("on-time", "03_a", "")],
+)
+def test_keep_chooses_the_file_each_student_is_graded_on(tmp_path, keep, bob, alice):
+    from course_utils.grading.keep import counted, flag_choices, summary
+
+    rows, order = _class_with_duplicates()
+    flag_choices(rows, keep, order)
+    bobs = {Path(r.notebook).stem: r for r in rows if r.student == "bob"}
+    assert all("duplicate" in r.flags for r in bobs.values())
+    assert [name for name, r in bobs.items() if counted(r)] == [bob]
+    assert ("not kept" in rows[2].flags) == (keep == "on-time")  # late alice, on-time rule
+    assert not counted(rows[3]) and not counted(rows[4])  # a stranger, a disagreeing folder
+    lines = summary(rows, keep)
+    assert lines[0].startswith("2 notebooks are more than one of a student's for a lesson")
+    assert any(line.startswith("2 notebooks marked late by the LMS") for line in lines)
+    assert any("one student's number and another's name" in line for line in lines)
+    roster = [Student("alice", "Alice Smith"), Student("bob", "Bob Jones"),
+              Student("carol", "Carol Núñez")]  # fmt: skip
+    path = tmp_path / "gradebook.csv"
+    write_gradebook(rows, path, roster, SOLUTIONS)
+    book = {r[0]: r[5] for r in csv.reader(path.open(encoding="utf-8"))}
+    expected = {"latest": "1", "best": "3", "on-time": "3"}[keep]
+    assert book == {"Student": "Lesson 03 score", "Alice Smith": alice, "Bob Jones": expected,
+                    "Carol Núñez": ""}  # fmt: skip
+    # statistics: one row per student (bob once, no stranger, no disagreeing folder)
+    (first,) = [s for s in class_statistics(rows) if s.id == "3.1"]
+    assert first.graded == (1 if keep == "on-time" else 2)
+
+
+def test_statistics_count_unanswered_apart_from_the_wrong_answers():
+    rows = [result(f"s{i}", [1, 0, 0]) for i in range(4)]
+    for r in rows[:3]:  # three left 3.3 blank; one answered it wrong
+        r.exercises[2].message = "Exercise 3.3 is not answered yet: `microbatches` is still None."
+    stats = {s.id: s for s in class_statistics(rows)}
+    assert (stats["3.3"].unanswered, stats["3.3"].wrong, stats["3.3"].hint_count) == (3, 1, 1)
+    assert "relative to the busy time" in stats["3.3"].hint  # the mistake, not "not answered"
+    assert stats["3.2"].unanswered == 0 and stats["3.2"].hint_count == 4
+    table = stats_table(list(stats.values()))
+    assert "not answered" in table.splitlines()[0] and "not answered yet" not in table
+
+
+def test_missing_rows_have_no_score_and_a_student_regrade_joins_the_class_journal(tmp_path):
+    path = tmp_path / "grades.csv"
+    missing = GradeResult(notebook="", student="carol", lesson=3, flags=["missing"],
+                          problem="missing: no notebook of lesson 03 was found")  # fmt: skip
+    alice, bob = result("alice", [1, 1], sha256="aa"), result("bob", [0, 0], sha256="bb")
+    Journal(path).close([alice, bob, missing])
+    rows = {r["student"]: r for r in csv.DictReader(path.open(encoding="utf-8"))}
+    assert (rows["carol"]["score"], rows["carol"]["total"]) == ("", "")
+    assert missing.to_dict()["score"] is None and missing.to_dict()["total"] is None
+    # `grade late.ipynb --student carol --csv grades.csv`: the class keeps its rows
+    journal = Journal(path, merge=True)
+    assert set(journal.previous()) == {alice.notebook, bob.notebook}
+    late = result("carol", [1, 0])
+    late.notebook = "late/carol_03.ipynb"
+    journal.open(["3.1", "3.2"], [])
+    journal.add(late)
+    journal.close([late])
+    rows = list(csv.DictReader(path.open(encoding="utf-8")))
+    assert [(r["student"], r["score"]) for r in rows] == [("alice", "2"), ("bob", "0"),
+                                                          ("carol", "1")]  # fmt: skip
+    assert len(path.with_suffix(".jsonl").read_text().splitlines()) == 3
+
+
+def test_grading_as_root_says_in_one_line_that_the_process_limit_does_not_hold(monkeypatch):
+    from course_utils.grading import resources
+
+    monkeypatch.setattr(resources.os, "geteuid", lambda: 1000)
+    assert resources.root_warning(None) is None
+    monkeypatch.setattr(resources.os, "geteuid", lambda: 0)
+    line = resources.root_warning(None)
+    assert line is not None and "\n" not in line
+    assert line.startswith("warning: grading as the root user") and "512 processes" in line

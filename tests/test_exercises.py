@@ -26,6 +26,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from gradingkit import NO_SANDBOX, SANDBOX
 from notebook_runs import READS_THE_RUNS, run
 
 from course_utils.grading import make_exercises
@@ -119,15 +120,20 @@ def test_for_student_puts_the_name_in_the_setup_line_of_the_file_and_of_a_cell()
         for_student(cell, "../etc")
 
 
-def test_a_notebook_written_for_a_student_is_not_tampered_but_a_renamed_one_is():
+def test_a_notebook_written_for_a_student_is_not_tampered_and_a_renamed_one_only_flagged():
     from course_utils.grading.grader import tampering
     from course_utils.grading.make_exercises import for_student
 
     solution = nbformat.read(ROOT / "solutions" / "03_bubble_tradeoff.ipynb", as_version=4)
     mine = nbformat.reads(for_student(nbformat.writes(solution), "ana"), as_version=4)
     assert tampering(mine, solution, "ana") == []
-    # ana sets her notebook back to the course's numbers: her locked setup cell changed
-    assert [t["status"] for t in tampering(solution, solution, "ana")] == ["changed"]
+    # ana sets her notebook back to the course's numbers: the name cell's flag says so
+    # ("default numbers", grader._name_cell), not a second report of a changed cell...
+    assert tampering(solution, solution, "ana") == []
+    # ...but anything else added to her setup cell is a change
+    setup = next(c for c in mine.cells if "for_student(" in c.source)
+    setup.source += "\ncheck.exercise_1 = print"
+    assert [t["status"] for t in tampering(mine, solution, "ana")] == ["changed"]
 
 
 @pytest.mark.slow
@@ -195,7 +201,8 @@ def test_every_solution_cell_runs_without_error(name):
 @pytest.mark.slow
 @pytest.mark.skipif(not SOLVED, reason="no solutions/NN_*.ipynb notebooks yet")
 def test_the_grader_gives_another_student_full_marks_in_every_lesson(tmp_path):
-    """Graded outside the learner's kernel, in its sandbox: the solution written out for
+    """Graded outside the learner's kernel, in its sandbox (where one can be made: without
+    bubblewrap, the verdicts without one, `gradingkit.SANDBOX`): the solution written out for
     another student (their own numbers, graded with --variants) earns full marks, since every
     check computes its expected answers from the student's numbers, and every solution from
     `g`, never from the default's literals. (Each lesson's blank notebook and its solution for
@@ -210,7 +217,7 @@ def test_the_grader_gives_another_student_full_marks_in_every_lesson(tmp_path):
         text = for_student(path.read_text(), "s7")
         assert 'for_student(\\"s7\\")' in text, path.name  # the student's own numbers, really
         (folder / path.name).write_text(text)
-    results = grade_all([folder.parent], jobs=2, variants=True)
+    results = grade_all([folder.parent], jobs=2, variants=True, sandbox=SANDBOX)
     assert sorted(Path(r.notebook).name for r in results) == [p.name for p in SOLVED]
     totals = {p.name: len(check_cells(nbformat.read(p, as_version=4))) for p in SOLVED}
     for r in results:
@@ -248,7 +255,7 @@ def test_grader_on_a_real_exercise_notebook(tmp_path, run_cli):
     for student, nb in {"unanswered": exercise, "solved": solution, "cheat": cheat}.items():
         (tmp_path / student).mkdir()
         nbformat.write(nb, tmp_path / student / name)
-    result = run_cli("grade", tmp_path, "--json")  # nbval runs each notebook in a child process
+    result = run_cli("grade", tmp_path, "--json", *NO_SANDBOX)  # each notebook in its own kernel
     assert result.returncode == 0, result.stderr
     scores = {
         Path(r["notebook"]).parent.name: (r["score"], r["total"]) for r in json.loads(result.stdout)

@@ -4,6 +4,10 @@ Each submission is built from `solutions/03_bubble_tradeoff.ipynb` (fully solved
 blank `exercises/` version, graded like a learner's file: in its own kernel and scratch
 folder, judged in the grader's process. Grading a notebook costs a kernel start (a few
 seconds), so submissions are graded in batches where they can be.
+
+The verdicts are tested in a sandbox where one can be made, and without one elsewhere (a
+fresh machine without bubblewrap: `gradingkit.SANDBOX`); the attacks only in a sandbox
+(`needs_bwrap`).
 """
 
 from __future__ import annotations
@@ -15,15 +19,19 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from conftest import NEEDS_BWRAP
 from gradingkit import (
     ALL,
     BLANK,
+    NO_SANDBOX,
     ROOT,
+    SANDBOX,
     SOLVED,
     cell,
     data,
     grade_folder,
     passed,
+    personal,
     solved,
     with_code,
     wrong_answers,
@@ -32,14 +40,15 @@ from gradingkit import (
 from course_utils.checks import Variant
 from course_utils.checks import l03 as checks
 from course_utils.cli import main
+from course_utils.grading import isolation
 from course_utils.grading.batch import grade_all
-from course_utils.grading.grader import detect_lesson, grade_notebook
+from course_utils.grading.grader import detect_lesson, grade_notebook, name_in_notebook, naming
 
 pytestmark = pytest.mark.slow
 
 
 def grade(nb, **kwargs):
-    return grade_notebook(data(nb), "sub.ipynb", student="tester", **kwargs)
+    return grade_notebook(data(nb), "sub.ipynb", student="tester", **{"sandbox": SANDBOX, **kwargs})
 
 
 # --------------------------------------------------------------------------- honest work
@@ -103,6 +112,32 @@ def test_a_cell_that_hangs_stops_only_what_it_blocks(tmp_path):
     assert passed(result) == ["3.1", "3.2", "3.3", "3.5", "3.6"]
 
 
+def test_without_a_sandbox_grade_refuses_in_one_line_unless_told(monkeypatch, tmp_path, capsys):
+    # As on a fresh machine: no bwrap on PATH.
+    monkeypatch.setattr(isolation.shutil, "which", lambda name: None)
+    isolation.problem.cache_clear()
+    try:
+        (tmp_path / "a.ipynb").write_bytes(data(solved()))
+        assert main(["grade", str(tmp_path / "a.ipynb")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "bubblewrap (bwrap) is not installed" in err
+        assert "--no-sandbox" in err
+        assert main(["grade", str(tmp_path / "a.ipynb"), "--no-sandbox", "--json"]) == 0
+        captured = capsys.readouterr()
+        assert "--no-sandbox" in captured.err and '"score": 6' in captured.out
+    finally:
+        isolation.problem.cache_clear()
+
+
+def test_without_a_sandbox_an_edited_name_cell_grades_as_in_one():
+    # In a sandbox the stand-in hands the kernel the numbers of the student graded, whatever
+    # its name cell says; without one the notebook runs with its name cell naming them.
+    theirs = personal(solved(), "s7")
+    assert name_in_notebook(naming(theirs, "s8")) == "s8" and name_in_notebook(theirs) == "s7"
+    result = grade(theirs, variant="s8", sandbox=False)
+    assert passed(result) == ALL and result.flags == ["name cell edited"]
+
+
 # --------------------------------------------------------------------------- tampering
 
 SILENCERS = {
@@ -145,6 +180,7 @@ FORGERS = {
 }
 
 
+@NEEDS_BWRAP
 def test_silencing_errors_patching_checks_and_forging_output_earn_nothing(tmp_path):
     attacks = {**SILENCERS, **PATCHERS, **FORGERS}
     subs = {}
@@ -159,6 +195,7 @@ def test_silencing_errors_patching_checks_and_forging_output_earn_nothing(tmp_pa
         assert passed(result) == [], (name, [(e.id, e.message) for e in result.exercises])
 
 
+@NEEDS_BWRAP
 def test_a_kernel_that_ends_itself_earns_nothing_and_cannot_end_the_grader(tmp_path):
     # Its parent is the sandbox's first process, not the grader: killing it does nothing, so
     # honest answers beside the attempt still count (tests/test_sandbox.py tries harder).
@@ -212,6 +249,7 @@ def test_a_kernel_that_never_starts_is_retried_once_then_reported(monkeypatch, t
     assert result.exercises == [] and result.score == 0
 
 
+@NEEDS_BWRAP
 def test_shadowing_imports_from_the_submission_folder_earns_nothing(tmp_path):
     fake = tmp_path / "class"
     fake.mkdir()
@@ -235,6 +273,7 @@ def test_shadowing_imports_from_the_submission_folder_earns_nothing(tmp_path):
     assert passed(results["bob"]) == ALL  # honest work beside the fake package still counts
 
 
+@NEEDS_BWRAP
 def test_a_submission_cannot_touch_its_classmates(tmp_path):
     vandal = with_code(
         wrong_answers(solved()),
@@ -323,7 +362,7 @@ def test_a_class_with_two_broken_files_gives_a_row_for_every_file(tmp_path, caps
     (folder / "truncated.ipynb").write_bytes(data(solved())[:500])
     (folder / "not-a-notebook.ipynb").write_text("hello")
     csv_path = tmp_path / "grades.csv"
-    code = main(["grade", str(folder), "--json", "--csv", str(csv_path), "-j", "2"])
+    code = main(["grade", str(folder), "--json", "--csv", str(csv_path), "-j", "2", *NO_SANDBOX])
     out = capsys.readouterr().out
     assert code == 0
     rows = json.loads(out)

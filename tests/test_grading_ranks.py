@@ -82,3 +82,58 @@ def test_the_grader_judges_the_program_from_the_evidence_it_sends(tmp_path):
     runaway_17 = verdicts["runaway"]["1.7"]
     assert not runaway_17.passed and "ran past 2 s" in runaway_17.message
     assert [e.id for e in results["runaway"].exercises if e.passed] == OTHERS
+
+
+def test_the_grader_judges_pipeline_programs_on_order_and_memory(tmp_path):
+    """Exercises 4.7 and 5.7 graded in the sandbox, on another student's numbers: a GPipe
+    order in place of 1F1B fails on rank 0's memory, untagged messages on their tags, and
+    the rest of each notebook (the solution) earns its marks."""
+    import pipeprograms as pipes
+
+    from course_utils.grading.make_exercises import for_student
+
+    wrong = {
+        "04_1f1b_zero_bubble.ipynb": ("answer-04-7", pipes.gpipe_shaped),
+        "05_interleaved_breadth_first.ipynb": ("answer-05-7", pipes.untold),
+    }
+    for name, (cell_id, program) in wrong.items():
+        text = (ROOT / "solutions" / name).read_text()
+        nb = nbformat.reads(for_student(text, "bob"), as_version=4)
+        next(c for c in nb.cells if c.get("id") == cell_id).source = programs.source(program)
+        (tmp_path / "bob").mkdir(exist_ok=True)
+        nbformat.write(nb, tmp_path / "bob" / name)
+    results = grade_all([tmp_path], jobs=2, variants=True)
+    assert {r.student for r in results} == {"bob"}
+    verdicts = {e.id: e for r in results for e in r.exercises}
+    assert not verdicts["4.7"].passed and "as GPipe does" in verdicts["4.7"].message
+    assert not verdicts["5.7"].passed and "tags must tell them apart" in verdicts["5.7"].message
+    others = [e for e in verdicts.values() if e.id not in ("4.7", "5.7")]
+    assert len(others) == 12 and all(e.passed for e in others), others
+
+
+def test_lesson_06s_programs_are_judged_from_their_evidence_too(tmp_path):
+    """6.4 and 6.8 graded in the sandbox: a right ring passes, a DDP that sums fails with its
+    hint, and a kernel that claims a pass for it earns nothing."""
+    import dpprograms as dp
+
+    name = "06_data_parallelism.ipynb"
+    solved = nbformat.read(ROOT / "solutions" / name, as_version=4)
+    wrong = dp.ddp_sum.source
+
+    def with_ddp(code: str):
+        nb = copy.deepcopy(solved)
+        cell = next(c for c in nb.cells if c.get("id") == "answer-06-8")
+        cell.source = code
+        return nb
+
+    subs = {"summed": with_ddp(wrong), "claims-passed": with_ddp(wrong + CLAIMS_PASSED)}
+    for student, nb in subs.items():
+        (tmp_path / student).mkdir()
+        nbformat.write(nb, tmp_path / student / name)
+    results = {r.student: r for r in grade_all([tmp_path], jobs=2, call_timeout=20)}
+    verdicts = {s: {e.id: e for e in r.exercises} for s, r in results.items()}
+    assert verdicts["summed"]["6.4"].passed, verdicts["summed"]["6.4"].message
+    assert not verdicts["summed"]["6.8"].passed
+    assert "they were summed" in verdicts["summed"]["6.8"].message
+    claimed = verdicts["claims-passed"]["6.8"]
+    assert not claimed.passed and "did not come back as the record of a run" in claimed.message

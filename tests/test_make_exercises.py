@@ -270,3 +270,32 @@ def test_the_tests_read_notebooks_without_jsonschemas_slow_formats():
     """pyproject.toml's `-p course_utils.grading` loads that package before nbval's plugin,
     which imports nbformat, so no pytest process of the course compiles the grammars."""
     assert "nbformat" in sys.modules and "lark" not in sys.modules
+
+
+def test_one_lessons_handouts_are_laid_out_for_upload(tmp_path, capsys):
+    import zipfile
+
+    out = tmp_path / "handout"
+    code = make_exercises.main(["--lesson", "3", "--students", "ana", "王小明", "--out", str(out)])
+    assert code == 0
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.ipynb")) == [
+        "ana/03_bubble_tradeoff.ipynb", "王小明/03_bubble_tradeoff.ipynb"
+    ]  # fmt: skip
+    with zipfile.ZipFile(out / "03_bubble_tradeoff.zip") as z:
+        assert sorted(z.namelist()) == [
+            "ana/03_bubble_tradeoff.ipynb",
+            "王小明/03_bubble_tradeoff.ipynb",
+        ]
+        nb = nbformat.reads(z.read("王小明/03_bubble_tradeoff.ipynb").decode(), as_version=4)
+    assert any('for_student("王小明")' in c.source for c in nb.cells)
+    # without students: the one notebook to attach to the assignment
+    assert make_exercises.main(["--lesson", "3", "--out", str(tmp_path / "one")]) == 0
+    assert [p.name for p in (tmp_path / "one").iterdir()] == ["03_bubble_tradeoff.ipynb"]
+    capsys.readouterr()
+    for argv, words in [
+        (["--lesson", "13", "--out", str(tmp_path / "x")], "--lesson 13: lesson 13 has no"),
+        (["--lesson", "3"], "--lesson hands out one lesson: give --out FOLDER"),
+    ]:
+        assert make_exercises.main(argv) == 2
+        assert words in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
+from gradingkit import NO_SANDBOX
 
 pytestmark = pytest.mark.slow
 
@@ -107,7 +108,7 @@ def test_grading_from_the_wheel_asks_for_the_solutions_folder(fresh_python, tmp_
     submission = tmp_path / "03_bubble_tradeoff.ipynb"
     shutil.copy2(ROOT / "exercises" / submission.name, submission)
     out = subprocess.run(
-        [str(fresh_python), "-m", "course_utils", "grade", str(submission)],
+        [str(fresh_python), "-m", "course_utils", "grade", str(submission), *NO_SANDBOX],
         capture_output=True,
         text=True,
         cwd=tmp_path,
@@ -118,7 +119,7 @@ def test_grading_from_the_wheel_asks_for_the_solutions_folder(fresh_python, tmp_
     assert "--solutions DIR is needed" in out.stderr
     graded = subprocess.run(
         [str(fresh_python), "-m", "course_utils", "grade", str(submission), "--json"]
-        + ["--solutions", str(ROOT / "solutions")],
+        + ["--solutions", str(ROOT / "solutions"), *NO_SANDBOX],
         capture_output=True,
         text=True,
         cwd=tmp_path,

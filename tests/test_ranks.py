@@ -4,9 +4,6 @@ failure one message naming rank and action, and nothing left running after it.""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
 
@@ -103,7 +100,7 @@ def test_the_naive_program_equals_one_device_and_says_what_it_did():
     assert [[str(a) for a in acts] for acts in run.actions] == [["0F0", "0B0"], ["1F0", "1B0"]]
     handed = 8 * 32 * 4  # one activation of the batch, float32
     assert run.bytes_sent == run.bytes_received == [handed, handed]
-    assert run.sends == [[(1, "None", handed)], [(0, "None", handed)]]
+    assert run.sends == [[(1, "None", handed, "0F0")], [(0, "None", handed, "1B0")]]
     assert run.losses[0] == pytest.approx(loss_fn(model(x), y).item(), rel=1e-6)
     assert all(b > 0 for b in run.saved_bytes) and run.saved_microbatches == [1, 1]
     kinds = [str(e.action) for e in run.timeline.events]
@@ -345,15 +342,6 @@ def test_past_the_graders_time_limit_the_threads_are_stopped_and_the_next_case_p
 def test_the_solution_passes_on_one_core_beside_a_busy_loop(capsys):
     from course_utils.checks import l01
 
-    mine = os.sched_getaffinity(0)
-    core = min(mine)
-    pin = lambda: os.sched_setaffinity(0, {core})  # noqa: E731
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=pin)
-    os.sched_setaffinity(0, {core})  # this thread, so the ranks' threads share its core too
-    try:
+    with programs.one_core_beside_a_busy_loop():
         l01.exercise_7(programs.naive)
-    finally:
-        os.sched_setaffinity(0, mine)
-        busy.kill()
-        busy.wait()
     assert capsys.readouterr().out.startswith("✅ Right")

@@ -9,7 +9,16 @@ import pytest
 
 from course_utils.errors import CourseInputError
 from course_utils.grading import make_exercises
-from course_utils.grading.roster import Label, Student, check_name, label, match, read_roster
+from course_utils.grading.roster import (
+    Label,
+    Student,
+    by_name,
+    by_number,
+    check_name,
+    label,
+    match,
+    read_roster,
+)
 
 ROSTER = [
     Student("alice", "Alice Smith", "1001"),
@@ -90,8 +99,10 @@ def test_a_roster_is_read_with_its_problems_named(tmp_path):
 @pytest.mark.parametrize(
     "relative, expected",
     [
-        # Moodle, in folders and flat
+        # Moodle, in folders (4.1 and later: no trailing _) and flat
+        ("Alice Smith_1001_assignsubmission_file/03_bubble_tradeoff.ipynb", "alice"),
         ("Alice Smith_1001_assignsubmission_file_/03_bubble_tradeoff.ipynb", "alice"),
+        ("Alice Smith_1001_assignsubmission_onlinetext/onlinetext.ipynb", "alice"),
         ("José Núñez_1003_assignsubmission_file_03_bubble_tradeoff.ipynb", "jose"),
         ("Jose\u0301 Nu\u0301n\u0303ez_9_assignsubmission_file_/x.ipynb", "jose"),  # NFD
         ("Bob Jones_2002_assignsubmission_file_/03_bubble_tradeoff.ipynb", "bob"),  # by name
@@ -116,5 +127,30 @@ def test_a_download_without_a_roster_is_named_by_its_student():
     assert label(Path("Alice Smith_1001_assignsubmission_file_/x.ipynb")) == Label(
         "Alice Smith", "1001", "moodle"
     )
+    assert label(Path("Alice Smith_1001_assignsubmission_file/x.ipynb")) == Label(
+        "Alice Smith", "1001", "moodle"
+    )
     assert label(Path("smithalice_1001_5_x.ipynb")).text == "smithalice"
     assert label(Path("alice/03_bubble_tradeoff.ipynb")) == Label("alice")
+
+
+def test_canvas_names_say_late_and_which_upload_came_later():
+    # Canvas's ContentZipper: [sortable name squeezed, "LATE" if late, user id] joined by _,
+    # then the uploaded file's id and its name.
+    on_time = label(Path("núñezcarol_1003_70001_03_bubble_tradeoff.ipynb"))
+    late = label(Path("núñezcarol_LATE_1003_70002_03_bubble_tradeoff-1.ipynb"))
+    assert (on_time.late, late.late) == (False, True)
+    assert (on_time.number, late.number, late.rest) == (
+        "1003",
+        "1003",
+        "03_bubble_tradeoff-1.ipynb",
+    )
+    assert late.file_id > on_time.file_id and on_time.owns(late)
+    carol = Student("carol", "Carol Núñez")
+    assert match(late, [carol]) == carol  # by the squeezed sortable name
+
+
+def test_a_number_of_one_student_in_the_name_of_another_is_seen():
+    found = label(Path("José Núñez_1001_assignsubmission_file/03_bubble_tradeoff.ipynb"))
+    assert by_number(found, ROSTER).id == "alice" and by_name(found, ROSTER).id == "jose"
+    assert match(found, ROSTER).id == "alice"  # the LMS's number first; batch flags the rest

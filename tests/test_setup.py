@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import nbformat
@@ -297,6 +299,7 @@ def test_makefile_targets_and_ci_script():
 
 FAKE_MAKE = """#!/bin/sh
 echo "$*" >> "$CALLS"
+echo "$* COURSE_REQUIRE_OPTIONAL=$COURSE_REQUIRE_OPTIONAL" >> "$CALLS.env"
 echo "output of make $*"
 [ "$*" = "$FAILING" ] && exit 1
 exit 0
@@ -309,7 +312,8 @@ exit 0
 def test_ci_runs_every_suite_and_fails_when_one_does(tmp_path, failing):
     """.ci/run with a stand-in `make` (and stand-ins for what it would apt-get): it runs make
     test, the book, then the browser test beside the oldest PyTorch (showing the browser's
-    log), then the limits, and fails when any of them fails."""
+    log), then the limits, and fails when any of them fails; in each, a test that needs
+    bubblewrap or chromium fails instead of being skipped (COURSE_REQUIRE_OPTIONAL=1)."""
     (tmp_path / ".ci").mkdir()
     script = tmp_path / ".ci" / "run"
     script.write_text((ROOT / ".ci" / "run").read_text())
@@ -323,6 +327,7 @@ def test_ci_runs_every_suite_and_fails_when_one_does(tmp_path, failing):
         (bin_ / name).chmod(0o755)
     calls = tmp_path / "calls"
     env = dict(os.environ, PATH=f"{bin_}:{os.environ['PATH']}", CALLS=str(calls), FAILING=failing)
+    env.pop("COURSE_REQUIRE_OPTIONAL", None)  # .ci/run sets it
     out = subprocess.run([str(script)], capture_output=True, text=True, env=env, timeout=60)
     made = sorted(calls.read_text().split())
     everything = ["book", "test", "test-browser", "test-compat", "test-limits"]
@@ -330,8 +335,52 @@ def test_ci_runs_every_suite_and_fails_when_one_does(tmp_path, failing):
     if failing != "test":  # the book from make test's runs, before the browser opens it
         assert calls.read_text().split()[:2] == ["test", "book"]
     assert (out.returncode == 0) == (failing == ""), (out.returncode, out.stdout, out.stderr)
+    said = calls.with_name("calls.env").read_text().splitlines()
+    assert said and all(line.endswith(" COURSE_REQUIRE_OPTIONAL=1") for line in said), said
     if failing != "test":
         assert "output of make test-browser" in out.stdout  # its log, printed after compat
+
+
+def test_setup_names_the_missing_optional_packages_in_one_line_and_never_fails(tmp_path):
+    """Without bwrap and chromium on PATH `make setup` says so in one line (what each is for,
+    and the apt-get line), exits 0, and says nothing once both are there. `-o` keeps make from
+    remaking the venv; `make lab` does not say it (a learner needs neither)."""
+    make = shutil.which("make")
+    assert make
+    command = [make, "-s", "--no-print-directory", "-o", ".venv/.installed"]
+
+    def said(goal: str, path: Path) -> str:
+        run = subprocess.run(
+            [*command, goal] + (["-n"] if goal == "lab" else []),
+            cwd=ROOT, capture_output=True, text=True, env={"PATH": str(path)}, timeout=60,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr
+        return run.stdout
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    lines = [line for line in said("setup", empty).splitlines() if "Optional" in line]
+    assert len(lines) == 1, lines
+    for words in ("bubblewrap (sandboxed grading", "chromium (the real-browser test", "make test"):
+        assert words in lines[0], lines[0]
+    assert lines[0].endswith("sudo apt-get install bubblewrap chromium")
+    assert "Optional" not in said("lab", empty)
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for name in ("bwrap", "chromium"):
+        (tools / name).write_text("#!/bin/sh\n")
+        (tools / name).chmod(0o755)
+    assert "Optional" not in said("setup", tools)
+
+
+def test_every_course_utils_module_reads_in_one_sitting():
+    """The style rule (picotron's): in course_utils a module is one idea, at most 600 lines."""
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in sorted((ROOT / "course_utils").rglob("*.py"))
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > 600
+    }
+    assert long == {}, f"split these at a natural seam: {long}"
 
 
 def test_gitignore_covers_venv_and_caches():

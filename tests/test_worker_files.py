@@ -58,14 +58,15 @@ def test_a_model_comes_back_trained_as_its_parameters_and_prints_come_back_per_r
     text = files.DDP.replace(
         "    dist.destroy_process_group()\n", "    print('done', dist.get_rank())\n"
     )
-    from course_utils.checks.processes import DDPCase
+    from course_utils.checks.processes import WorkerDDPCase
+    from course_utils.checks.worker_runs import trained
 
-    case = DDPCase(2, 4, 8, 2, seed=3)
+    case = WorkerDDPCase(2, 4, 8, 2, seed=3)
     run = files.ddp(text).run(rank_args=case.shards())  # it never left the group: done for it
     printed = capsys.readouterr().out
     assert "[rank 0] done 0" in printed and "[rank 1] done 1" in printed
     assert "[Gloo]" not in printed  # torch's own greeting is not the learner's output
-    want = case.trained()
+    want = trained(case)
     for args in run.arguments:
         assert args[0].keys() == want.keys()
         assert all(torch.allclose(args[0][k], want[k], atol=1e-6) for k in want)
@@ -103,9 +104,9 @@ def test_a_rank_that_raises_is_named_with_its_line_and_a_finished_peer_is_not_wa
 
 
 def _one_shard():
-    from course_utils.checks.processes import DDPCase
+    from course_utils.checks.processes import WorkerDDPCase
 
-    return DDPCase(2, 4, 8, 1, seed=1).shards()[0]
+    return WorkerDDPCase(2, 4, 8, 1, seed=1).shards()[0]
 
 
 @pytest.mark.slow
@@ -122,23 +123,23 @@ def test_a_rank_that_never_ends_is_stopped_at_the_timeout_and_says_where_it_was(
 def test_the_graders_call_limit_stops_the_ranks_and_leaves_none(monkeypatch):
     """Graded, the kernel calls a case under `wire.call_outcome`'s time limit: past it the
     launcher's `finally` kills every rank (here a worker that spins on both ranks)."""
-    from course_utils.checks.processes import RingCase
+    from course_utils.checks.processes import WorkerRingCase
 
     spin = files.RING.replace(
         "    dist.init_process_group", "    while True:\n        pass\n    dist.init_process_group"
     )
-    monkeypatch.setattr(RingCase, "least_call_seconds", 0.0)  # the limit as given
-    outcome = wire.call_outcome(files.ring(spin), (RingCase(2, 3, 1),), limit_s=8)
+    monkeypatch.setattr(WorkerRingCase, "least_call_seconds", 0.0)  # the limit as given
+    outcome = wire.call_outcome(files.ring(spin), (WorkerRingCase(2, 3, 1),), limit_s=8)
     assert "timeout" in outcome and outcome["seconds"] < 20
     assert not left_behind()
 
 
 def test_a_case_that_starts_processes_gets_at_least_its_own_time():
-    from course_utils.checks.processes import RingCase
+    from course_utils.checks.processes import WorkerRingCase
 
     seen = {}
 
-    class Case(RingCase):
+    class Case(WorkerRingCase):
         def __course_call__(self, worker):
             time.sleep(0.3)  # past the 0.1 s the grader gave: its floor of 1 s holds
             seen["ran"] = True
@@ -157,7 +158,7 @@ def test_bad_input_is_one_line(tmp_path):
         (lambda: run_worker(path, "main", world=True), "world must be an integer"),
         (lambda: run_worker(path, "no such"), "function must be the name"),
         (lambda: run_worker(path, "main", timeout=0), "timeout must be a number"),
-        (lambda: run_worker(path, "main", rank_args=[()]), "one tuple per rank"),
+        (lambda: run_worker(path, "main", rank_args=[()]), "a tuple per rank"),
         (lambda: Worker(path, "main", world=9), "world must be"),
     ]:
         with pytest.raises(CourseInputError, match=match):

@@ -13,6 +13,7 @@ from __future__ import annotations
 from course_utils import checks
 from course_utils.actions import Action
 from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge, numbers, pick
+from course_utils.checks.programs import ProgramCase, as_program, drawn, drawn_case
 
 for_student = checks.lesson_checks(__name__)
 ACTIONS = checks.sequence(item=checks.as_action)
@@ -328,4 +329,57 @@ def exercise_7(g, transfer_ms, step_ms) -> str:
         f"Right: {step:.3g} ms. Of the {2 * m} messages each way, only the first activation "
         "and the first gradient lie on the critical path; the others travel while the "
         "devices compute."
+    )
+
+
+# --------------------------------------------------------------------------- 2.8: the program
+
+
+given_8 = numbers(pick("8", (3, 5), [(2, 6), (3, 4), (4, 6), (4, 5)], "p", "m"))
+
+
+def case_8(g) -> ProgramCase:
+    """The learner's own pipeline: `g.p` ranks, `g.m` micro-batches of two rows each."""
+    return ProgramCase(devices=g.p, microbatches=g.m, batch=2 * g.m, hidden=24, depth=g.p, seed=8)
+
+
+def cases_8(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
+    """The learner's own pipeline, then two more (other sizes, depths and seeds): drawn from
+    the student's name in a notebook, secret in the grader."""
+    rng = drawn(variant, "8")
+    cases = [case_8(given_8(variant))]
+    for _ in range(2):
+        cases.append(drawn_case(rng, rng.randint(2, 4), rng.randint(2, 6)))
+    return {"gpipe_program": [(case,) for case in cases]}
+
+
+ADVICE_8 = {
+    "deadlock": "Follow micro-batch 0 through your program, rank by rank: every receive must "
+    "come after the send it waits for, on the other rank.",
+    "tag": "Micro-batches received in the wrong order: a rank gets a neighbour's messages in "
+    "the order they were sent, so run the backwards in the order the gradients come back.",
+}
+
+
+@exercise(given_8, gpipe_program=as_program)
+def exercise_8(gpipe_program, variant) -> str:
+    """Build GPipe as a per-rank program; judged on the run's evidence and its order."""
+    from course_utils.checks import pipeline_hints
+
+    cases = cases_8(variant)["gpipe_program"]
+    for (case,), shown, got in checks.each_call(gpipe_program, cases):
+        run = pipeline_hints.judged_run(got, shown, case, ADVICE_8)
+        rank = pipeline_hints.early_backward(run)
+        if rank is not None:
+            fail(
+                f"{shown}: rank {rank} runs a backward before its last forward. That order can "
+                "work (lesson 04), but it is not GPipe: all forwards first, then all backwards."
+            )
+        why = "A backward can start once its gradient is back: run each rank's backwards "
+        pipeline_hints.order(shown, run, case, "gpipe", why + "in the order they arrive.")
+    return (
+        f"Right: on your {cases[0][0].devices} ranks and two other pipelines every rank's "
+        "gradients equal one device's, and the order the ranks ran replays to GPipe's step. "
+        "Each rank keeps every micro-batch's input and output from its forward to its "
+        "backward: that is GPipe's memory, lesson 04's subject."
     )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from course_utils import checks
 from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge, numbers, pick
+from course_utils.checks.programs import ProgramCase, as_program, drawn, drawn_case, target
 
 for_student = checks.lesson_checks(__name__)
 
@@ -285,4 +286,63 @@ def exercise_6(zb_problem, zb_fix) -> str:
         "Right: a micro-batch's activations stay until its W, so W's parked at the end hold "
         "all m micro-batches. ZB-H1 runs each W a few slots after its I, inside the bubbles, "
         "and holds at most p."
+    )
+
+
+# --------------------------------------------------------------------------- 4.7: the program
+
+
+given_7 = numbers(pick("7", (3, 7), [(4, 6), (3, 8), (4, 9), (5, 7)], "p", "m"))
+
+
+def case_7(g) -> ProgramCase:
+    """The learner's own pipeline: `g.p` ranks, `g.m` micro-batches of two rows each."""
+    return ProgramCase(devices=g.p, microbatches=g.m, batch=2 * g.m, hidden=24, depth=g.p, seed=4)
+
+
+def cases_7(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
+    """The learner's own pipeline, then two more with more micro-batches than ranks (and one
+    with fewer): drawn from the student's name in a notebook, secret in the grader."""
+    rng = drawn(variant, "7")
+    cases = [case_7(given_7(variant))]
+    for few in (False, True):
+        p = rng.randint(2, 5)
+        m = rng.randint(1, p - 1) if few else rng.randint(p + 1, 9)
+        cases.append(drawn_case(rng, p, m))
+    return {"one_f_one_b_program": [(case,) for case in cases]}
+
+
+ADVICE_7 = {
+    "deadlock": "The warm-up: a rank that waits for a gradient before the ranks after it have "
+    "had the forwards they need waits for ever. How many forwards must rank r send on before "
+    "micro-batch 0's gradient can come back to it?",
+    "tag": "Micro-batches received in the wrong order: gradients come back in the order the "
+    "micro-batches went forward, so in the steady state a rank runs the backward of the "
+    "oldest micro-batch it holds.",
+}
+
+
+@exercise(given_7, one_f_one_b_program=as_program)
+def exercise_7(one_f_one_b_program, variant) -> str:
+    """Build 1F1B as a per-rank program; judged on gradients, rank 0's memory and order."""
+    from course_utils.checks import pipeline_hints
+
+    cases = cases_7(variant)["one_f_one_b_program"]
+    for (case,), shown, got in checks.each_call(one_f_one_b_program, cases):
+        run = pipeline_hints.judged_run(got, shown, case, ADVICE_7)
+        want = target(case, "1f1b")
+        gpipe = "1F1B starts each backward as soon as its gradient can be back."
+        pipeline_hints.memory(shown, run, case, want.held[0], gpipe)
+        warm = [next(i for i, a in enumerate(acts) if a.is_backward) for acts in run["actions"]]
+        why = (
+            f"Its ranks ran {warm} forwards before their first backward. Each rank warms up "
+            "with as many forwards as the ranks after it need to start theirs, then "
+            "alternates one forward, one backward."
+        )
+        pipeline_hints.order(shown, run, case, "1f1b", why)
+    g = given_7(variant)
+    return (
+        f"Right: on your {g.p} ranks with {g.m} micro-batches and on two other pipelines, the "
+        "gradients equal one device's, the order replays to 1F1B's step, and rank 0 never "
+        f"held more than {min(g.p, g.m)} micro-batches' activations (GPipe holds all {g.m})."
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from course_utils import checks
 from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge, numbers, pick
+from course_utils.checks.programs import ProgramCase, as_program, drawn, drawn_case, target
 
 for_student = checks.lesson_checks(__name__)
 ACTIONS = checks.sequence(item=checks.as_action)
@@ -272,4 +273,82 @@ def exercise_6(scenario_a, scenario_b, reason_a) -> str:
     return (
         "Right: breadth-first pays in activation memory and wins when a small batch per "
         "device would otherwise leave the data-parallel gradient reduction exposed."
+    )
+
+
+# --------------------------------------------------------------------------- 5.7: the program
+
+
+given_7 = numbers(pick("7", (2, 6), [(2, 8), (3, 6), (3, 9), (2, 10)], "p", "m"), v=2)
+
+
+def case_7(g) -> ProgramCase:
+    """The learner's own pipeline: `g.p` ranks of 2 chunks each, `g.m` micro-batches."""
+    return ProgramCase(
+        devices=g.p, chunks=g.v, microbatches=g.m, batch=g.m, hidden=16, depth=g.p * g.v, seed=5
+    )
+
+
+def cases_7(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
+    """The learner's own pipeline, then two more (2 and 3 ranks, other sizes and seeds):
+    drawn from the student's name in a notebook, secret in the grader."""
+    rng = drawn(variant, "7")
+    cases = [case_7(given_7(variant))]
+    for p in (2, 3):
+        cases.append(drawn_case(rng, p, p * rng.randint(2, 3), chunks=2))
+    return {"interleaved_program": [(case,) for case in cases]}
+
+
+ADVICE_7 = {
+    "deadlock": "Run your rank's actions in the schedule's order, receiving what each needs "
+    "just before it and sending what it made just after.",
+    "tag": "A rank gets a neighbour's messages in the order they were sent: run your rank's "
+    "actions in the schedule's order, and name each message alike on both sides (what it is, "
+    "for which stage, for which micro-batch).",
+}
+
+
+def _same_tags(run: dict) -> tuple[int, int, str, list[str]] | None:
+    """(sender, receiver, tag, the actions whose results it tagged) for a tag that two
+    messages between the same two ranks share, if any."""
+    for rank, sends in enumerate(run["sends"]):
+        seen: dict[tuple, list[str]] = {}
+        for to, tag, _, after in sends:
+            seen.setdefault((to, tag), []).append(str(after))
+        for (to, tag), afters in seen.items():
+            if len(afters) > 1:
+                return rank, to, tag, afters
+    return None
+
+
+@exercise(given_7, interleaved_program=as_program)
+def exercise_7(interleaved_program, variant) -> str:
+    """Build interleaved 1F1B (2 chunks per rank) as a per-rank program."""
+    from course_utils.checks import pipeline_hints
+
+    cases = cases_7(variant)["interleaved_program"]
+    for (case,), shown, got in checks.each_call(interleaved_program, cases):
+        run = pipeline_hints.judged_run(got, shown, case, ADVICE_7)
+        shared = _same_tags(run)
+        if shared:
+            rank, to, tag, afters = shared
+            fail(
+                f"{shown}: rank {rank} sent rank {to} the results of {afters[0]} and "
+                f"{afters[1]} both tagged {tag}. Between two ranks go activations and "
+                "gradients of both chunks: tags must tell them apart (what, which stage, "
+                "which micro-batch), or a receive of the wrong one goes unnoticed."
+            )
+        want = target(case, "interleaved")
+        gpipe = "Interleaved 1F1B starts backwards early, as 1F1B does: follow its order."
+        pipeline_hints.memory(shown, run, case, want.held[0], gpipe)
+        why = (
+            'Run each rank\'s actions in the order of make_schedule("interleaved", p, m, chunks=2).'
+        )
+        pipeline_hints.order(shown, run, case, "interleaved", why)
+    g = given_7(variant)
+    held = target(cases[0][0], "interleaved").held[0]
+    return (
+        f"Right: on your {g.p} ranks of two chunks and two other pipelines the gradients equal "
+        "one device's, every message says what it is, the order replays to interleaved "
+        f"1F1B's step, and rank 0 held at most {held} micro-batch chunks at once."
     )

@@ -5,7 +5,8 @@ Each `exercise_K` is called by the check cell of Exercise 12.K in
 the exercise's numbers (the default student gets the course's own), and every expected
 answer is computed from them with `course_utils.plan` (the formulas the lesson cites) or
 the pipeline simulator, never stored as a bare number. `cases_1(variant)` are the inputs the
-Build exercise's function is tried on. Wrong answers get a hint, never the answer.
+Build exercise's function is tried on. Wrong answers get a hint, never the answer. Answers
+that are layouts, or the smallest degree that fits, are judged with `checks.layouts`.
 
 Conventions the questions state and the checks share: memory in GiB (2^30 bytes) where a
 GPU's memory is concerned, GB (10^9 bytes) for traffic; traffic is the bytes one GPU
@@ -15,14 +16,22 @@ sends (one direction: a full-duplex link carries as much the other way meanwhile
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 from course_utils import checks, plan
-from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge, numbers, pick
-from course_utils.errors import CourseInputError
+from course_utils.checks import (
+    DEFAULT,
+    OTHERWISE,
+    Variant,
+    exercise,
+    fail,
+    judge,
+    layouts,
+    numbers,
+    pick,
+)
 
 for_student = checks.lesson_checks(__name__)
 GIB, GB = plan.GIB, plan.GB
@@ -366,61 +375,13 @@ given_5 = numbers(
 )
 
 
-def _as_config(value, what: str) -> plan.Config:
-    checks.require(value, what)
-    if isinstance(value, plan.Estimate):
-        return value.config
-    if isinstance(value, plan.Config):
-        return value
-    if isinstance(value, dict):
-        fields = set(asdict(plan.Config()))
-        return plan.Config(**{k: value[k] for k in value if k in fields})
-    fail(
-        f"`{what}` should be a layout as a dict, e.g. dataclasses.asdict(result['feasible'][0]"
-        f".config), not a {type(value).__name__}."
-    )
-
-
-@functools.lru_cache(maxsize=32)
-def _fastest(model: str, gpus: int, batch: int, gpu: str):
-    """The planner's fastest layout of a preset model on a preset GPU (a search of about a
-    second, made once per process for each student's numbers)."""
-    hardware = plan.HARDWARE_PRESETS[gpu]
-    return plan.search(plan.MODEL_PRESETS[model], gpus, batch, hardware)["feasible"][0]
-
-
-def _check_best(value, what: str, which: str, variant: Variant) -> float:
-    """The step time of the learner's layout on that hardware, once it is the fastest."""
-    g = given_5(variant)
-    config = _as_config(value, what)
-    hardware = plan.HARDWARE_PRESETS[g[which]]
-    try:
-        estimate = plan.evaluate(plan.MODEL_PRESETS[g["model"]], config, "bf16-mixed", hardware)
-    except CourseInputError as exc:
-        fail(f"`{what}` is not a valid layout for the {g['model']} model: {exc}.")
-    if config.gpus != g["gpus"] or config.global_batch != g["global_batch"]:
-        fail(
-            f"`{what}` uses {config.gpus} GPUs and a global batch of {config.global_batch}; "
-            f"the scenario has {g['gpus']} GPUs and {g['global_batch']} sequences per step."
-        )
-    if not estimate.fits:
-        fail(f"`{what}` does not fit on the {g[which]} GPUs: {estimate.reason}.")
-    best = _fastest(g["model"], g["gpus"], g["global_batch"], g[which])
-    if estimate.time["total"] > best.time["total"] * 1.001:
-        fail(
-            f"`{what}` fits on the {g[which]} GPUs but is not the fastest layout the planner "
-            f"finds there. Run plan.search with plan.HARDWARE_PRESETS[{g[which]!r}] and take "
-            "the top row."
-        )
-    return estimate.time["total"]
-
-
 @exercise(given_5, best_before="answer", best_after="answer", speedup="number")
-def exercise_5(g, best_before, best_after, speedup, variant) -> str:
+def exercise_5(g, best_before, best_after, speedup) -> str:
     """Hardware refresh: the planner's best layout on the old and on the new GPUs, and the
     speed-up of the step (old best's step time / new best's)."""
-    before = _check_best(best_before, "best_before", "old", variant)
-    after = _check_best(best_after, "best_after", "new", variant)
+    run = g["model"], g["gpus"], g["global_batch"]
+    before = layouts.judge_fastest(best_before, "best_before", *run, g["old"])
+    after = layouts.judge_fastest(best_after, "best_after", *run, g["new"])
     want = before / after
     old, new = plan.HARDWARE_PRESETS[g["old"]], plan.HARDWARE_PRESETS[g["new"]]
     peak = new.peak_tflops_bf16 / old.peak_tflops_bf16
@@ -435,35 +396,10 @@ def exercise_5(g, best_before, best_after, speedup, variant) -> str:
         "`speedup` is not right yet: the old best's step time / the new best's.": OTHERWISE,
     }
     judge(speedup, want, "speedup", hints, slips=slips)
-    ob, nb = _as_config(best_before, "best_before"), _as_config(best_after, "best_after")
-    return f"Right: {ob.short()} on the old GPUs, {nb.short()} on the new. " + _refresh_story(
-        variant
-    )
-
-
-def _refresh_story(variant: Variant) -> str:
-    """What 12.5's numbers say: how close the speed-up came to the FLOP ratio, and why."""
-    g = given_5(variant)
-    steps = {w: _fastest(g["model"], g["gpus"], g["global_batch"], g[w]) for w in ("old", "new")}
-    old, new = (plan.HARDWARE_PRESETS[g[w]] for w in ("old", "new"))
-    want = steps["old"].time["total"] / steps["new"].time["total"]
-    peak = new.peak_tflops_bf16 / old.peak_tflops_bf16
-    share = {w: steps[w].time["compute"] / steps[w].time["total"] for w in steps}
-    told = (
-        f"The step got {want:.3g}x faster against {peak:.3g}x more peak FLOP/s. It is "
-        f"{share['old']:.0%} compute on the old GPUs and {share['new']:.0%} on the new"
-    )
-    if abs(want / peak - 1) < 0.05:
-        told += ", so it scales almost with the FLOPs: communication and bubble are small in both."
-    else:
-        told += ": what did not scale with the FLOPs (communication, bubble) makes the difference."
-    split = {w: steps[w].config.tp * steps[w].config.pp for w in steps}
-    if split["new"] < split["old"]:
-        told += (
-            f" With twice the memory the planner also splits the model less (tp x pp "
-            f"{split['old']} -> {split['new']})."
-        )
-    return told
+    ob = layouts.as_layout(best_before, "best_before")
+    nb = layouts.as_layout(best_after, "best_after")
+    story = layouts.refresh_story(*run, g["old"], g["new"])
+    return f"Right: {ob.short()} on the old GPUs, {nb.short()} on the new. {story}"
 
 
 SHRINKS = ("model states", "activations", "both", "neither")
@@ -556,21 +492,12 @@ def exercise_7(g, smallest_cp, context_gb, variant) -> str:
     hardware = plan.HARDWARE_PRESETS[g["gpu"]]
     options = [c for c in (1, 2, 4, 8) if g["gpus"] % (g["tp"] * c) == 0]
     fit = {c: plan.evaluate(*long_context_layout(c, variant), hardware=hardware) for c in options}
-    right = min(c for c in options if fit[c].fits)
-    cp = smallest_cp
-    if cp not in options:
-        fail(f"`smallest_cp` should be one of {options} (cp x dp = {g['gpus'] // g['tp']}).")
-    if cp < right:
-        fail(
-            f"With cp={cp} each GPU needs {fit[cp].memory['total'] / GIB:.0f} GiB, more than "
-            f"the {hardware.usable_gib:.0f} GiB usable. Which part grows with the sequence, and "
-            "how does cp divide it?"
-        )
-    if cp > right:
-        fail(
-            f"cp={cp} fits, but a smaller cp fits too, and every extra ring step costs "
-            "traffic. Find the smallest."
-        )
+    right = layouts.judge_smallest_fit(
+        smallest_cp, "smallest_cp", "cp", fit, hardware.usable_gib,
+        allowed=f"one of {options} (cp x dp = {g['gpus'] // g['tp']})",
+        too_small="Which part grows with the sequence, and how does cp divide it?",
+        too_big=", and every extra ring step costs traffic",
+    )  # fmt: skip
     model, config = long_context_layout(right, variant)
     want = plan.traffic(model, config)["context"] / GB
     slips = [
@@ -641,19 +568,12 @@ def _moe_slips(ep: int, top_k: int) -> list[tuple[float, str]]:
 def exercise_8(g, smallest_ep, all_to_all_gb, variant) -> str:
     """Mixture of experts: the smallest ep that fits, and the all-to-all GB per GPU there."""
     hardware = plan.HARDWARE_PRESETS[g["gpu"]]
-    options = (1, 2, 4, 8)
-    fit = {e: plan.evaluate(*moe_layout(e, variant), hardware=hardware) for e in options}
-    right = min(e for e in options if fit[e].fits)
-    ep = smallest_ep
-    if ep not in options:
-        fail("`smallest_ep` should be 1, 2, 4 or 8 (it divides the 8 experts).")
-    if ep < right:
-        fail(
-            f"With ep={ep} each GPU needs {fit[ep].memory['total'] / GIB:.0f} GiB, more than "
-            f"the {hardware.usable_gib:.0f} GiB usable. Which parameters does ep split?"
-        )
-    if ep > right:
-        fail(f"ep={ep} fits, but a smaller ep fits too. Find the smallest.")
+    fit = {e: plan.evaluate(*moe_layout(e, variant), hardware=hardware) for e in (1, 2, 4, 8)}
+    right = layouts.judge_smallest_fit(
+        smallest_ep, "smallest_ep", "ep", fit, hardware.usable_gib,
+        allowed="1, 2, 4 or 8 (it divides the 8 experts)",
+        too_small="Which parameters does ep split?",
+    )  # fmt: skip
     model, config = moe_layout(right, variant)
     want = plan.traffic(model, config)["expert"] / GB
     hint = (

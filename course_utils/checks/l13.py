@@ -2,13 +2,13 @@
 processes).
 
 Exercises 13.2 and 13.3 are worker files the learner writes (`%%writefile`) and the check runs
-on two real processes (`checks.processes`): a ring that passes every rank's tensor around
-with `send`/`recv`, and data parallelism by hand (or with `DistributedDataParallel`). Each is
-judged from what the processes sent back: the sums against the inputs drawn here, the
-parameters against one process training on the whole batch. A mean loss over B samples split
-into N equal shards has the average of the shard gradients as its gradient (Li et al. 2020,
-"PyTorch Distributed", arXiv 2006.15704). The all-reduce time is the ring's, at its slowest
-link (Patarasuk and Yuan 2009).
+on two real processes (the cases: `checks.processes`; the references: `checks.worker_runs`): a
+ring that passes every rank's tensor around with `send`/`recv`, and data parallelism by hand
+(or with `DistributedDataParallel`). Each is judged from what the processes sent back: the
+sums against the inputs drawn here, the parameters against one process training on the
+whole batch. A mean loss over B samples split into N equal shards has the average of the
+shard gradients as its gradient (Li et al. 2020, "PyTorch Distributed", arXiv 2006.15704).
+The all-reduce time is the ring's, at its slowest link (Patarasuk and Yuan 2009).
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ from course_utils.checks import (
     judge,
     numbers,
     pick,
-    processes,
     programs,
+    worker_runs,
 )
-from course_utils.checks.processes import DDPCase, RingCase
+from course_utils.checks.processes import WorkerDDPCase, WorkerRingCase
+from course_utils.checks.rank_cases import draws
 
 for_student = checks.lesson_checks(__name__)
 
@@ -91,40 +92,40 @@ def cases_2(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
     """One run of two processes, each with `size` numbers drawn fresh (the grader draws its
     own): starting processes costs seconds, and numbers nobody knows in advance need one."""
     size = given_2(variant).size
-    return {"ring_worker": [(RingCase(2, size, variant.cases("2").randint(1, 10**6)),)]}
+    return {"ring_worker": [(WorkerRingCase(2, size, draws(variant, "2").randint(1, 10**6)),)]}
 
 
 @exercise(given_2, ring_worker=programs.as_program)
 def exercise_2(ring_worker, variant) -> str:
     """Build a ring on two processes with send/recv; judged on what each rank returned."""
-    for case, shown, run in processes.each_run(ring_worker, cases_2(variant)["ring_worker"]):
+    for case, shown, run in worker_runs.each_run(ring_worker, cases_2(variant)["ring_worker"]):
         inputs = case.inputs()
         total = sum(inputs)
         for rank, returned in enumerate(run["returned"]):
             mine = inputs[rank]
-            if not processes.tensor_like(returned, total):
+            if not worker_runs.tensor_like(returned, total):
                 fail(
                     f"{shown}: rank {rank} returned {type(returned).__name__} "
                     f"{str(returned)[:40]}; `ring_sum` returns a tensor of the shape of `x` "
                     f"({case.size} numbers)."
                 )
-            if processes.same(returned, mine):
+            if worker_runs.same(returned, mine):
                 fail(
                     f"{shown}: rank {rank} returned its own tensor: nothing it received was "
                     "added. Add what arrives from the left neighbour to a running total."
                 )
-            if processes.same(returned, total - mine):
+            if worker_runs.same(returned, total - mine):
                 fail(
                     f"{shown}: rank {rank} returned the others' tensors without its own: "
                     "start the total from its own `x`."
                 )
-            if not processes.same(returned, total):
+            if not worker_runs.same(returned, total):
                 fail(
                     f"{shown}: rank {rank}'s result is not the sum of every rank's `x`. Each "
                     "of the world - 1 steps sends what the rank last received (its own `x` "
                     "first) to the right and adds what arrives from the left."
                 )
-        if not all(processes.point_to_point(calls) for calls in run["calls"]):
+        if not all(worker_runs.point_to_point(calls) for calls in run["calls"]):
             fail(
                 f"{shown}: the sums are right, but the ranks never sent and received: "
                 "`dist.all_reduce` did the work. This exercise is the ring itself, with "
@@ -146,29 +147,29 @@ STEPS = 3
 def cases_3(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
     """One run of two processes on the learner's sizes, a model and data drawn fresh."""
     g = given_3(variant)
-    seed = variant.cases("3").randint(1, 10**6)
-    return {"ddp_worker": [(DDPCase(2, g.batch, g.hidden, STEPS, seed),)]}
+    seed = draws(variant, "3").randint(1, 10**6)
+    return {"ddp_worker": [(WorkerDDPCase(2, g.batch, g.hidden, STEPS, seed),)]}
 
 
 @exercise(given_3, ddp_worker=programs.as_program)
 def exercise_3(ddp_worker, variant) -> str:
     """Build data parallelism on two processes; judged on each rank's parameters."""
-    for case, shown, run in processes.each_run(ddp_worker, cases_3(variant)["ddp_worker"]):
-        params = processes.model_parameters(run, shown)
-        want, start = case.trained(), case.initial()
-        if all(processes.same(p, start) for p in params):
+    for case, shown, run in worker_runs.each_run(ddp_worker, cases_3(variant)["ddp_worker"]):
+        params = worker_runs.model_parameters(run, shown)
+        want, start = worker_runs.trained(case), worker_runs.initial(case)
+        if all(worker_runs.same(p, start) for p in params):
             fail(
                 f"{shown}: the parameters never changed. Train the `model` the function is "
                 "given, in place (not a copy), with `torch.optim.SGD(model.parameters(), lr)`."
             )
-        if not all(processes.same(p, params[0]) for p in params):
-            if processes.same(params, case.replicas(None)):
+        if not all(worker_runs.same(p, params[0]) for p in params):
+            if worker_runs.same(params, worker_runs.replicas(case, None)):
                 fail(
                     f"{shown}: each rank's parameters are those of training on its own shard "
                     "alone: the gradients were never combined. All-reduce each parameter's "
                     "gradient, `p.grad`, after `backward()` and before `optimizer.step()`."
                 )
-            if processes.same(params, case.replicas("parameters")):
+            if worker_runs.same(params, worker_runs.replicas(case, "parameters")):
                 fail(
                     f"{shown}: the ranks averaged their parameters, then each stepped with its "
                     "own shard's gradient, so they drift apart at every step. Average the "
@@ -179,9 +180,9 @@ def exercise_3(ddp_worker, variant) -> str:
                 f"{shown}: the ranks end with different parameters. Data parallelism keeps "
                 "every replica the same: every rank must step with the same averaged gradient."
             )
-        if processes.same(params[0], want):
+        if worker_runs.same(params[0], want):
             continue
-        if processes.same(params[0], case.replicas("sum")[0]):
+        if worker_runs.same(params[0], worker_runs.replicas(case, "sum")[0]):
             fail(
                 f"{shown}: the ranks agree, but they moved {case.world} times too far: "
                 "`all_reduce` sums the gradients. Divide by the world size "

@@ -14,6 +14,12 @@ the same case (`reference`), the actions in order, the bytes. A kernel that clai
 else ("passed", a made-up field) claims nothing: only what the check reads counts, and
 evidence of the wrong shape fails.
 
+A pipeline schedule written as a program (Exercises 2.8, 4.7, 5.7) is judged on its order
+too: `replayed` gives the simulator's step for the order each rank ran, with the model's own
+stage costs (`ProgramCase.costs`), and `target` the step and memory of the registry's schedule
+on the same case, which the notebook prints before the learner starts (the LLM-Training-
+Puzzles way) and against the learner's run after (`scorecard`).
+
 This module imports torch only when a case is run or judged.
 """
 
@@ -69,13 +75,28 @@ class ProgramCase:
             x, y = model.example_batch(self.batch, torch.Generator().manual_seed(self.seed))
         return partition(model, self.devices * self.chunks), x, y
 
-    def __course_call__(self, program: Callable) -> dict:
-        """Run `program` on this case; the run's evidence (`wire.call_outcome` calls this)."""
+    def run(self, program: Callable, microbatches: int | None = None, raise_failure=True):
+        """`run_ranks(program, ...)` on this case (looping placement): the `RankRun`; with
+        `microbatches=1` the whole batch goes through as one piece."""
         from course_utils.threads.ranks import run_ranks
 
         stages, x, y = self.build()
-        run = run_ranks(program, self.devices, stages, x, y, self.microbatches, raise_failure=False)
-        return run.evidence()
+        m = self.microbatches if microbatches is None else microbatches
+        return run_ranks(program, self.devices, stages, x, y, m, raise_failure=raise_failure)
+
+    def __course_call__(self, program: Callable) -> dict:
+        """Run `program` on this case; the run's evidence (`wire.call_outcome` calls this)."""
+        return self.run(program, raise_failure=False).evidence()
+
+    def costs(self):
+        """The simulator's costs for this model: a stage's forward in proportion to its
+        parameters (the mean stage's forward is 1 unit), its backward twice that."""
+        from course_utils.pipeline import CostModel
+
+        stages, _, _ = self.build()
+        sizes = [sum(p.numel() for p in stage.parameters()) for stage in stages]
+        forward = [n * len(sizes) / sum(sizes) for n in sizes]
+        return CostModel(stage_forward=forward, stage_backward=[2 * f for f in forward])
 
     def reference(self) -> dict:
         """What one device computes for this case: each stage's gradients ("stage.name"),
@@ -106,24 +127,28 @@ def as_program(value: Any, what: str) -> Callable[[ProgramCase], Any]:
     return check_function(lambda case: case.__course_call__(value), what)
 
 
-EVIDENCE = ("world", "actions", "grads", "bytes_sent", "bytes_received", "failure")
+EVIDENCE = ("world", "actions", "grads", "bytes_sent", "bytes_received", "sends")
+COUNTS = ("bytes_sent", "bytes_received", "saved_bytes", "saved_microbatches")
 
 
-def evidence(got: Any, shown: str, case: ProgramCase) -> dict:
-    """`got` as a run's evidence for `case`, else a failure: whatever else a kernel sends
-    (a verdict of its own, a field too few) is not evidence."""
+def evidence(got: Any, shown: str, case: Any, per_rank: tuple[str, ...] = ()) -> dict:
+    """`got` as a run's evidence for `case` (its `devices` ranks), else a failure: whatever
+    else a kernel sends (a verdict of its own, a field too few) is not evidence. `per_rank`:
+    more fields it must hold, each a list with one item per rank."""
     from course_utils.actions import Action
 
     ranks = case.devices
 
-    def per_rank(value: Any) -> bool:
+    def one_each(value: Any) -> bool:
         return isinstance(value, list) and len(value) == ranks
 
-    ok = isinstance(got, dict) and all(key in got for key in EVIDENCE)
-    ok = ok and got["world"] == ranks and all(per_rank(got[k]) for k in EVIDENCE[1:5])
+    fields = [*EVIDENCE[1:], *COUNTS, *per_rank]
+    ok = isinstance(got, dict) and all(key in got for key in (*EVIDENCE, *COUNTS, "failure"))
+    ok = ok and all(key in got for key in per_rank)
+    ok = ok and got["world"] == ranks and all(one_each(got[k]) for k in fields)
     ok = ok and all(isinstance(a, Action) for acts in got["actions"] for a in acts)
     ok = ok and all(isinstance(g, dict) for g in got["grads"])
-    ok = ok and all(isinstance(n, int) for k in ("bytes_sent", "bytes_received") for n in got[k])
+    ok = ok and all(isinstance(n, int) and not isinstance(n, bool) for k in COUNTS for n in got[k])
     failure = got.get("failure") if ok else None
     ok = ok and (failure is None or (isinstance(failure, dict) and "message" in failure))
     if not ok:
@@ -153,3 +178,109 @@ def gradients_off(got: dict, case: ProgramCase, want: dict) -> dict[int, str]:
             if rank in off:
                 break
     return off
+
+
+# --------------------------------------------------------------------------- pipelines
+
+
+def drawn(variant, key: str):
+    """The random source of a program exercise's other cases: in a notebook (no
+    `cases_seed`) fixed by the student's name, so every run tries the same models; graded,
+    the grader's own secret draw."""
+    import random
+
+    if variant.cases_seed is None:
+        return random.Random(f"{variant.student}/{key}")
+    return variant.cases(key)
+
+
+def drawn_case(rng, devices: int, microbatches: int, chunks: int = 1) -> ProgramCase:
+    """A pipeline of `devices` ranks of `chunks` stages and `microbatches` micro-batches,
+    whose model (width, depth, seed) and rows per micro-batch `rng` draws."""
+    return ProgramCase(
+        devices=devices,
+        chunks=chunks,
+        microbatches=microbatches,
+        batch=microbatches * rng.choice([1, 2, 3]),
+        hidden=rng.choice([8, 12, 20]),
+        depth=devices * chunks - 1 + rng.randint(0, 2),
+        seed=rng.randint(1, 10**6),
+    )
+
+
+def _actions(run) -> list[list]:
+    return run["actions"] if isinstance(run, dict) else run.actions
+
+
+def recorded(run, case: ProgramCase):
+    """The order each rank ran (a `RankRun` or its evidence) as a `Schedule`."""
+    from course_utils.actions import Schedule
+
+    actions = tuple(tuple(acts) for acts in _actions(run))
+    return Schedule("your program", case.devices * case.chunks, case.microbatches, actions)
+
+
+def replayed(run, case: ProgramCase):
+    """The simulator's timeline of the order each rank ran, with the model's costs (raises
+    `ScheduleError` saying what cannot run: an action missing or twice, a wait for ever)."""
+    from course_utils.pipeline import simulate
+
+    return simulate(recorded(run, case), case.costs())
+
+
+@dataclass(frozen=True)
+class Target:
+    """What schedule `label` gives on a case: its simulated step (units of the model's
+    costs) and the most (chunk, micro-batch)s each rank holds at once."""
+
+    label: str
+    step: float
+    held: tuple[int, ...]
+    chunks: int = 1
+
+    def __str__(self) -> str:
+        what = "micro-batch chunks" if self.chunks > 1 else "micro-batches"
+        return (
+            f"Target ({self.label}, simulated with this model's stage costs): a step of "
+            f"{self.step:.4g} units; rank 0 holds at most {self.held[0]} {what} at once."
+        )
+
+
+def target(case: ProgramCase, name: str) -> Target:
+    """Schedule `name`'s target on `case` (the registry's schedule, simulated)."""
+    from course_utils.pipeline import SCHEDULES, make_schedule, simulate
+
+    schedule = make_schedule(name, case.devices, case.microbatches, case.chunks)
+    timeline = simulate(schedule, case.costs())
+    held = tuple(int(h) for h in timeline.peak_activations or ())
+    return Target(SCHEDULES[name].label, timeline.makespan, held, case.chunks)
+
+
+def scorecard(run, case: ProgramCase, name: str, naive=None) -> str:
+    """A run of the learner's program (`RankRun`) against `name`'s target, as lines of
+    text: the replayed step, rank 0's peak of saved activations, the measured step, and
+    with `naive` (the same program with one micro-batch) the measured speed-up."""
+    want = target(case, name)
+    try:
+        step = f"{replayed(run, case).makespan:.4g} units"
+    except Exception as exc:  # noqa: BLE001 - an order that cannot be replayed says why
+        step = f"cannot be replayed ({exc})"
+    kib = run.saved_bytes[0] / 1024
+    lines = [
+        f"{'':24}{'yours':<30}target ({want.label})",
+        f"{'step, order replayed':<24}{step:<30}{want.step:.4g} units",
+        f"{'rank 0 holds at most':<24}{f'{run.saved_microbatches[0]} ({kib:.1f} KiB)':<30}"
+        f"{want.held[0]}",
+        f"measured on the virtual clock: a step of {1e3 * run.timeline.makespan:.2f} ms",
+    ]
+    if naive is not None:
+        from course_utils.pipeline import make_schedule, simulate
+
+        ratio = naive.timeline.makespan / run.timeline.makespan
+        ideal = make_schedule("naive", case.devices, case.microbatches)
+        predicted = simulate(ideal, case.costs()).makespan / want.step
+        lines.append(
+            f"with one micro-batch (lesson 01's naive schedule) {1e3 * naive.timeline.makespan:.2f}"
+            f" ms: a speed-up of {ratio:.2f}x measured, {predicted:.2f}x simulated"
+        )
+    return "\n".join(lines)

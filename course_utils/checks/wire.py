@@ -22,11 +22,15 @@ from fractions import Fraction
 from typing import Any
 
 TAG = "__course_type__"
-# The cases that say how an answer is called (`__course_call__`), by class: their module.
+# The trials of per-rank programs and of worker files, by class name: the module that
+# defines each (only these are ever made from data).
 CASES = {
-    "ProgramCase": "course_utils.checks.programs",  # a per-rank program on the device threads
-    "RingCase": "course_utils.checks.processes",  # a worker file on real processes
-    "DDPCase": "course_utils.checks.processes",
+    "ProgramCase": "course_utils.checks.programs",
+    "RingCase": "course_utils.checks.rank_cases",
+    "DDPCase": "course_utils.checks.rank_cases",
+    "TPCase": "course_utils.checks.rank_cases",
+    "WorkerRingCase": "course_utils.checks.processes",  # a worker file on real processes
+    "WorkerDDPCase": "course_utils.checks.processes",
 }
 
 
@@ -70,7 +74,7 @@ def encode(value: Any, depth: int = 0) -> Any:
         return encode(value.item(), depth + 1)  # numpy scalar
     if kind == "course_utils" and name == "Action":
         return {TAG: "Action", "value": str(value)}
-    if kind == "course_utils" and name in CASES:  # a trial of a program or a worker
+    if kind == "course_utils" and name in CASES:  # a trial of a rank program or a worker
         return {TAG: name, "value": encode(vars(value), depth + 1)}
     if kind == "course_utils" and name == "Schedule":
         return {

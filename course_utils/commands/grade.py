@@ -7,11 +7,16 @@ written as each finishes: a rerun grades only what is missing), `--roster`, `--g
 `--feedback`, `--stats`, `--similarity`. `grade FILE --student NAME` regrades one notebook on
 that student's numbers.
 
-It says first, in one line, what bounds each sandbox on this machine (`resources.describe`),
-and last which files beside the notebooks reached no kernel. Whatever it prints that came
-from a submission is shown `visible`; no single notebook can stop a report: each report is
-written on its own, and one that fails says so in a line while the others are still written
-(exit code 1 then).
+A run that cannot grade stops before any notebook runs, in one line (exit 2): every argument
+is checked first, the paths given are made absolute against the folder it was started in,
+and the solutions folder must hold each lesson found. It says first, in one line, what
+bounds each sandbox on this machine (`resources.describe`), and last a summary: the rows
+graded again and why, duplicates, late files, folders whose number and name disagree
+(`keep`), and which files beside the notebooks reached no kernel. Whatever it prints that
+came from a submission is shown `visible`; no single notebook can stop a report: each report
+is written on its own, and one that fails says so in a line while the others are still
+written (exit code 1 then). A batch where no notebook could be graded at all writes no
+gradebook, feedback, statistics or pairs, and exits 1.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from pathlib import Path
 from course_utils import validation
 from course_utils.commands.common import exit_on_sigterm, number_flag
 from course_utils.errors import CourseInputError
+from course_utils.grading.keep import DEFAULT_KEEP, KEEP
 
 HELP = "grade exercise notebooks (each in a sandbox, judged outside the learner's kernel)"
 MAX_JOBS = validation.MAX_GRADE_JOBS  # 4 kernels of about 300 MB each stay under 1.5 GB
@@ -42,7 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--variants",
         action="store_true",
-        help="each learner's own numbers: their student id is the seed (see make_exercises)",
+        help="each learner's own numbers: their student id is the seed (see make_exercises); "
+        "implied by --roster and --student",
     )
     parser.add_argument(
         "--student",
@@ -51,7 +58,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="regrade one notebook as NAME's, on NAME's numbers (implies --variants)",
     )
     parser.add_argument(
-        "--roster", type=Path, help="CSV with id,name[,lms_id]: whose each file is (Moodle, Canvas)"
+        "--roster",
+        type=Path,
+        help="CSV with id,name[,lms_id]: whose each file is (Moodle, Canvas); implies --variants",
+    )
+    parser.add_argument(
+        "--keep",
+        choices=KEEP,
+        default=DEFAULT_KEEP,
+        help="which of a student's notebooks of a lesson the gradebook and statistics take: "
+        "the latest handed in (default), the best score, or the latest on time (late work "
+        "does not count)",
     )
     parser.add_argument("--gradebook", help="CSV, one row per student, for Canvas or Moodle")
     parser.add_argument(
@@ -124,6 +141,13 @@ def _check(args: argparse.Namespace) -> None:
                 "course_utils package; give the solutions/ folder of a course checkout"
             )
         raise CourseInputError(f"--solutions {str(args.solutions)!r} is not a folder")
+    # The workers start in folders of their own: a relative path means where we started.
+    args.solutions = args.solutions.absolute()
+    if args.lesson is not None:
+        from course_utils.grading import missing_solution
+
+        if why := missing_solution(args.lesson, args.solutions):
+            raise CourseInputError(f"--lesson {args.lesson}: {why}")
     # every output, before a notebook is graded: a name, a folder that takes files, no device
     if args.csv is not None:
         args.csv = validation.output_file(args.csv, "--csv", siblings=(".jsonl",))
@@ -173,7 +197,6 @@ def run(args: argparse.Namespace) -> int:
         raise CourseInputError(why)
     from course_utils.grading.batch import find_submissions, grade_all
     from course_utils.grading.grader import table
-    from course_utils.grading.neutral import visible
 
     found = find_submissions(args.submissions)  # an empty folder: one line too
     say = sys.stderr if args.json else sys.stdout
@@ -182,7 +205,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         from course_utils.grading import resources
 
-        print(resources.describe(*resources.for_batch(args.timeout)), file=say, flush=True)
+        limits, cgroup = resources.for_batch(args.timeout)
+        print(resources.describe(limits, cgroup), file=say, flush=True)
+        if warning := resources.root_warning(cgroup):
+            print(warning, file=say)
 
     graded_now = []
 
@@ -192,10 +218,11 @@ def run(args: argparse.Namespace) -> int:
             print(table(result), flush=True)
 
     single = len(args.submissions) == 1 and not args.submissions[0].is_dir()
+    variants = args.variants or args.roster is not None  # a roster's ids are the seeds
     results = grade_all(
         args.submissions,
         jobs=args.jobs,
-        variants=args.variants,
+        variants=variants,
         lesson=args.lesson,
         solutions=args.solutions,
         cell_timeout=args.cell_timeout,
@@ -206,18 +233,49 @@ def run(args: argparse.Namespace) -> int:
         roster=args.roster,
         journal=args.csv,
         student=args.student,
-        trust_name_cell=single and args.student is None and not args.variants,
+        trust_name_cell=single and args.student is None and not variants,
+        keep_rule=args.keep,
     )
     if args.json:
         print(json.dumps([r.to_dict() for r in results], indent=2, allow_nan=False))
-    else:
-        for r in results:
-            if "missing" in r.flags:
-                print(visible(f"{r.name or r.student} (student {r.student}): {r.problem}"))
-            elif "not on the roster" in r.flags:
-                print(visible(f"{r.notebook}: not on the roster (graded as {r.student!r})"))
-    from course_utils.grading.batch import unowned_files
+    _summary(args, results, found, len(graded_now), say)
+    graded = [r for r in results if r.notebook]
+    if graded and all(r.problem and not r.exercises for r in graded):
+        print(
+            f"no notebook could be graded ({len(graded)} tried: see each row's problem): "
+            "no gradebook, feedback, statistics or pairs were written",
+            file=say,
+        )
+        return 1 | _class_outputs(args, results, say, ("csv",))
+    return _class_outputs(args, results, say, REPORTS)
 
+
+def _summary(args: argparse.Namespace, results, found, graded_now: int, say) -> None:
+    """What needs a look after the tables: missing students and strangers, rows graded
+    again and why, duplicates, late files and disagreeing folders, files no kernel got."""
+    from collections import Counter
+
+    from course_utils.grading import keep
+    from course_utils.grading.batch import unowned_files
+    from course_utils.grading.neutral import visible
+
+    out = sys.stdout if not args.json else say
+    for r in results:
+        if keep.MISSING in r.flags:
+            print(visible(f"{r.name or r.student} (student {r.student}): {r.problem}"), file=out)
+        elif keep.NOT_ON_ROSTER in r.flags:
+            print(visible(f"{r.notebook}: not on the roster (graded as {r.student!r})"), file=out)
+    reused = sum(1 for r in results if r.notebook) - graded_now
+    again = [r for r in results if r.regraded]
+    if reused > 0 or again:
+        first = graded_now - len(again)
+        reasons = Counter(why for r in again for why in r.regraded)
+        said = "; ".join(f"{n} because {why}" for why, n in reasons.most_common())
+        print(f"{reused} rows kept from the earlier run (their resume key is unchanged), "
+              f"{len(again)} graded again{f' ({said})' if said else ''}, {first} graded for "
+              "the first time", file=say)  # fmt: skip
+    for line in keep.summary(results, args.keep):
+        print(visible(line), file=say)
     unowned = unowned_files(found)
     if unowned:
         print(f"{len(unowned)} files beside the notebooks are no graded student's (the LMS's "
@@ -225,21 +283,19 @@ def run(args: argparse.Namespace) -> int:
               file=say)  # fmt: skip
         for path in unowned:
             print(f"  {visible(path)}", file=say)
-    reused = sum(1 for r in results if r.notebook) - len(graded_now)
-    return _class_outputs(args, results, say, reused)
 
 
 REPORTS = ("csv", "gradebook", "feedback", "stats", "similarity")
 
 
-def _class_outputs(args: argparse.Namespace, results, say, reused: int) -> int:
+def _class_outputs(args: argparse.Namespace, results, say, reports) -> int:
     """The gradebook, feedback pages, statistics and similarity pairs, each if asked for,
     each on its own: one that fails is a line, and the others are still written (then 1)."""
     failed = 0
-    for report in REPORTS:
+    for report in reports:
         if getattr(args, report):
             try:
-                _report(report, args, results, say, reused)
+                _report(report, args, results, say)
             except Exception as exc:  # noqa: BLE001 - the other reports still get written
                 from course_utils.grading.neutral import visible
 
@@ -248,19 +304,20 @@ def _class_outputs(args: argparse.Namespace, results, say, reused: int) -> int:
     return failed
 
 
-def _report(report: str, args: argparse.Namespace, results, say, reused: int) -> None:
+def _report(report: str, args: argparse.Namespace, results, say) -> None:
+    from course_utils.grading.keep import counted
     from course_utils.grading.neutral import visible
 
     if report == "csv":
         print(f"wrote {args.csv} ({len(results)} rows) and {args.csv.with_suffix('.jsonl')}",
               file=say)  # fmt: skip
-        if reused > 0:
-            print(f"  ({reused} rows kept from the earlier run: those notebooks are unchanged)",
-                  file=say)  # fmt: skip
     elif report == "gradebook":
         from course_utils.grading.gradebook import write_gradebook
 
-        rows = write_gradebook(results, args.gradebook, args.roster, args.solutions)
+        roster = args.roster
+        if args.student is not None:  # one student's row: an import changes only that one
+            roster = [s for s in roster or [] if s.id == args.student] or None
+        rows = write_gradebook(results, args.gradebook, roster, args.solutions)
         print(f"wrote {args.gradebook} ({rows} students)", file=say)
     elif report == "feedback":
         from course_utils.grading.feedback import write_feedback
@@ -280,7 +337,8 @@ def _report(report: str, args: argparse.Namespace, results, say, reused: int) ->
     elif report == "similarity":
         from course_utils.grading.similarity import pairs_table, similar_pairs, write_pairs
 
-        graded = [(r.student, r.notebook, r.lesson) for r in results if r.exercises]
+        graded = [(r.student, r.notebook, r.lesson) for r in results if r.exercises and (
+            counted(r) or "not on the roster" in r.flags)]  # fmt: skip
         pairs, common = similar_pairs(graded, args.solutions)
         print(pairs_table(pairs), file=say)
         for line in common:

@@ -88,13 +88,8 @@ class WorkerRun:
 
     def evidence(self) -> dict:
         """All but the output and the timings: what a check judges (`checks.wire` carries it)."""
-        return {
-            "world": self.world,
-            "returned": self.returned,
-            "arguments": self.arguments,
-            "calls": self.calls,
-            "failure": self.failure,
-        }
+        keys = ("world", "returned", "arguments", "calls", "failure")
+        return {key: getattr(self, key) for key in keys}
 
     def show(self) -> None:
         """Print what each rank printed, each line after its rank, as torchrun's `--tee` does."""
@@ -160,9 +155,7 @@ def run_worker(
         raise CourseInputError(f"timeout must be a number of seconds > 0, got {timeout!r}")
     every = [tuple(args)] * world if rank_args is None else [tuple(a) for a in rank_args]
     if len(every) != world:
-        raise CourseInputError(
-            f"rank_args must hold one tuple per rank ({world}), got {len(every)}"
-        )
+        raise CourseInputError(f"rank_args must hold a tuple per rank ({world}), got {len(every)}")
     start = time.monotonic()
     problem = _read_file(path, function)
     if problem is not None:
@@ -233,17 +226,12 @@ def _launch(path: Path, function: str, every: list[tuple], timeout: float) -> Wo
     watch.launched = time.time()  # the ranks' clock (one clock on one machine)
     try:
         for rank in range(world):
-            with open(job / f"rank{rank}.out", "wb") as out:
-                procs.append(
-                    subprocess.Popen(
-                        [sys.executable, "-c", _BOOT, str(job), str(rank), str(os.getpid())],
-                        env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                        stdin=subprocess.DEVNULL,
-                        process_group=0,  # its own group: stopped with whatever it started
-                    )
-                )
+            with open(job / f"rank{rank}.out", "wb") as out:  # its own process group (0):
+                procs.append(subprocess.Popen(  # stopped with whatever it started
+                    [sys.executable, "-c", _BOOT, str(job), str(rank), str(os.getpid())],
+                    env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}, stdout=out,
+                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, process_group=0,
+                ))  # fmt: skip
         failure = watch.until_done(procs, timeout)
         _stop(procs)
         return watch.collect(procs, failure)

@@ -9,7 +9,8 @@
    so, and so is a link beside a notebook (it is not copied into the sandbox). A student's
    kernel gets that student's files only (`own_files`): all of their own folder's, or in a
    flat download the ones the LMS's name pattern says are theirs; a file nobody owns
-   reaches no kernel (`unowned_files` lists them).
+   reaches no kernel (`unowned_files` lists them). A file the LMS marked late, and a
+   folder whose number is one student's and name another's, are flagged (`keep`).
 2. Read everything into memory first, so nothing one submission does to the files around it
    (deleting a classmate's notebook, say) changes what the others are graded on.
 3. Grade each one in `python -I -m course_utils.grading.worker`, at most `jobs` at a time,
@@ -26,7 +27,12 @@
    notebook, its student's other files, the solutions and checks, the variant, the lesson)
    is unchanged and grades only the rest, each row saying why (`GradeResult.regraded`).
 5. With a roster, each student with no notebook of a lesson in the batch gets a row
-   "missing" for it.
+   "missing" for it. A student's duplicates are flagged, and `keep` says which one counts
+   (`keep.flag_choices`: the latest by default).
+
+A batch that cannot grade stops before any notebook runs (CourseInputError): the solutions
+folder, made absolute once here (the workers run elsewhere), must hold every lesson found
+that the course has exercises for; a notebook of a lesson the course does not have is a row.
 """
 
 from __future__ import annotations
@@ -49,11 +55,11 @@ from pathlib import Path
 from course_utils import validation
 from course_utils.checks import DEFAULT_STUDENT
 from course_utils.errors import CourseInputError
-from course_utils.grading import isolation
+from course_utils.grading import isolation, keep
 from course_utils.grading.grader import GradeResult
 from course_utils.grading.notebook_tools import SOLUTIONS
 from course_utils.grading.resume import ResumeKey, resume_key
-from course_utils.grading.roster import Student, label, match
+from course_utils.grading.roster import Student, by_name, by_number, label, match, possessive
 from course_utils.validation import MAX_NOTEBOOK_BYTES
 
 MAX_FOLDER_BYTES = 50_000_000  # data files copied beside a notebook, at most
@@ -71,7 +77,21 @@ class Submission:
     student: str  # the roster's id, else what the file's place says (folder, name, stem)
     name: str = ""  # the roster's name for the student
     root: Path | None = None  # the folder given to `grade` it was found in
-    flags: list[str] = field(default_factory=list)
+    flags: list[str] = field(default_factory=list)  # where it lies: `keep.PLACE_FLAGS`
+    notes: list[str] = field(default_factory=list)  # what its place says, `keep.PLACE_NOTE`
+    order: tuple = ()  # sorts a student's files from first handed in to last
+    named: str = ""  # the student its name names, where its number names another
+
+
+def _handed_in(path: Path, file_id: int) -> tuple:
+    """When a file was handed in, as far as a download says: Canvas's file id (a later
+    upload has a larger one), else the file's modification time (kept by unzip), else its
+    name."""
+    try:
+        mtime = os.lstat(path).st_mtime_ns
+    except OSError:
+        mtime = 0
+    return (file_id, mtime, str(path))
 
 
 def _notebooks(folder: Path) -> list[Path]:
@@ -103,12 +123,24 @@ def find_submissions(paths: list[Path], roster: list[Student] | None = None) -> 
 
 def _whose(path: Path, relative: Path, roster: list[Student] | None, root) -> Submission:
     said = label(relative)
+    order = _handed_in(path, said.file_id)
+    late = [keep.LATE] if said.late else []
     if roster is None:
-        return Submission(path, said.text, root=root)
+        return Submission(path, said.text, root=root, flags=late, order=order)
     student = match(said, roster)
     if student is None:  # graded all the same, under the name its place in the download gives
-        return Submission(path, said.text, said.text, root, ["not on the roster"])
-    return Submission(path, student.id, student.name, root)
+        return Submission(path, said.text, said.text, root, [keep.NOT_ON_ROSTER, *late], [], order)
+    sub = Submission(path, student.id, student.name, root, late, [], order)
+    other = by_name(said, roster) if by_number(said, roster) is student else None
+    if other is not None and other is not student:
+        sub.flags.append(keep.DISAGREE)
+        sub.named = other.id
+        sub.notes.append(
+            f"{keep.PLACE_NOTE}its number {said.number} is {possessive(student.name)} (lms_id), "
+            f"its name {said.text!r} is {possessive(other.name)}: graded as "
+            f"{possessive(student.name)}, counted for neither"
+        )
+    return sub
 
 
 def _not_regular(path: Path, max_bytes: int | None = None) -> str | None:
@@ -231,34 +263,54 @@ def grade_all(
     journal: Path | None = None,
     student: str | None = None,
     trust_name_cell: bool = False,
+    keep_rule: str = keep.DEFAULT_KEEP,
 ) -> list[GradeResult]:
     """Grade every notebook under `paths`: one result per file, in the order found, then a
     "missing" row per roster student and lesson without a notebook.
 
-    `student` grades the (single) notebook as that student's, on their numbers; with
-    `trust_name_cell` a notebook graded without `variants` is graded on the numbers of the
-    student its name cell names, flagged as not verified. `on_result(result)` is called as
-    each notebook finishes (not for rows reused from the journal)."""
+    `student` grades the (single) notebook as that student's, on their numbers (no other
+    student is then missing, and a journal keeps its other rows); with `trust_name_cell` a
+    notebook graded without `variants` is graded on the numbers of the student its name
+    cell names, flagged as not verified. `keep_rule` chooses which of a student's notebooks
+    of a lesson counts (`keep.KEEP`). `on_result(result)` is called as each notebook
+    finishes (not for rows reused from the journal). Raises CourseInputError, before any
+    notebook runs, when the solutions folder cannot grade a lesson found."""
     from dataclasses import asdict
 
-    from course_utils.grading import resources
+    from course_utils.grading import course_lessons, missing_solution, resources
     from course_utils.grading.journal import Journal
 
     validation.integer(jobs, "jobs", 1, validation.MAX_GRADE_JOBS)
+    validation.choice(keep_rule, "keep", keep.KEEP)
+    solutions = Path(solutions).absolute()  # once: the workers start in folders of their own
+    if lesson is not None and (why := missing_solution(lesson, solutions)):
+        raise CourseInputError(why)
     if sandbox and (why := isolation.problem()):
         raise CourseInputError(why)
-    limits, cgroup = resources.for_batch(total_timeout) if sandbox else (None, None)
     submissions = find_submissions(paths, roster)
     work = []
     for sub in submissions:  # read everything before any learner code runs
         if student is not None:
             sub.student = sub.name = student
-            if roster:
-                sub.name = next((s.name for s in roster if s.id == student), student)
+            # its place in a download does not say whose it is (a late mark still holds)
+            sub.flags, sub.notes = [f for f in sub.flags if f == keep.LATE], []
+            mine = [s for s in roster or [] if s.id == student]
+            sub.name = mine[0].name if mine else student
+            if roster is not None and not mine:
+                sub.flags.append(keep.NOT_ON_ROSTER)
         variant = sub.student if variants or student is not None else DEFAULT_STUDENT
         work.append(_read(sub, variant, lesson))
-    lessons = sorted({j.lesson for j in work if j.lesson})
-    book = Journal(journal) if journal else None
+    known = course_lessons()
+    for job in work:  # a notebook of a lesson the course does not have is a row, not a stop
+        if job.problem is None and job.lesson is not None and job.lesson not in known:
+            job.problem = f"{job.submission.path}: {missing_solution(job.lesson, solutions)}"
+    lessons = sorted({j.lesson for j in work if j.lesson and j.lesson in known})
+    for n in lessons:  # a solutions folder that cannot grade a lesson found: stop now
+        if why := missing_solution(n, solutions):
+            count = sum(1 for j in work if j.lesson == n)
+            raise CourseInputError(f"{why} ({count} notebooks found are lesson {n:02d}'s)")
+    limits, cgroup = resources.for_batch(total_timeout) if sandbox else (None, None)
+    book = Journal(journal, merge=student is not None) if journal else None
     done = book.previous() if book else {}
     results: list[GradeResult | None] = [None] * len(work)
     todo = []
@@ -269,9 +321,11 @@ def grade_all(
         kept = done.get(path)
         changed = job.key.changes(ResumeKey.from_dict(kept.key) if kept else None)
         if kept is not None and not changed:
-            kept.flags = [f for f in kept.flags if f != "not on the roster"]
+            keep.clear_place(kept)  # said again below, from where the file lies now
             kept.flags += job.submission.flags
+            kept.notes += job.submission.notes
             kept.student, kept.name = job.submission.student, job.submission.name
+            kept.regraded = []
             results[i] = kept
         else:
             todo.append(i)
@@ -283,8 +337,9 @@ def grade_all(
     def grade(i: int) -> None:
         job = work[i]
         sub = job.submission
-        if job.data is None:
+        if job.data is None or job.problem is not None:
             result = GradeResult(notebook=str(sub.path), student=sub.student, problem=job.problem)
+            result.variant = job.variant
         else:
             result = _run_worker(
                 {
@@ -309,6 +364,7 @@ def grade_all(
         result.key = job.key.to_dict() if job.key else {}
         result.regraded = regraded.get(i, [])
         result.flags += sub.flags
+        result.notes += sub.notes
         if result.lesson is None:
             result.lesson = job.lesson
         with lock:
@@ -326,7 +382,11 @@ def grade_all(
     try:
         list(pool.map(grade, todo))
         finished = [r for r in results if r is not None]
-        finished += missing_rows(finished, roster or [], lessons)
+        order = {str(j.submission.path): j.submission.order for j in work}
+        keep.flag_choices(finished, keep_rule, order)
+        if student is None:
+            named = {j.submission.named: str(j.submission.path) for j in work}
+            finished += missing_rows(finished, roster or [], lessons, named)
     except BaseException:  # Ctrl-C, SIGTERM: stop every worker now, not after its notebook
         stop_workers()
         raise
@@ -381,14 +441,22 @@ def _exercise_ids(lessons: list[int], solutions: Path) -> list[str]:
 
 
 def missing_rows(
-    results: list[GradeResult], roster: list[Student], lessons: list[int]
+    results: list[GradeResult],
+    roster: list[Student],
+    lessons: list[int],
+    named: dict[str, str] | None = None,
 ) -> list[GradeResult]:
-    """A "missing" row for each roster student and lesson with no notebook of theirs."""
+    """A "missing" row for each roster student and lesson with no notebook of theirs.
+    `named` = {student: notebook} of the folders in a student's name that hold another
+    student's number: said in that student's row."""
     have = {(r.student, r.lesson) for r in results}
     rows = []
     for lesson in lessons:
         for s in roster:
             if (s.id, lesson) not in have:
+                problem = f"missing: no notebook of lesson {lesson:02d} was found"
+                if named and s.id in named:
+                    problem += f" ({named[s.id]} has their name but another student's number)"
                 rows.append(
                     GradeResult(
                         notebook="",
@@ -396,8 +464,8 @@ def missing_rows(
                         name=s.name,
                         lesson=lesson,
                         variant=s.id,
-                        problem=f"missing: no notebook of lesson {lesson:02d} was found",
-                        flags=["missing"],
+                        problem=problem,
+                        flags=[keep.MISSING],
                     )
                 )
     return rows

@@ -12,8 +12,10 @@ you map any column to a user field and each lesson column to a grade item (INSTR
 walks through both). A lesson's score is the number of its exercises passed; a notebook that
 could not be graded scores 0; a student with no notebook of a lesson gets empty cells, which
 both LMSs leave as they were. Where a student handed in more than one notebook of a lesson,
-the best counts. No cell can be taken for a formula (`neutral.cell`: a name "=HYPERLINK(...)"
-is written "'=HYPERLINK(...)").
+the one `keep` left counted is taken (`grade --keep`: the latest by default; rows nobody
+chose between, as from the API, count their best). Rows `keep` never counts (not on the
+roster, a folder whose number and name disagree, not kept) are left out. No cell can be taken
+for a formula (`neutral.cell`: a name "=HYPERLINK(...)" is written "'=HYPERLINK(...)").
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import csv
 from pathlib import Path
 
 from course_utils.grading.grader import GradeResult
+from course_utils.grading.keep import counted
 from course_utils.grading.neutral import cell
 from course_utils.grading.roster import Student
 
@@ -56,7 +59,7 @@ def write_gradebook(
         roster = [Student(s, next(r.name for r in results if r.student == s) or s) for s in order]
     best: dict[tuple[str, int], int] = {}
     for r in results:
-        if r.lesson and "missing" not in r.flags and "not on the roster" not in r.flags:
+        if r.lesson and counted(r):
             k = (r.student, r.lesson)
             best[k] = max(best.get(k, 0), r.score)
     columns = [f"Lesson {n:02d} {what}" for n in lessons for what in ("score", "percent")]

@@ -24,6 +24,7 @@ many notebooks, each in its own worker process.
 from __future__ import annotations
 
 import ast
+import copy
 import hashlib
 import importlib
 import json
@@ -41,9 +42,10 @@ from course_utils.checks.wire import encode
 from course_utils.errors import CourseInputError
 from course_utils.grading import stand_in
 from course_utils.grading.judge import cases_for, judge
-from course_utils.grading.make_exercises import STUDENT_LINE
+from course_utils.grading.make_exercises import ANY_STUDENT
 from course_utils.grading.neutral import visible
 from course_utils.grading.notebook_tools import SOLUTIONS, is_check_cell, tags
+from course_utils.grading.roster import possessive
 from course_utils.grading.sandbox import Exercise, KernelStartError, check_calls, run_submission
 
 IMPORT = re.compile(r"course_utils\.checks import l(\d+)")
@@ -55,6 +57,17 @@ class ExerciseResult:
     id: str  # "3.2"
     passed: bool
     message: str
+    # Graded on other numbers than the notebook printed (its name cell names someone else):
+    # {"passed", "message"} its own check cell would have shown (None where the same).
+    as_printed: dict | None = None
+
+
+NOT_ANSWERED = re.compile(r"^Exercise \d+\.\d+ is not answered")
+
+
+def unanswered(exercise: ExerciseResult) -> bool:
+    """Whether the exercise was left unanswered (its message says so), not answered wrong."""
+    return not exercise.passed and bool(NOT_ANSWERED.match(exercise.message))
 
 
 @dataclass
@@ -83,13 +96,14 @@ class GradeResult:
         return sum(e.passed for e in self.exercises)
 
     def to_dict(self) -> dict:
+        missing = "missing" in self.flags  # no notebook: no score, no total
         return {
             "notebook": self.notebook,
             "student": self.student,
             "lesson": self.lesson,
             "variant": self.variant,
-            "score": self.score,
-            "total": self.total,
+            "score": None if missing else self.score,
+            "total": None if missing else self.total,
             "exercises": [asdict(e) for e in self.exercises],
             "tampering": self.tampering,
             "problem": self.problem,
@@ -146,10 +160,12 @@ def detect_lesson(nb: nbformat.NotebookNode) -> int | None:
 
 
 def solution_for(lesson: int, solutions: Path = SOLUTIONS) -> Path:
-    found = sorted(solutions.glob(f"{lesson:02d}_*.ipynb"))
-    if not found:
-        raise CourseInputError(f"no solution notebook for lesson {lesson} in {solutions}")
-    return found[0]
+    from course_utils.grading import missing_solution, solution_of
+
+    found = solution_of(lesson, solutions)
+    if found is None:
+        raise CourseInputError(missing_solution(lesson, solutions) or "no solution")
+    return found
 
 
 def exercises_of(solution: nbformat.NotebookNode) -> list[Exercise]:
@@ -174,20 +190,22 @@ def tampering(
     variant: str = DEFAULT_STUDENT,
 ) -> list[dict]:
     """Locked cells of the solution (check cells and cells tagged "locked") that the
-    submission changed or removed, matched by cell id, else by content. A notebook written
-    for `variant` names that student in its setup cell: that is not a change."""
+    submission changed or removed, matched by cell id, else by content. The name in the
+    setup cell is not compared (a notebook written for a student names them there; one that
+    names someone else is flagged by `_name_cell`, not reported twice)."""
+
+    def fingerprint(source: str) -> str:
+        return source_fingerprint(ANY_STUDENT.sub(f'for_student("{DEFAULT_STUDENT}")', source))
+
     theirs = {c.get("id"): c for c in submission.cells}
-    contents = {source_fingerprint(c.source) for c in submission.cells}
+    contents = {fingerprint(c.source) for c in submission.cells}
     report = []
     for cell in solution.cells:
         if not (is_check_cell(cell) or "locked" in tags(cell)):
             continue
-        source = cell.source
-        if variant != DEFAULT_STUDENT:
-            source = STUDENT_LINE.sub(lambda m: f'for_student("{variant}")', source)
-        mine = source_fingerprint(source)
+        mine = fingerprint(cell.source)
         if cell.get("id") in theirs:
-            if source_fingerprint(theirs[cell.get("id")].source) != mine:
+            if fingerprint(theirs[cell.get("id")].source) != mine:
                 report.append({"cell": cell.get("id"), "status": "changed"})
         elif mine not in contents:
             report.append({"cell": cell.get("id"), "status": "removed"})
@@ -218,6 +236,22 @@ def name_in_notebook(nb: nbformat.NotebookNode) -> str | None:
     return None
 
 
+def naming(nb: nbformat.NotebookNode, student: str) -> nbformat.NotebookNode:
+    """`nb` with its name cell naming `student` (a copy, if it named someone else). Without a
+    sandbox the kernel draws its numbers from the real checks, for the student its name cell
+    names; in one, the stand-in hands it the numbers of the student graded, whatever the cell
+    says. The notebook run without a sandbox names that student, so both grade alike."""
+    named = name_in_notebook(nb)
+    if named is None or named == student:
+        return nb
+    call = re.compile(r"""for_student\((["'])""" + re.escape(named) + r"\1\)")
+    nb = copy.deepcopy(nb)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.source = call.sub(lambda m: f"for_student({student!r})", cell.source)
+    return nb
+
+
 def _name_cell(result: GradeResult, named: str | None) -> None:
     """Say in the result when the setup cell does not name the student graded."""
     if result.variant == DEFAULT_STUDENT:
@@ -227,18 +261,39 @@ def _name_cell(result: GradeResult, named: str | None) -> None:
                 f"(grade with --variants or --student {named!r} for that student's own)"
             )
         return
+    own = possessive(result.variant)
     if named == DEFAULT_STUDENT:
         result.flags.append("default numbers")
         result.notes.append(
             f'worked on the course\'s default numbers: its name cell says "default", '
-            f"not {result.variant!r}; graded on {result.variant!r}'s numbers"
+            f"not {result.variant!r}; graded on {own} numbers"
         )
     elif named is not None and named != result.variant:
         result.flags.append("name cell edited")
         result.notes.append(
             f"its name cell was edited: it says {named!r}, not {result.variant!r}; "
-            f"graded on {result.variant!r}'s numbers"
+            f"graded on {own} numbers"
         )
+
+
+def _as_printed(
+    result: GradeResult, module, exercises: list[Exercise], run, named: str | None
+) -> None:
+    """Where the notebook printed other numbers than it was graded on (its name cell names
+    someone else, or "default"), what its own check cells said on those numbers, for the
+    feedback page: a student is never shown numbers her notebook did not print. Build
+    exercises are left as they are: their messages show the grader's own calls."""
+    if named is None or named == result.variant:
+        return
+    try:
+        printed = Variant(named, cases_seed=secrets.token_hex(8))
+    except ValueError:  # a name cell no check could have run with
+        return
+    for ex, row in zip(exercises, result.exercises, strict=True):
+        if ex.cases:
+            continue
+        verdict = judge(module, ex, run.answers.get(ex.k, {}), printed, run.problems.get(ex.k, []))
+        row.as_printed = {"passed": verdict.passed, "message": verdict.message}
 
 
 def grade_notebook(
@@ -306,7 +361,7 @@ def grade_notebook(
             checks = stand_in.write(Path(tmp) / "checks", solution, module, learner)
         try:
             run = run_submission(
-                submission,
+                submission if sandbox else naming(submission, result.variant),
                 folder_files or {},
                 result.lesson,
                 exercises,
@@ -329,6 +384,7 @@ def grade_notebook(
         result.exercises.append(
             ExerciseResult(f"{result.lesson}.{ex.k}", verdict.passed, verdict.message)
         )
+    _as_printed(result, module, exercises, run, named)
     return result
 
 

@@ -11,8 +11,12 @@ message, the notes), one JSON object per line, which is what a rerun reads back 
 notebooks already graded (same file, same bytes, same numbers, same lesson) and what the
 gradebook, the feedback and the statistics are made from. Whether a row still holds is the
 resume key's to say (`resume.py`); a row without a score (the grading failed: a kernel that
-never started, a worker that was killed) is graded again. Every cell of the CSV is written
-through `neutral.cell`, so none can be taken for a spreadsheet formula.
+never started, a worker that was killed) is graded again. A journal opened to `merge` (one
+notebook regraded with `grade FILE --student NAME --csv grades.csv`) keeps the earlier rows
+of every other notebook, so the class's table gains the row instead of being replaced by it.
+Every cell of the CSV is written through `neutral.cell`, so none can be taken for a
+spreadsheet formula. A `missing` row has no score and no total; a notebook that could not be
+graded scores 0 of no total.
 """
 
 from __future__ import annotations
@@ -45,10 +49,11 @@ def status(result: GradeResult) -> str:
 def row(result: GradeResult, exercise_ids: list[str]) -> list[object]:
     marks = {e.id: int(e.passed) for e in result.exercises}
     tampered = "; ".join(f"{t['cell']} {t['status']}" for t in result.tampering)
+    missing = "missing" in result.flags
     cells = [
         result.student, result.name, result.notebook, result.lesson or "", result.variant,
-        status(result), result.score, result.total, *(marks.get(i, "") for i in exercise_ids),
-        tampered, result.problem or "",
+        status(result), "" if missing else result.score, result.total or "",
+        *(marks.get(i, "") for i in exercise_ids), tampered, result.problem or "",
     ]  # fmt: skip
     return [cell(c) for c in cells]
 
@@ -71,10 +76,12 @@ def write_csv(results: list[GradeResult], path: Path, exercise_ids: list[str] | 
 
 
 class Journal:
-    def __init__(self, csv_path: Path) -> None:
+    def __init__(self, csv_path: Path, merge: bool = False) -> None:
         self.csv_path = csv_path
         self.jsonl_path = csv_path.with_suffix(".jsonl")
+        self.merge = merge
         self.ids: list[str] = []
+        self._earlier: list[GradeResult] = []
         self._csv: TextIO | None = None
         self._jsonl: TextIO | None = None
 
@@ -89,16 +96,35 @@ class Journal:
                 result = GradeResult.from_dict(json.loads(line))
             except (ValueError, KeyError, TypeError):
                 continue
+            self._earlier.append(result)
             if result.problem is None and result.sha256 and "missing" not in result.flags:
                 found[result.notebook] = result
         return found
 
+    def _others(self, results: list[GradeResult]) -> list[GradeResult]:
+        """Merging: the earlier rows of other notebooks (not a `missing` row of a student
+        and lesson that has a notebook now)."""
+        if not self.merge:
+            return []
+        mine = {r.notebook for r in results if r.notebook}
+        have = {(r.student, r.lesson) for r in results}
+        return [
+            r
+            for r in self._earlier
+            if (r.notebook and r.notebook not in mine)
+            or (not r.notebook and (r.student, r.lesson) not in have)
+        ]
+
     def open(self, exercise_ids: list[str], kept: list[GradeResult]) -> None:
-        """Start both files afresh with the rows kept from the earlier run."""
-        self.ids = exercise_ids
-        write_csv(kept, self.csv_path, exercise_ids)
+        """Start both files afresh with the rows kept from the earlier run (merging: and
+        the earlier rows of the other notebooks)."""
+        others = self._others(kept)
+        earlier_ids = {e.id for r in others for e in r.exercises}
+        self.ids = exercise_order(set(exercise_ids) | earlier_ids) if others else exercise_ids
+        rows = others + kept
+        write_csv(rows, self.csv_path, self.ids)
         partial = self.jsonl_path.with_name(self.jsonl_path.name + ".partial")
-        partial.write_text("".join(json.dumps(r.to_dict()) + "\n" for r in kept), encoding="utf-8")
+        partial.write_text("".join(json.dumps(r.to_dict()) + "\n" for r in rows), encoding="utf-8")
         os.replace(partial, self.jsonl_path)
         self._csv = self.csv_path.open("a", newline="", encoding="utf-8", errors="backslashreplace")
         self._jsonl = self.jsonl_path.open("a", encoding="utf-8")
@@ -117,6 +143,7 @@ class Journal:
             if f is not None:
                 f.close()
         self._csv = self._jsonl = None
+        results = self._others(results) + results
         write_csv(results, self.csv_path, self.ids or None)
         partial = self.jsonl_path.with_name(self.jsonl_path.name + ".partial")
         partial.write_text(

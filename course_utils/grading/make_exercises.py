@@ -16,6 +16,10 @@ catch a stale exercises/.
 
 `--students`/`--roster` write OUT/<id>/*.ipynb for each student, on their own numbers (the
 id is the seed); every name is checked (`roster.check_name`) before anything is written.
+`--lesson NN` hands out one lesson, laid out for an LMS: with students, OUT/<id>/NN_*.ipynb
+and OUT/NN_*.zip holding the same folders (one file to upload to a Moodle Folder or Canvas's
+Files and unzip there: each student opens their own folder); without, OUT/NN_*.ipynb, the
+one notebook to attach to the assignment.
 """
 
 from __future__ import annotations
@@ -86,13 +90,29 @@ def for_student(text: str, student: str) -> str:
     return STUDENT_LINE.sub(lambda m: f'for_student({m[1]}"{student}{m[1]}")', text)
 
 
-def write_for_students(students: list[str], out: Path, solutions: Path = SOLUTIONS) -> list[Path]:
-    """out/<student>/<lesson>.ipynb for every student and lesson: their own numbers. Every
-    name is checked before anything is written."""
+def lesson_notebooks(solutions: Path, lesson: int | None = None) -> list[Path]:
+    """The solution notebooks to hand out: every lesson's, or `lesson`'s alone."""
+    if lesson is None:
+        return sorted(solutions.glob("*.ipynb"))
+    from course_utils import validation
+    from course_utils.grading import missing_solution, solution_of
+
+    validation.integer(lesson, "--lesson", 1, 99)
+    found = solution_of(lesson, solutions)
+    if found is None:
+        raise CourseInputError(f"--lesson {lesson}: {missing_solution(lesson, solutions)}")
+    return [found]
+
+
+def write_for_students(
+    students: list[str], out: Path, solutions: Path = SOLUTIONS, lesson: int | None = None
+) -> list[Path]:
+    """out/<student>/<lesson>.ipynb for every student and lesson (or `lesson` only): their
+    own numbers. Every name is checked before anything is written."""
     students = check_names(students)
     notebooks = {
         p.name: exercise_notebook(read_notebook(p), p.name)
-        for p in sorted(solutions.glob("*.ipynb"))
+        for p in lesson_notebooks(solutions, lesson)
     }
     written = []
     for student in students:
@@ -103,6 +123,22 @@ def write_for_students(students: list[str], out: Path, solutions: Path = SOLUTIO
             (folder / name).write_text(text, encoding="utf-8")
             written.append(folder / name)
     return written
+
+
+def zip_handout(written: list[Path], out: Path) -> Path:
+    """OUT/<lesson>.zip holding each student's `<id>/<lesson>.ipynb` (one lesson's handouts
+    as one upload), written whole or not at all."""
+    import os
+    import zipfile
+
+    name = written[0].name
+    archive = out / (Path(name).stem + ".zip")
+    partial = archive.with_name(archive.name + ".partial")
+    with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as z:
+        for path in written:
+            z.write(path, f"{path.parent.name}/{path.name}")
+    os.replace(partial, archive)
+    return archive
 
 
 def plan(
@@ -173,25 +209,46 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="a roster CSV (id,name[,lms_id]): write OUT/<id>/*.ipynb for each student",
     )
-    parser.add_argument("--out", type=Path, default=None, help="folder for --students/--roster")
+    parser.add_argument(
+        "--lesson",
+        type=int,
+        default=None,
+        metavar="NN",
+        help="hand out one lesson, laid out for upload (needs --out; with --students or "
+        "--roster also OUT/NN_*.zip, one folder per student)",
+    )
+    parser.add_argument("--out", type=Path, default=None, help="folder for the handouts")
     args = parser.parse_args(argv)
     try:
         if not args.solutions.is_dir():
             raise CourseInputError(f"--solutions {str(args.solutions)!r} is not a folder")
+        if args.out is not None and args.out.exists() and not args.out.is_dir():
+            raise CourseInputError(f"--out {str(args.out)!r} is a file: give a folder")
         if args.students is not None or args.roster is not None:
             if args.students is not None and args.roster is not None:
                 raise CourseInputError("give --students or --roster, not both")
             if args.out is None:
                 raise CourseInputError("--students and --roster need --out FOLDER")
-            if args.out.exists() and not args.out.is_dir():
-                raise CourseInputError(f"--out {str(args.out)!r} is a file: give a folder")
             ids = (
                 [s.id for s in read_roster(args.roster)]
                 if args.roster is not None
                 else args.students
             )
-            written = write_for_students(ids, args.out, args.solutions)
+            written = write_for_students(ids, args.out, args.solutions, args.lesson)
             print(f"wrote {len(written)} notebooks for {len(ids)} students in {args.out}")
+            if args.lesson is not None:
+                archive = zip_handout(written, args.out)
+                print(f"wrote {archive}: one folder per student, to upload and unzip (a Moodle "
+                      "Folder, Canvas Files)")  # fmt: skip
+            return 0
+        if args.lesson is not None:
+            if args.out is None or args.check:
+                raise CourseInputError("--lesson hands out one lesson: give --out FOLDER")
+            (path,) = lesson_notebooks(args.solutions, args.lesson)
+            args.out.mkdir(parents=True, exist_ok=True)
+            target = args.out / path.name
+            target.write_text(exercise_notebook(read_notebook(path), path.name), encoding="utf-8")
+            print(f"wrote {target}: attach it to the lesson's assignment")
             return 0
         if args.check:
             problems = stale_files(args.solutions, args.exercises)

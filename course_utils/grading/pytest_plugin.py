@@ -11,8 +11,14 @@ each of its exercises becomes one test item:
 
 so `--junitxml report.xml` hands GitHub Classroom, GitLab or any CI one test per exercise
 per student. A notebook that could not be graded is one failed item, `::notebook`, saying
-why. Options: `--course-variants` (each student's own numbers), `--course-roster CSV`,
-`--course-lesson N`, `--course-jobs N` (notebooks at once), `--course-no-sandbox`.
+why. What a class needs a look at is a failed item too, with its reason: a notebook not on
+the roster or whose folder's number and name disagree (`::roster`), one of a student's
+duplicates (`::duplicate`, saying which one counts), and a roster student with no notebook
+of a lesson (`ROSTER.csv::missing <id> lesson NN`). Each item records the time its
+notebook's grading took, shared among the notebook's items (the items themselves only read
+the verdicts). Options: `--course-variants` (each student's own numbers; implied by
+`--course-roster CSV`), `--course-lesson N`, `--course-solutions DIR`, `--course-keep
+latest|best|on-time`, `--course-jobs N` (notebooks at once), `--course-no-sandbox`.
 
 With `--course-grade`, nothing from the submissions but their notebooks is imported or run,
 and those only in their sandboxes, made exactly as `grade` makes them (`grade_all`; the
@@ -52,6 +58,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--course-variants", action="store_true", help="each student's own numbers")
     group.addoption("--course-roster", type=Path, default=None, help="roster CSV: id,name[,lms_id]")
     group.addoption("--course-lesson", type=int, default=None, help="grade as this lesson")
+    group.addoption("--course-solutions", type=Path, default=None, help="folder of solutions")
+    group.addoption(
+        "--course-keep",
+        default="latest",
+        help="which of a student's notebooks counts: latest (default), best or on-time",
+    )
     group.addoption("--course-jobs", type=int, default=1, help="notebooks graded at once")
     group.addoption(
         "--course-no-sandbox",
@@ -115,7 +127,9 @@ def pytest_report_header(config: pytest.Config) -> str | None:
 
     if isolation.problem() is not None:
         return None
-    return resources.describe(*resources.for_batch(600.0))
+    limits, cgroup = resources.for_batch(600.0)
+    warning = resources.root_warning(cgroup)
+    return resources.describe(limits, cgroup) + (f"\n{warning}" if warning else "")
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector):
@@ -143,16 +157,23 @@ def _grades(config: pytest.Config) -> dict[Path, list]:
         paths = [
             p for p in paths if p.suffix == ".ipynb" or (p.is_dir() and any(p.rglob("*.ipynb")))
         ]
+        from course_utils.grading import SOLUTIONS
+
         try:
             roster_path = config.getoption("course_roster")
             roster = read_roster(roster_path) if roster_path else None
+            solutions = config.getoption("course_solutions") or SOLUTIONS
+            if not solutions.is_dir():
+                raise CourseInputError(f"--course-solutions {str(solutions)!r} is not a folder")
             results = grade_all(
                 paths,
                 jobs=config.getoption("course_jobs"),
-                variants=config.getoption("course_variants"),
+                variants=config.getoption("course_variants") or roster is not None,
                 lesson=config.getoption("course_lesson"),
+                solutions=solutions,
                 sandbox=not config.getoption("course_no_sandbox"),
                 roster=roster,
+                keep_rule=config.getoption("course_keep"),
             )
             unowned = unowned_files(find_submissions(paths, roster)) if paths else []
         except CourseInputError as exc:
@@ -163,7 +184,38 @@ def _grades(config: pytest.Config) -> dict[Path, list]:
             if result.notebook:
                 found.setdefault(Path(result.notebook).resolve(), []).append(result)
         config._course_grades = found  # type: ignore[attr-defined]
+        config._course_missing = [r for r in results if not r.notebook]  # type: ignore[attr-defined]
     return config._course_grades  # type: ignore[attr-defined]
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items) -> None:
+    """A roster student with no notebook of a lesson: a failed item under the roster file."""
+    missing = getattr(config, "_course_missing", [])
+    roster = config.getoption("course_roster", None)
+    if missing and roster is not None:
+        node = RosterFile.from_parent(session, path=Path(roster).resolve())
+        items += [
+            ExerciseItem.from_parent(
+                node, name=f"missing {r.student} lesson {r.lesson:02d}", result=r, exercise=None
+            )
+            for r in missing
+        ]
+
+
+class RosterFile(pytest.File):
+    """The roster, as the place of the items of students who sent nothing (never collected:
+    `pytest_collection_modifyitems` adds its items)."""
+
+    def collect(self):
+        return []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call):
+    """An exercise's item records its share of the time its notebook's grading took."""
+    outcome = yield
+    if isinstance(item, ExerciseItem) and call.when == "call":
+        outcome.get_result().duration = item.seconds
 
 
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
@@ -179,26 +231,48 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
 
 class GradedNotebook(pytest.File):
     def collect(self):
+        from course_utils.grading import keep
+
         for result in _grades(self.config).get(self.path.resolve(), []):
+            items = []
             if result.problem or not result.exercises:
-                yield ExerciseItem.from_parent(self, name="notebook", result=result, exercise=None)
-            for exercise in result.exercises:
-                yield ExerciseItem.from_parent(
-                    self, name=exercise.id, result=result, exercise=exercise
-                )
+                items.append(("notebook", None, result.problem or "no exercises to grade"))
+            items += [(e.id, e, None) for e in result.exercises]
+            notes = [n.removeprefix(keep.PLACE_NOTE) for n in result.notes]
+            if keep.NOT_ON_ROSTER in result.flags:
+                items.append(("roster", None, f"not on the roster: graded as {result.student!r}, "
+                              "and in no gradebook"))  # fmt: skip
+            elif keep.DISAGREE in result.flags:
+                said = "; ".join(n for n in notes if "its number" in n)
+                items.append(("roster", None, f"the folder's number and name disagree: {said}"))
+            if keep.DUPLICATE in result.flags:
+                rule = self.config.getoption("course_keep")
+                which = "this one counts" if keep.counted(result) else "another one counts"
+                items.append(("duplicate", None, f"{result.student} handed in more than one "
+                              f"notebook of lesson {result.lesson:02d}: {which} (--course-keep "
+                              f"{rule})"))  # fmt: skip
+            seconds = result.seconds / len(items)
+            for name, exercise, failure in items:
+                item = ExerciseItem.from_parent(self, name=name, result=result, exercise=exercise)
+                item.failure, item.seconds = failure, seconds
+                yield item
 
 
 class ExerciseItem(pytest.Item):
     def __init__(self, *, result, exercise, **kwargs) -> None:
         super().__init__(**kwargs)
         self.result, self.exercise = result, exercise
+        self.failure: str | None = None if exercise is not None else result.problem
+        self.seconds = 0.0
         self.user_properties += [("student", result.student), ("variant", result.variant)]
         if result.name:
             self.user_properties.append(("name", result.name))
+        if result.flags:
+            self.user_properties.append(("flags", "; ".join(result.flags)))
 
     def runtest(self) -> None:
         if self.exercise is None:
-            raise ExerciseFailed(self.result.problem or "no exercises were found to grade")
+            raise ExerciseFailed(self.failure or "no exercises were found to grade")
         if not self.exercise.passed:
             raise ExerciseFailed(self.exercise.message)
 

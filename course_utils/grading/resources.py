@@ -178,6 +178,28 @@ def for_batch(total_timeout: float) -> tuple[isolation.Limits, Path | None]:
     return isolation.Limits.for_notebook(total_timeout, cgroup=cgroup is not None), cgroup
 
 
+def root_warning(cgroup: Path | None = None) -> str | None:
+    """One line when the grader runs as root, where Linux does not apply the process limit
+    (RLIMIT_NPROC) to the kernels; None otherwise. A cgroup with the pids controller still
+    bounds them (`make_cgroup`), and the line says so."""
+    if os.geteuid() != 0:
+        return None
+    pids = cgroup is not None and "pids" in _controllers(cgroup)
+    return (
+        "warning: grading as the root user, whose processes Linux does not hold to the limit "
+        f"of {isolation.Limits.processes} processes (RLIMIT_NPROC)"
+        + (" (the kernels' cgroup still bounds them)" if pids else "")
+        + "; grade as a normal user"
+    )
+
+
+def _controllers(cgroup: Path) -> list[str]:
+    try:
+        return (cgroup / "cgroup.subtree_control").read_text().split()
+    except OSError:
+        return []
+
+
 def _size(n: int) -> str:
     return f"{n / GIB:.1f} GiB" if n >= GIB else f"{n >> 20} MiB"
 

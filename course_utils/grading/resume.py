@@ -16,7 +16,6 @@ changed", ...), so that a rerun can say why each row was graded again.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import re
 from dataclasses import asdict, dataclass, fields
@@ -60,11 +59,11 @@ class ResumeKey:
         return [why for name, why in WHY.items() if getattr(self, name) != getattr(earlier, name)]
 
 
-@functools.cache
 def checks_fingerprint(lesson: int, solutions: Path) -> str:
     """A SHA-256 of the lesson's solution notebook and the check package's code that judges
-    it: its own module and every module of the package that is not another lesson's."""
-    import course_utils.checks as checks
+    it: its own module and every module of the package that is not another lesson's. Read
+    afresh on every call (a few hundred kB): a long-lived process (pytest's, say) may see
+    them edited, and its workers judge with what is on disk."""
     from course_utils.grading.grader import solution_for
 
     digest = hashlib.sha256()
@@ -72,6 +71,8 @@ def checks_fingerprint(lesson: int, solutions: Path) -> str:
         digest.update(solution_for(lesson, solutions).read_bytes())
     except (OSError, ValueError):
         digest.update(b"no solution")
+    import course_utils.checks as checks
+
     package = Path(checks.__file__).parent
     for path in sorted(package.rglob("*.py")):
         other = re.fullmatch(r"l(\d\d)\.py", path.name)

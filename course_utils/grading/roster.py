@@ -10,16 +10,21 @@ A roster is a CSV file with a header: `id`, `name` and, optionally, `lms_id` (th
 Canvas or Moodle gives the student, as in their download's file names). `match` finds whose
 a submitted file is, from the layouts instructors get:
 
-- Moodle, "Download all submissions" (in folders, or flat):
-  `Alice Smith_12345_assignsubmission_file_/03_bubble_tradeoff.ipynb`,
-  `Alice Smith_12345_assignsubmission_file_03_bubble_tradeoff.ipynb`;
-- Canvas, "Download submissions": `smithalice_12345_67890_03_bubble_tradeoff.ipynb`
-  (`smithalice_LATE_12345_...` when late), 12345 being the student's Canvas id;
+- Moodle, "Download all submissions" (in folders, or flat), named by Moodle's
+  `mod/assign/classes/downloader.php`: the participant's full name (its `_` made spaces),
+  their number, the plugin: `Alice Smith_12345_assignsubmission_file/03_bubble_tradeoff.ipynb`
+  (Moodle 4.1 and later; earlier ones end the folder with `_`), or flat,
+  `Alice Smith_12345_assignsubmission_file_03_bubble_tradeoff.ipynb`. Nothing in these names
+  says a submission was late;
+- Canvas, "Download Submissions", named by Canvas's `ContentZipper#get_filename`: the sortable
+  name squeezed to word characters, `LATE` when late, the user id, the file's id, its name:
+  `smithalice_12345_67890_03_bubble_tradeoff.ipynb`, `smithalice_LATE_12345_67891_...`;
 - the course's own handouts (`make_exercises --roster`) and any plain layout:
   `<id>/03_bubble_tradeoff.ipynb` or `<id>.ipynb`.
 
-The number is matched with the roster's `lms_id` where both have one, else the name (any
-case, any spacing), else the id.
+The number is matched with the roster's `lms_id` where both have one (`by_number`), else the
+name (any case, any spacing), else the id (`by_name`). A number of one student in a name of
+another is a disagreement `batch` flags.
 """
 
 from __future__ import annotations
@@ -78,6 +83,11 @@ def check_names(names: list[str], where: str = "--students") -> list[str]:
     return clean
 
 
+def possessive(name: str) -> str:
+    """`name`'s, as English writes it: "Eve Intruder's", "James'" (a name ending in s)."""
+    return f"{name}'" if name.endswith(("s", "S")) else f"{name}'s"
+
+
 @dataclass(frozen=True)
 class Student:
     id: str
@@ -132,8 +142,10 @@ def read_roster(path: Path) -> list[Student]:
     return students
 
 
-MOODLE = re.compile(r"(?P<name>.+?)_(?P<number>\d+)_assignsubmission_\w+?_(?P<rest>.*)")
-CANVAS = re.compile(r"(?P<login>[^_]+?)(?:_LATE)?_(?P<number>\d+)_\d+_(?P<rest>.+)")
+# The plugin part is `assignsubmission_file` (or `_onlinetext`, ...): lower-case letters.
+MOODLE_FOLDER = re.compile(r"(?P<name>.+?)_(?P<number>\d+)_assignsubmission_[a-z]+_?")
+MOODLE = re.compile(r"(?P<name>.+?)_(?P<number>\d+)_assignsubmission_[a-z]+_(?P<rest>.+)")
+CANVAS = re.compile(r"(?P<login>[^_]+?)(?P<late>_LATE)?_(?P<number>\d+)_(?P<file>\d+)_(?P<rest>.+)")
 
 
 @dataclass(frozen=True)
@@ -144,6 +156,8 @@ class Label:
     number: str = ""  # the LMS's number for the student, if the layout has one
     layout: str = "plain"
     rest: str = ""  # in a flat download: the file's own name, after the LMS's prefix
+    late: bool = False  # the LMS marked it late (Canvas's `_LATE_`)
+    file_id: int = -1  # Canvas's id of the uploaded file: a later upload has a larger one
 
     def owns(self, other: Label) -> bool:
         """Whether `other` (a file's label in a flat download) is this student's: the same
@@ -159,13 +173,16 @@ def label(relative: Path) -> Label:
     """Whose `relative` (a notebook's path inside the folder given to `grade`) seems to be."""
     relative = Path(unicodedata.normalize("NFC", str(relative)))  # macOS writes names as NFD
     if len(relative.parts) > 1:  # in a folder of its own: the folder says
-        if found := MOODLE.fullmatch(relative.parts[0]):
+        if found := MOODLE_FOLDER.fullmatch(relative.parts[0]):
             return Label(found["name"], found["number"], "moodle")
         return Label(relative.parts[0])
     if found := MOODLE.fullmatch(relative.name):
         return Label(found["name"], found["number"], "moodle", found["rest"])
     if found := CANVAS.fullmatch(relative.name):
-        return Label(found["login"], found["number"], "canvas", found["rest"])
+        late = bool(found["late"])
+        return Label(
+            found["login"], found["number"], "canvas", found["rest"], late, int(found["file"])
+        )
     return Label(relative.stem)
 
 
@@ -180,10 +197,21 @@ def _canvas_logins(name: str) -> set[str]:
 
 def match(found: Label, roster: list[Student]) -> Student | None:
     """The roster's student a file belongs to, or None (not on the roster)."""
+    return by_number(found, roster) or by_name(found, roster)
+
+
+def by_number(found: Label, roster: list[Student]) -> Student | None:
+    """The student whose `lms_id` is the file's number, if any."""
     if found.number:
         for s in roster:
             if s.lms_id and s.lms_id == found.number:
                 return s
+    return None
+
+
+def by_name(found: Label, roster: list[Student]) -> Student | None:
+    """The student the file's name, login or folder names (name or id, any case and
+    spacing; Canvas's squeezed names), if any."""
     key = _key(found.text)
     for s in roster:
         if _key(s.name) == key or _key(s.id) == key:

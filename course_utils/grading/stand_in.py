@@ -1,9 +1,10 @@
 """The check modules as a learner's kernel sees them while it is graded: data, no answers.
 
 Inside the sandbox `course_utils/checks/` is replaced by a folder written here. It holds the
-framework (`checks/__init__.py`: `Variant`, `for_student`, the messages' helpers) and `wire.py`
-as they are, since neither knows an answer, and for each lesson a module of *data* the grader
-computed, with no code of the lesson's at all:
+framework (`FRAMEWORK`: `checks/__init__.py` and its modules: `Variant`, `for_student`, the
+messages' helpers; `wire.py`; `programs.py`, `rank_cases.py` and `processes.py`) as they
+are, since none of it knows an answer, and for each lesson a module of *data* the grader
+computed, with no code of the lesson's:
 
 - `for_student`, and `given_K` answering with the numbers the grader drew for this student;
 - the material the lesson's solution notebook takes from the module (`l08.their_timeline`,
@@ -34,6 +35,24 @@ from types import ModuleType
 import course_utils.checks as real_checks
 
 CHECKS = Path(real_checks.__file__).parent
+# Copied as they are (none of them knows an answer): the framework `checks/__init__.py`
+# re-exports from its modules, `wire.py` carries answers as data, and `programs.py` runs a
+# learner's rank program on the devices on the cases of `rank_cases.py` (the kernel's side
+# of a per-rank Build; the references the grader judges them against, `rank_references.py`,
+# stay out); `processes.py` runs lesson 13's worker files on real processes (what their runs
+# are judged against, `worker_runs.py`, stays out too).
+FRAMEWORK = (
+    "__init__.py",
+    "feedback.py",
+    "reading.py",
+    "judging.py",
+    "variants.py",
+    "declaring.py",
+    "wire.py",
+    "programs.py",
+    "rank_cases.py",
+    "processes.py",
+)
 USES = re.compile(r"\bl(\d\d)\.([A-Za-z_]\w*)")
 NOT_MATERIAL = re.compile(r"for_student|(given|exercise|cases)_\d+")
 KEPT_BY_GRADER = "belongs to the course's checks"  # in the error a learner's kernel sees
@@ -157,7 +176,7 @@ def write(folder: Path, solution, module: ModuleType, variant) -> Path:
     from course_utils.checks.wire import encode
 
     folder.mkdir(parents=True, exist_ok=True)
-    for name in ("__init__.py", "wire.py", "programs.py", "processes.py"):  # run the cases
+    for name in FRAMEWORK:
         shutil.copyfile(CHECKS / name, folder / name)
     lesson = int(module.__name__.rsplit(".l", 1)[-1])
     numbers = {

@@ -1,0 +1,161 @@
+"""Declaring a check: the `exercise` decorator, the answers' shapes and `each_call`.
+
+`exercise(given_K, name="number", ...)` turns a lesson's judging function into its check
+`exercise_K`: it reads each answer by its shape (`SHAPES`, a tuple of options, or a Diagnose
+exercise's table of hints, judged as it is read), hands the judging function the learner's
+numbers and prints the message a right answer earns. A Build exercise tries the learner's
+function on its cases with `each_call`.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from course_utils.checks.feedback import (
+    EXERCISE_LABEL,
+    CheckFailed,
+    NotAnswered,
+    fail,
+    passed,
+    require,
+)
+from course_utils.checks.judging import OTHERWISE, RIGHT
+from course_utils.checks.reading import (
+    as_choice,
+    as_int,
+    as_number,
+    as_sequence,
+    check_function,
+    format_call,
+)
+from course_utils.checks.variants import DEFAULT, Given, Variant
+
+
+def each_call(
+    fn: Callable[..., Any], cases: Iterable[tuple], huge: Iterable[tuple] = (), why: str = ""
+) -> Iterator[tuple[Any, str, Any]]:
+    """A Build exercise's trials: for each case, (its arguments, the call as the learner would
+    write it, what `fn` returned). `fn` is the learner's function as `check_function` wraps it;
+    it gets a copy of the arguments, so a function that changes its inputs cannot change the
+    case the check then compares with. A case among `huge` (too big to build or simulate)
+    that fails gets `why` after the error: how to answer it without building it."""
+    huge = list(huge)
+    for case in cases:
+        shown = format_call(fn.__name__, case, {})
+        try:
+            result = fn(*copy.deepcopy(case))
+        except NotAnswered:
+            raise
+        except CheckFailed as exc:
+            if case not in huge:
+                raise
+            fail(f"{exc.lines()[0].rstrip('.')}. {why}")
+        yield case, shown, result
+
+
+Shape = Callable[[Any, str], Any]  # reads an answer: (value, its name) -> value, or fails
+
+
+def choice(*options: Any) -> Shape:
+    """The shape of an answer that is one of `options` (`as_choice`)."""
+    return lambda value, what: as_choice(value, options, what)
+
+
+def sequence(item: Shape | None = None, length: int | None = None) -> Shape:
+    """The shape of a list answer (`as_sequence`), each item read by `item`."""
+    return lambda value, what: as_sequence(value, what, length=length, item=item)
+
+
+LETTERS = ("a", "b", "c", "d")
+# The shapes a lesson names in `exercise(...)`; a tuple of options, a diagnosis's table or a
+# Shape also works.
+SHAPES: dict[str, Shape] = {
+    "answer": require,
+    "number": as_number,
+    "whole number": as_int,
+    "numbers": sequence(item=as_number),
+    "whole numbers": sequence(item=as_int),
+    "list": sequence(),
+    "letter": choice(*LETTERS),
+    "function": check_function,
+}
+
+
+def _diagnosed(table: dict[Any, Any], before: list[str]) -> Shape:
+    """A multiple-choice answer judged as it is read, from its table (see `exercise`)."""
+    right = next(choice for choice, hint in table.items() if hint is RIGHT)
+    choices = list(LETTERS) if OTHERWISE in table else sorted(table, key=str)
+
+    def judged(value: Any, what: str) -> Any:
+        got = as_choice(value, choices, what)
+        if got != right:
+            named = " and ".join(f"`{name}`" for name in before)
+            said = f"{named} {'is' if len(before) == 1 else 'are'} right. " if before else ""
+            fail(f"{said}`{what}` = {got!r} is not it. {table.get(got, table.get(OTHERWISE))}")
+        return got
+
+    return judged
+
+
+def exercise(
+    given: Callable[..., Any] | None = None, **shapes: str | tuple | dict | Shape
+) -> Callable[..., Any]:
+    """Declare a lesson's check `exercise_K` from its judging function.
+
+    The function's parameters are the answers, in the order the check cell passes them, and
+    optionally `g` (the learner's numbers, from `given`) and `variant`. Each answer is read
+    with its shape: a name in `SHAPES`, a tuple of the options, a function (value, name) ->
+    value, or a diagnosis's table (by default it must only be answered). A table maps the
+    right choice to RIGHT and each wrong one to its hint (or holds one hint under OTHERWISE
+    for any other letter): the answer is judged as it is read, failing with
+    "`fix` = 'c' is not it. <hint>", after "`problem` is right. " where tables came before:
+
+    @exercise(problem={"b": RIGHT, "a": "...", ...}, fix={"a": RIGHT, ...}, best="number")
+
+    Then the function judges the rest, failing with a hint, and returns the message a right
+    answer earns. The check is called `exercise_K(*answers, variant=...)`.
+    """
+
+    def declare(judging: Callable[..., str]) -> Callable[..., None]:
+        names = list(inspect.signature(judging).parameters)
+        answers = [name for name in names if name not in ("g", "variant")]
+        lesson = int(judging.__module__.rsplit(".l", 1)[-1])
+        label = f"Exercise {lesson}.{int(judging.__name__.removeprefix('exercise_'))}"
+        readers: dict[str, Shape] = {}
+        for name in answers:
+            spec = shapes.get(name, "answer")
+            if isinstance(spec, dict):
+                before = [n for n in readers if isinstance(shapes.get(n), dict)]
+                readers[name] = _diagnosed(spec, before)
+            elif isinstance(spec, str):
+                readers[name] = SHAPES[spec]
+            else:
+                readers[name] = choice(*spec) if isinstance(spec, tuple) else spec
+
+        @functools.wraps(judging)
+        def check(*values: Any, variant: Variant = DEFAULT) -> None:
+            if len(values) != len(answers):
+                raise TypeError(f"{judging.__name__} takes {len(answers)} answers")
+            token = EXERCISE_LABEL.set(label)
+            try:
+                read = {n: readers[n](x, n) for n, x in zip(answers, values, strict=True)}
+                if given and "g" in names:
+                    read["g"] = Given(given(variant))
+                if "variant" in names:
+                    read["variant"] = variant
+                message = judging(**read)
+            finally:
+                EXERCISE_LABEL.reset(token)
+            passed(message)
+
+        check.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+            [inspect.Parameter(n, inspect.Parameter.POSITIONAL_ONLY) for n in answers]
+            + [inspect.Parameter("variant", inspect.Parameter.KEYWORD_ONLY, default=DEFAULT)]
+        )
+        return check
+
+    return declare
