@@ -30,16 +30,6 @@ def gone(pids: list[int]) -> bool:
     return True
 
 
-def left_behind() -> list[str]:
-    """Any rank of any run still alive on this machine (a rank's command line names it)."""
-    found = []
-    for p in psutil.process_iter(["cmdline"]):
-        line = " ".join(p.info["cmdline"] or [])
-        if "workers import rank_main" in line and p.status() != psutil.STATUS_ZOMBIE:
-            found.append(f"{p.pid}: {line[:80]}")
-    return found
-
-
 @pytest.mark.slow
 def test_the_ring_returns_every_ranks_sum_and_reports_its_calls(capsys):
     xs = [torch.tensor([1.0, 2.0]), torch.tensor([10.0, 20.0])]
@@ -116,7 +106,7 @@ def test_a_rank_that_never_ends_is_stopped_at_the_timeout_and_says_where_it_was(
     assert failure["kind"] == "timeout" and "ran past 25 s" in failure["message"]
     assert "rank 1 was running" in failure["message"]
     assert "rank 0 was waiting in" in failure["message"]
-    assert gone(run.pids) and not left_behind()
+    assert gone(run.pids) and not files.ranks_left(run.pids)
 
 
 @pytest.mark.slow
@@ -131,7 +121,7 @@ def test_the_graders_call_limit_stops_the_ranks_and_leaves_none(monkeypatch):
     monkeypatch.setattr(WorkerRingCase, "least_call_seconds", 0.0)  # the limit as given
     outcome = wire.call_outcome(files.ring(spin), (WorkerRingCase(2, 3, 1),), limit_s=8)
     assert "timeout" in outcome and outcome["seconds"] < 20
-    assert not left_behind()
+    assert not files.ranks_left()
 
 
 def test_a_case_that_starts_processes_gets_at_least_its_own_time():

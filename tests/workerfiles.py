@@ -16,10 +16,13 @@ from __future__ import annotations
 import atexit
 import hashlib
 import io
+import os
 import shutil
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
+import psutil
 import torch
 
 from course_utils.checks import Variant
@@ -188,3 +191,22 @@ def ddp(text: str = DDP) -> Worker:
 def cell(text: str, name: str) -> str:
     """The answer cell that writes `text` to the file `name`."""
     return f"%%writefile {name}\n{text}"
+
+
+def ranks_left(pids: Iterable[int] = ()) -> list[str]:
+    """The ranks of worker runs still alive that this test answers for: its own descendants
+    (a rank in a grading sandbox too), whatever is left in the process group of one of
+    `pids` (a run's ranks: what a rank started), and any rank orphaned anywhere on the
+    machine (none may be). Another test's live ranks, beside this one, are not counted."""
+    mine = {p.pid for p in psutil.Process().children(recursive=True)}
+    groups, found = set(pids), []
+    for p in psutil.process_iter(["cmdline", "status", "ppid"]):
+        try:
+            line = " ".join(p.info["cmdline"] or [])
+            rank = "workers import rank_main" in line
+            ours = rank and (p.pid in mine or p.info["ppid"] == 1)
+            if p.info["status"] != psutil.STATUS_ZOMBIE and (ours or os.getpgid(p.pid) in groups):
+                found.append(f"{p.pid}: {line[:100]}")
+        except (psutil.NoSuchProcess, ProcessLookupError):
+            pass
+    return found
