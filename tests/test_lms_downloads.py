@@ -207,7 +207,13 @@ def test_a_relative_solutions_folder_grades_a_wrong_one_stops_and_a_fixed_one_re
     monkeypatch.chdir(tmp_path)
     shutil.copytree(ROOT / "solutions", tmp_path / "solutions_v2")
     (tmp_path / "empty").mkdir()
-    for student, nb in {"ann": solved(), "ben": blank()}.items():
+    # Ann typed 3.1's answer as a number worked out from the numbers her notebook printed.
+    from course_utils.checks import l03
+
+    g = l03.for_student("default").given(1)
+    ann = solved()
+    cell(ann, "answer-03-1").source = f"bubble_fraction = {(g.p - 1) / (g.m + g.p - 1)!r}"
+    for student, nb in {"ann": ann, "ben": blank()}.items():
         write(tmp_path / "class" / student / NAME, nb)
     # The instructor's copy of the solutions has a slip in a check cell the students never saw.
     solution = tmp_path / "solutions_v2" / NAME

@@ -11,7 +11,7 @@ import threading
 
 import dpprograms as dp
 import pytest
-from rankprograms import one_core_beside_a_busy_loop
+from checkskit import beside_a_busy_loop
 
 from course_utils.checks import CheckFailed, NotAnswered, Variant, l06, l07
 from course_utils.checks.rank_cases import DDPCase, RingCase, TPCase
@@ -133,7 +133,7 @@ def test_the_ddp_check_judges_the_order_of_events_not_the_clock():
 @pytest.mark.slow  # a busy loop beside the test for several seconds
 def test_the_solutions_pass_on_one_core_beside_a_busy_loop(capsys):
     before = set(threading.enumerate())
-    with one_core_beside_a_busy_loop():
+    with beside_a_busy_loop():
         for check, _, _, right in BUILDS.values():
             check(right)
     assert capsys.readouterr().out.count("✅ Right") == 3

@@ -126,7 +126,7 @@ def exercise_2(model_state_bytes, variant) -> str:
             one = (1 / n, "is the bytes of one parameter; give the bytes of all of them.")
             judge(value, n * want, what, wrong, unit="bytes", slips=[one])
     return (
-        "Right on fresh random model sizes, for both formats and all three optimizers. With "
+        "Right on random model sizes, for both formats and all three optimizers. With "
         "Adam it is 16 bytes per parameter either way: mixed precision moves bytes from the "
         "weights to the optimizer, it does not save model state."
     )

@@ -21,7 +21,6 @@ from course_utils.checks import (
     numbers,
     pick,
     programs,
-    rank_cases,
 )
 from course_utils.checks.rank_cases import RING_LINKS, DDPCase, RingCase, close
 
@@ -146,7 +145,7 @@ given_4 = numbers(ranks=pick("4n", 4, [3, 5, 6]), length=pick("4l", 10, [7, 11, 
 def cases_4(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
     """The learner's own numbers, then fresh ones: chunks that do not divide evenly, fewer
     numbers than ranks, and a single rank."""
-    g, rng = given_4(variant), rank_cases.draws(variant, "4")
+    g, rng = given_4(variant), variant.cases("4")
     cases = [
         RingCase(g.ranks, g.length, seed=4),
         RingCase(rng.randint(2, 3), rng.randint(5, 13), rng.randint(1, 10**6)),
@@ -424,7 +423,7 @@ given_8 = numbers(bucket_cap=pick("8c", 600, [400, 800, 1200]), microbatches=pic
 def cases_8(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
     """The learner's own bucket size and micro-batches on a 2-rank MLP, then fresh ones:
     more ranks, other models and bucket sizes, no accumulation at all."""
-    g, rng = given_8(variant), rank_cases.draws(variant, "8")
+    g, rng = given_8(variant), variant.cases("8")
     m = g.microbatches
     cases = [DDPCase(2, 64 * m, 32, 3, m, g.bucket_cap, seed=8)]  # 32 rows a micro-batch
     for microbatches in (rng.randint(2, 3), 1):

@@ -20,7 +20,6 @@ from course_utils.checks import (
     numbers,
     pick,
     programs,
-    rank_cases,
 )
 from course_utils.checks.rank_cases import TPCase, close
 
@@ -119,7 +118,7 @@ def exercise_1(split_columns, gather_outputs, variant) -> str:
             fail(f"{shown} has the right shape but not the values of X @ A: check the order.")
     shapes = [(d_in, n, d_out) for d_in, n, d_out, _ in _shapes_1(variant)]
     return (
-        f"Right on {len(shapes)} fresh random shapes (d_in, n, d_out) = {shapes}: the column "
+        f"Right on {len(shapes)} random shapes (d_in, n, d_out) = {shapes}: the column "
         "shards reproduce X @ A with no communication but the final concatenation."
     )
 
@@ -336,7 +335,7 @@ def exercise_5(groups_of, variant) -> str:
                 )
                 fail(f"{what} = {group} is not right: {hint}")
     return (
-        f"Right on {len(cases)} grids and ranks (the lesson's and fresh random ones): each "
+        f"Right on {len(cases)} grids and ranks (the lesson's and random ones): each "
         "rank talks to its tensor group every layer, its pipeline neighbours per micro-batch "
         "and its data-parallel twins once per step."
     )
@@ -414,7 +413,7 @@ given_8 = numbers(tokens=pick("8t", 6, [4, 5, 8]), d_model=pick("8d", 8, [6, 10,
 def cases_8(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
     """The learner's own MLP on 2 ranks, then fresh ones: more ranks, hidden sizes the
     ranks do not divide."""
-    g, rng = given_8(variant), rank_cases.draws(variant, "8")
+    g, rng = given_8(variant), variant.cases("8")
     cases = [TPCase(2, g.tokens, g.d_model, 4 * g.d_model, seed=8)]
     for devices in (rng.randint(3, 4), 2):
         d_model = rng.randint(4, 12)

@@ -27,7 +27,6 @@ from course_utils.checks import (
     worker_runs,
 )
 from course_utils.checks.processes import WorkerDDPCase, WorkerRingCase
-from course_utils.checks.rank_cases import draws
 
 for_student = checks.lesson_checks(__name__)
 
@@ -92,7 +91,7 @@ def cases_2(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
     """One run of two processes, each with `size` numbers drawn fresh (the grader draws its
     own): starting processes costs seconds, and numbers nobody knows in advance need one."""
     size = given_2(variant).size
-    return {"ring_worker": [(WorkerRingCase(2, size, draws(variant, "2").randint(1, 10**6)),)]}
+    return {"ring_worker": [(WorkerRingCase(2, size, variant.cases("2").randint(1, 10**6)),)]}
 
 
 @exercise(given_2, ring_worker=programs.as_program)
@@ -147,7 +146,7 @@ STEPS = 3
 def cases_3(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
     """One run of two processes on the learner's sizes, a model and data drawn fresh."""
     g = given_3(variant)
-    seed = draws(variant, "3").randint(1, 10**6)
+    seed = variant.cases("3").randint(1, 10**6)
     return {"ddp_worker": [(WorkerDDPCase(2, g.batch, g.hidden, STEPS, seed),)]}
 
 

@@ -14,25 +14,15 @@ This module imports torch only when a case is run or judged.
 from __future__ import annotations
 
 import math
-import random
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from course_utils.checks import Variant
 from course_utils.threads.links import Links
 
 # The links a ring's messages are timed on in the grader: fixed numbers, so the verdict is
 # the same on every machine (a planner-like latency, and a bandwidth at which a chunk of a
 # few dozen floats costs about as much as the latency).
 RING_LINKS = Links(8, 2e7, 2e6, 5e-6, name="grading")
-
-
-def draws(variant: Variant, key: str) -> random.Random:
-    """Where a Build's further cases come from: in the grader its secret seed; in the
-    notebook the learner's own name, so the same cases on every run."""
-    if variant.cases_seed is None:
-        return random.Random(f"{variant.student}/{key}")
-    return variant.cases(key)
 
 
 class _Case:

@@ -26,6 +26,9 @@ TAG = "__course_type__"
 # defines each (only these are ever made from data).
 CASES = {
     "ProgramCase": "course_utils.checks.programs",
+    "ShardCase": "course_utils.checks.programs",
+    "AttentionCase": "course_utils.checks.programs",
+    "DispatchCase": "course_utils.checks.programs",
     "RingCase": "course_utils.checks.rank_cases",
     "DDPCase": "course_utils.checks.rank_cases",
     "TPCase": "course_utils.checks.rank_cases",
@@ -187,8 +190,9 @@ def call_outcome(
         if before is not None and now is not None and now - before > memory_limit:
             raise CallUsedTooMuchMemory(f"used more than {memory_limit / 2**30:g} GiB of memory")
 
-    # A case may say how the answer is called (a `ProgramCase` runs a rank program), and how
-    # long that needs at least (a worker's processes take seconds to start).
+    # A case may say how the answer is called (a `ProgramCase` runs a rank program, a
+    # `WorkerRingCase` a worker file on processes), and how long that needs at least (a
+    # worker's processes take seconds to start).
     call = getattr(args[0], "__course_call__", None) if len(args) == 1 else None
     if callable(call):
         limit_s = max(limit_s, float(getattr(args[0], "least_call_seconds", 0.0)))

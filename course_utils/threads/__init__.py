@@ -11,6 +11,8 @@
                  the activations autograd holds, counted)
 - `async_comm`   non-blocking collectives (`async_op=True`) for those programs, run by a
                  communication stream per rank beside its compute
+- `watched`      `run_watched`: such a program watched, each collective's bytes to every rank,
+                 each message named, and the buffers it holds by weak reference (its memory)
 
 Every parallel dimension of the course (`course_utils.pipeline.executor`,
 `course_utils.parallel`) runs on these. Importing `devices` or `collectives` imports

@@ -71,6 +71,7 @@ class Mailboxes:
         self._box: dict[Hashable, deque] = {}
         self._waiting: dict[int, tuple[Hashable, str]] = {}
         self._finished: set[int] = set()
+        self._stuck: str | None = None  # who waited for whom, when a deadlock was found
 
     def put(self, key: Hashable, value: Any) -> None:
         with self._cond:
@@ -90,8 +91,10 @@ class Mailboxes:
                 while key not in self._box:
                     if self.abort.is_set():
                         raise Aborted(f"{self.name(device)} gave up waiting for {what or 'work'}")
-                    if self._deadlocked():
-                        raise Deadlock(self._who())
+                    if self._stuck is None and self._deadlocked():
+                        self._stuck = self._who()  # as first seen: the others report the same
+                    if self._stuck is not None:
+                        raise Deadlock(self._stuck)
                     self._cond.wait(_POLL_S)
                 queue = self._box[key]
                 value = queue.popleft()
