@@ -86,7 +86,9 @@ def main() -> int:
         print("no CUDA device: this script needs a GPU machine")
         return 1
     print(f"{torch.cuda.device_count()} GPU(s): {torch.cuda.get_device_name(0)}")
-    print("NCCL", ".".join(map(str, torch.cuda.nccl.version())))
+    version = torch.cuda.nccl.version()  # a tuple (an int in old releases)
+    nccl = ".".join(map(str, version if isinstance(version, tuple) else (version,)))
+    print("NCCL", nccl)
     os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")  # the ranks meet on this machine
     os.environ.setdefault("NCCL_DEBUG", "WARN")
     folder = Path(tempfile.mkdtemp(prefix="gpu-lesson13-"))
@@ -106,7 +108,7 @@ def main() -> int:
     report = {
         "torch": torch.__version__,
         "gpu": torch.cuda.get_device_name(0),
-        "nccl": list(torch.cuda.nccl.version()),
+        "nccl": nccl,
         "one rank, the file's choice": show("1 rank, the file's choice", one),
         "two ranks, the file's choice": show("2 ranks on 1 GPU, the file's choice", two),
         "two ranks forced onto NCCL": show("2 ranks forced onto NCCL on cuda:0", shared),

@@ -191,3 +191,21 @@ def test_lesson_13_writes_its_own_torch_distributed_worker_and_launches_it():
     assert len(calling) >= 3 and all(s.startswith("%%writefile") for s in calling)
     assert "init_device_mesh(" in "\n".join(calling)
     assert any('run_worker("lesson13_worker.py", "main"' in s for s in code)
+
+
+def test_the_gpu_script_finds_the_lessons_worker_file_and_what_it_forces():
+    """benchmarks/gpu_lesson13.py runs the lesson's own file on NCCL (on a GPU machine only):
+    it must find the cells that write it, and the lines it changes to force NCCL."""
+    import importlib.util
+
+    from conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("gpu13", ROOT / "benchmarks/gpu_lesson13.py")
+    assert spec is not None and spec.loader is not None
+    gpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu)
+    text = gpu.worker_text()
+    compile(text, "lesson13_worker.py", "exec")
+    assert all(old in text for old, _ in gpu.FORCED)
+    assert 'BACKEND, DEVICE = ("nccl", f"cuda:{LOCAL_RANK}") if ON_GPU else ("gloo", "cpu")' in text
+    assert "def main():" in text and "def hello():" in text and "def mesh():" in text
