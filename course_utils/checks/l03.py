@@ -18,7 +18,8 @@ def _bubble(p: int, m: int) -> float:
     return (p - 1) / (m + p - 1)
 
 
-given_1 = numbers(p=pick("1p", 4, [3, 4, 5, 6, 8]), m=pick("1m", 12, [6, 8, 10, 16, 20]))
+# p = 4 only for the default student (m = 12): lesson 03 works GPipe on p = 4, m = 4 and 8.
+given_1 = numbers(p=pick("1p", 4, [3, 5, 6, 8]), m=pick("1m", 12, [6, 8, 10, 16, 20]))
 
 
 @exercise(given_1, bubble_fraction="number")
