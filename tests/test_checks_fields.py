@@ -74,8 +74,8 @@ MULTI = [(n, k) for n in LESSONS for k, answers in sorted(lesson(n)[1].items()) 
 # answer only. Multiple-choice tables declared in `exercise(...)` are read in order, which
 # the framework (declaring.py) decides for every lesson at once.
 ONE_AT_A_TIME = {
-    (1, 4), (1, 5), (1, 6), (3, 4), (3, 5), (3, 6), (4, 3), (4, 4), (4, 5), (4, 6),
-    (5, 2), (5, 3), (5, 5), (5, 6), (6, 5), (7, 3), (7, 6), (7, 7), (8, 1), (8, 4), (8, 5),
+    (1, 5), (1, 6), (3, 5), (4, 5), (4, 6),
+    (5, 2), (5, 3), (5, 5), (5, 6), (7, 3), (7, 6), (7, 7), (8, 1), (8, 4), (8, 5),
     (9, 1), (9, 5), (9, 6), (9, 7), (9, 8), (10, 1), (10, 5), (10, 6), (11, 2), (11, 4),
     (11, 5), (11, 6), (12, 1), (12, 2), (12, 3), (12, 4), (12, 6), (12, 7), (12, 8),
 }  # fmt: skip

@@ -286,12 +286,17 @@ def exercise_5(g, ring_gb_per_worker, naive_gb_rank0) -> str:
         "reduce-scatter, then all-gather. Both send chunks.": (n - 1) / n * s,
         f"`ring_gb_per_worker` is the limit for very many workers. With {n} workers, how many "
         f"chunks of size S/{n} does each worker send in each phase?": 2 * s,
-        "Each ring step sends one chunk, but there are N - 1 steps per phase.": one_step,
+        "`ring_gb_per_worker` counts one ring step: each sends one chunk, but there are N - 1 "
+        "steps per phase.": one_step,
         "`ring_gb_per_worker` counts parameters, not bytes: an fp32 number is 4 bytes.": values,
         "`ring_gb_per_worker` is not right yet. Count chunks: N chunks of S/N; how many steps "
         "per phase, and how many phases?": OTHERWISE,
     }
-    judge(ring_gb_per_worker, want_ring, "ring_gb_per_worker", hints, unit="GB", slips=[mb, both])
+    fields = checks.Fields()  # every wrong answer named at once
+    with fields.judging():
+        judge(
+            ring_gb_per_worker, want_ring, "ring_gb_per_worker", hints, unit="GB", slips=[mb, both]
+        )
     hints = {
         "`naive_gb_rank0`: rank 0 does not send the result to itself. How many *other* ranks "
         "need it?": n * s,
@@ -299,10 +304,11 @@ def exercise_5(g, ring_gb_per_worker, naive_gb_rank0) -> str:
         "back to every other rank.": s,
         "`naive_gb_rank0` also counts what rank 0 receives. The question asks only about what "
         "it sends.": 2 * (n - 1) * s,
-        "`ring_gb_per_worker` is right; `naive_gb_rank0` is not yet. Who does rank 0 send "
-        "to?": OTHERWISE,
+        "`naive_gb_rank0` is not right yet. Who does rank 0 send to?": OTHERWISE,
     }
-    judge(naive_gb_rank0, want_naive, "naive_gb_rank0", hints, unit="GB", slips=[mb])
+    with fields.judging():
+        judge(naive_gb_rank0, want_naive, "naive_gb_rank0", hints, unit="GB", slips=[mb])
+    fields.verdict()
     return (
         f"Right: the ring sends {want_ring:.3g} GB per worker, evenly; naive makes rank 0 send "
         f"{want_naive:.3g} GB, {want_naive / want_ring:.3g}x more, and that one link sets the "
