@@ -54,6 +54,7 @@ def _block_bytes(g: dict, sequence_parallel: bool, **change) -> float:
 def exercise_1(g, tp_only, with_sp) -> str:
     """Bytes one device keeps for the MLP block's backward: tensor parallel, then + SP."""
     sbh = g.s * g.b * g.h
+    fields = checks.Fields()  # every wrong answer named at once
     for name, value, sp in (("tp_only", tp_only, False), ("with_sp", with_sp, True)):
         want, other = _block_bytes(g, sp), _block_bytes(g, not sp)
         mask = want + (g.e - 1) * sbh / (g.t if sp else 1)  # the mask at e bytes per value
@@ -80,7 +81,9 @@ def exercise_1(g, tp_only, with_sp) -> str:
             "input (e sbh each), GeLU and second linear's inputs (e sbf each), the mask (sbh "
             "bytes), and divide each by what splits it.": OTHERWISE,
         }
-        judge(value, want, name, hints, unit="bytes")
+        with fields.judging():
+            judge(value, want, name, hints, unit="bytes")
+    fields.verdict()
     tp_bytes, sp_bytes = _block_bytes(g, False), _block_bytes(g, True)
     return (
         f"Right: {tp_bytes:,.0f} bytes without and {sp_bytes:,.0f} with sequence parallelism, "
