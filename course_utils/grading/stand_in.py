@@ -45,6 +45,7 @@ FRAMEWORK = (
     "feedback.py",
     "reading.py",
     "judging.py",
+    "fields.py",
     "variants.py",
     "declaring.py",
     "wire.py",
