@@ -23,10 +23,12 @@ from course_utils.commands.common import (
     add_allreduce_argument,
     add_json_and_clock_arguments,
     allreduce_from_args,
+    check_trace,
     clock_words,
     int_flag,
     links_from_args,
     printed_as_json,
+    write_trace,
 )
 from course_utils.errors import CourseInputError
 from course_utils.validation import MAX_THREADS
@@ -140,6 +142,7 @@ def compare(
         "one_worker_step_s": t_one,
         "bytes_sent_per_worker": last.bytes_sent,
         "param_bytes": param_bytes,
+        "timeline": last.timeline,  # the command writes it to --trace, then drops it
         "events": [
             {**e.to_dict(), "label": e.label}
             for e in sorted(last.timeline.events, key=lambda e: (e.start, e.device))
@@ -154,8 +157,10 @@ def run(args: argparse.Namespace) -> int:
     int_flag(args, "--batch", 1, MAX_BATCH)
     if args.batch < workers:
         raise CourseInputError(f"--batch must be at least --workers ({workers}), got {args.batch}")
+    check_trace(args)
     links = links_from_args(args)
     result = compare(workers, algorithm, args.batch, args.steps, clock=args.clock, links=links)
+    write_trace(args, result.pop("timeline"), f"data-parallel, {workers} workers")
     if printed_as_json(args, links, result):
         return 0
     n = result["workers"]
