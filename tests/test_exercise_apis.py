@@ -24,7 +24,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 LESSONS = sorted(int(p.name[:2]) for p in (ROOT / "exercises").glob("[0-9][0-9]_*.ipynb"))
 OPTION = re.compile(r"""\b([a-z_]+)=(["'])([A-Za-z][\w-]*)\2""")
-CALL = re.compile(r"`(?:[\w.]+\.)?([A-Za-z_]\w*)\(")
+CALL = re.compile(r"`(?!dist\.|torch\.)(?:[\w.]+\.)?([A-Za-z_]\w*)\(")  # not torch's own
 
 
 def text_of(path: Path, kinds=("markdown", "code")) -> str:
@@ -101,6 +101,7 @@ def named(lesson: int) -> dict[str, str]:
 EXPLAINED = {
     (2, "validate"): "runs `validate` on it, which returns a list of problems",
     (6, "chunk_bounds"): "with `chunk_bounds(L, N)`, a list of `(start, end)`",
+    (13, "Worker"): "`Worker(file, function)`, starts two fresh Python processes",
 }
 
 
