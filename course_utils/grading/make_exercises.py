@@ -10,9 +10,11 @@ Each `### BEGIN SOLUTION` ... `### END SOLUTION` block (nbgrader's markers) beco
 cells: "YOUR ANSWER HERE"); outputs and execution counts are cleared; cell ids and tags stay,
 so the grader can match check cells. Locked cells (check cells, cells tagged "locked") get
 JupyterLab's `editable: false` and `deletable: false`, answer cells `deletable: false`, as
-nbgrader does; the grader still compares their text. The output is byte-for-byte
-deterministic and already `ruff format`-clean, which is what lets `--check` (and a test)
-catch a stale exercises/.
+nbgrader does; the grader still compares their text. The name cell (`lNN.for_student(...)`)
+stays editable, as its text asks a learner on their own to put their name there: the
+grader compares it without the name and reads the name with `grader.name_in_notebook`.
+The output is byte-for-byte deterministic and already `ruff format`-clean, which is what
+lets `--check` (and a test) catch a stale exercises/.
 
 `--students`/`--roster` write OUT/<id>/*.ipynb for each student, on their own numbers (the
 id is the seed); every name is checked (`roster.check_name`) before anything is written.
@@ -73,8 +75,12 @@ def exercise_notebook(solution: nbformat.NotebookNode, name: str = "notebook") -
 
 def lock(cell: nbformat.NotebookNode) -> None:
     """JupyterLab's locks, as nbgrader sets them: a check or locked cell can be neither
-    edited nor deleted, an answer cell not deleted."""
-    if is_check_cell(cell) or "locked" in tags(cell):
+    edited nor deleted, an answer cell not deleted. The name cell can be edited (a learner
+    on their own writes their name there), not deleted."""
+    if cell.cell_type == "code" and ANY_STUDENT.search(cell.source):
+        cell.metadata.pop("editable", None)
+        cell.metadata["deletable"] = False
+    elif is_check_cell(cell) or "locked" in tags(cell):
         cell.metadata["editable"] = False
         cell.metadata["deletable"] = False
     elif "answer" in tags(cell):
