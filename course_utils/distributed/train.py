@@ -237,6 +237,7 @@ def resume_step(args, steps: int) -> int | None:
 def profiled_step(par: Parallel, step: int, folder: Path, rank: int):
     """`par.step(step)` under torch.profiler (CPU, and CUDA where this rank has a GPU); its
     Chrome trace goes to folder/rank{rank}.json, one file per rank, opened side by side."""
+    import torch
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU]
