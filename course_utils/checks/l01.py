@@ -126,7 +126,7 @@ def exercise_2(model_state_bytes, variant) -> str:
             one = (1 / n, "is the bytes of one parameter; give the bytes of all of them.")
             judge(value, n * want, what, wrong, unit="bytes", slips=[one])
     return (
-        "Right on fresh random model sizes, for both formats and all three optimizers. With "
+        "Right on random model sizes, for both formats and all three optimizers. With "
         "Adam it is 16 bytes per parameter either way: mixed precision moves bytes from the "
         "weights to the optimizer, it does not save model state."
     )
@@ -266,7 +266,7 @@ given_7 = numbers(batch=pick("7b", 8, [4, 6, 12, 16]), hidden=pick("7h", 32, [16
 
 
 def cases_7(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
-    """The learner's own model (their numbers), then two drawn afresh: other sizes, depths
+    """The learner's own model (their numbers), then two drawn at random: other sizes, depths
     and seeds."""
     g, rng = given_7(variant), variant.cases("7")
     cases = [ProgramCase(devices=2, batch=g.batch, hidden=g.hidden, seed=7)]
@@ -316,7 +316,7 @@ def _failed_run(shown: str, failure: dict) -> str:
     return f"{shown}: {said}. Compare it with the six steps listed above the answer cell."
 
 
-@exercise(given_7, naive_program=programs.as_program)
+@exercise(given_7, naive_program=programs.as_program, points=3, partial=True)
 def exercise_7(naive_program, variant) -> str:
     """Build the naive two-rank program; judged on what the run did (evidence)."""
     for (case,), shown, got in checks.each_call(naive_program, cases_7(variant)["naive_program"]):

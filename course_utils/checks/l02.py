@@ -169,7 +169,7 @@ def exercise_3(gpipe_device, variant) -> str:
             fail(f"The lists of gpipe_device({p}, {m}, d) for d = 0..{p - 1}: {problems[0]}.")
     shapes = ", ".join(f"({p}, {m})" for p, m in lists)
     return (
-        f"Right on fresh random shapes (p, m) = {shapes}, every device a valid GPipe list, "
+        f"Right on random shapes (p, m) = {shapes}, every device a valid GPipe list, "
         "and on devices of pipelines with a hundred million stages and more."
     )
 
@@ -361,7 +361,7 @@ ADVICE_8 = {
 }
 
 
-@exercise(given_8, gpipe_program=as_program)
+@exercise(given_8, gpipe_program=as_program, points=3, partial=True)
 def exercise_8(gpipe_program, variant) -> str:
     """Build GPipe as a per-rank program; judged on the run's evidence and its order."""
     from course_utils.checks import pipeline_hints

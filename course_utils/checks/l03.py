@@ -67,7 +67,7 @@ def exercise_2(gpipe_bubble, variant) -> str:
             "Check it on p=2, m=1 by drawing the timeline."
         )
     small = ", ".join(f"({p}, {m})" for p, m in cases[: -len(HUGE)])
-    return f"Right on fresh random (p, m) = {small}, and on a million stages."
+    return f"Right on random (p, m) = {small}, and on a million stages."
 
 
 given_3 = numbers(

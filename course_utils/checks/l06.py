@@ -352,6 +352,8 @@ def scaling_table(variant: Variant = DEFAULT) -> list[tuple[int, float, float]]:
 
 
 @exercise(
+    points=3,
+    partial=True,
     efficiency_16="number",
     cause={
         "a": checks.RIGHT,

@@ -181,13 +181,9 @@ def gradients_off(got: dict, case: ProgramCase, want: dict) -> dict[int, str]:
 
 
 def drawn(variant, key: str):
-    """The random source of a program exercise's other cases: in a notebook (no
-    `cases_seed`) fixed by the student's name, so every run tries the same models; graded,
-    the grader's own secret draw."""
-    import random
-
-    if variant.cases_seed is None:
-        return random.Random(f"{variant.student}/{key}")
+    """The random source of a program exercise's other cases (`Variant.cases`, as every
+    Build's): in a notebook fixed by the student's name, so every run tries the same models;
+    graded, the grader's own secret draw."""
     return variant.cases(key)
 
 

@@ -44,6 +44,7 @@ FRAMEWORK = (
     "judging.py",
     "variants.py",
     "declaring.py",
+    "scoring.py",
     "wire.py",
     "programs.py",
 )
