@@ -1,9 +1,14 @@
-"""What the check tests share: the students they try, and calling a check with an answer."""
+"""What the check tests share: the students they try, calling a check with an answer, and a
+busy core to run it beside."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable, Sequence
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator, Sequence
 
 from course_utils.checks import DEFAULT, Variant
 
@@ -35,3 +40,37 @@ def run(check, k: int, answers, variant: Variant = DEFAULT) -> None:
     if answers and isinstance(answers[-1], Variant):
         *answers, variant = answers
     getattr(check, f"exercise_{k}")(*answers, variant=variant)
+
+
+@contextlib.contextmanager
+def beside_a_busy_loop() -> Iterator[None]:
+    """Inside: this thread (and the threads it starts) on one core, shared with a process that
+    loops for ever on it (a learner's machine busy with something else)."""
+    mine = os.sched_getaffinity(0)
+    core = min(mine)
+    busy = subprocess.Popen(
+        [sys.executable, "-c", "while True: pass"],
+        preexec_fn=lambda: os.sched_setaffinity(0, {core}),
+    )
+    os.sched_setaffinity(0, {core})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, mine)
+        busy.kill()
+        busy.wait()
+
+
+def fails_with_its_own_hint(exercise: Callable, wrong: Callable, mistakes: dict) -> None:
+    """`exercise(wrong)` fails with the words `mistakes[wrong]` of its hint, and with none of
+    the other mistakes' words: each of the commonest mistakes has a hint of its own."""
+    from course_utils.checks import CheckFailed
+
+    try:
+        exercise(wrong)
+    except CheckFailed as exc:
+        said = str(exc)
+    else:
+        raise AssertionError(f"{wrong.__name__} passed")
+    assert mistakes[wrong] in said, (mistakes[wrong], said)
+    assert not any(w in said for m, w in mistakes.items() if m is not wrong), said

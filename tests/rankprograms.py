@@ -7,16 +7,7 @@ a graded submission. `MISTAKES` maps the issue's four mistakes to words of their
 
 from __future__ import annotations
 
-import contextlib
-import linecache
-import os
-import re
-import subprocess
-import sys
-
-import torch
-
-from course_utils.pipeline import make_schedule
+import buildprograms
 
 NAIVE = """\
 def naive_program(ctx):
@@ -40,18 +31,7 @@ def naive_program(ctx):
 def edit(name: str, *changes: tuple[str, str], text: str = NAIVE):
     """The program `text` (the naive one unless given) with each (old, new) text replaced,
     as a function called `name` (its own name in the text is the answer's)."""
-    for old, new in changes:
-        assert old in text, old
-        text = text.replace(old, new)
-    namespace, filename = {"torch": torch, "make_schedule": make_schedule}, f"<{name}>"
-    # as IPython does for a cell: tracebacks can show the program's own lines
-    linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)
-    exec(compile(text, filename, "exec"), namespace)
-    answer = re.match(r"def (\w+)\(", text)
-    assert answer is not None, text
-    fn = namespace[answer.group(1)]
-    fn.__name__, fn.source = name, text
-    return fn
+    return buildprograms.edit(text, name, *changes)
 
 
 def source(fn) -> str:
@@ -115,20 +95,3 @@ MISTAKES = {  # the issue's four, each with the words its hint must say
     recvs_swapped: "rank 0 must send its activation before it waits for the gradient",
     sent_detached: "it was detached",
 }
-
-
-@contextlib.contextmanager
-def one_core_beside_a_busy_loop():
-    """This thread (and the rank threads it starts) pinned to one core that a busy loop in
-    another process shares: the Binder case, with a neighbour."""
-    mine = os.sched_getaffinity(0)
-    core = min(mine)
-    pin = lambda: os.sched_setaffinity(0, {core})  # noqa: E731
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=pin)
-    os.sched_setaffinity(0, {core})  # this thread, so the ranks' threads share its core too
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, mine)
-        busy.kill()
-        busy.wait()

@@ -13,6 +13,9 @@ those arguments use (a local or module variable, a `for` loop's iterable, a list
 literal's longest piece between format fields (at least 12 characters, with a space) is its
 fingerprint.
 
+The same holds for `checks/builds.py`, which judges the per-rank programs of lessons 08 to
+10 for their modules, against those lessons' wrong answers.
+
 Then it runs every wrong answer of the lesson's test file (`WRONG` in
 tests/test_checks_lNN.py, which the contract test also runs), collects the failure messages,
 and requires each fingerprint to appear in at least one of them. A hint that no answer
@@ -199,6 +202,20 @@ def test_every_hint_of_a_check_module_is_reached_by_a_wrong_answer(n):
     assert not unreached, (
         f"lesson {n:02d}: hints no wrong answer in tests/test_checks_l{n:02d}.py reaches "
         f"(add one to WRONG, or remove the dead hint):\n" + "\n".join(unreached)
+    )
+
+
+def test_every_hint_of_the_per_rank_builds_is_reached_by_a_wrong_answer():
+    """`checks.builds` judges the per-rank programs of lessons 08, 09 and 10 for their check
+    modules: its hints are reached by those lessons' wrong answers."""
+    from course_utils.checks import builds
+
+    hints = hints_of(Path(builds.__file__))
+    assert len(hints) >= 30  # the scan sees the module's hints
+    said = "\n".join(m for n in (8, 9, 10) for m in messages_of(n))
+    unreached = [f"line {h.line}: {h.fingerprint!r}" for h in hints if h.fingerprint not in said]
+    assert not unreached, "checks/builds.py: hints no wrong answer reaches:\n" + "\n".join(
+        unreached
     )
 
 

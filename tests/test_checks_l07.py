@@ -2,6 +2,7 @@
 
 import math
 
+import dpprograms as dp
 import pytest
 import torch
 from checkskit import STUDENTS
@@ -111,6 +112,7 @@ RIGHT = {
     5: (groups_of,),
     6: ("b", "b"),
     7: (2.5, 1 / 3),
+    8: (dp.tp,),
 }
 
 
@@ -139,6 +141,15 @@ S = 4 * 1024 * 3072 * 2  # the tensor of exercise 7.2, in bytes
 
 
 WRONG = [  # (exercise, arguments, words the hint must contain)
+    *((8, (wrong,), words) for wrong, words in dp.MISTAKES["tp"].items()),
+    (8, (dp.tp_no_f,), "no all-reduce in the backward"),
+    (8, (dp.tp_mean,), "the mean of the partial outputs"),
+    (8, (dp.tp_skips_on_rank1,), "one in g's forward, one in f's backward"),
+    (8, (dp.tp_f_forward_too,), "2 all-reduces in the forward"),
+    (8, (dp.tp_relu,), "not the unsplit MLP's output"),
+    (8, (dp.tp_f_mean,), "input gradient is not the unsplit MLP's"),
+    (8, (dp.tp_detached_w1,), "gradient of its `w1`"),
+    (8, ("tp_mlp",), "should be a function"),
     (2, ("all-gather", 1.5 * S), "partial sum"),
     (2, ("reduce-scatter", 1.5 * S), "whole Y"),
     (2, ("broadcast", 1.5 * S), "no single"),
@@ -254,6 +265,7 @@ def right_for(v: Variant) -> dict:
         2: ("all-reduce", 2 * (g2["tp"] - 1) / g2["tp"] * size),
         3: ((4 * psi + 12 * psi / n) / 1e9, (2 * psi + 14 * psi / n) / 1e9, 16 * psi / n / 1e9),
         7: (k * g7["input_gb"] + g7["layers"] // k * g7["block_gb"], 1 / 3),
+        8: (dp.tp,),  # the same program for everybody, tried on their numbers
     }
 
 

@@ -1,9 +1,10 @@
 """The lesson 08 checks: right answers pass, wrong ones fail kindly, placeholders say so."""
 
+import buildprograms as programs
 import pytest
-from checkskit import STUDENTS
+from checkskit import STUDENTS, fails_with_its_own_hint
 
-from course_utils.checks import NotAnswered, Variant
+from course_utils.checks import CheckFailed, NotAnswered, Variant
 from course_utils.checks import l08 as check
 
 
@@ -48,6 +49,7 @@ RIGHT = {
     3: (letters(check.ORDER),),
     4: (2, 96_000_000),
     5: (0.375, "a", check.their_timeline().makespan / check.their_timeline(prefetch=1).makespan),
+    6: (programs.fsdp_step,),
 }
 
 WRONG = [
@@ -114,6 +116,15 @@ WRONG = [
         "in an order that cannot run",
     ),
     (5, (7.2, "a", RIGHT[5][2]), "`waiting_share` is a time"),
+    *((6, (wrong,), words) for wrong, words in programs.FSDP_MISTAKES.items()),
+    (6, (programs.not_stored,), "shards are as they were before the step"),
+    (6, (programs.own_loss,), "times one device's step"),
+    (6, (programs.no_chain,), "the next layer handed back"),
+    (6, (programs.spreads_update,), "every layer gathered twice"),
+    (6, (programs.rank_0_leaves,), "A collective completes only when every rank calls it"),
+    (6, (programs.shard_not_gathered,), "flat must be layer 0's whole flat vector"),
+    (6, (programs.shard_not_gathered,), "Compare it with the steps of one layer"),
+    (6, (42,), "should be a function"),
 ]
 
 
@@ -163,6 +174,7 @@ def right_for(v: Variant) -> dict:
     ]
     theirs, fixed = check.their_timeline(v), check.their_timeline(v, prefetch=1)
     return {
+        6: (programs.fsdp_step,),  # one program for everybody, tried on their own model
         1: (8 * psi + 8 * psi / n, 4 * psi + 12 * psi / n, 16 * psi / n),
         3: (letters(check.ORDER, v),),
         4: (max(fits), gathered_bytes_bound(g4["layer_numels"], g4["N"], max(fits), 4)),
@@ -196,3 +208,59 @@ def test_8_5_can_be_worked_out_from_the_numbers_it_gives():
         waiting = 2 * layers * gather + layers * rs
         makespan = layers * (f + b) + waiting
         assert check.their_timeline(v).makespan * 1e3 == pytest.approx(makespan)
+
+
+# -- 8.6: the FSDP step, a per-rank program ------------------------------------------------
+
+
+def test_another_right_program_passes(capsys):
+    check.exercise_6(programs.graph_kept)  # no torch.no_grad(): the gathered copy wants no grad
+    assert capsys.readouterr().out.startswith("✅")
+
+
+@pytest.mark.parametrize("wrong", list(programs.FSDP_MISTAKES), ids=lambda f: f.__name__)
+def test_the_three_commonest_mistakes_get_their_own_hint(wrong):
+    fails_with_its_own_hint(check.exercise_6, wrong, programs.FSDP_MISTAKES)
+
+
+def test_the_cases_are_the_learners_in_the_notebook_and_secret_in_the_grader():
+    mine = check.cases_6(Variant("alice"))["fsdp_step"]
+    assert mine == check.cases_6(Variant("alice"))["fsdp_step"]  # the same on every run
+    g = check.given_6(Variant("alice"))
+    assert (mine[0][0].devices, mine[0][0].hidden, mine[0][0].depth) == (g.N, g.hidden, g.depth)
+    secret = check.cases_6(Variant("alice", cases_seed="grader"))["fsdp_step"]
+    assert secret[0] == mine[0] and secret[1:] != mine[1:]
+
+
+def test_forgetting_to_free_names_the_layers_still_held():
+    with pytest.raises(CheckFailed) as info:
+        check.exercise_6(programs.keeps_gathered)
+    said = str(info.value)
+    assert "layer 0's gathered parameters" in said and "layer 1's gathered parameters" in said
+
+
+def test_memory_is_what_the_program_holds_by_weak_reference():
+    from course_utils.models import MLP
+    from course_utils.parallel.fsdp import gathered_bytes_bound
+    from course_utils.parallel.fsdp.rank_program import run_fsdp_program
+
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    model = MLP(16, 24, 10, 2)
+    x, y = model.example_batch(6)
+    numels = [sum(p.numel() for p in layer.parameters()) for layer in model.layers()]
+    right = run_fsdp_program(programs.fsdp_step, model, 3, x, y)
+    kept = run_fsdp_program(programs.keeps_gathered, model, 3, x, y)
+    shards = right.watches[0].fixed
+    largest = gathered_bytes_bound(numels, 3, 0)
+    assert right.peak_bytes() == [shards + largest + largest // 3] * 3  # + one gradient shard
+    assert kept.peak_bytes()[0] >= shards + gathered_bytes_bound(numels, 3, len(numels) - 1)
+
+
+@pytest.mark.slow  # a busy loop beside the test for a few seconds
+def test_the_solution_passes_on_one_core_beside_a_busy_loop(capsys):
+    from checkskit import beside_a_busy_loop
+
+    with beside_a_busy_loop():
+        check.exercise_6(programs.fsdp_step)
+    assert capsys.readouterr().out.startswith("✅ Right")

@@ -2,75 +2,20 @@
 
 import math
 
+import buildprograms as programs
 import pytest
 import torch
-from checkskit import STUDENTS
+from checkskit import STUDENTS, fails_with_its_own_hint
 
 from course_utils.checks import GIB, NotAnswered, Variant
 from course_utils.checks import l09 as check
-from course_utils.parallel.context_parallel import attention, block_attention, causal_work
+from course_utils.parallel.context_parallel import attention, causal_work
 from course_utils.parallel.sequence_parallel import korthikanti_mlp_block_bytes
 
-
-def merge(out_a, lse_a, out_b, lse_b):  # the sigmoid form: weights depend on lse_a - lse_b only
-    lse = torch.logaddexp(lse_a, lse_b)
-    wa = torch.exp(lse_a - torch.where(torch.isinf(lse), 0.0, lse)).unsqueeze(-1)
-    wb = torch.exp(lse_b - torch.where(torch.isinf(lse), 0.0, lse)).unsqueeze(-1)
-    return wa * out_a + wb * out_b, lse
-
-
-def merge_max_trick(out_a, lse_a, out_b, lse_b):  # another right way: subtract the max first
-    m = torch.maximum(lse_a, lse_b)
-    ea, eb = torch.exp(lse_a - m), torch.exp(lse_b - m)
-    total = ea + eb
-    out = (ea.unsqueeze(-1) * out_a + eb.unsqueeze(-1) * out_b) / total.unsqueeze(-1)
-    return [out.tolist(), (m + torch.log(total)).tolist()]  # plain lists are fine too
-
-
-def naive(out_a, lse_a, out_b, lse_b):  # right on paper, overflows float32 beyond lse = 88
-    ea, eb = torch.exp(lse_a), torch.exp(lse_b)
-    lse = torch.log(ea + eb)
-    return (ea.unsqueeze(-1) * out_a + eb.unsqueeze(-1) * out_b) / (ea + eb).unsqueeze(-1), lse
-
-
-def one_sided(out_a, lse_a, out_b, lse_b):  # lse_a + log1p(exp(lse_b - lse_a)): NaN at -inf
-    lse = lse_a + torch.log1p(torch.exp(lse_b - lse_a))
-    out = (
-        torch.exp(lse_a - lse).unsqueeze(-1) * out_a + torch.exp(lse_b - lse).unsqueeze(-1) * out_b
-    )
-    return out, lse
-
-
-def average(out_a, lse_a, out_b, lse_b):
-    return (out_a + out_b) / 2, torch.logaddexp(lse_a, lse_b)
-
-
-def larger_lse(out_a, lse_a, out_b, lse_b):
-    return merge(out_a, lse_a, out_b, lse_b)[0], torch.maximum(lse_a, lse_b)
-
-
-def summed_lse(out_a, lse_a, out_b, lse_b):
-    return merge(out_a, lse_a, out_b, lse_b)[0], lse_a + lse_b
-
-
-def swapped(out_a, lse_a, out_b, lse_b):
-    return merge(out_b, lse_a, out_a, lse_b)
-
-
-def unnormalised(out_a, lse_a, out_b, lse_b):
-    out = torch.exp(lse_a).unsqueeze(-1) * out_a + torch.exp(lse_b).unsqueeze(-1) * out_b
-    return out, torch.logaddexp(lse_a, lse_b)
-
-
-def stub(out_a, lse_a, out_b, lse_b):
-    raise NotImplementedError()
-
-
-FIXED = Variant("default", cases_seed=1)  # 9.2's random cases, fixed for these wrong answers
 _sbh = 2048 * 4096  # lesson's block: s = 2048, b = 1, h = 4096, f = 4h, t = 4, 16-bit
 RIGHT = {
     1: (_sbh * (2 + 2 + 1) + _sbh * 4 * (2 + 2) / 4, _sbh * 21 / 4),
-    2: (merge,),
+    2: (programs.ring_attention,),
     3: ([1, 0, 3, 2], 3),
     4: ([1, 2, 3, 4], [9, 9, 9, 9], 16 / 9),
     5: (3, 0.75, "a", 8.0 / 4.5),
@@ -89,16 +34,21 @@ WRONG = [
     (1, (_sbh * 21, RIGHT[1][1]), "per device"),
     (1, (RIGHT[1][0] / 2**30, RIGHT[1][1]), "GiB; give bytes"),
     (1, (RIGHT[1][0] * 1.5, RIGHT[1][1]), "Add the five terms"),
-    (2, (naive,), "overflows float32"),
-    (2, (one_sided,), "subtracting the larger lse first"),
-    (2, (average,), "plain average"),
-    (2, (larger_lse,), "larger of the two"),
-    (2, (summed_lse,), "multiplies the two sums"),
-    (2, (swapped,), "swapped"),
-    (2, (unnormalised,), "do not add up to 1"),
-    (2, (lambda *a: a[0],), "return the pair"),
-    (2, (lambda *a: (a[0][:1], a[1]),), "has shape"),
-    (2, ("merge",), "should be a function"),
+    *((2, (wrong,), words) for wrong, words in programs.RING_MISTAKES.items()),
+    (2, (programs.not_causal,), "attends to every block"),
+    (2, (programs.overflows,), "overflows float32"),
+    (2, (programs.unnormalised,), "do not add up to 1"),
+    (2, (programs.swapped,), "weights of the merge are swapped"),
+    (2, (programs.larger_lse,), "larger of the two"),
+    (2, (programs.summed_lse,), "multiplies the two sums"),
+    (2, (programs.starts_at_zero,), "is not causal attention over the keys of ranks 0 to"),
+    (2, (programs.own_block_sent,), "passes on the block in hand"),
+    (2, (programs.sent_left,), "goes to the right neighbour"),
+    (2, (programs.sends_queries,), "not a K/V block"),
+    (2, (programs.sends_last,), "The block in hand at the last step goes nowhere"),
+    (2, (programs.waits_first,), "Sends never wait, receives do"),
+    (2, (programs.returns_nothing,), "returned a NoneType"),
+    (2, ("ring_attention",), "should be a function"),
     (3, ([1, 2, 3, 0], 3), "wrong way"),
     (3, ([0, 3, 2, 1], 3), "Off by one"),
     (3, ([1, 0, 3], 3), "one owner per step"),
@@ -151,9 +101,6 @@ WRONG = [
     (8, (4, 8), "too small"),
     (8, (8, 2), "must use the 32 GPUs"),
     (1, (RIGHT[1][0], RIGHT[1][0] / 4), "divides the whole tensor-parallel count by t again"),
-    (2, (lambda *a: ("x", a[1]), FIXED), "should be a tensor, but it is 'x' (a str)"),
-    (2, (lambda *a: (merge(*a)[0], merge(*a)[1] + 1.0), FIXED), "lse is not the log-sum-exp"),
-    (2, (lambda *a: (a[0], merge(*a)[1]), FIXED), "lse is right but out is not"),
     (3, ([2, 1, 4, 3], 3), "`held` numbers the workers from 1"),
     (3, ([1, 3, 0, 2], 3), "follow one hop to the right per step"),
     (3, ([1, 0, 3, 2], 5), "how many times does a block change hands"),
@@ -178,28 +125,52 @@ def test_the_default_numbers_are_the_lessons():
     )
 
 
-def test_other_right_merges_pass(capsys):
-    check.exercise_2(merge_max_trick)
-    assert capsys.readouterr().out.startswith("✅")
-
-
 def test_a_stub_is_not_answered():
+    def stub(ctx):
+        raise NotImplementedError()
+
     with pytest.raises(NotAnswered, match="NotImplementedError"):
         check.exercise_2(stub)
 
 
-def test_merge_cases_are_real_attention_and_fixed_by_the_cases_seed():
-    a = check.cases_2(Variant("s7", cases_seed=3))["merge"]
-    b = check.cases_2(Variant("s7", cases_seed=3))["merge"]
-    assert repr(a) == repr(b) and repr(a) != repr(check.cases_2(Variant("s7", cases_seed=4)))
-    assert all(t.numel() < 1000 for case in a for t in case)  # small enough to replay
-    assert torch.isinf(a[1][1]).any() and a[2][1].max() > 88  # the -inf and the overflow case
-    # a merge of two key blocks is attention over both: rebuild one case from scratch
+def test_the_cases_are_the_learners_in_the_notebook_and_secret_in_the_grader():
+    mine = check.cases_2(Variant("alice"))["ring_attention"]
+    assert mine == check.cases_2(Variant("alice"))["ring_attention"]  # the same on every run
+    g = check.given_2(Variant("alice"))
+    assert (mine[0][0].devices, mine[0][0].tokens, mine[0][0].dim) == (g.N, g.tokens, g.dim)
+    assert mine[1][0].sharp > 1  # their own ring with sharp attention too
+    q, k, _ = mine[1][0].build()
+    assert torch.logsumexp(q @ k.T / k.shape[1] ** 0.5, dim=-1).max() > 88  # exp overflows
+    secret = check.cases_2(Variant("alice", cases_seed="grader"))["ring_attention"]
+    assert secret[:2] == mine[:2] and secret[2:] != mine[2:]
+
+
+@pytest.mark.parametrize("wrong", list(programs.RING_MISTAKES), ids=lambda f: f.__name__)
+def test_the_three_commonest_mistakes_get_their_own_hint(wrong):
+    fails_with_its_own_hint(check.exercise_2, wrong, programs.RING_MISTAKES)
+
+
+def test_the_run_shows_the_blocks_going_round_the_ring():
+    from course_utils.parallel.context_parallel.rank_program import outputs, run_ring_program
+
     gen = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(n, 4, generator=gen) for n in (5, 5, 5))
-    out, lse = merge(*block_attention(q, k[:2], v[:2]), *block_attention(q, k[2:], v[2:]))
-    assert torch.allclose(out, attention(q, k, v), atol=1e-6)
-    assert torch.allclose(lse, torch.logsumexp(q @ k.T / 2.0, dim=-1), atol=1e-6)
+    q, k, v = (torch.randn(12, 4, generator=gen) for _ in range(3))
+    run = run_ring_program(programs.ring_attention, q, k, v, workers=3, causal=True)
+    assert torch.allclose(torch.cat(outputs(run)), attention(q, k, v, causal=True), atol=1e-6)
+    assert [[m[:2] for m in w.messages] for w in run.watches] == [
+        [(1, "kv0"), (1, "kv2")],
+        [(2, "kv1"), (2, "kv0")],
+        [(0, "kv2"), (0, "kv1")],
+    ]
+
+
+@pytest.mark.slow  # a busy loop beside the test for a few seconds
+def test_the_solution_passes_on_one_core_beside_a_busy_loop(capsys):
+    from checkskit import beside_a_busy_loop
+
+    with beside_a_busy_loop():
+        check.exercise_2(programs.ring_attention)
+    assert capsys.readouterr().out.startswith("✅ Right")
 
 
 def right_for(v: Variant) -> dict:
@@ -230,6 +201,7 @@ def right_for(v: Variant) -> dict:
     )
     return {
         1: (tp, sp),
+        2: (programs.ring_attention,),  # one program for everybody, tried on their own ring
         3: ([(g3["w"] - k) % g3["N"] for k in range(g3["N"])], g3["N"] - 1),
         4: (list(range(1, n4 + 1)), [2 * n4 + 1] * n4, 4 * n4 / (2 * n4 + 1)),
         5: (g5["N"] - 1, 1 - g5["block_ms"] / plain.makespan, "a", plain.makespan / zz.makespan),
@@ -241,7 +213,7 @@ def right_for(v: Variant) -> dict:
 
 def test_every_variant_keeps_the_exercises_sensible():
     kinds = set()
-    seen = {k: set() for k in (1, 3, 4, 5, 6, 7, 8)}
+    seen = {k: set() for k in (1, 2, 3, 4, 5, 6, 7, 8)}
     for student in ["default", *STUDENTS, "erin"]:
         v = Variant(student)
         for k in seen:

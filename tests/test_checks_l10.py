@@ -2,8 +2,9 @@
 
 import re
 
+import buildprograms as programs
 import pytest
-from checkskit import STUDENTS
+from checkskit import STUDENTS, fails_with_its_own_hint
 
 from course_utils.checks import CheckFailed, NotAnswered, Variant
 from course_utils.checks import l10 as check
@@ -107,6 +108,7 @@ def _swap_before(letter):
     return order
 
 
+TOP_1 = Variant("s7", cases_seed=1)  # 3 ranks of 2 experts, top-1
 RIGHT = {
     1: ([8, 3, 3, 2], 4, [9, 10, 13, 15], 8),
     2: (dispatch_bytes,),
@@ -119,6 +121,7 @@ RIGHT = {
         [0.62, 0.55, 0.48, 0.33, 0.70, 0.33, 0.45, 0.38],
         [-0.12, 0.05, 0.02, 0.05],
     ),
+    8: (programs.moe_layer,),
 }
 _C7, _G7, _B7 = RIGHT[7]
 
@@ -196,6 +199,17 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (3, ([1, 2], COMBINE, STEP_0), "`dispatch_sent` is not right. Worker w sends"),
     *[(4, (_swap_before(x),), check.TOO_EARLY[x]) for x in check.TOO_EARLY],
     (6, (4, GB, 2), "the number of experts on each GPU, E / ep"),
+    *((8, (wrong,), words) for wrong, words in programs.MOE_MISTAKES.items()),
+    (8, (programs.no_residual,), "leaves out the residual"),
+    (8, (programs.unsorted_rows, TOP_1), "at other tokens' rows"),
+    (8, (programs.first_choice,), "every token went to its first expert only"),
+    (8, (programs.no_combine,), "come back in another (the combine)"),
+    (8, (programs.broadcast,), "sends all its tokens to every other rank"),
+    (8, (programs.round_robin,), "the tokens rank s routes to the experts rank d holds"),
+    (8, (programs.unnormed,), "is not the MoE layer's"),
+    (8, (programs.returns_nothing_moe,), "returned a NoneType"),
+    (8, (programs.rank_0_skips,), "An all-to-all completes only when every rank calls it"),
+    (8, ("moe_layer",), "should be a function"),
 ]
 
 
@@ -255,6 +269,7 @@ def right_for(v: Variant) -> dict:
         7: (chosen7, gates7, bias7),
         5: (hot // 2, hot, waiting_share(v), "a"),
         6: check._plan(check.given_6(v)),
+        8: (programs.moe_layer,),  # one program for everybody, tried on their own layer
     }
 
 
@@ -291,3 +306,54 @@ def test_10_4_hints_say_why_an_event_is_early_and_never_name_the_next_one():
         right = check.ORDER[position]
         assert check.TOO_EARLY[letter] in message
         assert f"{right!r}" not in message and check.EVENTS[right] not in message
+
+
+# -- 10.8: the expert-parallel MoE layer, a per-rank program ---------------------------------
+
+
+@pytest.mark.parametrize("wrong", list(programs.MOE_MISTAKES), ids=lambda f: f.__name__)
+def test_the_three_commonest_mistakes_get_their_own_hint(wrong):
+    fails_with_its_own_hint(check.exercise_8, wrong, programs.MOE_MISTAKES)
+
+
+def test_the_cases_are_the_learners_in_the_notebook_and_secret_in_the_grader():
+    mine = check.cases_8(Variant("bob"))["moe_layer"]
+    assert mine == check.cases_8(Variant("bob"))["moe_layer"]  # the same on every run
+    g, case = check.given_8(Variant("bob")), mine[0][0]
+    assert (case.devices, case.experts, case.top_k, case.d_model) == (
+        g.N,
+        g.experts,
+        g.top_k,
+        g.d_model,
+    )
+    assert {c.top_k for (c,) in mine} == {1, 2}
+    secret = check.cases_8(Variant("bob", cases_seed="grader"))["moe_layer"]
+    assert secret[0] == mine[0] and secret[1:] != mine[1:]
+    assert TOP_1.student == "s7" and check.given_8(TOP_1).top_k == 1
+
+
+def test_the_byte_matrix_is_read_from_the_run():
+    import torch
+
+    from course_utils.parallel.moe import MoE
+    from course_utils.parallel.moe.rank_program import routed_counts, run_moe_program
+
+    torch.manual_seed(0)
+    moe = MoE(8, 16, 4, top_k=2, capacity_factor=None, skew=0.5)
+    x = torch.randn(12, 8)
+    run = run_moe_program(programs.moe_layer, moe, x, workers=2)
+    assert torch.allclose(torch.cat(run.results), moe(x).output, atol=1e-6)
+    routed = routed_counts(moe, x, 2)
+    dispatch = [w.collectives[0][1] for w in run.watches]
+    want = [[0, sum(routed[0][2:]) * 8 * 4], [sum(routed[1][:2]) * 8 * 4, 0]]
+    assert dispatch == want == check._matrix(routed, 8, 4)
+    assert [w.collectives[2][1] for w in run.watches] == [list(c) for c in zip(*want, strict=True)]
+
+
+@pytest.mark.slow  # a busy loop beside the test for a few seconds
+def test_the_solution_passes_on_one_core_beside_a_busy_loop(capsys):
+    from checkskit import beside_a_busy_loop
+
+    with beside_a_busy_loop():
+        check.exercise_8(programs.moe_layer)
+    assert capsys.readouterr().out.startswith("✅ Right")

@@ -109,3 +109,31 @@ def test_the_grader_judges_pipeline_programs_on_order_and_memory(tmp_path):
     assert not verdicts["5.7"].passed and "tags must tell them apart" in verdicts["5.7"].message
     others = [e for e in verdicts.values() if e.id not in ("4.7", "5.7")]
     assert len(others) == 12 and all(e.passed for e in others), others
+
+
+def test_lesson_06s_programs_are_judged_from_their_evidence_too(tmp_path):
+    """6.4 and 6.8 graded in the sandbox: a right ring passes, a DDP that sums fails with its
+    hint, and a kernel that claims a pass for it earns nothing."""
+    import dpprograms as dp
+
+    name = "06_data_parallelism.ipynb"
+    solved = nbformat.read(ROOT / "solutions" / name, as_version=4)
+    wrong = dp.ddp_sum.source
+
+    def with_ddp(code: str):
+        nb = copy.deepcopy(solved)
+        cell = next(c for c in nb.cells if c.get("id") == "answer-06-8")
+        cell.source = code
+        return nb
+
+    subs = {"summed": with_ddp(wrong), "claims-passed": with_ddp(wrong + CLAIMS_PASSED)}
+    for student, nb in subs.items():
+        (tmp_path / student).mkdir()
+        nbformat.write(nb, tmp_path / student / name)
+    results = {r.student: r for r in grade_all([tmp_path], jobs=2, call_timeout=20)}
+    verdicts = {s: {e.id: e for e in r.exercises} for s, r in results.items()}
+    assert verdicts["summed"]["6.4"].passed, verdicts["summed"]["6.4"].message
+    assert not verdicts["summed"]["6.8"].passed
+    assert "they were summed" in verdicts["summed"]["6.8"].message
+    claimed = verdicts["claims-passed"]["6.8"]
+    assert not claimed.passed and "did not come back as the record of a run" in claimed.message

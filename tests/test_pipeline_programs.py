@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pipeprograms as pipes
 import pytest
-from rankprograms import one_core_beside_a_busy_loop
+from checkskit import beside_a_busy_loop
 
 from course_utils.checks import CheckFailed, Variant, l02, l04, l05
 from course_utils.checks.programs import ProgramCase, replayed, scorecard, target
@@ -107,7 +107,7 @@ def test_a_record_without_the_memory_is_not_a_run():
 
 @pytest.mark.slow  # a busy loop beside the test for a few seconds
 def test_the_solutions_pass_on_one_core_beside_a_busy_loop(capsys):
-    with one_core_beside_a_busy_loop():
+    with beside_a_busy_loop():
         for exercise, _, _, solution, _ in EXERCISES.values():
             exercise(solution)
             assert capsys.readouterr().out.startswith("✅ Right")

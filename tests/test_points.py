@@ -10,8 +10,11 @@ case judged in the grader's process), never taken from anything the learner's co
 from __future__ import annotations
 
 import csv
+import importlib
 import json
+import re
 
+import dpprograms as dp
 import pipeprograms as pipes
 import pytest
 from gradingkit import ROOT
@@ -103,6 +106,50 @@ def test_a_rank_program_right_on_some_pipelines_earns_their_share_judged_on_its_
     assert f"Partly right: {small} of {len(sizes)} cases" in verdict.message
     assert worth(l02, 8) == (3.0, True)
     assert replayed(l02, 8, secret, gpipe_program=pipes.gpipe)[0].share == 1.0
+
+
+def test_a_ring_all_reduce_right_on_small_rings_earns_their_share():
+    """Exercise 6.4 (a Build of lesson 06's, declared beside the pipelines'): a ring that
+    stops on more than four ranks, judged case by case on the evidence of its runs."""
+    small_only = dp.edit(
+        dp.RING, "ring_all_reduce", ("    n, rank = ctx.world, ctx.rank\n",
+                                     "    n, rank = ctx.world, ctx.rank\n"
+                                     "    if n > 4:\n        raise ValueError('no')\n"),
+    )  # fmt: skip
+    secret = Variant("default", cases_seed="ring")
+    sizes = [case.devices for (case,) in l06.cases_4(secret)["ring_all_reduce"]]
+    small = sum(n <= 4 for n in sizes)
+    assert 0 < small < len(sizes)
+    verdict, _ = replayed(l06, 4, secret, ring_all_reduce=small_only)
+    assert not verdict.passed and verdict.share == pytest.approx(small / len(sizes))
+    assert f"Partly right: {small} of {len(sizes)} cases" in verdict.message
+    assert replayed(l06, 4, secret, ring_all_reduce=dp.ring)[0].share == 1.0
+
+
+def _declared() -> dict[str, tuple[float, bool, bool]]:
+    """{exercise: (points, partial, a Build)} of every check module's exercises."""
+    found = {}
+    for n in range(1, 13):
+        module = importlib.import_module(f"course_utils.checks.l{n:02d}")
+        for k in range(1, 20):
+            if hasattr(module, f"exercise_{k}"):
+                found[f"{n}.{k}"] = (*worth(module, k), hasattr(module, f"cases_{k}"))
+    return found
+
+
+def test_every_build_earns_partial_credit_and_instructors_md_lists_what_each_is_worth():
+    declared = _declared()
+    builds = {e for e, (_, _, build) in declared.items() if build}
+    assert {"6.4", "6.8", "7.8", "8.6", "9.2", "10.8", "3.2"} <= builds
+    # Every Build but 12.1 (its function judged with its other answers) earns its cases' share.
+    assert {e for e in builds if not declared[e][1]} == {"12.1"}
+    said = (ROOT / "INSTRUCTORS.md").read_text(encoding="utf-8")
+    paragraph = said[said.index("Declared today:") :].split("The share is")[0]
+    listed = set(re.findall(r"\b\d+\.\d+\b", paragraph))
+    assert listed == {e for e, (points, partial, _) in declared.items() if partial} | {"12.1"}
+    for e, (points, _, _) in declared.items():
+        if points != 1:
+            assert e in listed, e
 
 
 def test_a_diagnose_earns_each_part_it_gets_right():

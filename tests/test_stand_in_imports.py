@@ -35,6 +35,7 @@ def test_the_stand_in_checks_hold_numbers_and_material_but_no_answers(tmp_path):
     assert '"their_timeline"' in text and "def their_timeline" not in text  # material, as data
     assert "ORDER" not in text  # not the answer
     assert (folder / "wire.py").read_bytes() == (ROOT / "course_utils/checks/wire.py").read_bytes()
+    assert (folder / "rank_cases.py").exists() and not (folder / "rank_references.py").exists()
 
 
 def package_with(checks: Path, root: Path) -> Path:

@@ -107,7 +107,7 @@ def _optimizer_hint(precision: str, optimizer: str) -> str:
     return f"In fp32 there is no separate master copy; {what}."
 
 
-@exercise(model_state_bytes="function")
+@exercise(model_state_bytes="function", partial=True)
 def exercise_2(model_state_bytes, variant) -> str:
     """Build model_state_bytes(num_params, precision, optimizer) -> bytes per kind of state."""
     for (n, precision, optimizer), shown, got in checks.each_call(

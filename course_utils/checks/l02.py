@@ -13,7 +13,7 @@ from __future__ import annotations
 from course_utils import checks
 from course_utils.actions import Action
 from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge, numbers, pick
-from course_utils.checks.programs import ProgramCase, as_program, drawn, drawn_case
+from course_utils.checks.programs import ProgramCase, as_program, drawn_case
 
 for_student = checks.lesson_checks(__name__)
 ACTIONS = checks.sequence(item=checks.as_action)
@@ -147,7 +147,7 @@ def _device_list(result, shown: str, d: int) -> list[Action]:
     return actions
 
 
-@exercise(gpipe_device="function")
+@exercise(gpipe_device="function", partial=True)
 def exercise_3(gpipe_device, variant) -> str:
     """Build gpipe_device(p, m, d) -> device d's GPipe actions, in order, as strings."""
     from course_utils.pipeline.simulate import validate
@@ -346,7 +346,7 @@ def case_8(g) -> ProgramCase:
 def cases_8(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
     """The learner's own pipeline, then two more (other sizes, depths and seeds): drawn from
     the student's name in a notebook, secret in the grader."""
-    rng = drawn(variant, "8")
+    rng = variant.cases("8")
     cases = [case_8(given_8(variant))]
     for _ in range(2):
         cases.append(drawn_case(rng, rng.randint(2, 4), rng.randint(2, 6)))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from course_utils import checks
 from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge, numbers, pick
-from course_utils.checks.programs import ProgramCase, as_program, drawn, drawn_case, target
+from course_utils.checks.programs import ProgramCase, as_program, drawn_case, target
 
 for_student = checks.lesson_checks(__name__)
 
@@ -307,7 +307,7 @@ def case_7(g) -> ProgramCase:
 def cases_7(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
     """The learner's own pipeline, then two more with more micro-batches than ranks (and one
     with fewer): drawn from the student's name in a notebook, secret in the grader."""
-    rng = drawn(variant, "7")
+    rng = variant.cases("7")
     cases = [case_7(given_7(variant))]
     for few in (False, True):
         p = rng.randint(2, 5)

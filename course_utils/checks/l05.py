@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from course_utils import checks
 from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge, numbers, pick
-from course_utils.checks.programs import ProgramCase, as_program, drawn, drawn_case, target
+from course_utils.checks.programs import ProgramCase, as_program, drawn_case, target
 
 for_student = checks.lesson_checks(__name__)
 ACTIONS = checks.sequence(item=checks.as_action)
@@ -294,7 +294,7 @@ def case_7(g) -> ProgramCase:
 def cases_7(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
     """The learner's own pipeline, then two more (2 and 3 ranks, other sizes and seeds):
     drawn from the student's name in a notebook, secret in the grader."""
-    rng = drawn(variant, "7")
+    rng = variant.cases("7")
     cases = [case_7(given_7(variant))]
     for p in (2, 3):
         cases.append(drawn_case(rng, p, p * rng.randint(2, 3), chunks=2))

@@ -11,7 +11,18 @@ from __future__ import annotations
 import math
 
 from course_utils import checks
-from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge, numbers, pick
+from course_utils.checks import (
+    DEFAULT,
+    OTHERWISE,
+    Variant,
+    exercise,
+    fail,
+    judge,
+    numbers,
+    pick,
+    programs,
+)
+from course_utils.checks.rank_cases import RING_LINKS, DDPCase, RingCase, close
 
 for_student = checks.lesson_checks(__name__)
 
@@ -126,158 +137,134 @@ def exercise_3(order) -> str:
     )
 
 
-def _chunks(length: int, n: int) -> list[tuple[int, int]]:
-    from course_utils.threads.collectives import chunk_bounds
+# --------------------------------------------------------------------------- 6.4: the ring
 
-    return chunk_bounds(length, n)
-
-
-def ring_messages(data: list[list[float]]) -> list[list[list[float]]]:
-    """What each rank sends in the ring the exercise describes, in order: per rank, its
-    2(N-1) messages (reduce-scatter: chunk (r-k) mod N, all-gather: chunk (r+1-k) mod N)."""
-    n = len(data)
-    bufs = [list(row) for row in data]
-    bounds = _chunks(len(bufs[0]), n)
-    sent: list[list[list[float]]] = [[] for _ in range(n)]
-    for k in range(2 * (n - 1)):
-        gather = k >= n - 1  # the all-gather copies finished sums; the reduce-scatter adds
-        step = k - (n - 1) if gather else k
-        msgs = [bufs[r][slice(*bounds[(r + gather - step) % n])] for r in range(n)]
-        for r in range(n):
-            sent[r].append(list(msgs[r]))
-        for r in range(n):
-            a, b = bounds[(r + gather - step - 1) % n]
-            incoming = msgs[(r - 1) % n]
-            bufs[r][a:b] = (
-                incoming if gather else [x + y for x, y in zip(bufs[r][a:b], incoming, strict=True)]
-            )
-    return sent
+given_4 = numbers(ranks=pick("4n", 4, [3, 5, 6]), length=pick("4l", 10, [7, 11, 13]))
 
 
 def cases_4(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
-    rng = variant.cases("4")
-    shapes = [
-        (4, 8),
-        (rng.randint(2, 3), rng.randint(5, 13)),
-        (rng.randint(5, 7), rng.randint(8, 30)),
+    """The learner's own numbers, then fresh ones: chunks that do not divide evenly, fewer
+    numbers than ranks, and a single rank."""
+    g, rng = given_4(variant), variant.cases("4")
+    cases = [
+        RingCase(g.ranks, g.length, seed=4),
+        RingCase(rng.randint(2, 3), rng.randint(5, 13), rng.randint(1, 10**6)),
+        RingCase(rng.randint(5, 7), rng.randint(8, 30), rng.randint(1, 10**6)),
+        RingCase(rng.randint(3, 6), rng.randint(1, 2), rng.randint(1, 10**6)),
+        RingCase(1, rng.randint(1, 5), rng.randint(1, 10**6)),
     ]
-    shapes += [(rng.randint(3, 6), rng.randint(1, 2)), (1, rng.randint(1, 5))]
-    cases = []
-    for n, length in shapes:
-        data = [[round(rng.uniform(-10, 10), 3) for _ in range(length)] for _ in range(n)]
-        cases.append((data,))
-    return {"ring_allreduce": cases}
+    return {"ring_all_reduce": [(case,) for case in cases]}
 
 
-def _same(a: float, b: float) -> bool:
-    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
+CHUNK_HINT = (
+    "In each reduce-scatter step a rank passes on the chunk it has just added into. After "
+    "the reduce-scatter, which chunk is complete on each rank? That is the chunk it must pass "
+    "on first in the all-gather."
+)
 
 
-def _message(item, what: str, n: int) -> tuple[int, int, list[float]]:
-    parts = checks.as_sequence(item, what, length=3)
-    src, dst = (
-        checks.as_int(parts[0], f"{what}'s source rank"),
-        checks.as_int(parts[1], f"{what}'s destination"),
-    )
-    if not (0 <= src < n and 0 <= dst < n):
-        fail(f"{what} goes from rank {src} to rank {dst}: ranks are whole numbers 0..{n - 1}.")
-    values = checks.as_sequence(parts[2], f"{what}'s values", item=checks.as_number)
-    return src, dst, values
+def _ring_failed(shown: str, failure: dict) -> str:
+    said = str(failure["message"])
+    if failure.get("kind") == "deadlock":
+        return (
+            f"{shown} never finished: {said}. Every rank waits for its left neighbour before "
+            "anybody has sent: in each step a rank sends first, then receives (a send never "
+            "waits)."
+        )
+    if "must match the size" in said:
+        return (
+            f"{shown}: {said}. A chunk index is off: what arrives has the size of the chunk "
+            f"the left neighbour sent, which is not the one this rank added it to. {CHUNK_HINT}"
+        )
+    return f"{shown}: {said}."
 
 
-def _check_sums(shown: str, data: list[list[float]], result) -> None:
-    n, length = len(data), len(data[0])
-    want = [sum(col) for col in zip(*data, strict=True)]
-    rows = checks.as_sequence(result, f"the result list of {shown}")
-    if len(rows) != n:
-        fail(f"{shown} returned {len(rows)} rows; it should return one list per rank ({n}).")
-    for r, row in enumerate(rows):
-        got = checks.as_sequence(row, f"rank {r}'s result", item=checks.as_number)
-        if len(got) != length:
-            fail(f"{shown}: rank {r}'s result has {len(got)} numbers instead of {length}.")
-        if all(_same(g, w) for g, w in zip(got, want, strict=True)):
+def _ring_sums(shown: str, case: RingCase, results: list) -> None:
+    import torch
+
+    from course_utils.checks import rank_references  # the grader's only: not in a kernel
+
+    data = case.data()
+    want, n = sum(data), case.devices
+    for r, got in enumerate(results):
+        if not isinstance(got, torch.Tensor) or got.shape != want.shape:
+            what = "nothing" if got is None else got if isinstance(got, str) else "a tensor"
+            fail(
+                f"{shown}: rank {r} returned {what}, not a tensor of {case.length} numbers. "
+                "Return `data`, holding the sum."
+            )
+        if torch.equal(got, want):
             continue
-        if all(_same(g, w / n) for g, w in zip(got, want, strict=True)):
+        if n > 1 and torch.allclose(got, want / n):
             fail(f"{shown}: rank {r} holds the mean; this exercise asks for the sum.")
-        bad = next(i for i, (g, w) in enumerate(zip(got, want, strict=True)) if not _same(g, w))
+        if torch.equal(got, rank_references.ring_result(data, r, add_in_gather=True)):
+            fail(
+                f"{shown}: rank {r}'s numbers are too large: the all-gather added what arrived "
+                "(reducing a second time). A chunk that travels in the all-gather is already "
+                "the finished sum: keep it, do not add it to your copy."
+            )
+        if torch.equal(got, rank_references.ring_result(data, r, gather_from=0)):
+            fail(
+                f"{shown}: rank {r}'s sums are incomplete: its all-gather began with its chunk "
+                f"{r}, which is not finished there. {CHUNK_HINT}"
+            )
+        bad = int((got != want).nonzero()[0, 0])
         fail(
-            f"{shown}: rank {r}'s element {bad} is {got[bad]:.4g}, not the sum over the "
-            "ranks. Hint: try N = 3 ranks of 3 numbers and print every rank's list after "
-            "each step: after the reduce-scatter, which chunk is complete on each rank? "
-            "That is the chunk it must pass on first in the all-gather."
+            f"{shown}: rank {r}'s number {bad} is {got[bad]:g}, not the sum over the ranks "
+            f"({want[bad]:g}). {CHUNK_HINT}"
         )
 
 
-def _check_messages(shown: str, data: list[list[float]], log) -> None:
-    n, length = len(data), len(data[0])
-    messages = [
-        _message(m, f"message {i}", n) for i, m in enumerate(checks.as_sequence(log, "messages"))
-    ]
-    if n > 1 and not messages:
-        fail(
-            f"{shown} gives the right sums but sent no message: in a real cluster a rank "
-            "cannot read another rank's memory. Move the chunks with `send`."
+@exercise(given_4, ring_all_reduce=programs.as_program, points=3, partial=True)
+def exercise_4(ring_all_reduce, variant) -> str:
+    """Build ring_all_reduce(ctx, data) on the devices: every rank's sum, the ring's bytes
+    and, replayed over the links without compute, the ring formula's time."""
+    from course_utils.threads.clock import replay_messages
+    from course_utils.threads.collectives import ring_bytes_per_rank
+
+    tried, timing = [], ""
+    cases = cases_4(variant)["ring_all_reduce"]
+    for (case,), shown, got in checks.each_call(ring_all_reduce, cases):
+        run = programs.evidence(got, shown, case, ("results", "collectives"))
+        n = case.devices
+        if run["failure"] is not None:
+            fail(_ring_failed(shown, run["failure"]))
+        if any(run["collectives"]):
+            fail(
+                f"{shown} called a collective of `ctx.comm`: the point is to build the "
+                "all-reduce yourself, with `ctx.send` and `ctx.recv` only."
+            )
+        _ring_sums(shown, case, run["results"])
+        want, sent = ring_bytes_per_rank(case.length, n), run["bytes_sent"]
+        if sum(sent) > sum(want):
+            fail(
+                f"{shown} gives the right sums, but the ranks sent {sent} bytes where a ring "
+                f"sends {want}: one chunk per step (`chunk_bounds(len(data), N)`), not more."
+            )
+        for r, (mine, ring) in enumerate(zip(sent, want, strict=True)):
+            if mine != ring:
+                fail(
+                    f"{shown} gives the right sums, but rank {r} sent {mine} bytes where the "
+                    f"ring sends {ring} (chunks differ in size here): 2(N-1) chunks, one per "
+                    f"step, the first its own chunk {r}."
+                )
+        seconds, formula = replay_messages(run["messages"], RING_LINKS), case.seconds()
+        if not math.isclose(seconds, formula, rel_tol=1e-6, abs_tol=1e-12):
+            fail(
+                f"{shown} sends the ring's bytes, but its messages take {seconds * 1e6:.3g} us "
+                f"on the links, where the ring takes {formula * 1e6:.3g} us: the ranks waited "
+                "for each other. In every step all ranks send at once, then receive; a rank "
+                "that receives before it sends holds up its right neighbour for a whole step."
+            )
+        tried.append(f"{n}x{case.length}")
+        timing = timing or (
+            f" Your own case took {seconds * 1e6:.3g} us on the grader's {RING_LINKS.describe()}"
+            ": 2(N-1) x (latency + largest chunk / bandwidth)."
         )
-    for src, dst, _ in messages:
-        if dst != (src + 1) % n:
-            fail(
-                f"Rank {src} sent to rank {dst} (with N = {n}). In a ring, a rank only "
-                f"sends to its right neighbour, rank (src + 1) % N = {(src + 1) % n}."
-            )
-    expected = ring_messages(data)
-    for r in range(n):
-        mine = [vals for src, _, vals in messages if src == r and vals]
-        ring = [vals for vals in expected[r] if vals]
-        if len(mine) > len(ring):
-            fail(
-                f"{shown} is right, but rank {r} sent {len(mine)} messages, more than a ring "
-                f"needs (2(N-1) = {2 * (n - 1)}, one chunk per step). Send one chunk per step, "
-                "not the whole vector."
-            )
-        for k, (got, exp) in enumerate(zip(mine, ring, strict=False)):
-            if len(got) > len(exp):
-                fail(
-                    f"{shown} gives the right sums, but rank {r}'s message {k} holds "
-                    f"{len(got)} numbers. A ring sends one chunk per step, about L/N = "
-                    f"{length}/{n} numbers: cut the data with chunk_bounds(L, N)."
-                )
-            if len(got) != len(exp) or not all(_same(a, b) for a, b in zip(got, exp, strict=True)):
-                gather = k >= n - 1
-                step = k - (n - 1) if gather else k
-                fail(
-                    f"{shown} gives the right sums, but rank {r}'s message {k} is not what "
-                    f"the ring sends: in {'all-gather' if gather else 'reduce-scatter'} step "
-                    f"{step}, rank {r} sends its copy of chunk {(r + gather - step) % n} "
-                    "(chunk_bounds(L, N)), "
-                    + ("a finished sum." if gather else "the partial sum it has built so far.")
-                )
-        if len(mine) < len(ring):
-            fail(
-                f"{shown} gives the right sums, but rank {r} sent only {len(mine)} of the "
-                f"ring's {len(ring)} messages: every step of both phases sends one chunk."
-            )
-
-
-@exercise(ring_allreduce="function")
-def exercise_4(ring_allreduce, variant) -> str:
-    """Build ring_allreduce(data) -> (result, messages): every rank ends with the element-wise
-    sum, and the messages are the ring's: to the right neighbour, one chunk per step."""
-    shapes = []
-    for (data,), _, result in checks.each_call(ring_allreduce, cases_4(variant)["ring_allreduce"]):
-        n, length = len(data), len(data[0])
-        shapes.append(f"{n}x{length}")
-        shown = f"ring_allreduce(<{n} ranks x {length} numbers>)"
-        answer = checks.as_sequence(result, f"the result of {shown}")
-        if len(answer) != 2:
-            fail(
-                f"{shown} should return two things, (result, messages): the sums on every "
-                "rank, and the log `send` kept of the messages."
-            )
-        _check_sums(shown, data, answer[0])
-        _check_messages(shown, data, answer[1])
     return (
-        f"Right on fresh random cases (ranks x length) {', '.join(shapes)}: every rank holds "
-        "the sum, and each sent its 2(N-1) chunks, the ring's own, to its right neighbour."
+        f"Right on your numbers and fresh ones (ranks x numbers) {', '.join(tried)}: every "
+        "rank holds the sum, sends 2(N-1) chunks, and the messages alone take exactly the "
+        f"ring formula's time.{timing}"
     )
 
 
@@ -426,4 +413,172 @@ def exercise_7(exact) -> str:
     return (
         "Right: only a properly weighted all-reduce of gradients taken at the same weights is "
         "exactly large-batch gradient descent; and a bigger global batch is a different run."
+    )
+
+
+# --------------------------------------------------------------------------- 6.8: DDP
+
+
+given_8 = numbers(bucket_cap=pick("8c", 600, [400, 800, 1200]), microbatches=pick("8m", 2, [3, 4]))
+
+
+def cases_8(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
+    """The learner's own bucket size and micro-batches on a 2-rank MLP, then fresh ones:
+    more ranks, other models and bucket sizes, no accumulation at all."""
+    g, rng = given_8(variant), variant.cases("8")
+    m = g.microbatches
+    cases = [DDPCase(2, 64 * m, 32, 3, m, g.bucket_cap, seed=8)]  # 32 rows a micro-batch
+    for microbatches in (rng.randint(2, 3), 1):
+        devices = rng.randint(2, 4)
+        cases.append(
+            DDPCase(
+                devices,
+                devices * microbatches * rng.randint(2, 4),
+                rng.choice([16, 24, 40]),
+                rng.randint(1, 3),
+                microbatches,
+                rng.randint(200, 1500),
+                rng.randint(1, 10**6),
+            )
+        )
+    return {"ddp_program": [(case,) for case in cases]}
+
+
+def _ddp_failed(shown: str, failure: dict) -> str:
+    kind, said = failure.get("kind"), str(failure["message"])
+    if kind == "not a tensor" and "all_reduce" in said:
+        return (
+            f"{shown}: {said}. A bucket was sent before all its gradients were ready: send it "
+            "from the hook of the last of its gradients to arrive (count them), not the first."
+        )
+    if kind == "deadlock":
+        return (
+            f"{shown} never finished: {said}. Every rank must issue the same all-reduces, in "
+            "the same order: the same buckets, from the same hooks, in the same micro-batch."
+        )
+    return f"{shown}: {said}."
+
+
+def _ddp_calls(shown: str, case: DDPCase, calls: list[dict]) -> None:
+    """The all-reduces of one rank against the buckets the case implies."""
+    from course_utils.actions import Action
+
+    want, last = case.bucket_sizes(), case.microbatches - 1
+    sizes = [c["numel"] for c in calls]
+    during = [Action.parse(c["in"]) for c in calls if c["in"] is not None]
+    early = sorted({a.microbatch or 0 for a in during if a.microbatch != last})
+    if early:
+        fail(
+            f"{shown} all-reduced during micro-batch {early[0]}'s backward: with gradient "
+            "accumulation only the last micro-batch communicates. Run the others inside "
+            "`with ddp.no_sync():`, which keeps the hooks from all-reducing."
+        )
+    if sorted(sizes) == sorted(want + want):
+        fail(
+            f"{shown} reduced twice: {len(sizes)} all-reduces for {len(want)} buckets, each "
+            "bucket twice. The hooks' all-reduces are all there is: `finish` only waits."
+        )
+    if sizes != want:
+        fail(
+            f"{shown} all-reduced {len(sizes)} times, {sizes} numbers, where buckets of at most "
+            f"{case.bucket_cap} numbers, filled in the order the gradients are ready (last "
+            f"layer first), hold {want}. A bucket takes the next parameter unless it would go "
+            "past the cap; then a new one starts."
+        )
+    if not all(c["async"] for c in calls):
+        fail(
+            f"{shown} called a blocking all-reduce: the backward stops until it is done, and "
+            "nothing overlaps. Issue it with `async_op=True` and wait in `finish`."
+        )
+    if len(during) < len(calls) or any(not a.is_backward for a in during):
+        fail(
+            f"{shown} issued its all-reduces after the backward had ended: nothing overlaps. "
+            "A bucket's hook issues it during the backward, as soon as the bucket is full."
+        )
+    if not all(c["waited"] for c in calls):
+        fail(
+            f"{shown} never waited for some all-reduces: their results arrive at `wait()`. "
+            "`finish` waits for every handle before the optimizer step."
+        )
+
+
+def _exposed(run: dict, case: DDPCase) -> tuple[float, float]:
+    """(the communication left once every backward has ended; one all-reduce of all the
+    gradients after the backward) in seconds, on the run's virtual clock."""
+    from course_utils.parallel.costs import ring_allreduce_time
+    from course_utils.parallel.rank_programs import exposed_communication
+
+    exposed, _, _ = exposed_communication(run["timeline"])
+    links: dict = run.get("links") or {}
+    n, nbytes = case.devices, 4 * sum(case.bucket_sizes())
+    try:  # the links the run was timed on (`Links.to_dict`): the ring over its slowest link
+        inside = n <= links["gpus_per_node"]
+        bandwidth = links["intra_bandwidth" if inside else "inter_bandwidth"]
+        return exposed, ring_allreduce_time(nbytes, n, bandwidth, links["latency"])
+    except (KeyError, TypeError, ValueError):  # no such links in the record (or unlimited)
+        return exposed, math.nan
+
+
+def _ddp_weights(shown: str, case: DDPCase, run: dict) -> None:
+    """Every replica's weights against one worker's on the whole batch, and if they differ,
+    the mistake the gradients show."""
+    from course_utils.checks.rank_references import ddp_reference  # the grader's only
+
+    want, n = ddp_reference(case), case.devices
+    for r, weights in enumerate(run["weights"]):
+        if all(close(weights.get(k), w) for k, w in want["weights"].items()):
+            continue
+        grads = {k.split(".", 1)[1]: g for k, g in run["grads"][r].items()}
+        if all(close(grads.get(k), n * g) for k, g in want["grads"].items()):
+            fail(
+                f"{shown}: rank {r}'s gradients are {n} times one worker's: they were summed. "
+                "`ctx.loss` is the mean over this rank's micro-batches; the ranks must then "
+                'average (`op="mean"`), not sum.'
+            )
+        if all(close(grads.get(k), g / n) for k, g in want["grads"].items()):
+            fail(
+                f"{shown}: rank {r}'s gradients are 1/{n} of one worker's: they were averaged "
+                "twice. Average once, in the all-reduce."
+            )
+        early = [
+            k
+            for k, g in want["early"].items()
+            if close(grads.get(k), g) and not close(grads.get(k), want["grads"][k])
+        ]
+        if case.microbatches > 1 and early:
+            fail(
+                f"{shown}: rank {r}'s gradient of `{early[0]}` lacks the last micro-batch: its "
+                "bucket was sent before all its gradients were ready. Send a bucket from the "
+                "hook of the last of its gradients to arrive."
+            )
+        fail(
+            f"{shown}: rank {r}'s weights after the step are not one worker's on the whole "
+            "batch. Every gradient must be averaged over the ranks exactly once, after its "
+            "last micro-batch."
+        )
+
+
+@exercise(given_8, ddp_program=programs.as_program, points=3, partial=True)
+def exercise_8(ddp_program, variant) -> str:
+    """Build DDP: hooks all-reduce buckets as they fill, no communication before the last
+    micro-batch; judged on the weights, the all-reduces and the order of events."""
+    figures = ""
+    for (case,), shown, got in checks.each_call(ddp_program, cases_8(variant)["ddp_program"]):
+        run = programs.evidence(got, shown, case, ("collectives", "weights"))
+        if run["failure"] is not None:
+            fail(_ddp_failed(shown, run["failure"]))
+        for calls in run["collectives"]:
+            _ddp_calls(shown, case, calls)
+        _ddp_weights(shown, case, run)
+        if not figures:
+            exposed, one = _exposed(run, case)
+            figures = (
+                f" On your run's virtual clock the communication left after the backward "
+                f"took {exposed * 1e3:.3g} ms; one all-reduce of all the gradients after the "
+                f"backward would take {one * 1e3:.3g} ms."
+            )
+    return (
+        "Right on your buckets and fresh ones: the replicas' weights equal one worker's on "
+        "the whole batch, with one all-reduce per bucket, each issued during the last "
+        f"micro-batch's backward, before it ended.{figures}"
     )

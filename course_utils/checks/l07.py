@@ -10,7 +10,18 @@ arXiv 1604.06174). torch is imported lazily, only by the checks that need it.
 from __future__ import annotations
 
 from course_utils import checks
-from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge, numbers, pick
+from course_utils.checks import (
+    DEFAULT,
+    OTHERWISE,
+    Variant,
+    exercise,
+    fail,
+    judge,
+    numbers,
+    pick,
+    programs,
+)
+from course_utils.checks.rank_cases import TPCase, close
 
 for_student = checks.lesson_checks(__name__)
 
@@ -48,7 +59,7 @@ def cases_1(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
     }
 
 
-@exercise(split_columns="function", gather_outputs="function")
+@exercise(split_columns="function", gather_outputs="function", partial=True)
 def exercise_1(split_columns, gather_outputs, variant) -> str:
     """Build split_columns(A, n) and gather_outputs(parts) for a column-parallel layer."""
     import torch
@@ -107,7 +118,7 @@ def exercise_1(split_columns, gather_outputs, variant) -> str:
             fail(f"{shown} has the right shape but not the values of X @ A: check the order.")
     shapes = [(d_in, n, d_out) for d_in, n, d_out, _ in _shapes_1(variant)]
     return (
-        f"Right on {len(shapes)} fresh random shapes (d_in, n, d_out) = {shapes}: the column "
+        f"Right on {len(shapes)} random shapes (d_in, n, d_out) = {shapes}: the column "
         "shards reproduce X @ A with no communication but the final concatenation."
     )
 
@@ -298,7 +309,7 @@ def cases_5(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
     return {"groups_of": [(rank, tp, pp, dp) for tp, pp, dp, rank in _grids_5(variant)]}
 
 
-@exercise(groups_of="function")
+@exercise(groups_of="function", partial=True)
 def exercise_5(groups_of, variant) -> str:
     """Build groups_of(rank, tp, pp, dp): the tensor, pipeline and data groups of one rank."""
     cases = cases_5(variant)["groups_of"]
@@ -324,7 +335,7 @@ def exercise_5(groups_of, variant) -> str:
                 )
                 fail(f"{what} = {group} is not right: {hint}")
     return (
-        f"Right on {len(cases)} grids and ranks (the lesson's and fresh random ones): each "
+        f"Right on {len(cases)} grids and ranks (the lesson's and random ones): each "
         "rank talks to its tensor group every layer, its pipeline neighbours per micro-batch "
         "and its data-parallel twins once per step."
     )
@@ -390,4 +401,114 @@ def exercise_7(g, peak_gb, extra_compute) -> str:
         f"Right: {want:g} GB instead of {L * a:g} GB of activations, for a third more compute. "
         "With k segments of L/k layers the peak is about k inputs + L/k layers: smallest near "
         "k = sqrt(L)."
+    )
+
+
+# --------------------------------------------------------------------------- 7.8: the TP MLP
+
+
+given_8 = numbers(tokens=pick("8t", 6, [4, 5, 8]), d_model=pick("8d", 8, [6, 10, 12]))
+
+
+def cases_8(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
+    """The learner's own MLP on 2 ranks, then fresh ones: more ranks, hidden sizes the
+    ranks do not divide."""
+    g, rng = given_8(variant), variant.cases("8")
+    cases = [TPCase(2, g.tokens, g.d_model, 4 * g.d_model, seed=8)]
+    for devices in (rng.randint(3, 4), 2):
+        d_model = rng.randint(4, 12)
+        hidden = devices * rng.randint(2, 6) + rng.randint(0, devices - 1)
+        cases.append(TPCase(devices, rng.randint(3, 9), d_model, hidden, rng.randint(1, 10**6)))
+    return {"tp_mlp": [(case,) for case in cases]}
+
+
+def _tp_failed(shown: str, failure: dict) -> str:
+    said = str(failure["message"])
+    if failure.get("kind") == "deadlock":
+        return (
+            f"{shown} never finished: {said}. Every rank must call the same all-reduces in "
+            "the same order: one in g's forward, one in f's backward."
+        )
+    return f"{shown}: {said}."
+
+
+def _tp_counts(shown: str, calls: list[dict]) -> None:
+    """Exactly one all-reduce in the forward (g) and one in the backward (f)."""
+    from course_utils.actions import Action
+
+    kinds = [
+        Action.parse(c["in"]).kind if c["in"] else None for c in calls if c["op"] == "all_reduce"
+    ]
+    forward, backward = kinds.count("F"), kinds.count("B")
+    if backward > 1:
+        fail(
+            f"{shown} reduced twice in the backward ({backward} all-reduces): g's backward "
+            "passes dL/dY on unchanged, since every rank already holds all of it. Only f's "
+            "backward sums."
+        )
+    if backward == 0:
+        fail(
+            f"{shown} has no all-reduce in the backward: each rank's input gradient is then "
+            "only its slice's share. f's backward must sum them (f as an autograd Function, "
+            "applied to the input)."
+        )
+    if forward != 1:
+        fail(
+            f"{shown} ran {forward} all-reduces in the forward; the column-then-row MLP needs "
+            "exactly one, g's, summing the partial outputs."
+        )
+
+
+@exercise(given_8, tp_mlp=programs.as_program, points=3, partial=True)
+def exercise_8(tp_mlp, variant) -> str:
+    """Build the tensor-parallel MLP with f and g; judged against the unsplit MLP, with the
+    all-reduces counted."""
+    from course_utils.checks.rank_references import tp_reference  # the grader's only
+
+    tried = []
+    for (case,), shown, got in checks.each_call(tp_mlp, cases_8(variant)["tp_mlp"]):
+        run = programs.evidence(got, shown, case, ("collectives", "outputs", "input_grads"))
+        if run["failure"] is not None:
+            fail(_tp_failed(shown, run["failure"]))
+        for calls in run["collectives"]:
+            _tp_counts(shown, calls)
+        want, n = tp_reference(case), case.devices
+        for r, (y, dx) in enumerate(zip(run["outputs"], run["input_grads"], strict=True)):
+            if close(y, want["output"]):
+                pass
+            elif close(y, want["swapped"][r]):
+                fail(
+                    f"{shown}: rank {r}'s output is not the MLP's: the all-reduce is in f's "
+                    "forward instead of g's. Every rank already holds the whole input: f passes "
+                    "it on as it is; g sums the partial outputs of the row-parallel layer."
+                )
+            elif close(y, want["bias"]):
+                fail(
+                    f"{shown}: rank {r}'s output is the MLP's plus {n - 1} times the bias b2: "
+                    f"each of the {n} ranks added it before the sum. Add b2 once, after g."
+                )
+            elif close(y, want["mean"]):
+                fail(
+                    f"{shown}: rank {r}'s output is the mean of the partial outputs: g must "
+                    'sum them (`op="sum"`), since the row-parallel layer splits a sum.'
+                )
+            else:
+                fail(f"{shown}: rank {r}'s output is not the unsplit MLP's output.")
+            if not close(dx, want["input_grad"]):
+                fail(
+                    f"{shown}: rank {r}'s input gradient is not the unsplit MLP's: f's "
+                    "backward sums the ranks' shares of dL/dX, once."
+                )
+            for key in ("w1", "b1", "w2", "b2"):
+                if not close(run["grads"][r].get(f"{r}.{key}"), want["grads"][f"{r}.{key}"]):
+                    fail(
+                        f"{shown}: rank {r}'s gradient of its `{key}` is not its share of "
+                        "the unsplit MLP's."
+                    )
+        tried.append(f"{n} ranks")
+    return (
+        f"Right on your MLP and fresh ones ({', '.join(tried)}): every rank's output and input "
+        "gradient equal the unsplit MLP's, its shard's weight gradients are its share of the "
+        "unsplit ones', with exactly one all-reduce in the forward (g) and one in the "
+        "backward (f)."
     )

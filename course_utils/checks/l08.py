@@ -7,12 +7,28 @@ parameter (16 in all); ZeRO stage 1 shards the optimizer state, stage 2 also the
 stage 3 also the parameters (Rajbhandari et al. 2019, arXiv 1910.02054); stage 3 is FSDP
 (Zhao et al. 2023, arXiv 2304.11277). A layer is one flat vector, padded with zeros to a
 multiple of N and cut into N equal contiguous shards.
+
+Exercise 8.6's answer is a program every rank runs (`checks.programs.ShardCase`): judged in
+the grader from its run's evidence against one device's SGD step, the ZeRO-3 traffic formula
+and a memory target (its shards, one gathered layer and one gradient shard at a time).
 """
 
 from __future__ import annotations
 
 from course_utils import checks
-from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge, numbers, pick
+from course_utils.checks import (
+    DEFAULT,
+    OTHERWISE,
+    Variant,
+    builds,
+    exercise,
+    fail,
+    judge,
+    numbers,
+    pick,
+    programs,
+)
+from course_utils.checks.programs import ShardCase
 
 for_student = checks.lesson_checks(__name__)
 
@@ -81,7 +97,7 @@ def _shard_size(flat: list[float], workers: int) -> int:
     return padded_shard_numels([len(flat)], workers)[0]
 
 
-@exercise(shard="function")
+@exercise(shard="function", partial=True)
 def exercise_2(shard, variant) -> str:
     """Build shard(flat, workers, rank): worker `rank`'s slice of the zero-padded vector."""
     cases = cases_2(variant)["shard"]
@@ -295,3 +311,39 @@ def exercise_5(g, waiting_share, fix, gain, variant) -> str:
         f"step. Issuing the next layer's gather before computing the current one hides "
         f"them behind compute: {want_gain:.2f}x as fast, for one more gathered layer of memory."
     )
+
+
+# --------------------------------------------------------------------------- 8.6: the program
+
+
+given_6 = numbers(
+    N=pick("6n", 2, [2, 3, 4]),
+    hidden=pick("6h", 24, [16, 20, 28]),
+    depth=pick("6d", 2, [1, 2, 3]),
+    batch=lambda g: 4 * g.N,
+)
+
+
+def cases_6(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
+    """The learner's own model (their numbers), then two more: in the notebook fixed by their
+    name, in the grader drawn afresh (other ranks, sizes, depths and seeds)."""
+    g, rng = given_6(variant), variant.cases("6")
+    cases = [ShardCase(devices=g.N, batch=g.batch, hidden=g.hidden, depth=g.depth, seed=8)]
+    for _ in range(2):
+        n = rng.choice([2, 3, 4])
+        cases.append(
+            ShardCase(
+                devices=n,
+                batch=n * rng.choice([1, 2, 3]),
+                hidden=rng.choice([12, 20, 28]),
+                depth=rng.choice([1, 2, 3]),
+                seed=rng.randint(1, 10**6),
+            )
+        )
+    return {"fsdp_step": [(case,) for case in cases]}
+
+
+@exercise(given_6, fsdp_step=programs.as_program, points=3, partial=True)
+def exercise_6(fsdp_step, variant) -> str:
+    """Build one FSDP (ZeRO-3) step as a per-rank program; judged on what the run did."""
+    return builds.fsdp_step(fsdp_step, cases_6(variant)["fsdp_step"])

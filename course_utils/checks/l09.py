@@ -1,7 +1,9 @@
 """Checks for lesson 09's exercises (sequence parallelism and context parallelism).
 
 Every expected answer is computed with `course_utils.parallel` (Korthikanti's formula, the
-ring's layout, work and memory, the ring simulator) or `merge_partials`. Conventions shared
+ring's layout, work and memory, the ring simulator); Exercise 9.2's answer is a program every
+rank runs (`checks.programs.AttentionCase`), judged from its run against full causal attention
+(`attention`) and the ring's order of sends. Conventions shared
 with the lesson: an MLP block keeps, per device, Korthikanti's five terms (Korthikanti et al.
 2022, arXiv 2205.05198): the LayerNorm input, the first linear's input, the GeLU input, the
 second linear's input (e bytes per value each) and the dropout mask (one byte per value);
@@ -13,7 +15,19 @@ worker i chunks i and 2N-1-i of 2N (Dubey et al. 2024, arXiv 2407.21783).
 from __future__ import annotations
 
 from course_utils import checks
-from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge, numbers, pick
+from course_utils.checks import (
+    DEFAULT,
+    OTHERWISE,
+    Variant,
+    builds,
+    exercise,
+    fail,
+    judge,
+    numbers,
+    pick,
+    programs,
+)
+from course_utils.checks.programs import AttentionCase
 
 for_student = checks.lesson_checks(__name__)
 
@@ -76,125 +90,30 @@ def exercise_1(g, tp_only, with_sp) -> str:
     )
 
 
-def _merge_case(seed: int, t: int, d: int, kv: tuple[int, int], kind: str) -> tuple:
-    """Two key blocks' partial attention for the same queries: (out_a, lse_a, out_b, lse_b)."""
-    import torch
-
-    from course_utils.parallel.context_parallel import block_attention
-
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(t, d, generator=gen)
-    blocks = [(torch.randn(n, d, generator=gen), torch.randn(n, d, generator=gen)) for n in kv]
-    if kind == "large":  # sharp attention: log-sum-exps far above exp's float32 range (88)
-        q = q * 400.0
-        # ... on every draw: query 0 scores exactly 400 against block a's first key (a random
-        # q alone fell short once in CI, and a merge by plain exp passed).
-        key = blocks[0][0][0]
-        q[0] = key / key.dot(key) * 400.0 * d**0.5
-    mask_a = None
-    if kind == "masked":  # causal-like: query i sees block a's keys j < i, so row 0 sees none
-        mask_a = torch.arange(kv[0]).unsqueeze(0) < torch.arange(t).unsqueeze(1)
-    out_a, lse_a = block_attention(q, *blocks[0], mask=mask_a)
-    out_b, lse_b = block_attention(q, *blocks[1])
-    return (out_a, lse_a, out_b, lse_b)
+given_2 = numbers(
+    N=pick("2n", 4, [2, 3, 4]),
+    tokens=pick("2t", 4, [3, 4, 5]),
+    dim=pick("2d", 8, [4, 8]),
+)
+SHARP = 400  # queries scaled so: log-sum-exps near 400, far above float32 exp's range (88)
 
 
 def cases_2(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
-    rng = variant.cases("2")
-    specs = [(3, 4, (2, 3), "plain"), (4, 3, (3, 4), "masked"), (3, 4, (2, 2), "large")]
-    for _ in range(3):
-        specs.append(
-            (rng.randint(1, 5), rng.randint(2, 6), (rng.randint(1, 4), rng.randint(1, 4)), "plain")
-        )
-    cases = [_merge_case(rng.randint(0, 10**6), *spec) for spec in specs]
-    return {"merge": cases}
+    """The learner's own ring twice (their numbers; the second with sharp attention), then
+    two more: in the notebook fixed by their name, in the grader drawn afresh."""
+    g, rng = given_2(variant), variant.cases("2")
+    mine = {"devices": g.N, "tokens": g.tokens, "dim": g.dim}
+    cases = [AttentionCase(**mine, seed=9), AttentionCase(**mine, seed=10, sharp=SHARP)]
+    for sharp in (1, SHARP):
+        devices, tokens, dim = rng.choice([2, 3, 4]), rng.choice([2, 3, 5]), rng.choice([4, 6])
+        cases.append(AttentionCase(devices, tokens, dim, rng.randint(1, 10**6), sharp))
+    return {"ring_attention": [(case,) for case in cases]}
 
 
-def _close(got, want) -> bool:
-    import torch
-
-    return got.shape == want.shape and bool(
-        torch.isclose(got, want, rtol=1e-4, atol=1e-5).all()  # -inf == -inf counts as close
-    )
-
-
-@exercise(merge="function")
-def exercise_2(merge, variant) -> str:
-    """Build merge(out_a, lse_a, out_b, lse_b) -> (out, lse): the log-sum-exp merge."""
-    import torch
-
-    from course_utils.parallel.context_parallel import merge_partials
-
-    cases = cases_2(variant)["merge"]
-    for i, ((out_a, lse_a, out_b, lse_b), _, result) in enumerate(checks.each_call(merge, cases)):
-        kind = "masked" if i == 1 else "large" if i == 2 else "plain"
-        t, d = out_a.shape
-        shown = f"merge(...) on case {i + 1} ({t} queries of dim {d}"
-        shown += {
-            "plain": ")",
-            "masked": ", query 0 sees no key of block a: lse_a[0] = -inf)",
-            "large": ", sharp attention: log-sum-exps near 100 or more)",
-        }[kind]
-        result = checks.as_sequence(result, shown)
-        if len(result) != 2:
-            fail(f"{shown} returned {len(result)} values; return the pair (out, lse).")
-        out = checks.as_tensor(result[0], f"the out of {shown}", out_a.shape)
-        lse = checks.as_tensor(result[1], f"the lse of {shown}", lse_a.shape)
-        want_out, want_lse = merge_partials(out_a, lse_a, out_b, lse_b)
-        if _close(out, want_out) and _close(lse, want_lse):
-            continue
-        if not torch.isfinite(out).all() or torch.isnan(lse).any():
-            if kind == "large":
-                fail(
-                    f"{shown} has inf or NaN: exp of a log-sum-exp above 88 overflows float32. "
-                    "Write each weight as exp(lse_x - lse), or sigmoid(lse_a - lse_b): "
-                    "they never exceed 1."
-                )
-            fail(
-                f"{shown} has inf or NaN. A query that sees no key of a block has lse = -inf "
-                "there, and its weight must come out as exactly 0. Look for a step that meets "
-                "inf - inf or -inf + inf (NaN); subtracting the larger lse first avoids them."
-            )
-        if not _close(lse, want_lse):
-            if _close(lse, torch.maximum(lse_a, lse_b)):
-                fail(
-                    f"{shown}: lse is the larger of the two. The log-sum-exp over both blocks "
-                    "is log(exp(lse_a) + exp(lse_b)), above either one."
-                )
-            if _close(lse, lse_a + lse_b):
-                fail(
-                    f"{shown}: lse = lse_a + lse_b multiplies the two sums of exponentials; "
-                    "the keys of both blocks together need their sum."
-                )
-            fail(f"{shown}: lse is not the log-sum-exp over the keys of both blocks.")
-        if _close(out, (out_a + out_b) / 2):
-            fail(
-                f"{shown}: out is the plain average, as if both blocks held the same share of "
-                "the softmax. Weigh each block by its share: exp(lse_a - lse) and "
-                "exp(lse_b - lse)."
-            )
-        wa, wb = (
-            torch.exp(lse_a - want_lse).unsqueeze(-1),
-            torch.exp(lse_b - want_lse).unsqueeze(-1),
-        )
-        if _close(out, wb * out_a + wa * out_b):
-            fail(f"{shown}: the two weights are swapped: out_a goes with exp(lse_a - lse).")
-        if kind != "large" and _close(
-            out, torch.exp(lse_a).unsqueeze(-1) * out_a + torch.exp(lse_b).unsqueeze(-1) * out_b
-        ):
-            fail(
-                f"{shown}: the weights exp(lse_a) and exp(lse_b) do not add up to 1: divide "
-                "them by exp(lse)."
-            )
-        fail(
-            f"{shown}: lse is right but out is not. Each block's out is already normalised "
-            "by its own sum; rescale each to the common sum, then add."
-        )
-    return (
-        f"Right on {len(cases)} cases, including a query that sees no key of one block and "
-        "log-sum-exps far beyond float32's exp. The merge is exact, so blocks of keys may "
-        "arrive one at a time, in any order: that is what lets ring attention pass them round."
-    )
+@exercise(given_2, ring_attention=programs.as_program, points=3, partial=True)
+def exercise_2(ring_attention, variant) -> str:
+    """Build causal ring attention as a per-rank program; judged on what the run did."""
+    return builds.ring_attention(ring_attention, cases_2(variant)["ring_attention"])
 
 
 def given_3(variant: Variant = DEFAULT) -> dict:

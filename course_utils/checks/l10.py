@@ -6,6 +6,10 @@ ceil(capacity_factor x tokens x k / E) (Switch Transformer, Fedus et al. 2021, a
 2101.03961, eq. 3, rounded up); slots are filled first come, first served in token order;
 worker w of N holds the contiguous experts w x E/N ... (w+1) x E/N - 1; a token is d_model
 numbers, and tokens for an expert on the sender's own worker never leave it.
+
+Exercise 10.8's answer is a program every rank runs (`checks.programs.DispatchCase`): judged
+in the grader from its run against the MoE layer on one device and Exercise 10.2's byte
+matrix (the dispatch's, and the combine's, its transpose).
 """
 
 from __future__ import annotations
@@ -13,7 +17,20 @@ from __future__ import annotations
 import math
 
 from course_utils import checks
-from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge
+from course_utils.checks import (
+    DEFAULT,
+    OTHERWISE,
+    Variant,
+    builds,
+    exercise,
+    fail,
+    judge,
+    numbers,
+    pick,
+    programs,
+)
+from course_utils.checks.builds import byte_matrix as _matrix
+from course_utils.checks.programs import DispatchCase
 
 for_student = checks.lesson_checks(__name__)
 
@@ -107,19 +124,6 @@ def exercise_1(g, tokens_per_expert, capacity, dropped, capacity_top2) -> str:
     )
 
 
-def _matrix(routed, d_model: int, size: int, owner=None, home: int = 0) -> list[list[int]]:
-    """Bytes worker s sends worker d for the experts d holds (contiguous blocks unless
-    `owner(e, workers)` says otherwise); a worker sends itself `home` times its tokens."""
-    workers, experts = len(routed), len(routed[0])
-    owner = owner or (lambda e, n: e // (experts // n))
-
-    def sent(s: int, d: int) -> int:
-        tokens = sum(routed[s][e] for e in range(experts) if owner(e, workers) == d)
-        return (home if s == d else 1) * tokens * d_model * size
-
-    return [[sent(s, d) for d in range(workers)] for s in range(workers)]
-
-
 def cases_2(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
     rng = variant.cases("2")
     cases = [([[rng.randint(0, 9) for _ in range(2)]], 8, 4)]  # one worker: nothing moves
@@ -129,7 +133,7 @@ def cases_2(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
     return {"dispatch_bytes": cases}
 
 
-@exercise(dispatch_bytes="function")
+@exercise(dispatch_bytes="function", partial=True)
 def exercise_2(dispatch_bytes, variant) -> str:
     """Build dispatch_bytes(routed, d_model, element_size): the N x N matrix of bytes."""
     cases = cases_2(variant)["dispatch_bytes"]
@@ -164,7 +168,7 @@ def exercise_2(dispatch_bytes, variant) -> str:
             "worker d holds, times d_model x element_size bytes; 0 when s == d."
         )
     shapes = ", ".join(f"{len(r)}x{len(r[0])}" for r, _, _ in cases)
-    return f"Right on fresh random routings (workers x experts = {shapes})."
+    return f"Right on random routings (workers x experts = {shapes})."
 
 
 DEFAULT_ROUTED_3 = [[120, 40, 70, 26], [60, 90, 30, 76]]
@@ -560,3 +564,35 @@ def exercise_7(g, chosen, gates, new_bias) -> str:
         f"{[round(b, 3) for b in want_bias]}. The busy experts get slightly less attractive, "
         "step after step, without any gradient on the router."
     )
+
+
+# --------------------------------------------------------------------------- 10.8: the program
+
+
+given_8 = numbers(
+    N=pick("8n", 2, [2, 3, 4]),
+    per=pick("8p", 2, [1, 2]),
+    experts=lambda g: g.N * g.per,
+    top_k=pick("8k", 2, [1, 2]),
+    d_model=pick("8d", 8, [4, 8, 16]),
+    tokens=pick("8t", 6, [5, 6, 8]),
+)
+
+
+def cases_8(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
+    """The learner's own layer (their numbers), then two more: in the notebook fixed by their
+    name, in the grader drawn afresh (other ranks, experts, k, widths and seeds)."""
+    g, rng = given_8(variant), variant.cases("8")
+    cases = [DispatchCase(g.N, g.experts, g.top_k, g.d_model, g.tokens, seed=10)]
+    for top_k in (1, 2):
+        n = rng.choice([2, 3, 4])
+        experts = n * rng.choice([1, 2])
+        d, tokens = rng.choice([4, 6, 8]), rng.choice([3, 5, 8])
+        cases.append(DispatchCase(n, experts, top_k, d, tokens, rng.randint(1, 10**6)))
+    return {"moe_layer": [(case,) for case in cases]}
+
+
+@exercise(given_8, moe_layer=programs.as_program, points=3, partial=True)
+def exercise_8(moe_layer, variant) -> str:
+    """Build the expert-parallel MoE layer's dispatch and combine; judged on what the run did."""
+    return builds.moe_layer(moe_layer, cases_8(variant)["moe_layer"])

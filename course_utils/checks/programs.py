@@ -20,6 +20,14 @@ stage costs (`ProgramCase.costs`), and `target` the step and memory of the regis
 on the same case, which the notebook prints before the learner starts (the LLM-Training-
 Puzzles way) and against the learner's run after (`scorecard`).
 
+The Builds of lessons 08 to 10 have cases of their own, drawn from numbers too: `ShardCase`
+(an FSDP step: the MLP sharded over the ranks, `parallel.fsdp.rank_program`), `AttentionCase`
+(ring attention over a sequence split in blocks, `parallel.context_parallel.rank_program`)
+and `DispatchCase` (an MoE layer's experts over the ranks, `parallel.moe.rank_program`).
+Their runs are watched (`threads.watched`): the evidence adds, per rank, each collective
+with the bytes it sent to every rank, each message with what it carried, and the buffers
+the rank held at every moment; and what the program left (its shards) or returned.
+
 This module imports torch only when a case is run or judged.
 """
 
@@ -31,6 +39,14 @@ from typing import Any
 
 from course_utils.checks import check_function, fail
 from course_utils.checks.wire import Replay
+
+
+def _whole_numbers(case: Any) -> None:
+    """Every field of `case` a whole number >= 1 (a case is numbers, so that it can cross)."""
+    for name, value in asdict(case).items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            kind = type(case).__name__
+            raise ValueError(f"{kind}.{name} must be a whole number >= 1, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -50,9 +66,7 @@ class ProgramCase:
     chunks: int = 1
 
     def __post_init__(self) -> None:
-        for name, value in asdict(self).items():
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"ProgramCase.{name} must be a whole number >= 1, got {value!r}")
+        _whole_numbers(self)
 
     def __repr__(self) -> str:  # what a learner reads in a message; unique per case (`Replay`)
         shape = f"MLP {self.d_in}-{self.hidden}x{self.depth}-{self.classes}"
@@ -65,14 +79,11 @@ class ProgramCase:
     def build(self):
         """(stages, inputs, targets): the same numbers in every process, whatever the caller's
         own random state (left as it was)."""
-        import torch
+        from course_utils.models import partition
 
-        from course_utils.models import MLP, partition
-
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self.seed)
-            model = MLP(self.d_in, self.hidden, self.classes, self.depth)
-            x, y = model.example_batch(self.batch, torch.Generator().manual_seed(self.seed))
+        model, x, y = _seeded_mlp(
+            self.seed, self.d_in, self.hidden, self.classes, self.depth, self.batch
+        )
         return partition(model, self.devices * self.chunks), x, y
 
     def run(self, program: Callable, microbatches: int | None = None, raise_failure=True):
@@ -117,6 +128,143 @@ class ProgramCase:
         return {"grads": grads, "handed": handed[:-1]}
 
 
+def _seeded_mlp(seed: int, d_in: int, hidden: int, classes: int, depth: int, batch: int):
+    """The course's MLP and a batch, made from `seed` whatever the caller's random state."""
+    import torch
+
+    from course_utils.models import MLP
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = MLP(d_in, hidden, classes, depth)
+        x, y = model.example_batch(batch, torch.Generator().manual_seed(seed))
+    return model, x, y
+
+
+@dataclass(frozen=True)
+class ShardCase:
+    """One trial of an FSDP step (Exercise 8.6): the course's MLP (`d_in` inputs, `depth`
+    blocks of `hidden`, `classes` outputs) made from `seed`, sharded over `devices` ranks,
+    each with `batch` / `devices` rows of the batch."""
+
+    devices: int
+    batch: int
+    hidden: int
+    seed: int
+    depth: int = 2
+    d_in: int = 16
+    classes: int = 10
+
+    def __post_init__(self) -> None:
+        _whole_numbers(self)
+
+    def __repr__(self) -> str:
+        shape = f"MLP {self.d_in}-{self.hidden}x{self.depth}-{self.classes}"
+        return f"{self.devices} ranks, {shape}, batch {self.batch}, seed {self.seed}"
+
+    def build(self):
+        """(model, inputs, targets)."""
+        return _seeded_mlp(self.seed, self.d_in, self.hidden, self.classes, self.depth, self.batch)
+
+    def __course_call__(self, program: Callable) -> dict:
+        from course_utils.parallel.fsdp.rank_program import run_fsdp_program, shards
+
+        model, x, y = self.build()
+        run = run_fsdp_program(program, model, self.devices, x, y, raise_failure=False)
+        return run.evidence() | {"shards": shards(run)}
+
+
+@dataclass(frozen=True)
+class AttentionCase:
+    """One trial of causal ring attention (Exercise 9.2): `devices` ranks holding `tokens`
+    tokens each of dimension `dim`, made from `seed`; with `sharp` > 1 the queries are
+    scaled by it (sharp attention: log-sum-exps far above float32's exp range)."""
+
+    devices: int
+    tokens: int
+    dim: int
+    seed: int
+    sharp: int = 1
+
+    def __post_init__(self) -> None:
+        _whole_numbers(self)
+
+    def __repr__(self) -> str:
+        sharp = f", queries x {self.sharp} (sharp attention)" if self.sharp > 1 else ""
+        return (
+            f"{self.devices} ranks, {self.tokens} tokens each of dim {self.dim}, causal, "
+            f"seed {self.seed}{sharp}"
+        )
+
+    def build(self):
+        """(q, k, v), each (devices x tokens, dim)."""
+        import torch
+
+        gen = torch.Generator().manual_seed(self.seed)
+        shape = (self.devices * self.tokens, self.dim)
+        q, k, v = (torch.randn(shape, generator=gen) for _ in range(3))
+        return q * self.sharp, k, v
+
+    def __course_call__(self, program: Callable) -> dict:
+        from course_utils.parallel.context_parallel.rank_program import outputs, run_ring_program
+
+        q, k, v = self.build()
+        run = run_ring_program(program, q, k, v, self.devices, raise_failure=False)
+        return run.evidence() | {"outputs": _returned(outputs(run))}
+
+
+@dataclass(frozen=True)
+class DispatchCase:
+    """One trial of an expert-parallel MoE layer (Exercise 10.8): `experts` experts of an MoE
+    block (`d_model`, hidden 2 d_model, top-`top_k`, router leaning to expert 0) made from
+    `seed`, over `devices` ranks holding `tokens` tokens each."""
+
+    devices: int
+    experts: int
+    top_k: int
+    d_model: int
+    tokens: int
+    seed: int
+
+    def __post_init__(self) -> None:
+        _whole_numbers(self)
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.devices} ranks, {self.experts} experts, top-{self.top_k}, d_model "
+            f"{self.d_model}, {self.tokens} tokens per rank, seed {self.seed}"
+        )
+
+    def build(self):
+        """(moe, x): the block (no capacity: no token is dropped) and every rank's tokens."""
+        import torch
+
+        from course_utils.parallel.moe import MoE
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            moe = MoE(self.d_model, 2 * self.d_model, self.experts, self.top_k, None, skew=0.5)
+        gen = torch.Generator().manual_seed(self.seed)
+        return moe, torch.randn(self.devices * self.tokens, self.d_model, generator=gen)
+
+    def __course_call__(self, program: Callable) -> dict:
+        from course_utils.parallel.moe.rank_program import run_moe_program
+
+        moe, x = self.build()
+        run = run_moe_program(program, moe, x, self.devices, raise_failure=False)
+        return run.evidence() | {"outputs": _returned(run.results)}
+
+
+def _returned(values: list) -> list:
+    """What the ranks' programs returned, as data: a tensor, or the name of what else it was."""
+    import torch
+
+    return [
+        v.detach().clone() if isinstance(v, torch.Tensor) else f"a {type(v).__name__}"
+        for v in values
+    ]
+
+
 def as_program(value: Any, what: str) -> Callable[[ProgramCase], Any]:
     """The shape of a rank-program answer (`exercise(naive_program=as_program)`): a function
     of a case that gives the run's evidence. Graded, `value` is already that (a `Replay` of
@@ -131,18 +279,21 @@ EVIDENCE = ("world", "actions", "grads", "bytes_sent", "bytes_received", "sends"
 COUNTS = ("bytes_sent", "bytes_received", "saved_bytes", "saved_microbatches")
 
 
-def evidence(got: Any, shown: str, case: ProgramCase) -> dict:
-    """`got` as a run's evidence for `case`, else a failure: whatever else a kernel sends
-    (a verdict of its own, a field too few) is not evidence."""
+def evidence(got: Any, shown: str, case: Any, per_rank: tuple[str, ...] = ()) -> dict:
+    """`got` as a run's evidence for `case` (its `devices` ranks), else a failure: whatever
+    else a kernel sends (a verdict of its own, a field too few) is not evidence. `per_rank`:
+    more fields it must hold, each a list with one item per rank."""
     from course_utils.actions import Action
 
     ranks = case.devices
 
-    def per_rank(value: Any) -> bool:
+    def one_each(value: Any) -> bool:
         return isinstance(value, list) and len(value) == ranks
 
+    fields = [*EVIDENCE[1:], *COUNTS, *per_rank]
     ok = isinstance(got, dict) and all(key in got for key in (*EVIDENCE, *COUNTS, "failure"))
-    ok = ok and got["world"] == ranks and all(per_rank(got[k]) for k in (*EVIDENCE[1:], *COUNTS))
+    ok = ok and all(key in got for key in per_rank)
+    ok = ok and got["world"] == ranks and all(one_each(got[k]) for k in fields)
     ok = ok and all(isinstance(a, Action) for acts in got["actions"] for a in acts)
     ok = ok and all(isinstance(g, dict) for g in got["grads"])
     ok = ok and all(isinstance(n, int) and not isinstance(n, bool) for k in COUNTS for n in got[k])
@@ -151,6 +302,58 @@ def evidence(got: Any, shown: str, case: ProgramCase) -> dict:
     if not ok:
         fail(f"{shown} did not come back as the record of a run (run_ranks): it cannot be judged.")
     return got
+
+
+WATCHED = ("collectives", "messages", "buffers", "snapshots", "fixed")
+
+
+def watched(got: Any, shown: str, case: Any, left: str) -> dict:
+    """`got` as a watched run's evidence for `case` (`threads.watched`), with what the
+    program left per rank under `left` ("shards", "outputs"), else a failure."""
+    ranks = case.devices
+    ok = isinstance(got, dict) and got.get("world") == ranks and "failure" in got
+    ok = ok and all(
+        isinstance(got.get(k), list) and len(got[k]) == ranks for k in ("watched", left)
+    )
+    ok = ok and all(isinstance(w, dict) and all(k in w for k in WATCHED) for w in got["watched"])
+    ok = ok and all(_readable(w) for w in got["watched"])
+    failure = got.get("failure") if ok else None
+    ok = ok and (failure is None or (isinstance(failure, dict) and "message" in failure))
+    if not ok:
+        fail(f"{shown} did not come back as the record of a run (run_ranks): it cannot be judged.")
+    return got
+
+
+def _readable(watch: dict) -> bool:
+    """Every number of a watch's evidence a whole number, where a number goes."""
+    try:
+        numbers = [b for c in watch["collectives"] for b in c[1]] + [watch["fixed"]]
+        numbers += [n for m in watch["messages"] for n in (m[0], m[2])]
+        numbers += [b[1] for b in watch["buffers"]]
+        held = [h for snap in watch["snapshots"] for h in snap]
+        numbers += [n for h in held for n in h]
+        ok = all(0 <= h[0] < len(watch["buffers"]) for h in held)
+    except (TypeError, IndexError, KeyError):
+        return False
+    return ok and all(isinstance(n, int) and not isinstance(n, bool) for n in numbers)
+
+
+def stopped(shown: str, failure: dict, advice: dict[str, str]) -> str:
+    """The hint for a run that stopped with `failure`: what it says, then the `advice` for
+    its kind ("deadlock", "unreceived", ...; under "" the advice for any other kind)."""
+    kind, said = failure.get("kind"), str(failure["message"])
+    start = f"{shown} never finished" if kind == "deadlock" else shown
+    return f"{start}: {said}. {advice.get(str(kind), advice.get('', ''))}".rstrip()
+
+
+def held_at_peak(watch: dict) -> tuple[int, list[str]]:
+    """(the most bytes a rank held at once, what it held then), from its snapshots."""
+    best, names = int(watch["fixed"]), []
+    for snap in watch["snapshots"]:
+        total = int(watch["fixed"]) + sum(int(n) for _, n in snap)
+        if total > best:
+            best, names = total, [str(watch["buffers"][int(i)][0]) for i, _ in snap]
+    return best, names
 
 
 def gradients_off(got: dict, case: ProgramCase, want: dict) -> dict[int, str]:
@@ -178,13 +381,6 @@ def gradients_off(got: dict, case: ProgramCase, want: dict) -> dict[int, str]:
 
 
 # --------------------------------------------------------------------------- pipelines
-
-
-def drawn(variant, key: str):
-    """The random source of a program exercise's other cases (`Variant.cases`, as every
-    Build's): in a notebook fixed by the student's name, so every run tries the same models;
-    graded, the grader's own secret draw."""
-    return variant.cases(key)
 
 
 def drawn_case(rng, devices: int, microbatches: int, chunks: int = 1) -> ProgramCase:

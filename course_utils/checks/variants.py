@@ -22,10 +22,9 @@ class Variant:
 
     Every learner gets the same questions with different numbers (p, m, sizes, bandwidths),
     so copying a neighbour's answers fails. The default student gets the course's own
-    numbers, the ones the solutions are written for. `cases_seed` is the grader's secret
-    draw of the inputs Build exercises are tried on (a learner cannot know them); without it,
-    in a notebook, they are drawn from the student's name: the same on every run, so a
-    solved notebook prints the same messages each time it runs (nbval compares them).
+    numbers, the ones the solutions are written for. `cases_seed` fixes the inputs Build
+    exercises are tried on (the grader draws its own, which a learner cannot know); without
+    it they are drawn from the student's name: the same on every run of their notebook.
     """
 
     def __init__(self, student: str = DEFAULT_STUDENT, cases_seed: int | str | None = None):
@@ -52,8 +51,9 @@ class Variant:
         return None if seed is None else random.Random(seed)
 
     def cases(self, key: str) -> random.Random:
-        """The random source for a Build exercise's inputs: the grader's secret `cases_seed`,
-        else the student's name (the same cases on every run of their notebook)."""
+        """The random source for a Build exercise's inputs (see `cases_seed`): the grader's
+        secret draw, or in the learner's notebook one fixed by their name, so every run of
+        the notebook tries the same cases."""
         if self.cases_seed is None:
             return random.Random(f"{self.student}/{key}")
         return random.Random(f"{self.cases_seed}/{key}")

@@ -22,6 +22,17 @@ from fractions import Fraction
 from typing import Any
 
 TAG = "__course_type__"
+# The trials of per-rank programs, by class name: the module that defines each (only these
+# are ever made from data).
+CASES = {
+    "ProgramCase": "course_utils.checks.programs",
+    "ShardCase": "course_utils.checks.programs",
+    "AttentionCase": "course_utils.checks.programs",
+    "DispatchCase": "course_utils.checks.programs",
+    "RingCase": "course_utils.checks.rank_cases",
+    "DDPCase": "course_utils.checks.rank_cases",
+    "TPCase": "course_utils.checks.rank_cases",
+}
 
 
 def encode(value: Any, depth: int = 0) -> Any:
@@ -64,8 +75,8 @@ def encode(value: Any, depth: int = 0) -> Any:
         return encode(value.item(), depth + 1)  # numpy scalar
     if kind == "course_utils" and name == "Action":
         return {TAG: "Action", "value": str(value)}
-    if kind == "course_utils" and name == "ProgramCase":  # a rank program's trial (programs)
-        return {TAG: "ProgramCase", "value": encode(vars(value), depth + 1)}
+    if kind == "course_utils" and name in CASES:  # a rank program's trial (programs, ...)
+        return {TAG: name, "value": encode(vars(value), depth + 1)}
     if kind == "course_utils" and name == "Schedule":
         return {
             TAG: "Schedule",
@@ -111,10 +122,11 @@ def decode(data: Any) -> Any:
         from course_utils.actions import Action
 
         return Action.parse(data["value"])
-    if kind == "ProgramCase":
-        from course_utils.checks.programs import ProgramCase
+    if kind in CASES:
+        import importlib
 
-        return ProgramCase(**decode(data["value"]))
+        case = getattr(importlib.import_module(CASES[kind]), kind)
+        return case(**decode(data["value"]))
     if kind == "Schedule":
         from course_utils.actions import Action, Schedule
 
@@ -175,7 +187,7 @@ def call_outcome(
 
     previous = signal.signal(signal.SIGALRM, watch)
     signal.setitimer(signal.ITIMER_REAL, min(_WATCH_EVERY_S, limit_s), _WATCH_EVERY_S)
-    # A case may say how the answer is called: a `ProgramCase` runs a rank program.
+    # A case may say how the answer is called: a `ProgramCase` (...) runs a rank program.
     call = getattr(args[0], "__course_call__", None) if len(args) == 1 else None
     try:
         result = call(fn) if callable(call) else fn(*args)

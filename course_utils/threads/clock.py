@@ -145,6 +145,23 @@ def replay(streams: list[Stream], links: Links) -> Replay:
     )
 
 
+def replay_messages(log: list, links: Links) -> float:
+    """When the messages of `log` (`Recorder.messages()`) are all delivered over `links`, if
+    nothing but the messages took time: a collective's time on the links alone."""
+    streams = []
+    for index, (device, name, ops) in enumerate(log):
+        stream = Stream(device, name, index)
+        for op in ops:
+            key = _hashable(op[1])
+            stream.ops.append((SEND, key, op[2], op[3], -1) if op[0] == "send" else (RECV, key))
+        streams.append(stream)
+    return replay(streams, links).end
+
+
+def _hashable(key):
+    return tuple(_hashable(k) for k in key) if isinstance(key, list | tuple) else key
+
+
 def timeline(recorder: Recorder, clock: str, links: Links | None = None, **fields) -> Timeline:
     """The recorded run as a `Timeline` in seconds, on the virtual or the wall clock.
 

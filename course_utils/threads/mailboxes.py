@@ -47,8 +47,11 @@ class Mailboxes:
     device waiting a long time for a busy one is just slow (the step's own time limit,
     `PipelineExecutor(step_timeout=...)`, bounds how long anything may take).
 
-    `unit` names a device in messages ("device", "rank"); `progress(d)` may add what device
-    d last did, e.g. " (last finished 0F0)".
+    `unit` names a device in messages ("device", "rank"), or `names(d)` does (a device may be
+    a rank's second thread); `progress(d)` may add what device d last did, e.g. " (last
+    finished 0F0)". The last `helpers` devices serve the others (a rank's communication
+    stream): a deadlock's message leaves them out when they have finished or wait for
+    nothing in particular (`what` is "").
     """
 
     def __init__(
@@ -57,15 +60,18 @@ class Mailboxes:
         abort: threading.Event,
         unit: str = "device",
         progress: Callable[[int], str] | None = None,
+        names: Callable[[int], str] | None = None,
+        helpers: int = 0,
     ) -> None:
-        self.num_devices = num_devices
+        self.num_devices, self.helpers = num_devices, num_devices - helpers
         self.abort = abort
-        self.unit = unit
+        self.name = names or (lambda d: f"{unit} {d}")
         self.progress = progress or (lambda d: "")
         self._cond = threading.Condition()
         self._box: dict[Hashable, deque] = {}
         self._waiting: dict[int, tuple[Hashable, str]] = {}
         self._finished: set[int] = set()
+        self._stuck: str | None = None  # who waited for whom, when a deadlock was found
 
     def put(self, key: Hashable, value: Any) -> None:
         with self._cond:
@@ -84,9 +90,11 @@ class Mailboxes:
             try:
                 while key not in self._box:
                     if self.abort.is_set():
-                        raise Aborted(f"{self.unit} {device} gave up waiting for {what}")
-                    if self._deadlocked():
-                        raise Deadlock(self._who())
+                        raise Aborted(f"{self.name(device)} gave up waiting for {what or 'work'}")
+                    if self._stuck is None and self._deadlocked():
+                        self._stuck = self._who()  # as first seen: the others report the same
+                    if self._stuck is not None:
+                        raise Deadlock(self._stuck)
                     self._cond.wait(_POLL_S)
                 queue = self._box[key]
                 value = queue.popleft()
@@ -108,10 +116,9 @@ class Mailboxes:
         )
 
     def _who(self) -> str:
-        unit, progress = self.unit, self.progress
-        parts = [
-            f"{unit} {d}{progress(d)} waits for {self._waiting[d][1]}"
-            for d in sorted(self._waiting)
-        ]
-        parts += [f"{unit} {d}{progress(d)} has finished" for d in sorted(self._finished)]
+        name, progress = self.name, self.progress
+        waits = {d: what for d, (_, what) in self._waiting.items() if what}
+        parts = [f"{name(d)}{progress(d)} waits for {waits[d]}" for d in sorted(waits)]
+        done = [d for d in sorted(self._finished) if d < self.helpers]
+        parts += [f"{name(d)}{progress(d)} has finished" for d in done]
         return "; ".join(parts)

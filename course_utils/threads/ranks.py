@@ -24,9 +24,9 @@ arrive in the order they were sent, and a `recv` naming a `tag` must get a messa
 that tag, so a receive out of order is caught, never silently swapped. What goes wrong is
 one `RankError` naming the rank and the action: a rank that raises, a deadlock (who waits
 for whom, proved at once by `Mailboxes`), messages nobody received, a send to itself or to
-no rank, a tensor of the wrong tag or shape, a run past its `timeout`. (Non-blocking
-collectives would add a stream per rank, `recorder.stream(rank, "comm")`, on a thread of
-its own.) The result, `RankRun`, says per rank what ran; `evidence()` is that as plain data.
+no rank, a tensor of the wrong tag or shape, a run past its `timeout`. A collective may be
+non-blocking (`async_op=True`, on the rank's communication stream: `threads.async_comm`).
+The result, `RankRun`, says per rank what ran; `evidence()` is that as plain data.
 """
 
 from __future__ import annotations
@@ -42,10 +42,10 @@ from torch import nn
 from course_utils import validation
 from course_utils.actions import Action
 from course_utils.errors import CourseInputError, WorkerError
-from course_utils.threads import trace
+from course_utils.threads import async_comm, trace
 from course_utils.threads.collectives import ThreadGroup
 from course_utils.threads.devices import DeviceThreads
-from course_utils.threads.mailboxes import Deadlock, Mailboxes
+from course_utils.threads.mailboxes import Deadlock
 from course_utils.threads.rank_run import RankError, RankRun, failure_of, unreceived
 from course_utils.threads.saved import SavedActivations
 
@@ -60,7 +60,7 @@ class Rank:
         self.stage = self.stages[0]
         self.inputs, self.targets = run.inputs, run.targets
         self.microbatches = len(run.inputs)
-        self.comm = run.group.comm(rank)  # all_reduce, all_gather, reduce_scatter, all_to_all
+        self.comm = async_comm.RankComm(self, run.group.comm(rank), run.streams)  # collectives
         self.actions: list[Action] = []  # those finished, in order
         self.current: Action | None = None
         self.waiting: str | None = None  # what it waits for in `recv`, if it does
@@ -173,8 +173,9 @@ class _Run:
         self.inputs, self.targets, self.loss_fn, self.abort = xs, ys, loss_fn, abort
         self.losses: dict[int, float] = {}
         self.recorder = trace.Recorder()
-        self.mail = Mailboxes(world, abort, "rank", lambda r: f" ({self.ranks[r].where()})")
+        self.mail = async_comm.mailboxes(world, abort, lambda r: self.ranks[r].where())
         self.group = ThreadGroup(world, abort=abort, mail=self.mail)
+        self.streams = async_comm.CommStreams(world, abort, self.mail, self.recorder, self.group)
         self.ranks = [Rank(self, r) for r in range(world)]
 
     def main(self, ctx: Rank) -> None:
@@ -184,7 +185,8 @@ class _Run:
         except BaseException:
             self.abort.set()  # peers give up, rather than take this rank's end for a deadlock
             raise
-        finally:
+        finally:  # its stream serves what was issued, then ends (told before it may look idle)
+            self.streams.stop(ctx.rank)
             self.mail.finished(ctx.rank)
 
 
@@ -229,13 +231,14 @@ def run_ranks(
     for p in (p for stage in stages for p in stage.parameters()):
         p.grad = None
     size = len(inputs) // microbatches
-    pool = DeviceThreads(devices, name="rank", one_core=True)
+    pool = DeviceThreads(devices + async_comm.threads_for(devices), name="rank", one_core=True)
     xs, ys = list(inputs.split(size)), list(targets.split(size))
     run = _Run(program, devices, stages, placement, xs, ys, loss_fn, pool.abort)
     failure: RankError | None = None
     try:
         with run.recorder:
-            pool.run([functools.partial(run.main, ctx) for ctx in run.ranks], timeout=timeout)
+            mains = [functools.partial(run.main, ctx) for ctx in run.ranks]
+            pool.run(mains + run.streams.loops(), timeout=timeout)
         failure = unreceived(run.mail.left())
     except WorkerError as err:
         failure = failure_of(err, run.ranks)

@@ -57,8 +57,9 @@ shrinks like 1/N, but N cannot exceed the number of (K/V) heads (`ulysses`).
 The package, one idea per module: `attention` (blockwise attention and the exact merge),
 `layout` (who holds which tokens: plain and zig-zag), `ring` (the ring on threads:
 `RingAttention`), `costs` (work, bytes, memory and the simulator), `ulysses` (the
-all-to-all route on threads: `UlyssesAttention`, and its bytes and memory), `checks`
-(input errors).
+all-to-all route on threads: `UlyssesAttention`, and its bytes and memory),
+`rank_program` (the ring written as the program every rank runs, watched:
+`run_ring_program`), `checks` (input errors).
 """
 
 from course_utils.parallel.context_parallel.attention import (

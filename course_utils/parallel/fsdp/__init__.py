@@ -57,7 +57,8 @@ and gather times from bytes / bandwidth, running the very same per-worker progra
 The package, one idea per module: `shards` (a layer as a flat padded vector; Adam on a
 shard), `program` (the per-worker program of a step), `memory` (bytes really held),
 `trainer` (the threads: `ShardedDataParallel`), `costs` (bytes and memory on paper, the
-simulator).
+simulator), `rank_program` (a step written as the program every rank runs, watched:
+`run_fsdp_program`).
 """
 
 from course_utils.parallel.fsdp.costs import (

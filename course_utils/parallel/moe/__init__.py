@@ -18,6 +18,8 @@ One idea per file (each readable top to bottom):
                      (`reference_step`) that expert parallelism must reproduce
 - `expert_parallel`  the experts spread over worker threads, tokens dispatched and
                      combined with the hand-written all-to-all (`ExpertParallel`)
+- `rank_program`     the forward's dispatch and combine written as the program every rank
+                     runs, watched (`rank_program.run_moe_program`)
 - `simulate`         a cost model and simulator of one expert-parallel step
                      (`simulate_moe`), and costs read off a measured one (`fit_costs`,
                      `measured_expert_seconds`)
@@ -26,7 +28,7 @@ One idea per file (each readable top to bottom):
                      z-loss
 - `limits`           the sizes accepted and the input checks
 
-Every public name is importable from `course_utils.parallel.moe`.
+Every public name is importable from `course_utils.parallel.moe` (but `rank_program`'s).
 """
 
 from course_utils.parallel.moe.balancing import (

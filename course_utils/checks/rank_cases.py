@@ -1,0 +1,196 @@
+"""The trials of lessons 06 and 07's per-rank Builds: a ring all-reduce, DDP, a tensor-parallel
+MLP, each run on the course's devices and judged in the grader from the run's evidence.
+
+As `programs.ProgramCase` does for lesson 01, each case is made of numbers only (so it can
+be sent to a learner's kernel), builds its data from its seed the same way in every process
+and runs the learner's program (`__course_call__`, `parallel.rank_programs`). What one device
+computes for it, and what the known wrong programs compute, is the grader's alone
+(`checks.rank_references`, which a graded kernel does not get); the verdicts and their hints
+are the lessons' own (`checks.l06`, `checks.l07`).
+
+This module imports torch only when a case is run or judged.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from course_utils.threads.links import Links
+
+# The links a ring's messages are timed on in the grader: fixed numbers, so the verdict is
+# the same on every machine (a planner-like latency, and a bandwidth at which a chunk of a
+# few dozen floats costs about as much as the latency).
+RING_LINKS = Links(8, 2e7, 2e6, 5e-6, name="grading")
+
+
+class _Case:
+    """A case is made of whole numbers >= 1 (checked when it is made)."""
+
+    def __post_init__(self) -> None:
+        for name, value in asdict(self).items():  # type: ignore[call-overload]
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                kind = type(self).__name__
+                raise ValueError(f"{kind}.{name} must be a whole number >= 1, got {value!r}")
+
+
+def close(got: Any, want: Any) -> bool:
+    """`got` is a tensor equal to `want` within float32 rounding (sums in another order)."""
+    import torch
+
+    ok = isinstance(got, torch.Tensor) and got.shape == want.shape
+    return ok and torch.allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def _generator(seed: int):
+    import torch
+
+    return torch.Generator().manual_seed(seed)
+
+
+# --------------------------------------------------------------------------- the ring
+
+
+@dataclass(frozen=True)
+class RingCase(_Case):
+    """`devices` ranks, each with `length` whole numbers (as float32) drawn from `seed`."""
+
+    devices: int
+    length: int
+    seed: int
+
+    def __repr__(self) -> str:
+        return f"{self.devices} ranks, {self.length} numbers each, seed {self.seed}"
+
+    def data(self) -> list:
+        """Each rank's tensor: whole numbers, so every order of adding them is exact."""
+        import torch
+
+        gen = _generator(self.seed)
+        return [
+            torch.randint(-99, 100, (self.length,), generator=gen).float()
+            for _ in range(self.devices)
+        ]
+
+    def __course_call__(self, program) -> dict:
+        from course_utils.parallel.rank_programs import run_collective
+
+        return run_collective(program, self.data(), raise_failure=False).evidence()
+
+    def seconds(self, links: Links = RING_LINKS) -> float:
+        """The ring's time on `links`: 2(N-1) steps, each a latency and the largest chunk
+        (chunks differ by one number when N does not divide the length)."""
+        n = self.devices
+        largest = 4 * math.ceil(self.length / n)
+        return 2 * (n - 1) * (links.latency + largest / links.ring_bandwidth(n))
+
+
+# --------------------------------------------------------------------------- DDP
+
+
+@dataclass(frozen=True)
+class DDPCase(_Case):
+    """`devices` replicas of the course's MLP (16 inputs, `depth` blocks of `hidden`, 10
+    classes) from `seed`; a batch of `batch` rows, an equal shard per rank, cut into
+    `microbatches`; buckets of at most `bucket_cap` numbers."""
+
+    devices: int
+    batch: int
+    hidden: int
+    depth: int
+    microbatches: int
+    bucket_cap: int
+    seed: int
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.devices} ranks, MLP 16-{self.hidden}x{self.depth}-10, batch {self.batch} "
+            f"({self.microbatches} micro-batch{'es' if self.microbatches > 1 else ''} per "
+            f"rank), buckets of at most {self.bucket_cap} numbers, seed {self.seed}"
+        )
+
+    def build(self):
+        """(model, inputs, targets), the same in every process."""
+        import torch
+
+        from course_utils.models import MLP
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            model = MLP(16, self.hidden, 10, self.depth)
+        x, y = model.example_batch(self.batch, _generator(self.seed))
+        return model, x, y
+
+    def __course_call__(self, program) -> dict:
+        from course_utils.parallel.rank_programs import run_data_parallel
+        from course_utils.threads.clock import default_links
+
+        model, x, y = self.build()
+        run = run_data_parallel(
+            program,
+            model,
+            x,
+            y,
+            self.devices,
+            self.microbatches,
+            raise_failure=False,
+            bucket_cap=self.bucket_cap,
+        )
+        return run.evidence() | {"links": default_links().to_dict()}
+
+    def bucket_sizes(self) -> list[int]:
+        """The numbers each bucket holds, in the order their gradients are ready: the
+        parameters from the last to the first, a new bucket whenever the next parameter
+        would take the current one past `bucket_cap` (a bigger one gets a bucket alone)."""
+        model, _, _ = self.build()
+        sizes, current = [], 0
+        for p in reversed(list(model.parameters())):
+            if current and current + p.numel() > self.bucket_cap:
+                sizes.append(current)
+                current = 0
+            current += p.numel()
+        return [*sizes, current]
+
+
+# --------------------------------------------------------------------------- the TP MLP
+
+
+@dataclass(frozen=True)
+class TPCase(_Case):
+    """`devices` ranks share the MLP `d_model` -> `hidden` -> `d_model` (GeLU) from `seed`;
+    the input has `tokens` rows, and a gradient `dy` arrives from above."""
+
+    devices: int
+    tokens: int
+    d_model: int
+    hidden: int
+    seed: int
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.devices} ranks, MLP {self.d_model}-{self.hidden}-{self.d_model}, "
+            f"{self.tokens} tokens, seed {self.seed}"
+        )
+
+    def build(self):
+        """(linear1, linear2, x, dy), the same in every process."""
+        import torch
+        from torch import nn
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            linear1 = nn.Linear(self.d_model, self.hidden)
+            linear2 = nn.Linear(self.hidden, self.d_model)
+        gen = _generator(self.seed)
+        x = torch.randn(self.tokens, self.d_model, generator=gen)
+        dy = torch.randn(self.tokens, self.d_model, generator=gen)
+        return linear1, linear2, x, dy
+
+    def __course_call__(self, program) -> dict:
+        from course_utils.parallel.rank_programs import mlp_shards, run_tensor_parallel
+
+        linear1, linear2, x, dy = self.build()
+        shards = mlp_shards(linear1, linear2, self.devices)
+        run = run_tensor_parallel(program, shards, x, dy, raise_failure=False)
+        return run.evidence()

@@ -1,0 +1,140 @@
+"""The per-rank Builds of lessons 06 and 07 (the ring all-reduce 6.4, DDP 6.8, the
+tensor-parallel MLP 7.8): each commonest wrong program gets its own hint, the verdict is
+recomputed from the evidence a kernel sends (a claim is not evidence), the cases come from
+the learner's numbers in the notebook and from a secret seed in the grader, and the
+solutions pass on one core beside a busy loop."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import dpprograms as dp
+import pytest
+from checkskit import beside_a_busy_loop
+
+from course_utils.checks import CheckFailed, NotAnswered, Variant, l06, l07
+from course_utils.checks.rank_cases import DDPCase, RingCase, TPCase
+from course_utils.checks.rank_references import ring_result
+from course_utils.checks.wire import Replay, call_outcome, decode, encode
+
+BUILDS = {  # name: (check, cases, the answer's name, the right program)
+    "ring": (l06.exercise_4, l06.cases_4, "ring_all_reduce", dp.ring),
+    "ddp": (l06.exercise_8, l06.cases_8, "ddp_program", dp.ddp),
+    "tp": (l07.exercise_8, l07.cases_8, "tp_mlp", dp.tp),
+}
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_the_three_commonest_mistakes_each_get_their_own_hint(build):
+    check = BUILDS[build][0]
+    hints = {}
+    for wrong, words in dp.MISTAKES[build].items():
+        with pytest.raises(CheckFailed) as info:
+            check(wrong)
+        assert words in str(info.value), (wrong.__name__, str(info.value))
+        hints[wrong.__name__] = str(info.value)
+    for name, message in hints.items():  # no mistake gets another's hint
+        others = [w for wrong, w in dp.MISTAKES[build].items() if wrong.__name__ != name]
+        assert not any(w in message for w in others), (name, message)
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_the_verdict_comes_from_the_evidence_the_kernel_sends(build, capsys):
+    check, cases, name, right = BUILDS[build]
+    variant = Variant("s7", cases_seed="grader")
+    drawn = cases(variant)[name]
+    assert drawn == cases(Variant("s7", cases_seed="grader"))[name]
+    outcomes = [call_outcome(right, decode(encode(tuple(c))), 20) for c in drawn]
+    check(Replay(name, drawn, outcomes), variant=variant)  # as the grader judges it
+    assert capsys.readouterr().out.startswith("✅")
+    forged = [{"result": encode({"passed": True, "score": 1})} for _ in drawn]
+    with pytest.raises(CheckFailed, match="did not come back as the record of a run"):
+        check(Replay(name, drawn, forged), variant=variant)
+    # a record that claims what the run did not show: the failure wiped, right sums added
+    wrong = next(iter(dp.MISTAKES[build]))
+    lied = []
+    for c in drawn:
+        outcome = call_outcome(wrong, c, 20)
+        assert "result" in outcome, outcome
+        record = decode(json.loads(json.dumps(outcome["result"])))
+        record.update(failure=None, passed=True, verdict="✅ Right")
+        lied.append({"result": encode(record)})
+    with pytest.raises(CheckFailed):
+        check(Replay(name, drawn, lied), variant=variant)
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_a_stub_is_not_answered(build):
+    check = BUILDS[build][0]
+
+    def stub(ctx, *args, **kwargs):
+        raise NotImplementedError()
+
+    with pytest.raises(NotAnswered):
+        check(stub)
+
+
+@pytest.mark.parametrize("build", BUILDS)
+def test_the_notebook_tries_the_learners_numbers_the_grader_secret_ones(build):
+    _, cases, name, _ = BUILDS[build]
+    mine = cases(Variant("alice"))[name]
+    assert mine == cases(Variant("alice"))[name]  # the same on every run of the notebook
+    assert mine[1:] != cases(Variant("bob"))[name][1:]
+    secret = cases(Variant("alice", cases_seed="a1"))[name]
+    assert secret[0] == mine[0] and secret[1:] != mine[1:]
+    assert secret != cases(Variant("alice", cases_seed="a2"))[name]
+
+
+def test_the_learners_own_case_uses_their_numbers():
+    g4, g8 = l06.given_4(Variant("alice")), l06.given_8(Variant("alice"))
+    (ring,) = l06.cases_4(Variant("alice"))["ring_all_reduce"][0]
+    assert (ring.devices, ring.length) == (g4["ranks"], g4["length"])
+    (ddp,) = l06.cases_8(Variant("alice"))["ddp_program"][0]
+    assert (ddp.bucket_cap, ddp.microbatches) == (g8["bucket_cap"], g8["microbatches"])
+    g = l07.given_8(Variant("alice"))
+    (tp,) = l07.cases_8(Variant("alice"))["tp_mlp"][0]
+    assert (tp.tokens, tp.d_model) == (g["tokens"], g["d_model"])
+
+
+def test_the_cases_cross_to_a_kernel_as_data():
+    for case in (RingCase(3, 7, 1), DDPCase(2, 8, 16, 2, 2, 300, 5), TPCase(3, 4, 6, 10, 2)):
+        assert decode(json.loads(json.dumps(encode(case)))) == case
+        assert repr(case) != repr(type(case)(*[v + 1 for v in vars(case).values()]))
+    with pytest.raises(ValueError, match="RingCase.length"):
+        RingCase(3, 0, 1)
+
+
+def test_the_rings_replay_equals_its_formula_with_uneven_chunks():
+    from course_utils.threads.clock import replay_messages
+
+    for case in (RingCase(4, 10, 1), RingCase(5, 23, 2), RingCase(3, 2, 3), RingCase(1, 4, 4)):
+        run = decode(json.loads(json.dumps(encode(case.__course_call__(dp.ring)))))
+        seconds = replay_messages(run["messages"], l06.RING_LINKS)
+        assert seconds == pytest.approx(case.seconds(), rel=1e-9, abs=1e-15)
+        data = case.data()
+        assert all(ring_result(data, r).equal(sum(data)) for r in range(case.devices))
+    slow = decode(
+        json.loads(json.dumps(encode(RingCase(4, 10, 1).__course_call__(dp.ring_in_turn))))
+    )
+    assert replay_messages(slow["messages"], l06.RING_LINKS) > 2 * RingCase(4, 10, 1).seconds()
+
+
+def test_the_ddp_check_judges_the_order_of_events_not_the_clock():
+    """A right program passes whatever its timings; one whose all-reduces are all issued
+    after the backward fails, however the clock came out."""
+    case = DDPCase(2, 32, 16, 2, 2, 300, 5)
+    run = decode(json.loads(json.dumps(encode(case.__course_call__(dp.ddp)))))
+    assert all(c["in"] == f"{r}B1" for r, calls in enumerate(run["collectives"]) for c in calls)
+    late = decode(json.loads(json.dumps(encode(case.__course_call__(dp.ddp_after_backward)))))
+    assert all(c["in"] is None for calls in late["collectives"] for c in calls)
+
+
+@pytest.mark.slow  # a busy loop beside the test for several seconds
+def test_the_solutions_pass_on_one_core_beside_a_busy_loop(capsys):
+    before = set(threading.enumerate())
+    with beside_a_busy_loop():
+        for check, _, _, right in BUILDS.values():
+            check(right)
+    assert capsys.readouterr().out.count("✅ Right") == 3
+    assert set(threading.enumerate()) <= before
