@@ -59,7 +59,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="collect .ipynb submissions: one test per exercise, the grader's verdict",
     )
     group.addoption("--course-variants", action="store_true", help="each student's own numbers")
-    group.addoption("--course-roster", type=Path, default=None, help="roster CSV: id,name[,lms_id]")
+    group.addoption(
+        "--course-roster", type=Path, default=None, help="roster CSV: id,name[,lms_id][,login]"
+    )
     group.addoption("--course-lesson", type=int, default=None, help="grade as this lesson")
     group.addoption("--course-solutions", type=Path, default=None, help="folder of solutions")
     group.addoption(

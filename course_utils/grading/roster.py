@@ -126,12 +126,14 @@ def read_roster(path: Path) -> list[Student]:
     except (UnicodeDecodeError, csv.Error) as exc:
         raise CourseInputError(f"--roster {str(path)!r} is not a UTF-8 CSV file ({exc})") from None
     if not rows:
-        raise CourseInputError(f"--roster {str(path)!r} is empty: give a header id,name[,lms_id]")
+        raise CourseInputError(
+            f"--roster {str(path)!r} is empty: give a header id,name[,lms_id][,login]"
+        )
     header = [_key(h).replace(" ", "_") for h in rows[0]]
     if "id" not in header or "name" not in header:
         raise CourseInputError(
             f"--roster {str(path)!r}: the header must name the columns id and name "
-            f"(and optionally lms_id), found {rows[0]}"
+            f"(and optionally lms_id and login), found {rows[0]}"
         )
     column = {h: i for i, h in enumerate(header)}
     logins = [h for h in LOGIN_HEADERS if h in column]
