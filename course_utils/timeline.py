@@ -4,7 +4,8 @@ The simulator (`course_utils.pipeline.simulate`) fills it with predicted times i
 the thread executor (`course_utils.pipeline.executor`) fills it with real `perf_counter_ns`
 timestamps converted to seconds. Both renderers draw it the same way: the Gantt charts of
 `course_utils.charts.gantt` (matplotlib) and the explorer's fast raster painter
-(`course_utils.charts.raster`), which reads it as `lanes()`, one per device.
+(`course_utils.charts.raster`), which reads it as `lanes()`, one per device;
+`write_chrome_trace` saves it for Perfetto and chrome://tracing.
 """
 
 from __future__ import annotations
@@ -163,6 +164,14 @@ class Timeline:
             microbatches=data.get("microbatches"),
             chunks=data.get("chunks") or 1,
         )
+
+    def write_chrome_trace(self, path, title: str | None = None):
+        """Write this timeline as a Chrome trace (JSON) that Perfetto and chrome://tracing
+        open: a track per device and per communication stream, events named by action, the
+        clock named (`course_utils.chrome_trace`). Returns the path."""
+        from course_utils.chrome_trace import write_chrome_trace
+
+        return write_chrome_trace(self, path, title)
 
     def summary(self) -> str:
         return (

@@ -505,14 +505,15 @@ def _link(target: str):
 
 
 # (what to make at PATH, the command, exit code, words of its output): nothing that is not a
-# regular file of a reasonable size is read, and nothing of what it holds is printed
+# regular file of a reasonable size is read, and nothing of what it holds is printed; a run
+# whose only notebook could not be graded says so in its row and exits 1
 SLOW = pytest.mark.slow  # a row of the batch: the grader starts (about 5 s)
 GRADE = ["grade", "{path}.ipynb", *NO_SANDBOX]  # no notebook runs: no sandbox needed
 NOT_FILES = [
-    pytest.param(_fifo, GRADE, 0, "a FIFO", marks=SLOW),
-    pytest.param(_link("/dev/zero"), GRADE, 0, "a symbolic link", marks=SLOW),
-    pytest.param(_link("/etc/passwd"), GRADE, 0, "a symbolic link", marks=SLOW),
-    pytest.param(_sparse(30 * 10**6), GRADE, 0, "over the limit of 25 MB", marks=SLOW),
+    pytest.param(_fifo, GRADE, 1, "a FIFO", marks=SLOW),
+    pytest.param(_link("/dev/zero"), GRADE, 1, "a symbolic link", marks=SLOW),
+    pytest.param(_link("/etc/passwd"), GRADE, 1, "a symbolic link", marks=SLOW),
+    pytest.param(_sparse(30 * 10**6), GRADE, 1, "over the limit of 25 MB", marks=SLOW),
     (_fifo, ["grade", "{nb}", "--roster", "{path}.csv"], 2, "--roster"),
     (_link("/dev/zero"), ["grade", "{nb}", "--roster", "{path}.csv"], 2, "not a regular file"),
     (_sparse(6 * 10**6), ["grade", "{nb}", "--roster", "{path}.csv"], 2, "over the limit of 5 MB"),

@@ -5,8 +5,9 @@ Without chromium every test here is skipped (`needs_chromium`, tests/conftest.py
 where COURSE_REQUIRE_OPTIONAL=1 or CI=true.
 Opens the course index, the pipeline explorer lesson, the capstone and the lessons 08-11, runs
 all cells, checks there is no error output, that the charts are visible, that moving the
-micro-batch slider changes the chart and the bubble %, that the planner redraws, and that an
-exercise notebook's locked cells can be neither edited nor deleted. Then two pages of the
+micro-batch slider changes the chart and the bubble %, that lesson 02 draws torch.profiler's
+trace beside its timeline, that the planner redraws, and that an exercise notebook's locked
+cells can be neither edited nor deleted. Then two pages of the
 course book (`make book`, which CI runs before this): their charts load, no error output.
 Screenshots go to `screenshots/` (git-ignored).
 """
@@ -161,6 +162,14 @@ def test_explorer_slider_changes_chart_and_bubble(browser, lab):
     assert bubble_after != bubble_before, (bubble_before, bubble_after)
     assert chart.evaluate("img => img.complete && img.naturalWidth > 200")
     assert _error_outputs(page) == []
+    # Section 7 of the same lesson: torch.profiler's trace, drawn beside the course's timeline
+    # in the cell that wrote it (issue 48)
+    traced = page.locator(".jp-CodeCell:has(.jp-OutputArea-output:has-text('gpipe_torch.json'))")
+    picture = traced.locator(".jp-OutputArea-output img").first
+    picture.scroll_into_view_if_needed()
+    assert picture.is_visible()
+    assert picture.evaluate("img => img.complete && img.naturalWidth > 200")
+    page.screenshot(path=str(SHOTS / "profiler_trace.png"), full_page=False)
     page.close()
 
 

@@ -1,5 +1,6 @@
 """The lesson 02 checks: right answers pass, wrong ones fail kindly, placeholders say so."""
 
+import functools
 import math
 import time
 
@@ -44,6 +45,7 @@ RIGHT = {
     6: (0.25,),
     7: (1.0, 32.0),  # 0.1 ms + 450 kB / 500 MB/s; (4 + 1)(2 + 4) + 2 x 1
     8: (pipes.gpipe,),
+    9: (3, 6),  # 2 stages of an MLP of 4 blocks: Linears [2, 3]; measured below
 }
 
 
@@ -115,6 +117,15 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     *((8, (wrong,), words) for wrong, words in {**pipes.MISTAKES_8, **pipes.OTHERS_8}.items()),
     (8, (pipes.one_f_one_b,), "it is not GPipe: all forwards first"),
     (8, pipes.reordered(check, 8, "gpipe_program", pipes.gpipe), "GPipe's is"),
+    (9, (4, 6), "data batch"),
+    (9, (2, 6), "the forward's count"),
+    (9, (0, 6), "inside the forward"),
+    (9, (5, 6), "Count the aten::mm calls inside 0B1"),
+    (9, (3.5, 6), "Count the aten::mm calls inside 0B1"),
+    (9, (3, 5), "its gradient is sent back"),
+    (9, (3, 3), "backward makes two per Linear"),
+    (9, (3, 7), "Count the aten::mm calls inside 1B1"),
+    (9, ("3", 6), "without quotes"),
 ]
 
 
@@ -221,4 +232,53 @@ def right_for(variant):
         8: (pipes.gpipe,),
         6: (1 / g6["m"],),
         7: (transfer, simulate(make_schedule("gpipe", 2, g7["m"]), costs).makespan),
+        9: profiled_mm(check.given_9(variant)),
     }
+
+
+@functools.cache
+def _profiled(p: int, depth: int) -> dict[str, int]:
+    """aten::mm calls inside each backward of exercise 2.9's step, as torch.profiler's own
+    trace counts them: the raw evidence the check's expectation must match."""
+    import tempfile
+    from pathlib import Path
+
+    import torch
+
+    from course_utils.measure.profiler import profile_step, read_profile
+    from course_utils.models import MLP, loss_fn, partition
+    from course_utils.pipeline.executor import PipelineExecutor
+
+    torch.manual_seed(0)
+    mlp = MLP(**check.MLP_9, depth=depth)
+    x, y = torch.randn(64, 32), torch.randint(10, (64,))
+    gpipe = make_schedule("gpipe", p, 4)
+    with (
+        tempfile.TemporaryDirectory() as folder,
+        PipelineExecutor(partition(mlp, p), p, loss_fn, clock="wall") as executor,
+    ):
+        path = Path(folder) / "trace.json"
+        profile_step(lambda: executor.step(gpipe, x, y), path, memory=False)
+        profile = read_profile(path)
+        return {
+            a.name: profile.operators_in(a.name)["aten::mm"]
+            for a in profile.actions
+            if "B" in a.name
+        }
+
+
+def profiled_mm(g) -> tuple[int, int]:
+    counts = _profiled(g["p"], g["depth"])
+    return counts[f"0B{g['k']}"], counts[f"{g['p'] - 1}B{g['k']}"]
+
+
+def test_exercise_2_9_expects_what_torch_profiler_counts_in_every_variant():
+    for p, depth in [(2, 4), (2, 5), (3, 5), (3, 6), (2, 3)]:  # given_9's default and options
+        linears = check.linears_per_stage(p, depth)
+        counts = _profiled(p, depth)
+        for k in range(4):
+            assert counts[f"0B{k}"] == 2 * linears[0] - 1  # the data needs no gradient
+            assert counts[f"{p - 1}B{k}"] == 2 * linears[-1]
+            for s in range(1, p):
+                assert counts[f"{s}B{k}"] == 2 * linears[s]
+    assert profiled_mm(check.given_9()) == RIGHT[9]

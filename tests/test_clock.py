@@ -10,7 +10,7 @@ import torch
 
 from course_utils.actions import Action
 from course_utils.errors import CourseInputError, WorkerError
-from course_utils.threads.clock import replay, timeline
+from course_utils.threads.clock import fastest, replay, timeline
 from course_utils.threads.collectives import ThreadGroup
 from course_utils.threads.devices import DeviceThreads
 from course_utils.threads.links import Links, cluster_links, instant_links, machine_flops
@@ -253,3 +253,40 @@ def test_the_executor_pins_its_devices_only_on_the_virtual_clock(clock, pinned):
 
     with PipelineExecutor(partition(MLP(), 2), 2, clock=clock) as ex:
         assert (ex.threads.cpus is not None) == pinned
+
+
+def _recorded(costs: list[list[float]]) -> Recorder:
+    """Device d computes costs[d] (ms, one burst each), then sends to device 0."""
+    rec = Recorder()
+    streams = [rec.stream(d) for d in range(len(costs))]
+    for d, (stream, bursts) in enumerate(zip(streams, costs, strict=True)):
+        for ms in bursts:
+            burst(stream, ms)
+        if d:
+            stream.send(("done", d), 0, 1_000)
+    for d in range(1, len(costs)):
+        streams[0].recv(("done", d))
+    return rec
+
+
+def test_fastest_keeps_each_bursts_least_time_on_its_own_device():
+    # Run 1 had device 1's second burst interrupted, run 2 device 0's first: put together,
+    # every burst costs its least. Device 2 is slower in every run (a straggler): it stays so.
+    runs = [
+        _recorded([[1.0, 1.0], [1.0, 9.0], [3.0, 3.0]]),
+        _recorded([[7.0, 1.0], [1.0, 1.0], [3.0, 3.1]]),
+    ]
+    merged = fastest(runs)
+    assert merged is not None
+    cpu = [[op[1] / MS for op in s.ops if op[0] == CPU] for s in merged.streams]
+    assert cpu == [[1.0, 1.0], [1.0, 1.0], [3.0, 3.0]]
+    t = timeline(merged, "virtual", links(bandwidth=1e9))
+    assert t.busy_per_device() == pytest.approx([0.002, 0.002, 0.006])  # not pooled
+    slowest = [timeline(r, "virtual", links(bandwidth=1e9)).makespan for r in runs]
+    assert t.makespan < min(slowest)  # each run had one slow burst; together, none
+
+
+def test_fastest_refuses_runs_that_did_not_record_the_same_operations():
+    assert fastest([_recorded([[1.0], [1.0]]), _recorded([[1.0], [1.0, 1.0]])]) is None
+    assert fastest([_recorded([[1.0], [1.0]]), _recorded([[1.0], [1.0], [1.0]])]) is None
+    assert fastest([]) is None

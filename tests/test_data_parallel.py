@@ -51,6 +51,29 @@ def test_same_weights_as_one_worker_on_the_whole_batch(workers, algorithm):
     assert max_param_diff(model, reference) > 1e-3  # ...and training really changed weights
 
 
+@pytest.mark.parametrize("workers, microbatches", [(1, 4), (2, 3), (3, 2)])
+def test_accumulating_micro_batches_equals_one_worker_on_the_whole_batch(workers, microbatches):
+    # The fair single-device baseline for N workers is DataParallel(model, 1, microbatches=N):
+    # the same forward and backward passes, one after another, gradients accumulated.
+    model, batches = make_model(), make_batches(batch=24, steps=3)
+    reference, ref_losses = single_worker_steps(model, batches)
+    with DataParallel(model, workers, microbatches=microbatches) as dp:
+        results = [dp.step(x, y) for x, y in batches]
+        assert max_param_diff(dp.replicas[0], reference) <= 1e-5
+    assert [r.loss for r in results] == pytest.approx(ref_losses, abs=1e-5)
+    kinds = [e.action for e in results[-1].timeline.device_events(0) if e.action.is_compute]
+    assert kinds == [Action(0, k, mb) for mb in range(microbatches) for k in "FB"]
+
+
+def test_a_shard_smaller_than_its_micro_batches_is_refused():
+    with DataParallel(make_model(), 2, microbatches=4) as dp:
+        x, y = make_batches(batch=6, steps=1)[0]
+        with pytest.raises(CourseInputError, match="at least one sample per micro-batch"):
+            dp.step(x, y)
+    with pytest.raises(CourseInputError, match="microbatches must be an integer"):
+        DataParallel(make_model(), 1, microbatches=0)
+
+
 def test_uneven_shards_are_weighted_exactly():
     # 10 samples over 4 workers: shards of 3, 3, 2, 2
     assert shard_sizes(10, 4) == [3, 3, 2, 2]

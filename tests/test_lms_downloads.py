@@ -255,10 +255,12 @@ def test_a_relative_solutions_folder_grades_a_wrong_one_stops_and_a_fixed_one_re
     monkeypatch.chdir(tmp_path)
     shutil.copytree(ROOT / "solutions", tmp_path / "solutions_v2")
     (tmp_path / "empty").mkdir()
-    # Ann worked on the course's default numbers and typed 3.1's answer for them (p = 4,
-    # m = 12): right there, wrong on her own numbers (the grader runs her notebook on hers).
+    # Ann typed 3.1's answer as a number worked out from the numbers her notebook printed.
+    from course_utils.checks import l03
+
+    g = l03.for_student("default").given(1)
     ann = solved()
-    cell(ann, "answer-03-1").source = "bubble_fraction = 3 / 15"
+    cell(ann, "answer-03-1").source = f"bubble_fraction = {(g.p - 1) / (g.m + g.p - 1)!r}"
     for student, nb in {"ann": ann, "ben": blank()}.items():
         write(tmp_path / "class" / student / NAME, nb)
     # The instructor's copy of the solutions has a slip in a check cell the students never saw.

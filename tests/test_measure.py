@@ -9,7 +9,7 @@ import pytest
 from course_utils.errors import CourseInputError
 from course_utils.measure import reference
 from course_utils.measure.capacity import Capacity, probe
-from course_utils.measure.timing import compare
+from course_utils.measure.timing import compare, step_time
 from course_utils.pipeline import make_schedule, simulate
 from course_utils.timeline import Timeline
 
@@ -35,6 +35,29 @@ def test_best_spread_and_the_best_runs_result():
     t.samples = [0.3, 0.1, 0.2]  # as if measured
     assert t.best == 0.1 and t.median == 0.2 and t.spread == pytest.approx(2.0)
     assert t.best_result == 1
+
+
+def test_on_the_virtual_clock_a_variants_runs_are_put_together_burst_by_burst():
+    import torch
+
+    from course_utils.parallel.data_parallel import DataParallel
+    from course_utils.threads.trace import CPU
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 3))
+    x, y = torch.randn(64, 8), torch.randint(3, (64,))
+    with DataParallel(model, 2) as dp:
+        t = compare({"dp": lambda: dp.step(x, y)}, repeats=3, time_of=step_time)["dp"]
+    assert t.steady is not None and t.best == t.best_result.timeline.makespan
+    bursts = [[[op[1] for op in s.ops if op[0] == CPU] for s in r.trace.streams] for r in t.results]
+    merged = [[op[1] for op in s.ops if op[0] == CPU] for s in t.best_result.trace.streams]
+    # every burst at its least time over the three runs, each on its own device
+    assert merged == [
+        [min(b) for b in zip(*per_stream, strict=True)] for per_stream in zip(*bursts, strict=True)
+    ]
+    assert t.best <= min(t.samples) * 1.02  # replayed from shorter bursts: no slower
+    wall = compare({"v": lambda: 1}, repeats=2)["v"]
+    assert wall.steady is None  # what is not a virtual-clock run keeps its best run
 
 
 @pytest.mark.parametrize(

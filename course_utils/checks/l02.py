@@ -383,3 +383,65 @@ def exercise_8(gpipe_program, variant) -> str:
         "Each rank keeps every micro-batch's input and output from its forward to its "
         "backward: that is GPipe's memory, lesson 04's subject."
     )
+
+
+# ------------------------------------------------------------ 2.9: reading a profiler's trace
+
+MLP_9 = {"d_in": 32, "d_hidden": 64, "d_out": 10}
+given_9 = numbers(
+    pick("9", (2, 4), [(2, 5), (3, 5), (3, 6), (2, 3)], "p", "depth"),
+    k=pick("9k", 1, [0, 2, 3]),
+)
+
+
+def linears_per_stage(p: int, depth: int) -> list[int]:
+    """How many Linear layers each of the p stages of exercise 2.9's MLP holds: the raw
+    evidence, read off the course's own split of the real model."""
+    from torch import nn
+
+    from course_utils.models import MLP, partition
+
+    stages = partition(MLP(**MLP_9, depth=depth), p)
+    return [sum(isinstance(m, nn.Linear) for m in stage.modules()) for stage in stages]
+
+
+@exercise(given_9, mm_first="number", mm_last="number")
+def exercise_9(g, mm_first, mm_last) -> str:
+    """Read a profiler's trace: aten::mm calls inside the first and the last stage's backward.
+
+    Autograd's backward of a Linear (addmm) makes two matrix products, the input gradient and
+    the weight gradient, except where no one needs the input's gradient: stage 0's input is the
+    data batch. So 0B has 2 x its Linears - 1, the last stage 2 x its Linears
+    (tests/test_checks_l02.py proves it against torch.profiler's own trace)."""
+    linears = linears_per_stage(g.p, g.depth)
+    n0, n_end = linears[0], linears[-1]
+    first, last = 2 * n0 - 1, 2 * n_end
+    k, end = g.k, g.p - 1
+    hints = {
+        "`mm_first` counts two products for every Linear of stage 0. Look again at the first "
+        "one: its input is the data batch, and nothing asks for the data's gradient, so "
+        "autograd skips one of its products.": 2 * n0,
+        "`mm_first` is one product per Linear: the forward's count (it runs aten::addmm). A "
+        "Linear's backward makes two products, count them inside the backward's slice.": n0,
+        "`mm_first` is 0: are you counting inside the forward? Count the aten::mm slices inside "
+        f"0B{k}.": 0,
+        f"`mm_first` is not what the trace says. Count the aten::mm calls inside 0B{k} "
+        f"(profile.operators_in('0B{k}')['aten::mm']).": OTHERWISE,
+    }
+    judge(mm_first, first, "mm_first", hints, rounding=False)
+    hints = {
+        f"`mm_first` is right. `mm_last` skips a product, but the last stage's input is stage "
+        f"{end - 1}'s activation: its gradient is sent back, so every Linear of stage {end} "
+        "makes both products.": 2 * n_end - 1,
+        "`mm_first` is right. `mm_last` is one product per Linear, the forward's count; the "
+        "backward makes two per Linear.": n_end,
+        f"`mm_first` is right, `mm_last` is not what the trace says. Count the aten::mm calls "
+        f"inside {end}B{k}.": OTHERWISE,
+    }
+    judge(mm_last, last, "mm_last", hints, rounding=False)
+    return (
+        f"Right: {first} and {last}. Each Linear's backward makes two matrix products (the "
+        "gradient of its input and of its weight); stage 0 has nobody to send an input "
+        "gradient to, so autograd skips that product for its first layer. The Gantt shows "
+        f"{end}B{k} as one bar; only the trace shows what is inside it."
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import signal
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -249,9 +250,55 @@ def _makespan(result: Any) -> float:
 
 
 def add_json_and_clock_arguments(parser: argparse.ArgumentParser) -> None:
-    """--json and the clock flags: what `printed_as_json` reads, in the commands that use it."""
+    """--json, --trace and the clock flags: what `printed_as_json` and `write_trace` read, in
+    the commands that use them."""
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_trace_argument(parser)
     add_clock_arguments(parser)
+
+
+# -- --trace: the measured step as a Chrome trace (course_utils.chrome_trace) ----------------
+
+
+def add_trace_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--trace",
+        default=None,
+        metavar="JSON",
+        help="write the measured step's timeline as a Chrome trace (a .json file that "
+        "ui.perfetto.dev and chrome://tracing open: a track per device and per communication "
+        "stream, the clock named)",
+    )
+
+
+def check_trace(args: argparse.Namespace) -> None:
+    """--trace names a .json file that can be written (checked before any work is done)."""
+    if args.trace is None:
+        return
+    if isinstance(args.trace, str) and os.path.isdir(args.trace):
+        raise CourseInputError(
+            f"--trace {args.trace!r} is a folder: give a file name ending in .json"
+        )
+    validation.output_file(args.trace, "--trace", (".json",))
+
+
+def write_trace(args: argparse.Namespace, timeline, title: str) -> None:
+    """Write `timeline` to --trace, if given, and say so (not with --json: stdout is JSON)."""
+    if args.trace is None:
+        return
+    try:
+        timeline.write_chrome_trace(args.trace, title)
+    except OSError as exc:
+        raise CourseInputError(
+            f"--trace: cannot write {args.trace!r}: {exc.strerror or exc}"
+        ) from None
+    if not getattr(args, "json", False):
+        from course_utils.chrome_trace import clock_of
+
+        print(
+            f"wrote {args.trace} (Chrome trace of the measured step, {clock_of(timeline)}: "
+            "open it in ui.perfetto.dev or chrome://tracing)"
+        )
 
 
 def printed_as_json(args: argparse.Namespace, links, result: dict) -> bool:

@@ -22,10 +22,12 @@ import math
 
 from course_utils.commands.common import (
     add_json_and_clock_arguments,
+    check_trace,
     fastest_run,
     int_flag,
     links_from_args,
     printed_as_json,
+    write_trace,
 )
 from course_utils.errors import CourseInputError
 
@@ -197,6 +199,7 @@ def compare(
         "activation_bytes_per_worker": cp.attention_activation_bytes(
             seq, workers, heads, dim, element_size
         ),
+        "timeline": result.timeline,  # the command writes it to --trace, then drops it
     }
 
 
@@ -242,11 +245,13 @@ def compare_ulysses(
         "ring_activation_bytes_per_worker": cp.attention_activation_bytes(
             seq, workers, heads, dim, element_size
         ),
+        "timeline": result.timeline,  # the command writes it to --trace, then drops it
     }
 
 
 def _run_ulysses(args: argparse.Namespace) -> int:
     result = compare_ulysses(args.workers, args.seq, args.heads, args.dim, args.causal, args.dtype)
+    write_trace(args, result.pop("timeline"), f"Ulysses, {args.workers} workers")
     if args.json:
         print(json.dumps(result, indent=2, allow_nan=False))
         return 0
@@ -277,6 +282,7 @@ def _run_ulysses(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     check_arguments(args)
+    check_trace(args)
     if args.ulysses:
         return _run_ulysses(args)
     links = links_from_args(args)
@@ -291,6 +297,7 @@ def run(args: argparse.Namespace) -> int:
         clock=args.clock,
         links=links,
     )
+    write_trace(args, result.pop("timeline"), f"ring attention, {args.workers} workers")
     if printed_as_json(args, links, result):
         return 0
     n = result["workers"]

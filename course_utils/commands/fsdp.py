@@ -15,9 +15,11 @@ import argparse
 
 from course_utils.commands.common import (
     add_json_and_clock_arguments,
+    check_trace,
     clock_words,
     links_from_args,
     printed_as_json,
+    write_trace,
 )
 from course_utils.errors import CourseInputError
 
@@ -142,11 +144,13 @@ def compare(
         "measured_step_s": timed.step_time_s,
         "simulated_step_s": simulated.makespan,
         "bandwidth_bytes_per_s": (costs.bandwidth if costs.bandwidth != float("inf") else None),
+        "timeline": timed.timeline,  # the command writes it to --trace, then drops it
     }
 
 
 def run(args) -> int:
     validate(args)
+    check_trace(args)
     links = links_from_args(args)
     result = compare(
         args.workers,
@@ -157,6 +161,7 @@ def run(args) -> int:
         clock=args.clock,
         links=links,
     )
+    write_trace(args, result.pop("timeline"), f"ZeRO-{args.stage}, {args.workers} workers")
     if printed_as_json(args, links, result):
         return 0
     n, stage = result["workers"], result["stage"]

@@ -15,9 +15,11 @@ import math
 
 from course_utils.commands.common import (
     add_json_and_clock_arguments,
+    check_trace,
     fastest_run,
     links_from_args,
     printed_as_json,
+    write_trace,
 )
 from course_utils.errors import CourseInputError
 
@@ -161,13 +163,16 @@ def compare(args, links=None) -> dict:
         "simulated_step_s": simulated.makespan,
         "measured_busy_s": measured.busy_per_device(),
         "simulated_busy_s": simulated.busy_per_device(),
+        "timeline": measured,  # the command writes it to --trace, then drops it
     }
 
 
 def run(args) -> int:
     validate(args)
+    check_trace(args)
     links = links_from_args(args)
     result = compare(args, links)
+    write_trace(args, result.pop("timeline"), f"MoE, {args.workers} workers")
     if printed_as_json(args, links, result):
         return 0
     cf = result["capacity_factor"]

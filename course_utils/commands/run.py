@@ -14,11 +14,14 @@ from course_utils.actions import Action
 from course_utils.commands.common import (
     add_clock_arguments,
     add_devices_argument,
+    add_trace_argument,
+    check_trace,
     clock_figures,
     clock_words,
     int_flag,
     links_from_args,
     schedule_from_args,
+    write_trace,
 )
 from course_utils.errors import CourseInputError, ScheduleError, WorkerError
 from course_utils.validation import MAX_PIPELINE_DEVICES as MAX_DEVICES
@@ -70,6 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fail-at", default=None, help="inject an error in ACTION, e.g. 1F2")
     parser.add_argument("--gantt", default=None, metavar="PNG", help="draw measured vs simulated")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    add_trace_argument(parser)
     parser.add_argument("--seed", type=int, default=0, help="random seed, 0 to 2**31 - 1")
     add_clock_arguments(parser)
 
@@ -91,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
     if args.gantt is not None:
         output_file(args.gantt, "--gantt", (".png", ".svg", ".pdf"))
         matplotlib_ready()
+    check_trace(args)
     schedule = schedule_from_args(args)
     fail_at = None
     if args.fail_at is not None:
@@ -164,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
             gantt.save(fig, args.gantt)
         except OSError as exc:
             raise CourseInputError(f"cannot write {args.gantt!r}: {exc.strerror or exc}") from None
+    write_trace(args, measured, f"run {schedule.name}")
     if args.json:
         print(json.dumps(figures, indent=1, allow_nan=False))
     else:

@@ -10,11 +10,13 @@ from course_utils.commands.common import (
     add_allreduce_argument,
     add_json_and_clock_arguments,
     allreduce_from_args,
+    check_trace,
     clock_words,
     fastest_run,
     int_flag,
     links_from_args,
     printed_as_json,
+    write_trace,
 )
 from course_utils.errors import CourseInputError
 from course_utils.validation import MAX_WORKERS  # threads on a laptop
@@ -103,6 +105,7 @@ def compare(
         "simulated_step_s": simulated_step_s(result, links if clock == "virtual" else None),
         "unsplit_step_s": unsplit,
         "speedup": unsplit / measured,
+        "timeline": result.timeline,  # the command writes it to --trace, then drops it
     }
 
 
@@ -116,10 +119,12 @@ def run(args: argparse.Namespace) -> int:
             f"--tokens x --d-model must be <= {MAX_TOKEN_DIMS:,} to keep memory under 1 GB, "
             f"got {tokens} x {d_model} = {tokens * d_model:,}"
         )
+    check_trace(args)
     links = links_from_args(args)
     result = compare(
         workers, algorithm, d_model=d_model, tokens=tokens, clock=args.clock, links=links
     )
+    write_trace(args, result.pop("timeline"), f"tensor-parallel, {workers} workers")
     if printed_as_json(args, links, result):
         return 0
     d = result["d_model"]

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.profiler import record_function
 
 from course_utils import validation
 from course_utils.actions import Schedule
@@ -72,20 +73,23 @@ def record_stage_times(stage: Any, records: list, sync: Callable[[], None] | Non
 
     def forward_one_chunk(chunk, *args, **kwargs):
         t0 = time.time_ns()
-        out = fwd(chunk, *args, **kwargs)
+        with record_function(f"{s}F{chunk}"):  # the same name on torch.profiler's rows
+            out = fwd(chunk, *args, **kwargs)
         records.append((f"{s}F{chunk}", None, t0, end()))
         return out
 
     def backward_one_chunk(chunk, *args, **kwargs):
         t0 = time.time_ns()
-        out = bwd(chunk, *args, **kwargs)
         kind = "B" if kwargs.get("full_backward", True) else "I"
+        with record_function(f"{s}{kind}{chunk}"):
+            out = bwd(chunk, *args, **kwargs)
         records.append((f"{s}{kind}{chunk}", None, t0, end()))
         return out
 
     def backward_weight_one_chunk(chunk, *args, **kwargs):
         t0 = time.time_ns()
-        out = wgt(chunk, *args, **kwargs)
+        with record_function(f"{s}W{chunk}"):
+            out = wgt(chunk, *args, **kwargs)
         records.append((f"{s}W{chunk}", None, t0, end()))
         return out
 

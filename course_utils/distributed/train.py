@@ -133,6 +133,13 @@ def parser() -> argparse.ArgumentParser:
         help="the last rank kills itself (SIGKILL) when step K starts, on the first attempt only",
     )
     p.add_argument(
+        "--profile",
+        default=None,
+        metavar="DIR",
+        help="every rank runs its last step under torch.profiler and writes its Chrome trace "
+        "to DIR/rank{RANK}.json (course_utils.measure.profiler.read_rank_profiles reads them)",
+    )
+    p.add_argument(
         "--timeout",
         type=float,
         default=300.0,
@@ -189,6 +196,21 @@ def resume_step(args, steps: int) -> int | None:
     return choice[0]
 
 
+def profiled_step(par: Parallel, step: int, folder: Path, rank: int):
+    """`par.step(step)` under torch.profiler (CPU, and CUDA where this rank has a GPU); its
+    Chrome trace goes to folder/rank{rank}.json, one file per rank, opened side by side."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    folder.mkdir(parents=True, exist_ok=True)
+    with profile(activities=activities) as prof:
+        result = par.step(step)
+    prof.export_chrome_trace(str(folder / f"rank{rank}.json"))
+    return result
+
+
 def train(args, plan: Plan, place: Place, device: torch.device, mesh) -> dict:
     from course_utils.distributed.clocks import clock_offset
 
@@ -203,7 +225,10 @@ def train(args, plan: Plan, place: Place, device: torch.device, mesh) -> dict:
         maybe_fail(args, place, step)
         t0 = time.time_ns()
         try:
-            loss, count = par.step(step)
+            if args.profile and step == plan.steps:
+                loss, count = profiled_step(par, step, Path(args.profile), place.rank)
+            else:
+                loss, count = par.step(step)
         except Exception as exc:
             raise StepError(f" at step {step}: {type(exc).__name__}: {exc}") from exc
         t1 = time.time_ns()

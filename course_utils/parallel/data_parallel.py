@@ -13,12 +13,20 @@ all-reduce sums. Shards may therefore be uneven (B not divisible by N is fine: t
 first B % N replicas get one extra sample) and the result is still exact; with even
 shards this is the usual "average the gradients".
 
-`DataParallel.step` also records a measured `Timeline`: per replica a forward `0F0`, a
-backward `0B0` and the all-reduce `0REDUCE_GRAD` (labelled "all-reduce"), drawn by
-`course_utils.charts.gantt.draw` like every other timeline. On the virtual clock (the
-default) each replica computes for its own CPU time and the all-reduce's messages cross the
-emulated links (`course_utils.threads.links`: replicas 0-7 share a node, 8-15 the next);
-on the wall clock the timeline holds the real timestamps.
+With `microbatches=k` each replica cuts its shard into k micro-batches and accumulates their
+gradients before the one all-reduce (what DDP's `no_sync` does for all but the last): the
+work per sample stays that of a k-times smaller shard. `DataParallel(model, 1,
+microbatches=N)` is therefore the fair single-device baseline for N workers: one device
+doing exactly the N workers' forward and backward passes, one after another, as a single GPU
+accumulating gradients would (an accelerator does the same work per sample either way; a
+CPU thread does not: a batch N times larger misses its caches and costs more than N times).
+
+`DataParallel.step` also records a measured `Timeline`: per replica a forward `0F{mb}` and
+a backward `0B{mb}` per micro-batch, and the all-reduce `0REDUCE_GRAD` (labelled
+"all-reduce"), drawn by `course_utils.charts.gantt.draw` like every other timeline. On the
+virtual clock (the default) each replica computes for its own CPU time and the all-reduce's
+messages cross the emulated links (`course_utils.threads.links`: replicas 0-7 share a
+node, 8-15 the next); on the wall clock the timeline holds the real timestamps.
 
 `dp_speedup_model` is the back-of-the-envelope model for the lesson: why adding workers
 stops paying off once the all-reduce costs as much as the shrinking compute.
@@ -33,6 +41,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from course_utils import validation
 from course_utils.actions import Action
 from course_utils.errors import CourseInputError
 from course_utils.models import loss_fn
@@ -45,6 +54,7 @@ from course_utils.timeline import Timeline
 from course_utils.validation import MAX_THREADS
 
 MAX_WORKERS = MAX_THREADS  # threads: the `data-parallel` command's limit
+MAX_MICROBATCHES = 64  # per replica: the fair baseline of 16 workers needs 16
 
 OptimizerFactory = Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
 
@@ -104,9 +114,12 @@ class DataParallel(ThreadRunner):
         timeout: float = 120.0,
         clock: str = "virtual",
         links: Links | None = None,
+        microbatches: int = 1,
     ) -> None:
         self._keep_workers_and_clock(workers, MAX_WORKERS, clock, links)  # the command's limit
         check_options("sum", algorithm)
+        validation.integer(microbatches, "microbatches", 1, MAX_MICROBATCHES)
+        self.microbatches = microbatches
         self.algorithm = algorithm
         self.loss_fn = loss_fn
         self.replicas = [copy.deepcopy(model) for _ in range(workers)]
@@ -129,6 +142,11 @@ class DataParallel(ThreadRunner):
             )
         batch = inputs.shape[0]
         sizes = shard_sizes(batch, self.workers)
+        if sizes[-1] < self.microbatches:
+            raise CourseInputError(
+                f"each replica's shard ({sizes[-1]} samples) must hold at least one sample per "
+                f"micro-batch ({self.microbatches})"
+            )
         xs, ys = inputs.split(sizes), targets.split(sizes)
         self.group.reset_counters()
         trace = Recorder()
@@ -139,16 +157,22 @@ class DataParallel(ThreadRunner):
             def work() -> float:
                 model, opt = self.replicas[rank], self.optimizers[rank]
                 opt.zero_grad(set_to_none=False)
-                with stream.compute(Action(0, "F", 0)):
-                    # the shard's mean loss, weighted by its share of the batch (module doc)
-                    loss = self.loss_fn(model(xs[rank]), ys[rank]) * (sizes[rank] / batch)
-                with stream.compute(Action(0, "B", 0)):
-                    loss.backward()
+                total = 0.0
+                parts = shard_sizes(sizes[rank], self.microbatches)
+                pieces = zip(xs[rank].split(parts), ys[rank].split(parts), strict=True)
+                for mb, (x, y) in enumerate(pieces):
+                    with stream.compute(Action(0, "F", mb)):
+                        # each piece's mean loss, weighted by its share of the batch (module
+                        # doc); backward adds its gradient to the ones already there
+                        loss = self.loss_fn(model(x), y) * (len(x) / batch)
+                    with stream.compute(Action(0, "B", mb)):
+                        loss.backward()
+                    total += loss.item()
                 grads = [_grad(p) for p in _trainable(model)]
                 with stream.span(Action(0, "REDUCE_GRAD"), "all-reduce"):
                     self.group.comm(rank).all_reduce(grads, op="sum", algorithm=self.algorithm)
                 opt.step()  # same summed gradient everywhere -> same update everywhere
-                return loss.item()
+                return total
 
             return on(stream, work)
 

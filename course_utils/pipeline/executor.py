@@ -30,7 +30,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
@@ -88,6 +88,15 @@ class StepResult:
     def step_s(self) -> float:
         """The step's time on the timeline's clock (its makespan)."""
         return self.timeline.makespan
+
+    def retimed(self, trace: Recorder) -> StepResult:
+        """This step on the virtual clock from another recording of it (`measure.timing`
+        puts several runs together), its stage costs read again from the new timeline."""
+        timeline = trace.timeline("virtual")
+        costs = self.stage_costs
+        if self.schedule is not None:
+            costs = _stage_costs(timeline.events, self.schedule)
+        return replace(self, timeline=timeline, trace=trace, stage_costs=costs)
 
 
 # --------------------------------------------------------------------------- the executor

@@ -34,14 +34,17 @@ What could still make a virtual figure wrong, and what is done about it:
   same work on the course's 2-vCPU machine, so a run on the virtual clock pins its device
   threads to one core, where they take turns (`DeviceThreads(one_core=True)`);
 - caches and the CPU's clock frequency vary from run to run, and another program on the
-  same core evicts caches: a variant's runs differ by a few percent, so figures are the
-  best of a few runs, taken in turns, with their spread printed.
+  same core evicts caches: a variant's runs differ by a few percent, so variants are timed
+  in turns, a few runs each, and their runs are put together burst by burst, each compute
+  burst at the least CPU time it took in any run (`fastest`; `measure.timing.compare`),
+  with the spread printed.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from course_utils.actions import Action
@@ -195,6 +198,35 @@ def timeline(recorder: Recorder, clock: str, links: Links | None = None, **field
     if num_devices is None:
         num_devices = 1 + max((s.device for s in streams), default=0)
     return Timeline(events, num_devices, source="measured", unit="s", meta=meta, **fields)
+
+
+def fastest(recorders: Sequence[Recorder]) -> Recorder | None:
+    """One run put together from several runs of the same program: every compute burst at
+    the least CPU time it took in any of them (None when they did not record the same ops).
+
+    A burst that another program (or a neighbouring device thread on the same core)
+    interrupted took longer: its caches were refilled, its core was slower for a moment. Such
+    noise only ever adds time, so the least of a few runs is each burst's own cost. Bursts
+    are never pooled: each keeps its place on its own device, so a device that really is
+    slower (a straggler, a longer shard) stays slower.
+    """
+    first = recorders[0] if recorders else None
+    if first is None:
+        return None
+    shape = [(s.device, s.name, [op[0] for op in s.ops]) for s in first.streams]
+    for other in recorders[1:]:
+        if [(s.device, s.name, [op[0] for op in s.ops]) for s in other.streams] != shape:
+            return None
+    merged = Recorder()
+    merged.t0, merged.fields, merged.links = first.t0, dict(first.fields), first.links
+    for i, stream in enumerate(first.streams):
+        copy = merged.stream(stream.device, stream.name)
+        copy.events = stream.events
+        copy.ops = [
+            (CPU, min(r.streams[i].ops[k][1] for r in recorders)) if op[0] == CPU else op
+            for k, op in enumerate(stream.ops)
+        ]
+    return merged
 
 
 def default_links() -> Links:

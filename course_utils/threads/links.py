@@ -125,9 +125,11 @@ def instant_links(gpus_per_node: int = 8) -> Links:
 def machine_flops() -> float:
     """FLOP/s of one thread of this machine, in its own CPU time (measured once per process).
 
-    256 x 256 float32 matrix products on one intra-op thread, best of five rounds: thread
-    CPU time does not count the time other programs take the core, so the figure is the
-    same on an idle and on a busy machine.
+    256 x 256 float32 matrix products on one intra-op thread, best of 25 rounds (about 0.1 s):
+    thread CPU time does not count the time other programs take the core, and the best of
+    many short rounds skips those slowed by a neighbour sharing the core's caches, so the
+    figure is the same on an idle and on a busy machine (best of five varied 56-85 GFLOP/s
+    between processes beside other work; best of 25, 85-93).
     """
     import torch
 
@@ -138,7 +140,7 @@ def machine_flops() -> float:
         a, b = torch.randn(n, n), torch.randn(n, n)
         a @ b  # first call: allocation and dispatch set-up
         best = math.inf
-        for _ in range(5):
+        for _ in range(25):
             start = time.thread_time_ns()
             for _ in range(repeats):
                 a @ b

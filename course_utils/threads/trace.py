@@ -53,6 +53,11 @@ BEGIN, END, CPU, SEND, RECV = range(5)
 
 T = TypeVar("T")
 
+# Set while `course_utils.measure.profiler.profiled` runs torch.profiler: makes the context
+# manager that marks a compute bar or a span with its action's name on the profiler's rows
+# (`torch.profiler.record_function`), so its trace and the course's timeline share the names.
+marker: Callable[[str], AbstractContextManager] | None = None
+
 
 def check_clock(clock: str, name: str = "clock") -> str:
     if clock not in CLOCKS:
@@ -110,7 +115,8 @@ class Stream:
             self._cpu, self._computing = None, None
             self._end(self._event)
         index = self._begin(action, label)
-        yield
+        with marker(str(action)) if marker is not None else nullcontext():
+            yield
         self._end(index)
         if paused is not None:
             self._computing = paused
@@ -159,10 +165,11 @@ class Stream:
 class _Compute:
     """`Stream.compute`'s context manager (a class: cheaper than a generator per action)."""
 
-    __slots__ = ("stream", "action", "label")
+    __slots__ = ("stream", "action", "label", "mark")
 
     def __init__(self, stream: Stream, action: Action, label: str | None) -> None:
         self.stream, self.action, self.label = stream, action, label
+        self.mark: AbstractContextManager | None = None
 
     def __enter__(self) -> None:
         s = self.stream
@@ -170,11 +177,17 @@ class _Compute:
             raise RuntimeError(f"compute {self.action} inside compute {s._computing[0]}")
         s._computing = (self.action, self.label)
         s._event = s._begin(self.action, self.label)
+        if marker is not None:  # inside the bar: the profiler's slice lies within it
+            self.mark = marker(str(self.action))
+            self.mark.__enter__()
         s._cpu = time.thread_time_ns()
 
     def __exit__(self, *exc_info) -> None:
         s = self.stream
         s._flush()
+        if self.mark is not None:
+            self.mark.__exit__(*exc_info)
+            self.mark = None
         s._cpu, s._computing = None, None
         if exc_info[0] is None:
             s._end(s._event)

@@ -382,7 +382,7 @@ class UlyssesAttention(ThreadRunner):
         ]
         timeline = Timeline(
             events, n, name=f"Ulysses attention ({mask}), p={n}", source="measured", unit="s",
-            meta={"causal": self.causal},
+            meta={"causal": self.causal, "clock": "wall"},  # perf_counter timestamps
         )  # fmt: skip
         return UlyssesResult(
             out=torch.cat([r[0] for r in results], dim=-2),

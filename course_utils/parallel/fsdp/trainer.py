@@ -13,7 +13,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -167,6 +167,12 @@ class FSDPStepResult:
     step_time_s: float
     trace: Recorder | None = None
     wall_time_s: float = 0.0
+
+    def retimed(self, trace: Recorder) -> FSDPStepResult:
+        """This step on the virtual clock from another recording of it (`measure.timing`
+        puts several runs together)."""
+        timeline = trace.timeline("virtual")
+        return replace(self, timeline=timeline, trace=trace, step_time_s=timeline.makespan)
 
     @property
     def bytes_sent(self) -> list[int]:
