@@ -58,25 +58,39 @@ def same(a, b) -> bool:
     return a == b
 
 
-CASES = [(n, k) for n in LESSONS for k in sorted(lesson(n)[1])]
-WRONG = [(n, i) for n in LESSONS for i in range(len(lesson_tests(n).WRONG))]
+def slow(n: int) -> list:
+    """`slow` for a lesson whose test file says SLOW: its checks start processes."""
+    return [pytest.mark.slow] if getattr(lesson_tests(n), "SLOW", False) else []
 
 
-@pytest.mark.parametrize("n, k", CASES, ids=[f"l{n:02d}-{k}" for n, k in CASES])
+LESSON_PARAMS = [pytest.param(n, marks=slow(n)) for n in LESSONS]
+CASES = [
+    pytest.param(n, k, marks=slow(n), id=f"l{n:02d}-{k}")
+    for n in LESSONS
+    for k in sorted(lesson(n)[1])
+]
+WRONG = [
+    pytest.param(n, i, marks=slow(n), id=f"l{n:02d}-{i}")
+    for n in LESSONS
+    for i in range(len(lesson_tests(n).WRONG))
+]
+
+
+@pytest.mark.parametrize("n, k", CASES)
 def test_right_answers_pass(n, k, capsys):
     check, right = lesson(n)
     run(check, k, right[k])
     assert capsys.readouterr().out.startswith("✅")
 
 
-@pytest.mark.parametrize("n, k", CASES, ids=[f"l{n:02d}-{k}" for n, k in CASES])
+@pytest.mark.parametrize("n, k", CASES)
 def test_none_is_not_answered(n, k):
     check, right = lesson(n)
     with pytest.raises(NotAnswered, match=rf"Exercise {n}\.{k} is not answered yet"):
         run(check, k, [None] * len(right[k]))
 
 
-@pytest.mark.parametrize("n, i", WRONG, ids=[f"l{n:02d}-{i}" for n, i in WRONG])
+@pytest.mark.parametrize("n, i", WRONG)
 def test_wrong_answers_get_hints(n, i):
     k, args, needle = lesson_tests(n).WRONG[i]
     check, _ = lesson(n)
@@ -90,7 +104,7 @@ def test_wrong_answers_get_hints(n, i):
         assert needle in message, (needle, message)
 
 
-@pytest.mark.parametrize("n", LESSONS)
+@pytest.mark.parametrize("n", LESSON_PARAMS)
 def test_every_exercise_has_a_right_answer_to_test(n):
     check, right = lesson(n)
     exercises = {
@@ -101,7 +115,7 @@ def test_every_exercise_has_a_right_answer_to_test(n):
     assert exercises and exercises == set(right), (sorted(exercises), sorted(right))
 
 
-@pytest.mark.parametrize("n", LESSONS)
+@pytest.mark.parametrize("n", LESSON_PARAMS)
 def test_every_hint_reads_as_sentences(n):
     """A failure message is what a teacher would say: whole sentences, not fragments glued
     together (a question's slip used to read "`x` = 2 looks like it is in every routed
@@ -119,7 +133,7 @@ def test_every_hint_reads_as_sentences(n):
 # -- per-student numbers ------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("n", LESSONS)
+@pytest.mark.parametrize("n", LESSON_PARAMS)
 def test_every_exercise_whose_numbers_vary_declares_its_right_answers_per_student(n):
     check, _ = lesson(n)
     declared = set(lesson_tests(n).right_for(DEFAULT))
@@ -130,17 +144,21 @@ def test_every_exercise_whose_numbers_vary_declares_its_right_answers_per_studen
             assert not varies or k in declared, f"exercise {n}.{k} varies: add it to right_for"
 
 
-@pytest.mark.parametrize("n", LESSONS)
+@pytest.mark.parametrize("n", LESSON_PARAMS)
 def test_the_default_student_gets_the_lessons_answers(n):
     _, right = lesson(n)
     for k, answers in lesson_tests(n).right_for(DEFAULT).items():
         assert same(list(answers), list(right[k])), (k, answers, right[k])
 
 
-PER_STUDENT = [(n, v.student) for n in LESSONS for v in students(n)]
+PER_STUDENT = [
+    pytest.param(n, v.student, marks=slow(n), id=f"l{n:02d}-{v.student}")
+    for n in LESSONS
+    for v in students(n)
+]
 
 
-@pytest.mark.parametrize("n, student", PER_STUDENT, ids=[f"l{n:02d}-{s}" for n, s in PER_STUDENT])
+@pytest.mark.parametrize("n, student", PER_STUDENT)
 def test_every_student_passes_with_their_own_numbers(n, student, capsys):
     check, right = lesson(n)
     variant = Variant(student, cases_seed=7)
@@ -150,7 +168,7 @@ def test_every_student_passes_with_their_own_numbers(n, student, capsys):
         assert capsys.readouterr().out.startswith("✅"), (student, k)
 
 
-@pytest.mark.parametrize("n", LESSONS)
+@pytest.mark.parametrize("n", LESSON_PARAMS)
 def test_a_neighbours_answers_fail(n):
     """The default student's answers fail for every student whose right answers differ (and
     some student's do: the numbers are there so that a copied answer fails)."""

@@ -38,7 +38,7 @@ from pathlib import Path
 
 import pytest
 from checkskit import run
-from test_checks_contract import LESSONS
+from test_checks_contract import LESSON_PARAMS
 
 from course_utils.checks import CheckFailed
 
@@ -192,7 +192,7 @@ def messages_of(n: int) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("n", LESSONS)
+@pytest.mark.parametrize("n", LESSON_PARAMS)
 def test_every_hint_of_a_check_module_is_reached_by_a_wrong_answer(n):
     module = importlib.import_module(f"course_utils.checks.l{n:02d}")
     hints = hints_of(Path(module.__file__))

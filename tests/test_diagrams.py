@@ -180,3 +180,19 @@ def test_dispatch_writes_what_stays_home_and_what_is_sent():
     assert _texts(ax) == ["5\nstays home", "3\nsent", "2\nsent", "6\nstays home"]
     assert [t.get_text() for t in ax.get_xticklabels()] == ["w0", "w1"]
     assert ax.get_title() == "dispatch"
+
+
+def test_the_primer_states_say_who_holds_what_after_each_collective():
+    from course_utils.charts.primer import collective_states
+
+    before, after = collective_states("all-to-all", 3)
+    assert after == [list(col) for col in zip(*before, strict=True)]  # a transpose
+    _, scattered = collective_states("reduce-scatter", 3)
+    assert [[bool(x) for x in row] for row in scattered] == [
+        [r == c for c in range(3)] for r in range(3)
+    ]
+    mine, gathered = collective_states("all-gather", 3)
+    assert sum(bool(x) for row in mine for x in row) == 3 and gathered[0] == gathered[2]
+    assert collective_states("all-reduce", 2)[1] == [["Σ0", "Σ1"], ["Σ0", "Σ1"]]
+    with pytest.raises(CourseInputError, match="name must be one of"):
+        collective_states("broadcast")

@@ -281,7 +281,7 @@ def test_a_relative_solutions_folder_grades_a_wrong_one_stops_and_a_fixed_one_re
     for args, words in [
         (["--solutions", "empty"], "has no notebook of lesson 03 (03_*.ipynb)"),
         (["--solutions", "nowhere"], "--solutions 'nowhere' is not a folder"),
-        (["--lesson", "13"], "--lesson 13: lesson 13 has no exercises in this course"),
+        (["--lesson", "14"], "--lesson 14: lesson 14 has no exercises in this course"),
     ]:
         stopped = run_cli("grade", "class", "--csv", "grades.csv", "--no-sandbox", *args)
         assert stopped.returncode == 2 and words in stopped.stderr, (args, stopped)

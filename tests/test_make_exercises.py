@@ -293,7 +293,7 @@ def test_one_lessons_handouts_are_laid_out_for_upload(tmp_path, capsys):
     assert [p.name for p in (tmp_path / "one").iterdir()] == ["03_bubble_tradeoff.ipynb"]
     capsys.readouterr()
     for argv, words in [
-        (["--lesson", "13", "--out", str(tmp_path / "x")], "--lesson 13: lesson 13 has no"),
+        (["--lesson", "14", "--out", str(tmp_path / "x")], "--lesson 14: lesson 14 has no"),
         (["--lesson", "3"], "--lesson hands out one lesson: give --out FOLDER"),
     ]:
         assert make_exercises.main(argv) == 2

@@ -33,7 +33,7 @@ from course_utils.grading import stand_in
 from course_utils.grading.grader import solution_for
 
 ROOT = Path(__file__).resolve().parents[1]
-LESSONS = list(range(1, 13))
+LESSONS = list(range(1, 14))
 STUDENT = "s7"
 
 

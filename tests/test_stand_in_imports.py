@@ -36,6 +36,7 @@ def test_the_stand_in_checks_hold_numbers_and_material_but_no_answers(tmp_path):
     assert "ORDER" not in text  # not the answer
     assert (folder / "wire.py").read_bytes() == (ROOT / "course_utils/checks/wire.py").read_bytes()
     assert (folder / "rank_cases.py").exists() and not (folder / "rank_references.py").exists()
+    assert (folder / "processes.py").exists() and not (folder / "worker_runs.py").exists()
 
 
 def package_with(checks: Path, root: Path) -> Path:
@@ -56,6 +57,7 @@ assert checks.__file__.startswith(sys.argv[1]), checks.__file__  # the stand-in,
 for n in {lessons!r}:
     module = importlib.import_module(f"course_utils.checks.l{{n:02d}}")
     assert not hasattr(module, "cases_1"), n
+module = importlib.import_module("course_utils.checks.l12")  # the lesson the stand-in is for
 check = module.for_student("alice")
 with contextlib.redirect_stdout(io.StringIO()) as said:
     print(check.given(7), check.given(8))
@@ -64,6 +66,7 @@ print(said.getvalue())
 print(module.moe_layout(2)[1].ep)
 from course_utils.checks import judge, Variant
 from course_utils.checks.programs import ProgramCase
+from course_utils.checks.processes import WorkerDDPCase, WorkerRingCase  # lesson 13's cases
 """
 
 

@@ -9,6 +9,7 @@
 - `tensor_split` how tensor parallelism cuts a matrix multiply
 - `grid`         who talks to whom on a tp x pp x dp grid of GPUs
 - `collectives`  who holds which piece during an all-reduce, a ring or an all-to-all
+- `primer`       the four collectives at a glance: who holds what before and after
 - `attention`    attention over workers: blockwise softmax, causal work per worker
 - `moe`          a mixture of experts' routing and dispatch
 - `explorer`     the interactive schedule explorer (ipywidgets), with its fast raster painter

@@ -22,8 +22,8 @@ from fractions import Fraction
 from typing import Any
 
 TAG = "__course_type__"
-# The trials of per-rank programs, by class name: the module that defines each (only these
-# are ever made from data).
+# The trials of per-rank programs and of worker files, by class name: the module that
+# defines each (only these are ever made from data).
 CASES = {
     "ProgramCase": "course_utils.checks.programs",
     "ShardCase": "course_utils.checks.programs",
@@ -32,6 +32,8 @@ CASES = {
     "RingCase": "course_utils.checks.rank_cases",
     "DDPCase": "course_utils.checks.rank_cases",
     "TPCase": "course_utils.checks.rank_cases",
+    "WorkerRingCase": "course_utils.checks.processes",  # a worker file on real processes
+    "WorkerDDPCase": "course_utils.checks.processes",
 }
 
 
@@ -75,7 +77,7 @@ def encode(value: Any, depth: int = 0) -> Any:
         return encode(value.item(), depth + 1)  # numpy scalar
     if kind == "course_utils" and name == "Action":
         return {TAG: "Action", "value": str(value)}
-    if kind == "course_utils" and name in CASES:  # a rank program's trial (programs, ...)
+    if kind == "course_utils" and name in CASES:  # a trial of a rank program or a worker
         return {TAG: name, "value": encode(vars(value), depth + 1)}
     if kind == "course_utils" and name == "Schedule":
         return {
@@ -177,20 +179,30 @@ def call_outcome(
     10^9 stages would otherwise fill the machine's memory before its time runs out."""
     start = time.perf_counter()
     before = _resident_bytes()
+    over = [False]  # the call is over: an alarm still due must not raise in what follows
 
     def watch(signum, frame):  # noqa: ARG001 - signal handler signature
+        if over[0]:
+            return
         if time.perf_counter() - start >= limit_s:
             raise CallTimedOut(f"ran past {limit_s:g} s")
         now = _resident_bytes()
         if before is not None and now is not None and now - before > memory_limit:
             raise CallUsedTooMuchMemory(f"used more than {memory_limit / 2**30:g} GiB of memory")
 
+    # A case may say how the answer is called (a `ProgramCase` runs a rank program, a
+    # `WorkerRingCase` a worker file on processes), and how long that needs at least (a
+    # worker's processes take seconds to start).
+    call = getattr(args[0], "__course_call__", None) if len(args) == 1 else None
+    if callable(call):
+        limit_s = max(limit_s, float(getattr(args[0], "least_call_seconds", 0.0)))
     previous = signal.signal(signal.SIGALRM, watch)
     signal.setitimer(signal.ITIMER_REAL, min(_WATCH_EVERY_S, limit_s), _WATCH_EVERY_S)
-    # A case may say how the answer is called: a `ProgramCase` (...) runs a rank program.
-    call = getattr(args[0], "__course_call__", None) if len(args) == 1 else None
     try:
-        result = call(fn) if callable(call) else fn(*args)
+        try:
+            result = call(fn) if callable(call) else fn(*args)
+        finally:  # first thing once the call has ended, however it ended
+            over[0] = True
         signal.setitimer(signal.ITIMER_REAL, 0)  # encoding a big result is not the learner's
         outcome = {"result": encode(result)}
     except CallTimedOut as exc:
