@@ -6,7 +6,8 @@ What makes a solved notebook print the same thing on every run: a Build exercise
 draws its cases from the student's name in a notebook (`Variant.cases`; the grader draws its
 own secret ones), and a cell that prints measured figures (a program's timings against its
 target: `programs.scorecard`) carries nbval's tag `nbval-ignore-output`, so that nbval still
-runs it and fails it if it raises, but does not compare what it printed.
+runs it and fails it if it raises, but does not compare what it printed; so does a
+`%%writefile` cell (lesson 13's worker files), which says "Writing" once, then "Overwriting".
 
 The executed copies are the session's notebook runs (tests/notebook_runs.py), so each
 solution costs two more runs here. `make test` checks lesson 02's (a Build's cases and a
@@ -73,15 +74,20 @@ def test_a_solution_saved_once_passes_strict_nbval_twice_and_its_blank_handout_f
 
 def test_cells_that_print_measured_figures_skip_the_output_comparison_and_no_check_does():
     """The tag excuses a cell's printed figures from nbval's comparison, nothing else: every
-    cell that prints a program's timings has it, and no check or answer cell."""
+    cell that prints a program's timings has it, and no check cell; an answer cell only where
+    it is a `%%writefile` (it says "Writing" the first time, "Overwriting" after)."""
     tagged = {}
     for path in SOLVED:
         nb = nbformat.read(path, as_version=4)
         for cell in nb.cells:
             tags = cell.metadata.get("tags", [])
+            writes = cell.source.startswith("%%writefile")
+            if writes:
+                assert "nbval-ignore-output" in tags, f"{path.name}: {cell.source[:40]}"
             if "nbval-ignore-output" in tags:
                 tagged.setdefault(path.name, []).append(cell.source)
-                assert cell.cell_type == "code" and "check" not in tags and "answer" not in tags
+                assert cell.cell_type == "code" and "check" not in tags
+                assert "answer" not in tags or writes
             elif cell.cell_type == "code":
                 assert "scorecard(" not in cell.source, f"{path.name}: a timing cell untagged"
     assert set(tagged) >= {IN_MAKE_TEST, "04_1f1b_zero_bubble.ipynb"}
