@@ -126,7 +126,7 @@ test-constrained: setup
 record-reference: setup
 	$(PY) -m course_utils.measure.record
 
-# Every command at the corner of its documented limits, under the memory budget (3 to 4
+# Every command at the corner of its documented limits, under the memory budget (5 to 7
 # minutes of CPU; peak memory, not time, is measured). CI runs it last, alone.
 test-limits: setup
 	$(PY) -m pytest -m limits $(XDIST) -p no:cacheprovider

@@ -31,6 +31,15 @@ MAX_GANTT_ACTIONS = 20_000  # bars matplotlib draws in a few seconds
 MAX_THREADS = 16  # simulated devices (threads) in any one pool: data parallelism's limit
 MAX_WORKERS = 8  # threads of a tensor-, context- or expert-parallel or ZeRO run
 MAX_PIPELINE_DEVICES, MAX_PIPELINE_STAGES = MAX_WORKERS, 32  # PipelineExecutor and `run`
+# torch.distributed processes on this machine (a Cluster, `distributed`): each one imports
+# torch, about 160 MB, beside the parent's; more would not leave room for their work.
+MAX_PROCESSES = 4
+# Sequences (samples) of one batch on those processes, by model: every rank holds its share
+# and the one-process reference all of it, about 0.6 MB a sequence of the course's GPT.
+MAX_PROCESS_BATCH = {"gpt": 64, "mlp": 4096}
+# Steps of a comparison on those processes: every rank returns each step's gradients (0.8 MB
+# a step of the GPT) to be checked against one process's.
+MAX_COMPARED_STEPS = 10
 MAX_SEED = 2**31 - 1
 MAX_GPUS = 65_536  # GPUs the planner searches
 # Each grading job is a worker and a sandboxed kernel with torch, about 300 MB: 4 at once stay
@@ -60,7 +69,7 @@ def integer(value: object, name: str, low: int = 1, high: int | None = None) -> 
         or (high is not None and value > high)
     ):
         allowed = f"from {low:,} to {high:,}" if high is not None else f">= {low:,}"
-        raise CourseInputError(f"{name} must be an integer {allowed}, got {_shown(value)}")
+        raise CourseInputError(f"{name} must be an integer {allowed}, got {shown(value)}")
     return value
 
 
@@ -79,7 +88,7 @@ def number(
         bound = f"> {low:g}" if strict else f">= {low:g}"
         within = f" and <= {high:g}" if math.isfinite(high) else ""
         raise CourseInputError(
-            f"{name} must be a finite number {bound}{within}, got {_shown(value)}"
+            f"{name} must be a finite number {bound}{within}, got {shown(value)}"
         )
     return float(value)
 
@@ -88,7 +97,18 @@ def choice(value: object, name: str, choices: Iterable[str]) -> str:
     """`value` if it is one of `choices` (strings only: a list or None is refused cleanly)."""
     options = list(choices)
     if not isinstance(value, str) or value not in options:
-        raise CourseInputError(f"{name} must be one of {', '.join(options)}, got {_shown(value)}")
+        raise CourseInputError(f"{name} must be one of {', '.join(options)}, got {shown(value)}")
+    return value
+
+
+def instance(value: object, name: str, kind: type | tuple[type, ...], what: str = "") -> object:
+    """`value` if it is a `kind` (a class or a tuple of them), else one line naming `name`
+    and what it must be (`what`, or the class's name)."""
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind in (int, float)):
+        if not what:
+            kinds = kind if isinstance(kind, tuple) else (kind,)
+            what = " or ".join(f"a {k.__name__}" for k in kinds)
+        raise CourseInputError(f"{name} must be {what}, got {type(value).__name__} {shown(value)}")
     return value
 
 
@@ -108,7 +128,8 @@ def env_port(name: str = "MASTER_PORT") -> int | None:
     return int(text)
 
 
-def _shown(value: object) -> str:
+def shown(value: object) -> str:
+    """`value` as an error message quotes it: its repr, cut to 60 characters."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -195,10 +216,14 @@ def output_file(
     if isinstance(path, Path):
         path = str(path)
     if not isinstance(path, str) or not path.strip():
-        raise CourseInputError(f"{name} needs a file name, got {_shown(path)}")
+        raise CourseInputError(f"{name} needs a file name, got {shown(path)}")
     if path.endswith(("/", os.sep)) or Path(path).name in ("", ".", ".."):
         raise CourseInputError(f"{name} {path!r} names a folder: give a file name")
     out = Path(path)
+    if suffixes and out.name.lower() in suffixes:  # ".png": an ending without a name
+        raise CourseInputError(
+            f"{name} {path!r} is an ending without a name: give one, e.g. chart{out.name}"
+        )
     if suffixes and out.suffix.lower() not in suffixes:
         allowed = ", ".join(suffixes[:-1]) + " or " + suffixes[-1] if suffixes[1:] else suffixes[0]
         raise CourseInputError(f"{name} must end in {allowed}, got {path!r}")
@@ -222,6 +247,32 @@ def output_file(
     for target in (out, *(out.with_suffix(s) for s in siblings)):
         _writable_file(target, name, path)
     _folder_takes_files(folder, name, path)
+    return out
+
+
+def output_folder(path: object, name: str) -> Path:
+    """Check that `path` is a folder that takes new files, or one that can be made (with the
+    folders above it): its nearest existing folder is a folder, not a file or a device, and a
+    file can be made there (not /proc, not read-only). Nothing is made yet."""
+    if isinstance(path, Path):
+        path = str(path)
+    if not isinstance(path, str) or not path.strip():
+        raise CourseInputError(f"{name} needs a folder name, got {shown(path)}")
+    out = Path(path)
+    limit = _name_max(Path("."))
+    for part in out.parts:
+        if len(os.fsencode(part)) > limit:
+            raise CourseInputError(
+                f"{name} {path!r}: a name in it is longer than this file system allows "
+                f"({len(os.fsencode(part))} bytes, at most {limit})"
+            )
+    existing = out
+    while not (existing.exists() or existing.is_symlink()) and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        what = "is" if existing == out else f"cannot be made: {str(existing)!r} is"
+        raise CourseInputError(f"{name} {path!r} {what} a file, not a folder")
+    _folder_takes_files(existing, name, path)
     return out
 
 
@@ -279,7 +330,7 @@ def input_file(path: object, name: str, max_bytes: int) -> Path:
     if isinstance(path, str):
         path = Path(path)
     if not isinstance(path, Path) or not str(path).strip():
-        raise CourseInputError(f"{name} needs a file name, got {_shown(path)}")
+        raise CourseInputError(f"{name} needs a file name, got {shown(path)}")
     try:
         info = path.stat()
     except OSError as exc:

@@ -133,14 +133,17 @@ def run_course(args: list[str], cwd: Path, *, wrap: list[str] | None = None, **h
     return measure(command, cwd, **how)
 
 
-def tree_peak_mb(args: list[str], cwd: Path, timeout: float = 600, env=None) -> tuple[int, float]:
-    """(exit code, peak MB of the process tree) of `python -m course_utils ARGS`: the sum of
-    the proportional set sizes (shared pages split between their users; the resident size
-    where the system does not say) of the command and all its descendants, every 0.1 s."""
+def tree_peak_mb(
+    args: list, cwd: Path, timeout: float = 600, env=None, module: str | None = "course_utils"
+) -> tuple[int, float]:
+    """(exit code, peak MB of the process tree) of `python -m MODULE ARGS` (course_utils's
+    commands by default; `python ARGS` for module None): the sum of the proportional set sizes
+    (shared pages split between their users; the resident size where the system does not say)
+    of the command and all its descendants, every 0.1 s."""
     import psutil
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "course_utils", *map(str, args)],
+        [sys.executable, *(["-m", module] if module else []), *map(str, args)],
         cwd=cwd,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

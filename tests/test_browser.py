@@ -7,7 +7,8 @@ Opens the course index, the pipeline explorer lesson, the capstone and the lesso
 all cells, checks there is no error output, that the charts are visible, that moving the
 micro-batch slider changes the chart and the bubble %, that lesson 02 draws torch.profiler's
 trace beside its timeline, that the planner redraws, and that an exercise notebook's locked
-cells can be neither edited nor deleted. Then two pages of the
+cells can be neither edited nor deleted (its name cell can be edited, not deleted). Then two
+pages of the
 course book (`make book`, which CI runs before this): their charts load, no error output.
 Screenshots go to `screenshots/` (git-ignored).
 """
@@ -262,11 +263,14 @@ def test_locked_cells_cannot_be_edited_or_deleted_in_jupyterlab(browser, lab):
 
     count = "() => window.jupyterapp.shell.currentWidget.content.widgets.length"
     before = page.evaluate(count)
-    for locked in ("check-03-1", "s03-code-02", "given-03-1"):
+    for locked in ("check-03-1", "given-03-1"):
         text = source(locked)
         type_into(locked)
         delete(locked)
         assert source(locked) == text and index(locked) >= 0, locked
+    type_into("s03-code-02")  # the name cell: a learner on their own writes their name there
+    delete("s03-code-02")
+    assert "# changed" in source("s03-code-02") and index("s03-code-02") >= 0
     type_into("answer-03-1")  # an answer cell takes the learner's typing...
     assert "# changed" in source("answer-03-1")
     delete("answer-03-1")  # ...but is not deleted (as nbgrader does)

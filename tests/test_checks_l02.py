@@ -2,6 +2,7 @@
 
 import functools
 import math
+import re
 import time
 
 import pipeprograms as pipes
@@ -37,10 +38,10 @@ def one_backward_missing(p, m, d):
 
 
 RIGHT = {
-    1: (["0F0", "0F1", "1F0", "1F1", "1B0", "0B0", "1B1", "0B1"],),
-    2: ("0F4", "1F3"),
+    1: (["0F0", "0F1", "1F0", "0F2", "1F1", "1F2", "1B0", "0B0", "1B1", "0B1", "1B2", "0B2"],),
+    2: ("0F6", "1F5"),
     3: (gpipe_device,),
-    4: (33, 96 / 33),
+    4: (27, 72 / 27),
     5: ("a", "b"),
     6: (0.25,),
     7: (1.0, 32.0),  # 0.1 ms + 450 kB / 500 MB/s; (4 + 1)(2 + 4) + 2 x 1
@@ -50,36 +51,43 @@ RIGHT = {
 
 
 def test_ties_may_be_listed_either_way(capsys):
-    check.exercise_1(["0F0", "1F0", "0F1", "1F1", "1B0", "1B1", "0B0", "0B1"])
+    check.exercise_1(
+        ["0F0", "1F0", "0F1", "1F1", "0F2", "1F2", "1B0", "1B1", "0B0", "1B2", "0B1", "0B2"]
+    )
     assert "✅" in capsys.readouterr().out
 
 
-LIFO = ["0F0", "0F1", "1F0", "1F1", "1B1", "1B0", "0B1", "0B0"]
+ORDER = RIGHT[1][0]  # GPipe on p = 2, m = 3 (F = 1, B = 2), by start
+LIFO = ["0F0", "0F1", "1F0", "0F2", "1F1", "1F2", "1B2", "1B1", "1B0", "0B2", "0B1", "0B0"]
 
 WRONG = [  # (exercise, arguments, words the hint must contain)
-    (1, (["0F0", "1F0", "0F1", "1F1", "0B0", "1B0", "1B1", "0B1"],), "1B0 starts first"),
-    (1, (["0F0", "0F1", "1F0", "1F1", "1B0", "0B0", "1B1"],), "missing"),
-    (1, (["0F0", "0F0", "1F0", "1F1", "1B0", "0B0", "1B1", "0B1"],), "twice"),
-    (1, (["0F0", "0F1", "1F0", "1F1", "1B0", "0B0", "1B1", "2B1"],), "does not happen"),
+    (1, ([*ORDER[:6], "0B0", "1B0", *ORDER[8:]],), "1B0 starts first"),
+    (1, (ORDER[:-1],), "missing"),
+    (1, (["0F0", "0F0", *ORDER[2:]],), "twice"),
+    (1, ([*ORDER[:-1], "2B2"],), "does not happen"),
     (1, (LIFO,), "first in, first out"),
     (1, (["0X0"],), "which is not an action"),
     (1, ("0F0 0F1",), "should be a list"),
-    (2, ("0F3", "1F3"), "behind"),
-    (2, ("0F5", "1F3"), "ahead"),
-    (2, ("0B0", "1F3"), "no backward"),
-    (2, ("0F", "1F3"), "needs a micro-batch number"),
-    (2, ("1F4", "1F3"), "action of stage 0"),
-    (4, (24, 4.0), "busy time"),
-    (4, (96, 1.0), "naive"),
-    (4, (30, 3.0), "Off by one slot"),
-    (4, (36, 3.0), "Off by one slot"),
-    (4, (40, 3.0), "Draw the forward half"),
-    (4, (33.4, 3.0), "Draw the forward half"),
-    (4, (33, 3.0), "speedup"),
-    (4, (33, 4.0), "ideal"),
-    (4, (33, 33 / 96), "upside down"),
-    (4, (33, 2.9), "3 significant figures"),
+    (2, ("0F5", "1F5"), "behind"),
+    (2, ("0F7", "1F5"), "ahead"),
+    (2, ("0B0", "1F5"), "no backward"),
+    (2, ("0F", "1F5"), "needs a micro-batch number"),
+    (2, ("1F6", "1F5"), "action of stage 0"),
+    (2, ("0F5", "1F6"), re.compile(r"2 answers(.|\n)*`stage0_action`(.|\n)*`stage1_action`")),
+    (4, (18, 72 / 27), "busy time"),
+    (4, (72, 1.0), "naive"),
+    (4, (24, 72 / 27), "Off by one slot"),
+    (4, (30, 72 / 27), "Off by one slot"),
+    (4, (40, 72 / 27), "Draw the forward half"),
+    (4, (27.4, 72 / 27), "Draw the forward half"),
+    (4, (27, 3.0), "speedup"),
+    (4, (27, 4.0), "ideal"),
+    (4, (27, 27 / 72), "upside down"),
+    (4, (27, 2.7), "3 significant figures"),
     (4, (math.nan, 3.0), "NaN"),
+    (4, (40, 4.0), re.compile(r"2 answers(.|\n)*`makespan`(.|\n)*`speedup`")),
+    (5, ("b", "a"), re.compile(r"2 answers(.|\n)*`problem`(.|\n)*`fix`")),
+    (7, (3.0, 40.0), re.compile(r"2 answers(.|\n)*`transfer_ms`(.|\n)*`step_ms`")),
     (5, ("b", "b"), "most grey"),
     (5, ("c", "b"), "fill-and-drain"),
     (5, ("a", "a"), "slow stage"),
@@ -102,14 +110,14 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (7, (1.0, 31.0), "the backward needs one too"),
     (7, (1.0, 50.0), "naive schedule"),
     (7, (1.0, 40.0), "Draw the chart"),
-    (1, (["0F1", "0F0", "1F0", "1F1", "1B0", "0B0", "1B1", "0B1"],), "both run on device 0"),
-    (1, (["0F0", "1F0", "1B0", "0F1", "1F1", "0B0", "1B1", "0B1"],), "every forward before"),
-    (2, ("0F4", "0F3"), "`stage1_action` should be an action of stage 1"),
+    (1, (["0F1", "0F0", *ORDER[2:]],), "both run on device 0"),
+    (1, (["0F0", "1F0", "1B0", "0F1", "0F2", "1F1", "1F2", *ORDER[7:]],), "every forward before"),
+    (2, ("0F6", "0F5"), "`stage1_action` should be an action of stage 1"),
     (3, (forward_backward_device,), "runs a backward before its last forward"),
     (3, (whole_pipeline_device,), "far too long to build whole"),
     (3, (forwards_only_when_huge,), "is not device 987654321's GPipe list"),
     (3, (one_backward_missing,), "The lists of gpipe_device("),
-    (4, (33, 2.0), "`makespan` is right, `speedup` is not"),
+    (4, (27, 2.0), "`speedup` is not right"),
     (5, ("d", "b"), "Handing a tensor between threads takes microseconds"),
     (5, ("a", "c"), "The learning rate changes the maths"),
     (6, (0.4,), "Not yet. Write the full-batch mean"),

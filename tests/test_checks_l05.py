@@ -64,7 +64,7 @@ def stub(p, v):
 RIGHT = {
     1: (looping_placement,),
     2: (7 / 64, 53.25),
-    3: ("same", "depth-first", 16),
+    3: ("same", "depth-first", 24),
     4: (BREADTH_FIRST_FIFO,),
     5: ("b", "b", 2),
     6: ("breadth-first", "depth-first", "b"),
@@ -85,7 +85,7 @@ def fifo_breadth_first(p, v, m):
 def test_other_right_forms_pass(capsys):
     check.exercise_1(lambda p, v: tuple(tuple(range(d, p * v, p)) for d in range(p)))
     check.exercise_2(0.109375, 53.25)
-    check.exercise_3(" Same ", "DEPTH-FIRST", 16.0)
+    check.exercise_3(" Same ", "DEPTH-FIRST", 24.0)
     check.exercise_4([[Action.parse(a) for a in acts] for acts in BREADTH_FIRST_FIFO])
     check.exercise_6("Breadth-First", "depth-first", "B")
     out = capsys.readouterr().out
@@ -159,13 +159,13 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (2, (10.9375, 53.25), "percentage"),
     (2, (math.nan, 53.25), "NaN"),
     (2, ("7/64", 53.25), "without quotes"),
-    (3, ("depth-first", "depth-first", 16), "same p - 1 hops"),
-    (3, ("breadth-first", "depth-first", 16), "same p - 1 hops"),
-    (3, ("same", "breadth-first", 16), "first backward"),
-    (3, ("same", "same", 16), "first backward"),
-    (3, ("same", "depth-first", 8), "whole micro-batches"),
+    (3, ("depth-first", "depth-first", 24), "same p - 1 hops"),
+    (3, ("breadth-first", "depth-first", 24), "same p - 1 hops"),
+    (3, ("same", "breadth-first", 24), "first backward"),
+    (3, ("same", "same", 24), "first backward"),
+    (3, ("same", "depth-first", 12), "whole micro-batches"),
     (3, ("same", "depth-first", 11), "depth-first peak"),
-    (3, ("same", "depth-first", 32), "not right"),
+    (3, ("same", "depth-first", 48), "not right"),
     (3, ("same", "depth-first", 16.5), "whole number"),
     (3, ("neither", "depth-first", 16), "should be one of"),
     (5, ("a", "b", 2), "bubble formula"),

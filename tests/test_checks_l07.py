@@ -192,7 +192,7 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (7, (3.0, 1 / 3), "peak of the backward"),
     (7, (2.5, 4 / 3), "subtract"),
     (7, (2.5, 1.0), "double"),
-    (7, (2.5, 0.5), "Relative to what"),
+    (7, (2.5, 0.5), "relative to what"),
     (7, (2.5, 0.1), "once more"),
     (1, (by_rows, gather_outputs, FIXED), "that cuts the rows (input features)"),
     (1, (too_few, gather_outputs, FIXED), "shards; it should return n ="),

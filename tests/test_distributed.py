@@ -539,7 +539,8 @@ def test_ctrl_c_or_sigterm_stops_the_command_and_its_ranks_within_two_seconds(
     # SIGTERM (kill, a job scheduler) reaches the parent only, which closes its ranks.
     import signal as signals
 
-    command = [sys.executable, "-m", "course_utils", "distributed", "--steps", "100"]
+    command = [sys.executable, "-m", "course_utils", "distributed", "--steps", "10", "--batch",
+               "128"]  # fmt: skip
     parent = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
         start_new_session=True,

@@ -2,15 +2,16 @@
 
 Each command is run at the corner of its limits (the sizes its --help promises, together) in
 a child process and must finish with exit code 0 under 1.5 GB (`validation.MEMORY_BUDGET`;
-Binder gives 2 GB), measured as the child's peak resident memory; `grade -j 4` as the
-proportional set size of its whole process tree (workers and kernels). Then `grade -j 2` is
+Binder gives 2 GB), measured as the child's peak resident memory; `grade -j 4`, `distributed`
+and the torchrun entry point as the proportional set size of their whole process tree
+(workers and kernels; ranks). Then `grade -j 2` is
 killed mid-batch (SIGTERM, SIGKILL, Ctrl-C): 5 s later none of its workers or kernels is
 left, nor any file in its temporary folder, and Ctrl-C ends it within 2 s with one line
 (in a sandbox: `needs_bwrap`). Where no sandbox can be made the limits run `grade
 --no-sandbox`.
 
 All slow (a few minutes in all: real training steps at their largest). The runs at the limits
-(marked `limits`, 3 to 4 minutes of CPU) are `make test-limits`, which CI runs last, alone;
+(marked `limits`, 5 to 7 minutes of CPU) are `make test-limits`, which CI runs last, alone;
 `make test` runs the rest.
 """
 
@@ -66,6 +67,9 @@ AT_THE_LIMITS = [
       "--capacity-factor", "64", "--skew", "10"], "8 workers, 64 experts, 4096 tokens"),
     (["plan", "search", "--params", "70B", "--layers", "80", "--hidden", "8192", "--heads", "64",
       "--seq", "2048", "--global-batch", "512", "--gpus", "65536"], "65,536 GPUs"),
+    (["plan", "search", "--params", "824B", "--layers", "1024", "--hidden", "8192", "--heads",
+      "1024", "--seq", "1048576", "--global-batch", "512", "--gpus", "65536"],
+     "65,536 GPUs, 1024 layers and heads, a million tokens"),
     (["plan", "memory", "--params", "70B", "--layers", "1024", "--hidden", "2048", "--heads", "16",
       "--seq", "2048", "--pp", "1024", "--microbatches", "65", "--schedule", "zb-h1"],
      "1024 stages x 65 micro-batches simulated"),
@@ -84,6 +88,51 @@ def test_every_documented_limit_runs_under_the_budget(args, what, tmp_path):
         predicted = validation.BASE_BYTES[use] + validation.ACTION_BYTES[use] * actions
         assert result["mb"] * 1e6 <= predicted, (result["mb"], predicted / 1e6)
     print(f"{' '.join(args)}: {result['mb']:.0f} MB, {result['cpu']:.1f} s of CPU")
+
+
+# (command at its limits, what it is the limit of): torch.distributed processes, measured as
+# their whole tree (every rank, the parent and its one-process reference)
+PROCESSES = validation.MAX_PROCESSES
+GPT_BATCH = validation.MAX_PROCESS_BATCH["gpt"]  # the MLP's 4,096 take less (1.15 GB)
+STEPS = validation.MAX_COMPARED_STEPS
+DISTRIBUTED_AT_THE_LIMITS = [
+    (["distributed", "--workers", PROCESSES, "--batch", GPT_BATCH, "--model", "gpt", "--steps",
+      STEPS], f"DDP: {PROCESSES} processes, the GPT's batch of {GPT_BATCH}, {STEPS} steps"),
+    (["distributed", "--fsdp", "--workers", PROCESSES, "--batch", GPT_BATCH, "--model", "gpt"],
+     "FSDP2: the GPT's batch"),
+    (["distributed", "--parallel", "pipeline", "--workers", PROCESSES, "--microbatches", "64",
+      "--batch", GPT_BATCH, "--model", "gpt"], "pipeline: 64 micro-batches"),
+    (["distributed", "--ring-attention", "--workers", PROCESSES], "ring attention"),
+    (["--standalone", f"--nproc-per-node={PROCESSES}", "-m", "course_utils.distributed.train",
+      "--parallel", "fsdp", "--batch", GPT_BATCH, "--steps", "3",
+      "--checkpoint-dir", "ckpt", "--report", "r.json"],
+     "torchrun: train with FSDP2 and checkpoints"),
+]  # fmt: skip
+
+
+# lesson 13's launcher at its limits: every "node" an agent of torchrun on this machine
+LAUNCH = (
+    "from course_utils.distributed.launch import MAX_NODES, MAX_PROCS_PER_NODE, launch\n"
+    "job = launch(nodes=MAX_NODES, procs_per_node=MAX_PROCS_PER_NODE, parallel='fsdp+pipeline',"
+    f" batch={GPT_BATCH}, microbatches={GPT_BATCH // 2}, steps=2, checkpoint_dir='ckpt')\n"
+    "assert job.report['max_param_diff'] < 1e-5, job.report['max_param_diff']\n"
+)
+DISTRIBUTED_AT_THE_LIMITS.append(
+    (["-c", LAUNCH], "launch(): 2 nodes of 2 processes, FSDP2 x pipeline, the GPT's batch")
+)
+
+
+@pytest.mark.limits
+@pytest.mark.parametrize("args, what", DISTRIBUTED_AT_THE_LIMITS,
+                         ids=[w for _, w in DISTRIBUTED_AT_THE_LIMITS])  # fmt: skip
+def test_distributed_at_its_limits_stays_under_the_budget(args, what, tmp_path):
+    # the train entry point as torchrun starts it, or lesson 13's launcher, or a command
+    module = {"--standalone": "torch.distributed.run", "-c": None}.get(args[0], "course_utils")
+    args = [*args, "--timeout", "600"] if module == "course_utils" else args
+    code, peak = tree_peak_mb(args, tmp_path, timeout=900, module=module)
+    assert code == 0, what
+    assert peak < BUDGET_MB, f"{what}: {peak:.0f} MB"
+    print(f"{' '.join(map(str, args))}: {peak:.0f} MB for the process tree")
 
 
 def _heavy_handful(folder: Path, count: int) -> None:

@@ -299,3 +299,30 @@ def test_one_lessons_handouts_are_laid_out_for_upload(tmp_path, capsys):
         assert make_exercises.main(argv) == 2
         assert words in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_the_name_cell_can_be_edited_and_the_grader_still_knows_the_student():
+    """Issue 50: every exercise notebook asks a learner on their own to write their name in
+    the first code cell; that cell can be edited (not deleted), every other locked cell
+    stays locked, and the grader reads the name and reports no tampering for it."""
+    from course_utils.grading.grader import name_in_notebook, tampering
+
+    for path in sorted((REPO / "exercises").glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        named = [c for c in nb.cells if make_exercises.ANY_STUDENT.search(c.source)]
+        assert len(named) == 1, path.name
+        cell = named[0]
+        assert cell.metadata.get("editable", True) and cell.metadata["deletable"] is False
+        intro = nb.cells[0].source
+        assert 'replace `"default"` there with your name' in " ".join(intro.split()), path.name
+        for other in nb.cells:
+            if other is not cell and "locked" in other.metadata.get("tags", []):
+                assert other.metadata["editable"] is False, (path.name, other.id)
+        solution = nbformat.read(REPO / "solutions" / path.name, as_version=4)
+        for text in (path.read_text(encoding="utf-8"), make_exercises.for_student(
+            path.read_text(encoding="utf-8"), "s7")):  # fmt: skip
+            mine = nbformat.reads(text, as_version=4)
+            for c in mine.cells:
+                c.source = make_exercises.ANY_STUDENT.sub('for_student("Ana María")', c.source)
+            assert name_in_notebook(mine) == "Ana María", path.name
+            assert tampering(mine, solution, "Ana María") == [], path.name

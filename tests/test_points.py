@@ -20,7 +20,7 @@ import pytest
 from gradingkit import ROOT
 
 from course_utils import checks
-from course_utils.checks import CheckFailed, NotAnswered, Variant, l02, l04, l06
+from course_utils.checks import CheckFailed, Variant, l02, l04, l06
 from course_utils.checks.scoring import earned
 from course_utils.checks.wire import call_outcome
 from course_utils.grading.feedback import page
@@ -164,13 +164,6 @@ def test_a_diagnose_earns_each_part_it_gets_right():
     with pytest.raises(CheckFailed) as caught:
         l04.exercise_5("a", "a")
     assert caught.value.share == 0 and "Partly right" not in caught.value.message
-    # 6.6: a number and two choices; the number judged with the choices set right
-    with pytest.raises(CheckFailed) as caught:
-        l06.exercise_6(0.5, "a", "a")
-    assert caught.value.parts == (2, 3) and "`efficiency_16`" in caught.value.message
-    with pytest.raises(NotAnswered) as caught:  # one choice left blank: the rest still counts
-        l06.exercise_6(None, "a", "b")
-    assert caught.value.parts == (1, 3)
 
 
 def _module(source: str) -> dict:

@@ -40,6 +40,7 @@ import judge, exercise`):
 
 - `feedback`   what a learner sees: `CheckFailed`, `NotAnswered`, `passed`, `fail`, `require`
 - `reading`    reading an answer by its type: `as_number`, `as_sequence`, `check_function`, ...
+- `fields`     several answers judged each on its own, every wrong one named: `Fields`
 - `judging`    numbers to 3 figures and the mistakes they reveal: `judge`, `matches`, `close`
 - `variants`   each learner's numbers: `Variant`, `pick`, `numbers`, `lesson_checks`
 - `declaring`  the `exercise` decorator, the answers' shapes and `each_call`
@@ -73,6 +74,7 @@ from course_utils.checks.feedback import (
     passed,
     require,
 )
+from course_utils.checks.fields import Fields
 from course_utils.checks.judging import (
     GB,
     GIB,
@@ -115,6 +117,7 @@ __all__ = [
     "OTHERWISE",
     "RIGHT",
     "CheckFailed",
+    "Fields",
     "Given",
     "LessonChecks",
     "NotAnswered",

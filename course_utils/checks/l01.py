@@ -192,18 +192,24 @@ def exercise_4(g, utilization, speedup) -> str:
     """Naive model parallelism over p equal stages: utilization per device and speed-up."""
     p, idle = g.p, 1 - 1 / g.p
     hints = {
-        f"{utilization:g} is the idle fraction. `utilization` asks for the busy fraction.": idle,
-        f"Not yet. Draw the staircase: while one stage computes, what are the other {p - 1} "
-        "doing? How long is the step compared with one device's busy time?": OTHERWISE,
+        f"`utilization` = {utilization:g} is the idle fraction; it asks for the busy "
+        "fraction.": idle,
+        f"`utilization`: not yet. Draw the staircase: while one stage computes, what are the "
+        f"other {p - 1} doing? How long is the step compared with one device's busy "
+        "time?": OTHERWISE,
     }
-    judge(utilization, 1 / p, "utilization", hints, unit="fraction")
+    fields = checks.Fields()  # every wrong answer named at once
+    with fields.judging():
+        judge(utilization, 1 / p, "utilization", hints, unit="fraction")
     hints = {
-        f"`utilization` is right. {p}x would need all {p} devices computing at once; in the "
-        "naive schedule they take turns. Does the step get any shorter?": p,
-        f"`utilization` is right, `speedup` is not. The {p} devices do the same work one "
-        "device would, one after another: does the step get any shorter?": OTHERWISE,
+        f"`speedup`: {p}x would need all {p} devices computing at once; in the naive schedule "
+        "they take turns. Does the step get any shorter?": p,
+        f"`speedup` is not right. The {p} devices do the same work one device would, one "
+        "after another: does the step get any shorter?": OTHERWISE,
     }
-    judge(speedup, 1.0, "speedup", hints)
+    with fields.judging():
+        judge(speedup, 1.0, "speedup", hints)
+    fields.verdict()
     return (
         f"Right: each device is busy 1/{p} of the step, and the step is as long as on one "
         "device (no speed-up). Naive model parallelism buys memory, not speed."

@@ -43,7 +43,8 @@ def _fail_if_lifo(actions: list[Action], shown: str) -> None:
             )
 
 
-given_1 = numbers(pick("1", (2, 2), [(2, 3), (3, 2)], "p", "m"))
+# Lesson 02, section 2 walks GPipe on p = m = 2 event by event: never that pipeline here.
+given_1 = numbers(pick("1", (2, 3), [(2, 3), (3, 2)], "p", "m"))
 
 
 @exercise(given_1, order=ACTIONS)
@@ -80,11 +81,11 @@ def exercise_1(g, order) -> str:
     )
 
 
+# Lesson 02 works "when `2F1` ends" (section 3 and the recap): never that event here.
 given_2 = numbers(
+    pick("2e", (3, 2), [(2, 2), (2, 3), (3, 1), (3, 2), (3, 3)], "stage", "microbatch"),
     p=pick("2p", 4, [4, 5, 6]),
     m=pick("2m", 8, [8, 10, 12]),
-    stage=pick("2s", 2, [2, 3]),
-    microbatch=pick("2k", 1, [1, 2, 3]),
 )
 
 
@@ -94,29 +95,37 @@ def exercise_2(g, stage0_action, stage1_action) -> str:
     starts = _starts(g.p, g.m)
     moment = starts[Action(g.stage, "F", g.microbatch)] + 1.0  # F takes 1 unit here
     event = f"{g.stage}F{g.microbatch}"
+    fields = checks.Fields()
     for got, stage, name in (
         (stage0_action, 0, "stage0_action"),
         (stage1_action, 1, "stage1_action"),
     ):
-        if got.stage != stage:
-            fail(f"`{name}` should be an action of stage {stage}, like '{stage}F0'.")
-        want = next(a for a, t in starts.items() if a.stage == stage and t == moment)
-        if got == want:
-            continue
-        if got.kind != "F":
-            fail(f"`{name}` is not right: when {event} ends, no backward has started anywhere.")
-        if got.microbatch is None:
-            fail(f"`{name}` = {got!r} needs a micro-batch number, like '{stage}F0'.")
-        assert want.microbatch is not None  # the simulator's compute actions all have one
-        fail(
-            f"`{name}` = {got} is {'ahead' if got.microbatch > want.microbatch else 'behind'}. "
-            f"Stage {stage} is {g.stage - stage} step(s) ahead of stage {g.stage} and starts a "
-            "new micro-batch every forward time: count forward slots from time 0."
-        )
+        with fields.judging():
+            _judge_snapshot(g, starts, moment, event, got, stage, name)
+    fields.verdict()
     busy = min(g.stage + 2, g.p)  # stages 0..stage+1 all start or run a forward at that moment
     return (
         f"Right: when {event} ends, stage 1 starts {stage1_action} and stage 0 starts "
         f"{stage0_action}: {busy} stages busy on different micro-batches at once."
+    )
+
+
+def _judge_snapshot(g, starts, moment, event, got, stage: int, name: str) -> None:
+    """One of 2.2's two actions: what stage `stage` starts at `moment`."""
+    if got.stage != stage:
+        fail(f"`{name}` should be an action of stage {stage}, like '{stage}F0'.")
+    want = next(a for a, t in starts.items() if a.stage == stage and t == moment)
+    if got == want:
+        return
+    if got.kind != "F":
+        fail(f"`{name}` is not right: when {event} ends, no backward has started anywhere.")
+    if got.microbatch is None:
+        fail(f"`{name}` = {got!r} needs a micro-batch number, like '{stage}F0'.")
+    assert want.microbatch is not None  # the simulator's compute actions all have one
+    fail(
+        f"`{name}` = {got} is {'ahead' if got.microbatch > want.microbatch else 'behind'}. "
+        f"Stage {stage} is {g.stage - stage} step(s) ahead of stage {g.stage} and starts a "
+        "new micro-batch every forward time: count forward slots from time 0."
     )
 
 
@@ -174,8 +183,9 @@ def exercise_3(gpipe_device, variant) -> str:
     )
 
 
+# Lesson 02 times GPipe on p = 4, m = 8 (F = 1, B = 2) and p = 2: no variant is one of those.
 given_4 = numbers(
-    p=pick("4p", 4, [3, 5, 6]), m=pick("4m", 8, [6, 12, 16]), F=1, B=pick("4b", 2, [2, 3])
+    p=pick("4p", 4, [3, 5, 6]), m=pick("4m", 6, [6, 12, 16]), F=1, B=pick("4b", 2, [2, 3])
 )
 
 
@@ -196,15 +206,19 @@ def exercise_4(g, makespan, speedup) -> str:
         "its last forward? The backward half is the mirror image, B/F times as slow.": OTHERWISE,
     }
     whole = makespan.is_integer() and float(want).is_integer()  # a whole number: no rounding
-    judge(makespan, want, "makespan", hints, rounding=not whole)
+    fields = checks.Fields()
+    with fields.judging():
+        judge(makespan, want, "makespan", hints, rounding=not whole)
     hints = {
-        f"`makespan` is right. {p}x is the ideal with no fill and drain; the speed-up is the "
-        "naive step's time divided by GPipe's makespan.": p,
-        "`makespan` is right. `speedup` is upside down: naive time / GPipe time.": want / naive,
-        "`makespan` is right, `speedup` is not. The naive schedule runs every stage on the "
-        "whole batch one after the other: how long is that step?": OTHERWISE,
+        f"`speedup`: {p}x is the ideal with no fill and drain; the speed-up is the naive "
+        "step's time divided by GPipe's makespan.": p,
+        "`speedup` is upside down: naive time / GPipe time.": want / naive,
+        "`speedup` is not right. The naive schedule runs every stage on the whole batch one "
+        "after the other: how long is that step, next to GPipe's?": OTHERWISE,
     }
-    judge(speedup, naive / want, "speedup", hints)
+    with fields.judging():
+        judge(speedup, naive / want, "speedup", hints)
+    fields.verdict()
     return f"Right: {makespan:g} units, a speed-up of {speedup:.3g} out of an ideal {p}."
 
 
@@ -234,7 +248,9 @@ def exercise_5(g, problem, fix) -> str:
         "the middle of the step: which one, and for what?",
         "d": "Handing a tensor between threads takes microseconds; these gaps are much longer.",
     }
-    checks.expect_choice(problem, "ba"[heavy], hints, "`problem` = {got!r} is not it. {hint}")
+    fields = checks.Fields()
+    with fields.judging():
+        checks.expect_choice(problem, "ba"[heavy], hints, "`problem` = {got!r} is not it. {hint}")
     hints = {
         "a": "More micro-batches shrink the fill-and-drain bubble, but the slow stage still "
         "sets the pace of every micro-batch.",
@@ -243,13 +259,13 @@ def exercise_5(g, problem, fix) -> str:
             f"That moves layers onto stage {heavy}, the stage that is already the slow one."
         ),
     }
-    checks.expect_choice(
-        fix, "db"[heavy], hints, "`problem` is right. `fix` = {got!r} is not: {hint}"
-    )
+    with fields.judging():
+        checks.expect_choice(fix, "db"[heavy], hints, "`fix` = {got!r} is not it: {hint}")
+    fields.verdict()
     return (
         f"Right: stage {heavy} has {params[heavy] / params[1 - heavy]:.1f}x the parameters of "
         f"stage {1 - heavy}, and a pipeline runs at the pace of its slowest stage. Balance the "
-        "stages by measured cost (partition(..., balance='cost')), not by layer count."
+        "stages by their cost (here, their parameters), not by their number of layers."
     )
 
 
@@ -306,29 +322,33 @@ def exercise_7(g, transfer_ms, step_ms) -> str:
         "is in kilobytes (not kilobits).": bytes_off,
         "`transfer_ms` is not right: a message takes latency + bytes / bandwidth.": OTHERWISE,
     }
-    judge(transfer_ms, want, "transfer_ms", hints)
+    fields = checks.Fields()
+    with fields.judging():
+        judge(transfer_ms, want, "transfer_ms", hints)
     free = _simulate("gpipe", 2, m, f, b).makespan  # the same step with free links
     step = _simulate("gpipe", 2, m, f, b, p2p=want).makespan
     one = free + want  # one transfer on the critical path instead of two
     hints = {
-        "`transfer_ms` is right, `step_ms` leaves the links out. Device 1 cannot start before "
+        "`step_ms` leaves the links out. Device 1 cannot start before "
         "the first activation has arrived, nor device 0 its backward before the first "
         "gradient.": free,
-        "`transfer_ms` is right, but not every transfer adds to the step: a device sends and "
+        "`step_ms`: not every transfer adds to the step: a device sends and "
         "goes straight on to its next micro-batch while the bytes travel. Which transfers does "
         "nothing hide?": free + 2 * m * want,
-        "`transfer_ms` is right. One transfer is counted, but the backward needs one too.": one,
-        "`transfer_ms` is right. That is the naive schedule's step (each stage on the whole "
+        "`step_ms` counts one transfer, but the backward needs one too.": one,
+        "`step_ms` is the naive schedule's step (each stage on the whole "
         "batch in turn); with GPipe the two devices overlap on different "
         "micro-batches.": 2 * m * (f + b) + 2 * want,
-        "`transfer_ms` is right, `step_ms` is not. Draw the chart: device 1's first forward "
+        "`step_ms` is not right. Draw the chart: device 1's first forward "
         "waits for 0F0 plus one transfer, device 0's first backward for 1B0 plus one.": OTHERWISE,
     }
-    judge(step_ms, step, "step_ms", hints)
+    with fields.judging():
+        judge(step_ms, step, "step_ms", hints)
+    fields.verdict()
     return (
-        f"Right: {step:.3g} ms. Of the {2 * m} messages each way, only the first activation "
-        "and the first gradient lie on the critical path; the others travel while the "
-        "devices compute."
+        f"Right: {step:.3g} ms. Of the {2 * m} messages ({m} activations down, {m} gradients "
+        "up), only the first activation and the first gradient lie on the critical path; the "
+        "others travel while the devices compute."
     )
 
 

@@ -177,24 +177,28 @@ def exercise_3(g, makespan_gpipe, makespan_1f1b, bubble_1f1b) -> str:
         "`makespan_gpipe` is not right yet. Lesson 03's step time: the fill and the drain add "
         "p - 1 slots to the m micro-batches, each slot one forward + one backward.": OTHERWISE,
     }
-    judge(makespan_gpipe, want, "makespan_gpipe", hints)
+    fields = checks.Fields()  # every wrong answer named at once
+    with fields.judging():
+        judge(makespan_gpipe, want, "makespan_gpipe", hints)
     hints = {
-        "`makespan_gpipe` is right. `makespan_1f1b` is too short: 1F1B changes the order of "
+        "`makespan_1f1b` is too short: 1F1B changes the order of "
         "work, not the fill and drain. Does the last device get micro-batch 0 "
         "earlier?": lambda x: x < want,
-        "`makespan_gpipe` is right. `makespan_1f1b` counts one slot too many: 1F1B has the "
-        "same fill and drain as GPipe.": too_many,
-        "`makespan_gpipe` is right, `makespan_1f1b` is not: compare the two Gantt "
-        "charts.": OTHERWISE,
+        "`makespan_1f1b` counts one slot too many: 1F1B has the same fill and drain as "
+        "GPipe.": too_many,
+        "`makespan_1f1b` is not right: compare the two Gantt charts.": OTHERWISE,
     }
-    judge(makespan_1f1b, want, "makespan_1f1b", hints)
+    with fields.judging():
+        judge(makespan_1f1b, want, "makespan_1f1b", hints)
     hints = {
-        "Both makespans are right. `bubble_1f1b` = (p-1)/m is relative to the busy time; the "
-        "question asks for the idle share of the whole step.": (p - 1) / m,
-        "Both makespans are right. `bubble_1f1b`: idle time of a device / step time.": OTHERWISE,
+        "`bubble_1f1b` = (p-1)/m is relative to the busy time; the question asks for the idle "
+        "share of the whole step.": (p - 1) / m,
+        "`bubble_1f1b` is not right: idle time of a device / step time.": OTHERWISE,
     }
     bubble = (p - 1) / (m + p - 1)
-    judge(bubble_1f1b, bubble, "bubble_1f1b", hints, unit="fraction")
+    with fields.judging():
+        judge(bubble_1f1b, bubble, "bubble_1f1b", hints, unit="fraction")
+    fields.verdict()
     return (
         f"Right: {want:g} units for both. 1F1B keeps GPipe's bubble ({bubble:.1%} of the "
         "step here); what it saves is memory."
@@ -221,18 +225,22 @@ def exercise_4(g, idle_1f1b, idle_zb) -> str:
         "`idle_1f1b` is not right yet. With equal stages each device idles p - 1 forward slots "
         "and p - 1 backward slots; a 1F1B backward is I + W long.": OTHERWISE,
     }
-    judge(idle_1f1b, want_1f1b, "idle_1f1b", hints)
+    fields = checks.Fields()  # every wrong answer named at once
+    with fields.judging():
+        judge(idle_1f1b, want_1f1b, "idle_1f1b", hints)
     hints = {
-        "`idle_1f1b` is right. `idle_zb` equals it, but ZB-H1 fills part of the bubble.": want_1f1b,
-        "`idle_1f1b` is right. `idle_zb` is the bubble if W were only moved out of the way; "
-        "ZB-H1 also runs W's inside the remaining gaps. What does that subtract?": no_w,
-        "`idle_1f1b` is right. `idle_zb` is too optimistic for ZB-H1: it keeps 1F1B's memory "
-        "bound, so not every gap can be filled with W.": checks.any_of((p - 1) * f, 0.0),
-        "`idle_1f1b` is right, `idle_zb` is not yet. Use the lesson's formula for ZB-H1's "
+        "`idle_zb` equals 1F1B's idle time, but ZB-H1 fills part of the bubble.": want_1f1b,
+        "`idle_zb` is the bubble if W were only moved out of the way; ZB-H1 also runs W's "
+        "inside the remaining gaps. What does that subtract?": no_w,
+        "`idle_zb` is too optimistic for ZB-H1: it keeps 1F1B's memory bound, so not every "
+        "gap can be filled with W.": checks.any_of((p - 1) * f, 0.0),
+        "`idle_zb` is not right yet. Use the lesson's formula for ZB-H1's "
         "idle time (its condition W <= min(F, I) holds here), or simulate "
         "make_schedule('zb-h1', p, m) with these costs.": OTHERWISE,
     }
-    judge(idle_zb, want_zb, "idle_zb", hints)
+    with fields.judging():
+        judge(idle_zb, want_zb, "idle_zb", hints)
+    fields.verdict()
     return (
         f"Right: {want_1f1b:g} units for 1F1B, {want_zb:g} for ZB-H1. Splitting the backward "
         "and delaying W shortened the idle time with no more activation memory than 1F1B's "

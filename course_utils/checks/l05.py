@@ -66,7 +66,8 @@ def exercise_1(looping_placement, variant) -> str:
 
 
 def given_2(variant: Variant = DEFAULT) -> dict:
-    p = variant.pick("2p", 8, [4, 6])
+    # never lesson 05's interleaved p = 4, m = 8, v = 2 (issue 50)
+    p = variant.pick("2p", 8, [5, 6])
     return {"p": p, "m": p * variant.pick("2g", 2, [2, 3]), "v": variant.pick("2v", 4, [2, 3])}
 
 
@@ -103,8 +104,9 @@ def exercise_2(g, bubble_vs_ideal, step_time) -> str:
 
 
 def given_3(variant: Variant = DEFAULT) -> dict:
+    # lesson 05 compares both orders on (p, m, v) = (2, 4, 2) and (4, 8, 2): never those
     p = variant.pick("3p", 4, [2, 3])
-    return {"p": p, "v": variant.pick("3v", 2, [2, 3]), "m": p * variant.pick("3g", 2, [2, 3])}
+    return {"p": p, "v": variant.pick("3v", 2, [2, 3]), "m": p * variant.pick("3g", 3, [3, 4])}
 
 
 SAME_HOPS = (

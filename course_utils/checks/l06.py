@@ -215,7 +215,7 @@ def _ring_sums(shown: str, case: RingCase, results: list) -> None:
         )
 
 
-@exercise(given_4, ring_all_reduce=programs.as_program, points=3, partial=True)
+@exercise(given_4, ring_all_reduce=programs.as_program)
 def exercise_4(ring_all_reduce, variant) -> str:
     """Build ring_all_reduce(ctx, data) on the devices: every rank's sum, the ring's bytes
     and, replayed over the links without compute, the ring formula's time."""
@@ -286,12 +286,17 @@ def exercise_5(g, ring_gb_per_worker, naive_gb_rank0) -> str:
         "reduce-scatter, then all-gather. Both send chunks.": (n - 1) / n * s,
         f"`ring_gb_per_worker` is the limit for very many workers. With {n} workers, how many "
         f"chunks of size S/{n} does each worker send in each phase?": 2 * s,
-        "Each ring step sends one chunk, but there are N - 1 steps per phase.": one_step,
+        "`ring_gb_per_worker` counts one ring step: each sends one chunk, but there are N - 1 "
+        "steps per phase.": one_step,
         "`ring_gb_per_worker` counts parameters, not bytes: an fp32 number is 4 bytes.": values,
         "`ring_gb_per_worker` is not right yet. Count chunks: N chunks of S/N; how many steps "
         "per phase, and how many phases?": OTHERWISE,
     }
-    judge(ring_gb_per_worker, want_ring, "ring_gb_per_worker", hints, unit="GB", slips=[mb, both])
+    fields = checks.Fields()  # every wrong answer named at once
+    with fields.judging():
+        judge(
+            ring_gb_per_worker, want_ring, "ring_gb_per_worker", hints, unit="GB", slips=[mb, both]
+        )
     hints = {
         "`naive_gb_rank0`: rank 0 does not send the result to itself. How many *other* ranks "
         "need it?": n * s,
@@ -299,10 +304,11 @@ def exercise_5(g, ring_gb_per_worker, naive_gb_rank0) -> str:
         "back to every other rank.": s,
         "`naive_gb_rank0` also counts what rank 0 receives. The question asks only about what "
         "it sends.": 2 * (n - 1) * s,
-        "`ring_gb_per_worker` is right; `naive_gb_rank0` is not yet. Who does rank 0 send "
-        "to?": OTHERWISE,
+        "`naive_gb_rank0` is not right yet. Who does rank 0 send to?": OTHERWISE,
     }
-    judge(naive_gb_rank0, want_naive, "naive_gb_rank0", hints, unit="GB", slips=[mb])
+    with fields.judging():
+        judge(naive_gb_rank0, want_naive, "naive_gb_rank0", hints, unit="GB", slips=[mb])
+    fields.verdict()
     return (
         f"Right: the ring sends {want_ring:.3g} GB per worker, evenly; naive makes rank 0 send "
         f"{want_naive:.3g} GB, {want_naive / want_ring:.3g}x more, and that one link sets the "
@@ -338,28 +344,25 @@ def scaling_table(variant: Variant = DEFAULT) -> list[tuple[int, float, float]]:
     ]
 
 
-@exercise(
-    points=3,
-    partial=True,
-    efficiency_16="number",
-    cause={
-        "a": checks.RIGHT,
-        "b": "The learning rate changes how well the model learns per step, not how long a "
-        "step takes; the table shows time per step.",
-        "c": "Check the ring formula: each worker sends 2(N-1)/N of the gradient, which "
-        "hardly grows from 8 to 16 workers (1.75 S to 1.875 S). Compare the links instead.",
-        "d": "Nothing in the table is about memory; each worker holds the same replica.",
-    },
-    fix={
-        "a": checks.RIGHT,
-        "b": "The naive all-reduce sends more from rank 0, not less: it would make this worse.",
-        "c": "A smaller batch per worker shrinks the compute further while the all-reduce "
-        "stays: communication's share would grow.",
-        "d": "More synchronization points add waiting; they hide nothing.",
-    },
-)
+CAUSE_6 = {
+    "b": "The learning rate changes how well the model learns per step, not how long a step "
+    "takes; the table shows time per step.",
+    "c": "Check the ring formula: each worker sends 2(N-1)/N of the gradient, which hardly "
+    "grows from 8 to 16 workers (1.75 S to 1.875 S). Compare the links instead.",
+    "d": "Nothing in the table is about memory; each worker holds the same replica.",
+}
+FIX_6 = {
+    "b": "The naive all-reduce sends more from rank 0, not less: it would make this worse.",
+    "c": "A smaller batch per worker shrinks the compute further while the all-reduce stays: "
+    "communication's share would grow.",
+    "d": "More synchronization points add waiting; they hide nothing.",
+}
+
+
+@exercise(efficiency_16="number", cause="letter", fix="letter")
 def exercise_6(efficiency_16, cause, fix, variant) -> str:
-    """Read the scaling table: efficiency at 16 workers, the main cause and a fix."""
+    """Read the scaling table: efficiency at 16 workers, the main cause and a fix; every
+    wrong answer is named at once."""
     rows = {n: (c, a) for n, c, a in scaling_table(variant)}
     speedup = sum(rows[1]) / sum(rows[16])
     want = speedup / 16
@@ -371,7 +374,14 @@ def exercise_6(efficiency_16, cause, fix, variant) -> str:
         "`efficiency_16` is not right yet. Speed-up = step time on 1 worker / step time on 16 "
         "(compute + all-reduce); efficiency = speed-up / 16.": OTHERWISE,
     }
-    judge(efficiency_16, want, "efficiency_16", hints, unit="fraction")
+    fields = checks.Fields()
+    with fields.judging():
+        judge(efficiency_16, want, "efficiency_16", hints, unit="fraction")
+    with fields.judging():
+        checks.expect_choice(cause, "a", CAUSE_6, "`cause` = {got!r} is not it. {hint}")
+    with fields.judging():
+        checks.expect_choice(fix, "a", FIX_6, "`fix` = {got!r} is not it. {hint}")
+    fields.verdict()
     return (
         f"Right: {sum(rows[1]) / sum(rows[8]):.1f}x on 8 workers inside a node, {speedup:.1f}x "
         f"on 16 across two nodes, {want:.1%} efficiency. Past one node the ring runs at the "
@@ -379,16 +389,17 @@ def exercise_6(efficiency_16, cause, fix, variant) -> str:
     )
 
 
-STRATEGY_ANSWERS = (True, False, False, True, False)
+STRATEGY_ANSWERS = (True, False, True, True, False)
+# Each hint names the idea to check and where the lesson has it, never the verdict.
 STRATEGY_HINTS = (
-    "Strategy 1: with equal shards, the mean over the 8 shard means is the mean over all "
-    "512 samples, and gradients are linear in the loss.",
+    "Strategy 1: write the mean over the 512 samples with the 8 shard means in it, and "
+    "remember that a gradient is linear in the loss.",
     "Strategy 2: with shards of 13 and 12 samples, is one sample of a 12-sample shard given "
     "the same weight as one of a 13-sample shard? Write out the weights.",
-    "Strategy 3: after one local step the replicas differ, so later gradients are taken at "
-    "different weights. Is that the gradient of the whole batch at one set of weights?",
-    "Strategy 4: sum over shards of (sum over the shard's samples), divided by 100, is the "
-    "mean over all 100 samples.",
+    "Strategy 3: what does each worker hold after its two micro-batches, next to strategy 1's "
+    "worker? (lesson 02 on scaling a micro-batch's loss; lesson 06 on `no_sync`.)",
+    "Strategy 4: write the reference's mean over the 100 samples as a sum over the 8 shards, "
+    "then compare it with what the strategy all-reduces and divides.",
     "Strategy 5: its reference is the single worker on batches of 64. The 8 workers take "
     "each step on 512 samples: with the same number of steps and learning rate, is that the "
     "same sequence of weights as steps on 64? (Goyal et al. 2017 scale the learning rate "
@@ -407,9 +418,11 @@ def _as_bool(value, what: str) -> bool:
 def exercise_7(exact) -> str:
     """For 5 strategies: does it compute exactly the weights of the single-worker run named?"""
     wrong = [i for i, (a, b) in enumerate(zip(exact, STRATEGY_ANSWERS, strict=True)) if a != b]
-    if wrong:
-        count = "1 answer is" if len(wrong) == 1 else f"{len(wrong)} answers are"
-        fail(f"{count} not right yet. Look again at: {STRATEGY_HINTS[wrong[0]]}")
+    if len(wrong) == 1:
+        fail(f"1 answer is not right yet. Look again at {STRATEGY_HINTS[wrong[0]]}")
+    if wrong:  # every wrong strategy named at once, each with its own hint
+        said = "\n".join(f"- {STRATEGY_HINTS[i]}" for i in wrong)
+        fail(f"{len(wrong)} answers are not right yet. Look again at:\n{said}")
     return (
         "Right: only a properly weighted all-reduce of gradients taken at the same weights is "
         "exactly large-batch gradient descent; and a bigger global batch is a different run."
@@ -502,6 +515,23 @@ def _ddp_calls(shown: str, case: DDPCase, calls: list[dict]) -> None:
         )
 
 
+def _exposed(run: dict, case: DDPCase) -> tuple[float, float]:
+    """(the communication left once every backward has ended; one all-reduce of all the
+    gradients after the backward) in seconds, on the run's virtual clock."""
+    from course_utils.parallel.costs import ring_allreduce_time
+    from course_utils.parallel.rank_programs import exposed_communication
+
+    exposed, _, _ = exposed_communication(run["timeline"])
+    links: dict = run.get("links") or {}
+    n, nbytes = case.devices, 4 * sum(case.bucket_sizes())
+    try:  # the links the run was timed on (`Links.to_dict`): the ring over its slowest link
+        inside = n <= links["gpus_per_node"]
+        bandwidth = links["intra_bandwidth" if inside else "inter_bandwidth"]
+        return exposed, ring_allreduce_time(nbytes, n, bandwidth, links["latency"])
+    except (KeyError, TypeError, ValueError):  # no such links in the record (or unlimited)
+        return exposed, math.nan
+
+
 def _ddp_weights(shown: str, case: DDPCase, run: dict) -> None:
     """Every replica's weights against one worker's on the whole batch, and if they differ,
     the mistake the gradients show."""
@@ -541,10 +571,11 @@ def _ddp_weights(shown: str, case: DDPCase, run: dict) -> None:
         )
 
 
-@exercise(given_8, ddp_program=programs.as_program, points=3, partial=True)
+@exercise(given_8, ddp_program=programs.as_program)
 def exercise_8(ddp_program, variant) -> str:
     """Build DDP: hooks all-reduce buckets as they fill, no communication before the last
     micro-batch; judged on the weights, the all-reduces and the order of events."""
+    figures = ""
     for (case,), shown, got in checks.each_call(ddp_program, cases_8(variant)["ddp_program"]):
         run = programs.evidence(got, shown, case, ("collectives", "weights"))
         if run["failure"] is not None:
@@ -552,10 +583,15 @@ def exercise_8(ddp_program, variant) -> str:
         for calls in run["collectives"]:
             _ddp_calls(shown, case, calls)
         _ddp_weights(shown, case, run)
-    # (No measured figure here: a check's message is the same on every run, so strict nbval
-    # compares it; the cell above the check prints what the run's clock measured.)
+        if not figures:
+            exposed, one = _exposed(run, case)
+            figures = (
+                f" On your run's virtual clock the communication left after the backward "
+                f"took {exposed * 1e3:.3g} ms; one all-reduce of all the gradients after the "
+                f"backward would take {one * 1e3:.3g} ms."
+            )
     return (
         "Right on your buckets and fresh ones: the replicas' weights equal one worker's on "
         "the whole batch, with one all-reduce per bucket, each issued during the last "
-        "micro-batch's backward, before it ended: the communication overlaps the backward."
+        f"micro-batch's backward, before it ended.{figures}"
     )

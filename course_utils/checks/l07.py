@@ -196,6 +196,7 @@ SHARDED = {
 def exercise_3(zero1_gb, zero2_gb, zero3_gb, variant) -> str:
     """Model states per device under ZeRO-1/2/3 for the given parameters and devices."""
     gb = {z: _zero_gb(z, variant) for z in range(4)}
+    fields = checks.Fields()  # every wrong answer named at once
     for stage, value in ((1, zero1_gb), (2, zero2_gb), (3, zero3_gb)):
         name, rest = f"zero{stage}_gb", "; the rest stays replicated on every device."
         hints = {
@@ -211,7 +212,9 @@ def exercise_3(zero1_gb, zero2_gb, zero3_gb, variant) -> str:
             f"{given_3(variant)['dp']} data-parallel devices"
             + (" and keeps the rest whole on every device." if stage < 3 else "."): OTHERWISE,
         }
-        judge(value, gb[stage], name, hints, unit="GB", rel=2e-3)
+        with fields.judging():
+            judge(value, gb[stage], name, hints, unit="GB", rel=2e-3)
+    fields.verdict()
     return (
         f"Right: {gb[0]:g} GB per device without ZeRO becomes {gb[1]:g}, {gb[2]:g} and "
         f"{gb[3]:g} GB with ZeRO-1, 2 and 3."
@@ -387,16 +390,21 @@ def exercise_7(g, peak_gb, extra_compute) -> str:
         "`peak_gb` is not right. At the peak of the backward pass: the stored inputs of all "
         "segments, plus the full activations of the one segment being worked on.": OTHERWISE,
     }
-    judge(peak_gb, want, "peak_gb", hints, rel=2e-3, rounding=False)
+    fields = checks.Fields()  # every wrong answer named at once
+    with fields.judging():
+        judge(peak_gb, want, "peak_gb", hints, rel=2e-3, rounding=False)
     hints = {
         "`extra_compute` is the extra share, not the new total: subtract the original 1.": 4 / 3,
         "`extra_compute` = 1 would double the step. Only the forward pass is repeated, and the "
         "backward costs twice the forward.": 1.0,
-        "Relative to what? The step is forward (1) + backward (2); add one more forward.": 0.5,
+        "`extra_compute`: relative to what? The step is forward (1) + backward (2); add one "
+        "more forward.": 0.5,
         "`extra_compute` is not right. Each block's forward runs once more; compare that with "
         "a step of forward (1) + backward (2).": OTHERWISE,
     }
-    judge(extra_compute, 1 / 3, "extra_compute", hints, rel=1e-2)
+    with fields.judging():
+        judge(extra_compute, 1 / 3, "extra_compute", hints, rel=1e-2)
+    fields.verdict()
     return (
         f"Right: {want:g} GB instead of {L * a:g} GB of activations, for a third more compute. "
         "With k segments of L/k layers the peak is about k inputs + L/k layers: smallest near "

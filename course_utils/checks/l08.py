@@ -47,6 +47,7 @@ def exercise_1(g, stage1, stage2, stage3) -> str:
     """Model-state bytes per worker for ZeRO stages 1, 2 and 3 (fp32 Adam, 16 bytes/param)."""
     psi, n = g.params, g.N
     fp32 = {stage: _zero(psi, n, stage) for stage in range(4)}
+    fields = checks.Fields()  # every wrong answer named at once
     for stage, value in ((1, stage1), (2, stage2), (3, stage3)):
         name, mixed = f"stage{stage}", _zero(psi, n, stage, "bf16-mixed")
         # fp32 stage 2 (4 + 12/N) is also the paper's mixed-precision stage 1 (4 + 12/N)
@@ -72,7 +73,9 @@ def exercise_1(g, stage1, stage2, stage3) -> str:
             f"`{name}` is not right: add parameters, gradients and optimizer state, dividing by "
             "N what this stage shards.": OTHERWISE,
         }
-        judge(value, fp32[stage], name, hints, unit="bytes")
+        with fields.judging():
+            judge(value, fp32[stage], name, hints, unit="bytes")
+    fields.verdict()
     return (
         f"Right: {fp32[1] / 1e9:.3g}, {fp32[2] / 1e9:.3g} and {fp32[3] / 1e9:.3g} GB per "
         f"worker, against {fp32[0] / 1e9:.3g} GB for plain data parallelism. Only stage 3 "

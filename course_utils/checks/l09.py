@@ -54,6 +54,7 @@ def _block_bytes(g: dict, sequence_parallel: bool, **change) -> float:
 def exercise_1(g, tp_only, with_sp) -> str:
     """Bytes one device keeps for the MLP block's backward: tensor parallel, then + SP."""
     sbh = g.s * g.b * g.h
+    fields = checks.Fields()  # every wrong answer named at once
     for name, value, sp in (("tp_only", tp_only, False), ("with_sp", with_sp, True)):
         want, other = _block_bytes(g, sp), _block_bytes(g, not sp)
         mask = want + (g.e - 1) * sbh / (g.t if sp else 1)  # the mask at e bytes per value
@@ -80,7 +81,9 @@ def exercise_1(g, tp_only, with_sp) -> str:
             "input (e sbh each), GeLU and second linear's inputs (e sbf each), the mask (sbh "
             "bytes), and divide each by what splits it.": OTHERWISE,
         }
-        judge(value, want, name, hints, unit="bytes")
+        with fields.judging():
+            judge(value, want, name, hints, unit="bytes")
+    fields.verdict()
     tp_bytes, sp_bytes = _block_bytes(g, False), _block_bytes(g, True)
     return (
         f"Right: {tp_bytes:,.0f} bytes without and {sp_bytes:,.0f} with sequence parallelism, "
@@ -294,34 +297,43 @@ def _smallest(g: dict, gib) -> int:
 def exercise_6(g, cp, gib) -> str:
     """The smallest power-of-2 context-parallel degree whose attention fits the budget."""
     want = _smallest(g, lambda n: _fits(g, n))
-    if cp != want:
-        if cp < 1 or cp & (cp - 1):
-            fail("`cp` here is a power of 2 (1, 2, 4, 8, ...), as the sequence is split evenly.")
+    fields = checks.Fields()  # every wrong answer named at once
+    with fields.judging():
+        if cp != want:
+            if cp < 1 or cp & (cp - 1):
+                fail(
+                    "`cp` here is a power of 2 (1, 2, 4, 8, ...), as the sequence is split evenly."
+                )
 
-        def linear(n: int) -> float:  # the score term wrongly divided by N only
-            t = g.seq / n
-            return g.e * g.heads * (6 * t * g.dim + t + 2 * t * g.seq) / checks.GIB
+            def linear(n: int) -> float:  # the score term wrongly divided by N only
+                t = g.seq / n
+                return g.e * g.heads * (6 * t * g.dim + t + 2 * t * g.seq) / checks.GIB
 
-        # Scores taken as t x L instead of t x t need a larger cp: say why before "smaller".
-        if cp == _smallest(g, linear):
-            fail(
-                "The scores of one block product are t x t with t = L/N tokens: they shrink "
-                "with N squared, not N. A smaller cp fits."
-            )
-        if cp > want:
-            fail(f"cp = {cp} fits, but so does a smaller one: each halving saves communication.")
-        fail(f"At cp = {cp} one worker needs {_fits(g, cp):.1f} GiB, over the budget.")
+            # Scores taken as t x L instead of t x t need a larger cp: say why before "smaller".
+            if cp == _smallest(g, linear):
+                fail(
+                    "`cp`: the scores of one block product are t x t with t = L/N tokens: they "
+                    "shrink with N squared, not N. A smaller cp fits."
+                )
+            if cp > want:
+                fail(
+                    f"`cp` = {cp} fits, but so does a smaller one: each halving saves "
+                    "communication."
+                )
+            fail(f"`cp`: at cp = {cp} one worker needs {_fits(g, cp):.1f} GiB, over the budget.")
     want_gib, t = _fits(g, want), g.seq // want
     scores = g.e * g.heads * 2 * t * t / checks.GIB
     bytes_off = checks.any_of(want_gib / g.e, want_gib * 2)
     hints = {
         "`gib` counts only the scores; add q, k, v, the output, the lse and the "
         "buffer.": checks.any_of(scores, scores / 2),
-        "`gib` is the unsplit layer's need; give it at your cp.": _fits(g, 1),
+        "`gib` is the unsplit layer's need; give it at the smallest cp that fits.": _fits(g, 1),
         "`gib` has the wrong bytes per value: the layer runs in 16-bit, 2 bytes.": bytes_off,
         "`gib` is not right: e x H x (6 t D + t + 2 t^2) bytes, with t = L / cp.": OTHERWISE,
     }
-    judge(gib, want_gib, "gib", hints, unit="GiB")
+    with fields.judging():
+        judge(gib, want_gib, "gib", hints, unit="GiB")
+    fields.verdict()
     return (
         f"Right: cp = {want} needs {want_gib:.2f} GiB of the {g.budget_gib} GiB (cp = "
         f"{want // 2} would need {_fits(g, want // 2):.1f} GiB). Doubling cp divides the score "

@@ -174,19 +174,24 @@ def add_network_arguments(group) -> None:
     group.add_argument("--latency-us", type=float, default=None, help="microseconds per message")
 
 
+def hardware_flag(args: argparse.Namespace, flag: str, key: str) -> float:
+    """The value of a flag that sets the hardware's number `key`, in the range the planner's
+    `Hardware` allows it (`plan.inputs.HARDWARE_RANGES`: every figure derived stays finite)."""
+    from course_utils.plan.inputs import HARDWARE_RANGES
+
+    low, high = HARDWARE_RANGES[key]
+    if key == "gpus_per_node":
+        return int_flag(args, flag, int(low), int(high))
+    return number_flag(args, flag, low, high)
+
+
 def network_changes(args: argparse.Namespace) -> dict:
     """The preset's numbers the network flags change (each checked, naming its flag)."""
     changes: dict = {}
-    if args.gpus_per_node is not None:
-        changes["gpus_per_node"] = int_flag(args, "--gpus-per-node", 1, 1024)
-    for flag, key in (
-        ("--intra-node-gbs", "intra_node_gbs"),
-        ("--inter-node-gbs", "inter_node_gbs"),
-    ):
+    for flag in ("--gpus-per-node", "--intra-node-gbs", "--inter-node-gbs", "--latency-us"):
+        key = flag[2:].replace("-", "_")
         if getattr(args, key) is not None:
-            changes[key] = number_flag(args, flag, 0.0, 1e6, strict=True)
-    if args.latency_us is not None:
-        changes["latency_us"] = number_flag(args, "--latency-us", 0.0, 1e6)
+            changes[key] = hardware_flag(args, flag, key)
     return changes
 
 

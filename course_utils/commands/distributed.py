@@ -20,25 +20,33 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from course_utils import validation
 from course_utils.commands.common import exit_on_sigterm, int_flag, number_flag
+from course_utils.distributed.job import MAX_BATCH, MAX_MICROBATCHES, MODEL_LAYERS, MODELS
 from course_utils.errors import CourseInputError, WorkerError
+from course_utils.pipeline.export import MAX_CSV_BYTES
 from course_utils.pipeline.schedules import RECOMMENDED, SCHEDULES
 
 HELP = "DDP, FSDP2, ring attention and pipelines on torch.distributed processes vs threads"
-# Limits: processes (each imports torch), steps, micro-batches, samples, seconds.
-MAX_WORKERS, MAX_STEPS, MAX_MICROBATCHES, MAX_BATCH, MAX_TIMEOUT = 8, 100, 64, 4096, 3600
+# Limits: processes (each imports torch: about 160 MB), steps (each rank returns every step's
+# gradients for the comparison: 0.8 MB a step of the GPT), micro-batches, seconds; the
+# batch is the model's (`job.MAX_BATCH`: about 0.6 MB a sequence of the GPT, held by the ranks
+# and again by the one-process reference). Each corner fits 1.5 GB: tests/test_limits.py.
+MAX_WORKERS, MAX_STEPS = validation.MAX_PROCESSES, validation.MAX_COMPARED_STEPS
+MAX_TIMEOUT = 3600
 PIPELINES = tuple(name for name, info in SCHEDULES.items() if info.pytorch)
-MODELS = ("gpt", "mlp")
 PARALLEL = ("ddp", "fsdp", "pipeline")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         f"{HELP}. Limits: at most {MAX_WORKERS} processes, {MAX_STEPS} steps, "
-        f"{MAX_MICROBATCHES} micro-batches, a batch of {MAX_BATCH}, {MAX_TIMEOUT} s."
+        f"{MAX_MICROBATCHES} micro-batches, a batch of {MAX_BATCH['gpt']} for gpt and "
+        f"{MAX_BATCH['mlp']} for mlp, a --csv of {MAX_CSV_BYTES // validation.MB} MB, "
+        f"--timeout from 1 to {MAX_TIMEOUT} s."
     )
     parser.add_argument(
         "--workers", type=int, default=None, help="number of processes (default 2, or --csv's rows)"
@@ -146,13 +154,19 @@ def _check(args: argparse.Namespace) -> None:
     """Every argument, before a process is started or torch imported."""
     _resolve_aliases(args)
     pipeline = args.parallel == "pipeline"
+    if args.model is not None and args.model not in MODELS:
+        raise CourseInputError(f"--model must be one of {', '.join(MODELS)}, got {args.model!r}")
+    model = args.model or ("mlp" if args.parallel == "fsdp" else "gpt")
     if isinstance(args.csv, str):
-        from course_utils.pipeline.export import from_pytorch_csv
+        from course_utils.pipeline.export import from_pytorch_csv, runnable_problem
 
         try:
             args.csv_schedule = from_pytorch_csv(args.csv)
+            problem = runnable_problem(args.csv_schedule, MAX_MICROBATCHES, MODEL_LAYERS[model])
         except CourseInputError as exc:
-            raise CourseInputError(f"--csv {args.csv}: {exc}") from None
+            problem = str(exc)
+        if problem:
+            raise CourseInputError(f"--csv {args.csv}: {problem}") from None
         if args.workers is None:
             args.workers = args.csv_schedule.num_devices
     if args.workers is None:
@@ -163,15 +177,17 @@ def _check(args: argparse.Namespace) -> None:
     int_flag(args, "--steps", 1, MAX_STEPS)
     int_flag(args, "--microbatches", 1, MAX_MICROBATCHES)
     if args.batch is not None:
-        int_flag(args, "--batch", 1, MAX_BATCH)
-    number_flag(args, "--timeout", 0, MAX_TIMEOUT, strict=True)
+        int_flag(args, "--batch", 1, MAX_BATCH[model])
+    number_flag(args, "--timeout", 1.0, MAX_TIMEOUT)
     if args.port is not None:
         int_flag(args, "--port", 1, 65535)
     else:
         validation.env_port("MASTER_PORT")  # before torch: a typo costs no import
-    if args.model is not None and args.model not in MODELS:
-        raise CourseInputError(f"--model must be one of {', '.join(MODELS)}, got {args.model!r}")
     if not pipeline:
+        if args.batch is not None and args.batch % args.workers:
+            raise CourseInputError(
+                f"--batch must be a multiple of --workers ({args.workers}), got {args.batch}"
+            )
         return
     if isinstance(args.csv, str):
         rows = args.csv_schedule.num_devices
@@ -180,6 +196,7 @@ def _check(args: argparse.Namespace) -> None:
                 f"--csv {args.csv} has {rows} rows (one per process), but --workers is "
                 f"{args.workers}: export the schedule for {args.workers} devices"
             )
+        _check_pipeline_batch(args, args.csv_schedule.microbatches, "the CSV's micro-batches")
         return
     args.schedule = args.schedule or RECOMMENDED
     if args.schedule not in SCHEDULES:
@@ -192,6 +209,22 @@ def _check(args: argparse.Namespace) -> None:
         check_shape(args.schedule, args.workers, args.microbatches)
     except CourseInputError as exc:
         raise CourseInputError(f"{args.schedule_flag} {args.schedule}: {exc}") from None
+    stages = args.workers * (2 if SCHEDULES[args.schedule].uses_chunks else 1)
+    if stages > MODEL_LAYERS[model]:
+        raise CourseInputError(
+            f"{args.schedule_flag} {args.schedule} on {args.workers} processes makes {stages} "
+            f"stages, but the {model} model has {MODEL_LAYERS[model]} layers to cut: use "
+            "fewer --workers"
+        )
+    _check_pipeline_batch(args, args.microbatches, "--microbatches")
+
+
+def _check_pipeline_batch(args: argparse.Namespace, microbatches: int, what: str) -> None:
+    """--batch (default 2 per micro-batch) must split into the pipeline's micro-batches."""
+    if args.batch is not None and args.batch % microbatches:
+        raise CourseInputError(
+            f"--batch must be a multiple of {what} ({microbatches}), got {args.batch}"
+        )
 
 
 def _run_from_args(args: argparse.Namespace):
@@ -213,8 +246,10 @@ def _run_from_args(args: argparse.Namespace):
             args.workers, args.steps, batch, args.model, port=args.port, timeout=args.timeout
         )
         return result, "DDP"
+    microbatches = args.microbatches
     if isinstance(args.csv, str):  # the learner's own CSV file
         schedule, what = args.csv_schedule, f"pipeline {args.csv} (CSV)"
+        microbatches = args.csv_schedule.microbatches
     elif args.csv or not SCHEDULES[args.schedule].pytorch:  # the course's, through its CSV
         schedule = course_schedule(args.schedule, args.workers, args.microbatches)
         what = f"pipeline {args.schedule} (CSV)"
@@ -224,7 +259,7 @@ def _run_from_args(args: argparse.Namespace):
         schedule,
         args.workers,
         args.microbatches,
-        args.batch if args.batch is not None else 2 * args.microbatches,
+        args.batch if args.batch is not None else 2 * microbatches,
         args.model,
         port=args.port,
         timeout=args.timeout,
@@ -242,6 +277,10 @@ def _ring(args: argparse.Namespace) -> int:
         )
     except WorkerError as exc:
         print(f"python -m course_utils distributed: failed: {exc}", file=sys.stderr)
+        return 1
+    if not _finite(out):
+        print(f"python -m course_utils distributed: failed: a difference is not finite: {out}",
+              file=sys.stderr)  # fmt: skip
         return 1
     if args.json:
         print(json.dumps(out, allow_nan=False))
@@ -285,6 +324,13 @@ def run(args: argparse.Namespace) -> int:
         for key in ("max_param_diff", "threads_max_param_diff", "held_bytes", "model_bytes"):
             if key in result.extra:
                 out[key] = result.extra[key]
+    if not _finite([out, result.losses, result.reference_losses, result.extra]):
+        print(
+            "python -m course_utils distributed: failed: a loss or a difference is not a finite "
+            f"number ({out}): the run and its reference cannot be compared",
+            file=sys.stderr,
+        )
+        return 1
     if args.json:
         print(json.dumps(out, allow_nan=False))
     else:
@@ -314,3 +360,14 @@ def run(args: argparse.Namespace) -> int:
             print(f"  largest gradient difference vs thread executor: {diff:.2e}")
         print("  " + result.timeline.summary())
     return 0
+
+
+def _finite(value: object) -> bool:
+    """No NaN or infinity among the numbers in `value` (dicts and lists looked into)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return all(_finite(v) for v in value)
+    return True

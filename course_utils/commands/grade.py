@@ -113,7 +113,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--timeout", type=float, default=600, help="seconds per notebook (default 600)"
     )
     parser.add_argument(
-        "--cell-timeout", type=float, default=120, help="seconds per cell (default 120)"
+        "--cell-timeout", type=float, default=120, help="whole seconds per cell (default 120)"
     )
     parser.add_argument(
         "--call-timeout",
@@ -123,43 +123,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _output_folder(path: Path, flag: str) -> None:
-    """A folder that exists and takes files, or one that can be made there."""
-    if path.exists() and not path.is_dir():
-        raise CourseInputError(f"{flag} {str(path)!r} is a file: give a folder")
-    # a file in it must be writable: checked like any output file, on a probe name
-    probe = path / "feedback.html" if path.is_dir() else path.parent / "feedback.html"
-    try:
-        validation.output_file(probe, flag)
-    except CourseInputError as exc:
-        raise CourseInputError(str(exc).replace(repr(str(probe)), repr(str(path)))) from None
-
-
 def _check(args: argparse.Namespace) -> None:
     """Every argument, before anything slow is imported or any notebook is run."""
     from course_utils.grading.roster import check_name, read_roster
 
-    for flag in ("--timeout", "--cell-timeout", "--call-timeout"):
+    for flag in ("--timeout", "--call-timeout"):
         number_flag(args, flag, 0.0, 86400.0, strict=True)
+    # nbclient counts a cell's time in whole seconds (an integer trait)
+    if not number_flag(args, "--cell-timeout", 1.0, 86400.0).is_integer():
+        raise CourseInputError(
+            f"--cell-timeout must be a whole number of seconds from 1 to 86400, "
+            f"got {args.cell_timeout:g}"
+        )
+    args.cell_timeout = int(args.cell_timeout)
     validation.integer(args.jobs, "--jobs", 1, MAX_JOBS)
     if args.lesson is not None:
         validation.integer(args.lesson, "--lesson", 1, 99)
-    if not _is_dir(args.solutions):
-        from course_utils.grading import SOLUTIONS
-
-        if args.solutions == SOLUTIONS:  # the default: course_utils is an installed package
-            raise CourseInputError(
-                "--solutions DIR is needed: the solved notebooks are not part of the installed "
-                "course_utils package; give the solutions/ folder of a course checkout"
-            )
-        raise CourseInputError(f"--solutions {str(args.solutions)!r} is not a folder")
-    # The workers start in folders of their own: a relative path means where we started.
-    args.solutions = args.solutions.absolute()
-    if args.lesson is not None:
-        from course_utils.grading import missing_solution
-
-        if why := missing_solution(args.lesson, args.solutions):
-            raise CourseInputError(f"--lesson {args.lesson}: {why}")
+    _check_solutions(args)
     # every output, before a notebook is graded: a name, a folder that takes files, no device
     if args.csv is not None:
         args.csv = validation.output_file(args.csv, "--csv", siblings=(".jsonl",))
@@ -173,8 +153,7 @@ def _check(args: argparse.Namespace) -> None:
     if args.feedback is not None:
         if not args.feedback.strip():
             raise CourseInputError("--feedback needs a folder name, got ''")
-        args.feedback = Path(args.feedback)
-        _output_folder(args.feedback, "--feedback")
+        args.feedback = validation.output_folder(args.feedback, "--feedback")
     if args.roster is not None:
         validation.input_file(args.roster, "--roster", validation.MAX_ROSTER_BYTES)
     for path in args.submissions:
@@ -191,6 +170,28 @@ def _check(args: argparse.Namespace) -> None:
         if len(args.submissions) != 1 or _is_dir(args.submissions[0]):
             raise CourseInputError("--student regrades one notebook: give exactly one .ipynb file")
     args.roster = read_roster(args.roster) if args.roster is not None else None
+
+
+def _check_solutions(args: argparse.Namespace) -> None:
+    """--solutions: a folder of solved notebooks (NN_name.ipynb), made absolute (the workers
+    run elsewhere), and the one of --lesson among them (each submission's lesson is looked
+    for before grading)."""
+    from course_utils.grading import SOLUTIONS
+
+    if not _is_dir(args.solutions):
+        if args.solutions == SOLUTIONS:  # the default: course_utils is an installed package
+            raise CourseInputError(
+                "--solutions DIR is needed: the solved notebooks are not part of the installed "
+                "course_utils package; give the solutions/ folder of a course checkout"
+            )
+        raise CourseInputError(f"--solutions {str(args.solutions)!r} is not a folder")
+    # The workers start in folders of their own: a relative path means where we started.
+    args.solutions = args.solutions.absolute()
+    if args.lesson is not None:
+        from course_utils.grading import missing_solution
+
+        if why := missing_solution(args.lesson, args.solutions):
+            raise CourseInputError(f"--lesson {args.lesson}: {why}")
 
 
 def _is_dir(path: Path) -> bool:
@@ -212,9 +213,11 @@ def run(args: argparse.Namespace) -> int:
 
     found = find_submissions(args.submissions)  # an empty folder: one line too
     say = sys.stderr if args.json else sys.stdout
-    if args.no_sandbox:
-        print("warning: --no-sandbox: learners' code runs with your permissions", file=say)
-    else:
+
+    def start() -> None:  # once every notebook was read: a run that cannot grade says only why
+        if args.no_sandbox:
+            print("warning: --no-sandbox: learners' code runs with your permissions", file=say)
+            return
         from course_utils.grading import resources
 
         limits, cgroup = resources.for_batch(args.timeout)
@@ -247,6 +250,7 @@ def run(args: argparse.Namespace) -> int:
         student=args.student,
         trust_name_cell=single and args.student is None and not variants,
         keep_rule=args.keep,
+        on_start=start,
     )
     if args.json:
         print(json.dumps([r.to_dict() for r in results], indent=2, allow_nan=False))

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from dataclasses import asdict, replace
 from typing import Any
 
 from course_utils import validation
-from course_utils.commands.common import add_network_arguments, flag_value, network_changes
+from course_utils.commands.common import (
+    add_network_arguments,
+    flag_value,
+    hardware_flag,
+    network_changes,
+)
 from course_utils.errors import CourseInputError
 from course_utils.pipeline.schedules import RECOMMENDED
 from course_utils.plan import (
@@ -37,15 +41,24 @@ from course_utils.plan import (
     search_to_dict,
     states_lower_bound,
 )
-from course_utils.plan.inputs import RESERVE_FIXED_GIB, RESERVE_FRACTION
+from course_utils.plan.inputs import (
+    MAX_CHUNKS,
+    MAX_MICROBATCH_SIZE,
+    MAX_MICROBATCHES,
+    MAX_PP,
+    MAX_SHAPE,
+    MAX_SIMULATED,
+    RESERVE_FIXED_GIB,
+    RESERVE_FRACTION,
+)
 from course_utils.validation import MAX_GPUS
 
 HELP = "memory and throughput planner for a training run"
 
-# Limits that keep a plan to a second on a laptop: GPUs searched, pipeline stages simulated.
-MAX_PP, MAX_SIMULATED = 1024, 200_000
+# Limits that keep `plan memory` to a second on a laptop and `plan search` to seconds at its
+# corner (65,536 GPUs, 1,024 layers and heads: about 160,000 layouts); pipeline stages and
+# simulated actions are course_utils.plan.inputs's, which the search respects too.
 MAX_DEGREE = 4096  # tp, cp, dp, ep of one layout
-MAX_SHAPE = 10**7  # layers, hidden, heads, seq, vocab, experts
 
 
 def _add_model_args(parser: argparse.ArgumentParser, required: bool) -> None:
@@ -149,24 +162,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _limited(value: int, flag: str, top: int) -> int:
-    validation.integer(value, flag)
-    if value > top:
-        raise CourseInputError(
-            f"{flag} must be an integer from 1 to {top} (the limit), got {value}"
-        )
-    return value
-
-
-def _positive(value: float, what: str, top: float = math.inf) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or not 0 < value <= top
-    ):
-        within = f" up to {top:g}" if math.isfinite(top) else ""
-        raise CourseInputError(f"{what} must be a finite positive number{within}, got {value!r}")
-    return value
+    return validation.integer(value, flag, 1, top)
 
 
 def _shape_from_args(args) -> ModelShape | int:
@@ -187,8 +183,7 @@ def _shape_from_args(args) -> ModelShape | int:
         )
     for key in ("layers", "hidden", "heads", "seq", "vocab", "experts", "top_k"):
         _limited(getattr(args, key), f"--{key.replace('_', '-')}", MAX_SHAPE)
-    if not isinstance(args.ffn_hidden, int) or not 0 <= args.ffn_hidden <= MAX_SHAPE:
-        raise CourseInputError(f"--ffn-hidden must be an integer from 0 to {MAX_SHAPE}")
+    validation.integer(args.ffn_hidden, "--ffn-hidden", 0, MAX_SHAPE)
     if args.hidden % args.heads:
         raise CourseInputError(f"--heads ({args.heads}) must divide --hidden ({args.hidden})")
     validation.integer(args.kv_heads, "--kv-heads", 0, args.heads)
@@ -196,11 +191,7 @@ def _shape_from_args(args) -> ModelShape | int:
         raise CourseInputError(f"--kv-heads ({args.kv_heads}) must divide --heads ({args.heads})")
     if args.top_k > args.experts:
         raise CourseInputError(f"--top-k ({args.top_k}) cannot exceed --experts ({args.experts})")
-    _positive(args.capacity_factor, "--capacity-factor", 64)
-    if args.capacity_factor < 1:
-        raise CourseInputError(
-            f"--capacity-factor must be from 1 to 64, got {args.capacity_factor}"
-        )
+    validation.number(args.capacity_factor, "--capacity-factor", 1, 64)
     try:
         return ModelShape(
             params, args.layers, args.hidden, args.heads, args.seq, args.vocab, args.experts,
@@ -216,24 +207,21 @@ def _hardware_from_args(args) -> Hardware:
     for flag, key in (
         ("--gpu-memory-gib", "gpu_memory_gib"),
         ("--peak-tflops", "peak_tflops_bf16"),
+        ("--efficiency", "efficiency"),
+        ("--reserve-gib", "reserve_gib"),
     ):
-        value = flag_value(args, flag)
-        if value is not None:
-            changes[key] = _positive(value, flag, 1e9)
-    if args.efficiency is not None:
-        changes["efficiency"] = _positive(args.efficiency, "--efficiency", 1.0)
-    memory_gib = changes.get("gpu_memory_gib", preset.gpu_memory_gib)
-    if args.reserve_gib is not None:
-        r = args.reserve_gib
-        if not (isinstance(r, int | float) and math.isfinite(r) and 0 <= r < memory_gib):
-            raise CourseInputError(
-                f"--reserve-gib must be a number from 0 to below the GPU's {memory_gib:g} GiB, "
-                f"got {r!r}"
-            )
-        changes["reserve_gib"] = r
+        if flag_value(args, flag) is not None:
+            changes[key] = hardware_flag(args, flag, key)
     if changes:
         changes["name"] = f"{preset.name} (changed)"
-    return replace(preset, **changes)
+    try:
+        return replace(preset, **changes)
+    except CourseInputError as exc:  # the memory against the reserve: name the flags
+        words = {"reserve_gib": "--reserve-gib", "gpu_memory_gib": "--gpu-memory-gib"}
+        message = str(exc)
+        for key, flag in words.items():
+            message = message.replace(key, flag)
+        raise CourseInputError(message) from None
 
 
 def _assumptions(model, hardware: Hardware, precision: str, overlap: bool | None) -> list[str]:
@@ -272,8 +260,8 @@ def run(args) -> int:
         m = _limited(
             pp if args.microbatches is None else args.microbatches, "--microbatches", 10**6
         )
-        b = _limited(args.microbatch_size, "--microbatch-size", 10**4)
-        chunks = _limited(args.chunks, "--chunks", 64)
+        b = _limited(args.microbatch_size, "--microbatch-size", MAX_MICROBATCH_SIZE)
+        chunks = _limited(args.chunks, "--chunks", MAX_CHUNKS)
         if 3 * pp * m * chunks > MAX_SIMULATED:
             raise CourseInputError(
                 f"--pp {pp} x --microbatches {m} is too big a pipeline to simulate (limit "
@@ -305,7 +293,7 @@ def run(args) -> int:
     if not isinstance(model, ModelShape):  # argparse makes the shape required for search
         raise CourseInputError("search needs --layers, --hidden, --heads and --seq")
     gpus = _limited(args.gpus, "--gpus", MAX_GPUS)
-    batch = _limited(args.global_batch, "--global-batch", 10**8)
+    batch = _limited(args.global_batch, "--global-batch", MAX_MICROBATCHES)
     top = _limited(args.top, "--top", 10**6)
     result = search(
         model, gpus, batch, hardware, args.precision, dp_overlap=args.overlap_dp,

@@ -12,11 +12,9 @@ children are terminated (then killed) on any error or time-out, so nothing is le
 from __future__ import annotations
 
 import contextlib
-import importlib
 import os
 import queue as queue_module
 import signal
-import socket
 import sys
 import threading
 import time
@@ -30,52 +28,15 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from course_utils import validation
+from course_utils.distributed.ports import HOST, free_port, port_is_free, resolve_port
 from course_utils.errors import CourseInputError, WorkerError
 
-HOST = "127.0.0.1"
-MAX_WORKERS = 8
+__all__ = ["HOST", "MAX_WORKERS", "Cluster", "free_port", "port_is_free", "resolve_port", "spawn"]
+
+MAX_WORKERS = validation.MAX_PROCESSES
 
 
 # --------------------------------------------------------------------------- ports
-
-
-def port_is_free(port: int) -> bool:
-    """True if nothing on this machine holds `port` on 127.0.0.1 (we try to bind it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((HOST, port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port() -> int:
-    """A port the operating system says is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
-def resolve_port(port: int | None = None) -> int:
-    """The rendezvous port: `port`, else $MASTER_PORT, else a free one. Busy -> clear error.
-
-    We check before spawning: otherwise rank 0's TCP store fails inside a child process
-    and the learner sees a long traceback about a socket instead of one line. (Checking is
-    not holding: `Cluster.start` then binds the port and keeps it, see `_hold_port`.)
-    """
-    where = "port"
-    if port is None and (port := validation.env_port("MASTER_PORT")) is not None:
-        where = "MASTER_PORT"
-    if port is None:
-        return free_port()
-    if not isinstance(port, int) or not 1 <= port <= 65535:
-        raise CourseInputError(f"{where} must be an integer from 1 to 65535, got {port!r}")
-    if not port_is_free(port):
-        raise CourseInputError(
-            f"{where} {port} is already in use on {HOST}: choose another port, "
-            "or leave it out and a free one is picked"
-        )
-    return port
 
 
 def _hold_port(port: int, workers: int, timeout: float) -> dist.TCPStore:
@@ -178,7 +139,8 @@ def _child(rank: int, world: int, port: int, inbox, outbox, timeout: float, pare
         wait = timedelta(seconds=timeout)
         store = dist.TCPStore(HOST, port, world, is_master=False, timeout=wait)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=wait)
-        importlib.import_module("torch.distributed.pipelining")  # slow: pay it once, up front
+        # (torch.distributed.pipelining is imported by the pipeline jobs that use it: about
+        # 70 MB a rank that DDP, FSDP and ring attention do without.)
 
         outbox.put((rank, -1, "ok", None))  # "ready"
     except BaseException as exc:

@@ -19,6 +19,7 @@ from course_utils.distributed.setup import (
     build_model,
     data_parallel_setup,
     gradient_arrays,
+    largest,
     loss_fn,
     make_batch,
     max_abs_diff,
@@ -127,7 +128,7 @@ def run_ddp(
     outs = run_job(cluster, _ddp_worker, workers, payload, port, timeout)
     seconds = time.perf_counter() - start
     ref_losses, ref_grads = reference_ddp(setup, steps, lr)
-    max_grad_diff = max(
+    max_grad_diff = largest(
         max_abs_diff(out["grads"][s], ref_grads[s]) for out in outs for s in range(steps)
     )
     losses = [sum(out["losses"][s] for out in outs) / workers for s in range(steps)]
@@ -138,7 +139,7 @@ def run_ddp(
     if compare_threads:
         th_losses, th_grads, th_timeline = threads_ddp(setup, workers, steps, lr)
         extra["threads_losses"] = th_losses
-        extra["threads_max_grad_diff"] = max(
+        extra["threads_max_grad_diff"] = largest(
             max_abs_diff(out["grads"][s], th_grads[s]) for out in outs for s in range(steps)
         )
         extra["threads_timeline"] = th_timeline

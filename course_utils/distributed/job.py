@@ -1,12 +1,15 @@
 """The job every rank runs, worked out from torchrun's environment and the arguments, and
 checked: the same verdict on every rank, so that all of them stop together on a bad launch.
 
+- `check_arguments`  every flag on its own (numbers, names), before torch is imported
 - `Place`       this process's place in the job (RANK, LOCAL_RANK, WORLD_SIZE, ...)
 - `make_plan`   the mesh, the batch's shares and the pipeline's stages; CourseInputError if the
                 launch does not fit (a world size the schedule's stages cannot use, a CSV
                 written for another number of ranks, a batch that does not divide)
 - `agree`       every rank's problem to every rank: the first one, or None
 - `check_files`, `check_shared`  what only some ranks can see: files, a shared checkpoint folder
+
+Importing this module does not import torch (`make_plan` and `agree` do, when called).
 """
 
 from __future__ import annotations
@@ -16,18 +19,70 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch.distributed as dist
-
-from course_utils.distributed.parallelize import MOMENTUM, PipelinePlan
-from course_utils.distributed.setup import Setup, build_model
+from course_utils import validation
 from course_utils.errors import CourseInputError
 from course_utils.pipeline.schedules import RECOMMENDED, SCHEDULES
 
+if TYPE_CHECKING:
+    from course_utils.distributed.parallelize import PipelinePlan
+    from course_utils.distributed.setup import Setup
+
 PROG = "course_utils.distributed.train"
 RUN_FILE = "run.json"  # in the checkpoint folder: which training its checkpoints belong to
-MAX_STEPS, MAX_BATCH, MAX_MICROBATCHES = 1000, 4096, 64
+MODES = ("ddp", "fsdp", "pipeline", "fsdp+pipeline")  # how the model is laid out (parallelize)
+MODELS = ("gpt", "mlp")  # the course's TinyGPT and MLP (setup.build_model)
+MODEL_LAYERS = {"gpt": 6, "mlp": 5}  # what a pipeline cuts: len(build_model(...).layers())
+# Limits (the batch is the model's, `validation.MAX_PROCESS_BATCH`; tests/test_limits.py).
+MAX_STEPS, MAX_MICROBATCHES = 1000, 64
+MAX_BATCH = validation.MAX_PROCESS_BATCH
+MAX_LR = 10.0  # SGD's learning rate: beyond it the course's model only diverges
+MAX_TIMEOUT = 86_400.0  # a day: the longest a rank waits for the others
+MOMENTUM = 0.9
 OPTIMIZER = f"SGD, momentum {MOMENTUM}"
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Every flag on its own, each in its range (one line naming it): what needs no torch,
+    no other rank and no file."""
+    from course_utils.commands.common import int_flag, number_flag
+
+    for flag, low, high in [
+        ("--steps", 1, MAX_STEPS),
+        ("--microbatches", 1, MAX_MICROBATCHES),
+        ("--checkpoint-every", 1, MAX_STEPS),
+        ("--batch", 1, MAX_BATCH[args.model]),
+    ]:
+        int_flag(args, flag, low, high)
+    validation.seed(args.seed, "--seed")
+    number_flag(args, "--lr", 0.0, MAX_LR, strict=True)
+    number_flag(args, "--timeout", 1.0, MAX_TIMEOUT)
+    if args.fail_at_step is not None:
+        int_flag(args, "--fail-at-step", 1, args.steps)
+    if args.report is not None and not args.report.endswith(".json"):
+        raise CourseInputError(f"--report must end in .json, got {args.report!r}")
+
+
+def first_of_its_node(env=os.environ) -> bool:
+    """Whether this process says why a launch stops: LOCAL_RANK 0 (or none, or one that is
+    not a number: that one line is the error), so one line per node, not one per rank."""
+    local = env.get("LOCAL_RANK", "0").strip()
+    return not (local.isdigit() and int(local) > 0)
+
+
+def env_int(name: str, low: int = 0, default: int | None = None, env=os.environ) -> int:
+    """Environment variable `name` as an integer >= `low` (torchrun's RANK, ...), else one line
+    naming it; `default` where it is unset."""
+    text = env.get(name)
+    if text is None and default is not None:
+        return default
+    value = str(text).strip()
+    if not value.isdigit() or int(value) < low:
+        raise CourseInputError(
+            f"{name} must be an integer >= {low} (torchrun sets it), got {validation.shown(text)}"
+        )
+    return int(value)
 
 
 @dataclass(frozen=True)
@@ -62,9 +117,16 @@ def place_from_env(env=os.environ) -> Place:
             f"{', '.join(missing)} not set: start this module with torchrun, e.g. "
             f"torchrun --nproc-per-node=2 -m {PROG} --parallel ddp"
         )
-    rank, local, world, local_world = (int(env[n]) for n in names)
+    rank, local = env_int("RANK", env=env), env_int("LOCAL_RANK", env=env)
+    world, local_world = env_int("WORLD_SIZE", 1, env=env), env_int("LOCAL_WORLD_SIZE", 1, env=env)
+    if not (rank < world and local < local_world <= world and world % local_world == 0):
+        raise CourseInputError(
+            f"RANK {rank}, LOCAL_RANK {local}, WORLD_SIZE {world} and LOCAL_WORLD_SIZE "
+            f"{local_world} do not make a launch: start this module with torchrun"
+        )
     restarts = (
-        int(env.get(n, 0)) for n in ("TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
+        env_int(n, default=0, env=env)
+        for n in ("TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS")
     )
     return Place(rank, local, world, local_world, *restarts)
 
@@ -89,22 +151,9 @@ class Plan:
 
 def make_plan(args: argparse.Namespace, place: Place) -> Plan:
     """Check the arguments against the launch; every rank gets the same answer."""
-    for flag, low, high in [
-        ("--steps", 1, MAX_STEPS),
-        ("--batch", 1, MAX_BATCH),
-        ("--microbatches", 1, MAX_MICROBATCHES),
-        ("--checkpoint-every", 1, MAX_STEPS),
-    ]:
-        _int_in(args, flag, low, high)
-    if not args.lr > 0 or not args.timeout > 0:
-        raise CourseInputError(f"--lr and --timeout must be > 0, got {args.lr}, {args.timeout}")
-    if args.fail_at_step is not None and not 1 <= args.fail_at_step <= args.steps:
-        raise CourseInputError(
-            f"--fail-at-step must be a step from 1 to --steps ({args.steps}), "
-            f"got {args.fail_at_step}"
-        )
-    if args.report is not None and not args.report.endswith(".json"):
-        raise CourseInputError(f"--report must end in .json, got {args.report!r}")
+    from course_utils.distributed.setup import Setup
+
+    check_arguments(args)
     if args.parallel is None:
         args.parallel = "pipeline" if args.schedule or args.csv else "ddp"
     setup = Setup(args.model, args.batch, args.seed)
@@ -149,16 +198,25 @@ def make_plan(args: argparse.Namespace, place: Place) -> Plan:
 
 def _pipeline_plan(args, setup: Setup, pp: int, world: int) -> tuple[PipelinePlan, str]:
     """The schedule's stages and their placement on the `pp` pipeline ranks."""
+    from course_utils.distributed.parallelize import PipelinePlan
     from course_utils.distributed.pipelining import course_schedule
-    from course_utils.pipeline.export import from_pytorch_csv, pytorch_microbatches
+    from course_utils.distributed.setup import build_model
+    from course_utils.pipeline.export import (
+        from_pytorch_csv,
+        pytorch_microbatches,
+        runnable_problem,
+    )
     from course_utils.pipeline.schedules import check_shape
 
     layers = len(build_model(setup).layers())
     if args.csv is not None:
         try:
             schedule = from_pytorch_csv(args.csv)
+            problem = runnable_problem(schedule, MAX_MICROBATCHES, layers)
         except CourseInputError as exc:
-            raise CourseInputError(f"--csv {args.csv}: {exc}") from None
+            problem = str(exc)
+        if problem:
+            raise CourseInputError(f"--csv {args.csv}: {problem}")
         if schedule.num_devices != pp:
             raise CourseInputError(
                 f"--csv {args.csv} has {schedule.num_devices} rows (pipeline ranks), but "
@@ -199,12 +257,6 @@ def _pipeline_plan(args, setup: Setup, pp: int, world: int) -> tuple[PipelinePla
     return plan, name
 
 
-def _int_in(args, flag: str, low: int, high: int) -> None:
-    value = getattr(args, flag[2:].replace("-", "_"))
-    if not low <= value <= high:
-        raise CourseInputError(f"{flag} must be an integer from {low} to {high}, got {value}")
-
-
 def _divides(batch: int, by: int, what: str) -> None:
     if batch % by:
         raise CourseInputError(f"--batch {batch} must be a multiple of {by}, {what}")
@@ -216,6 +268,8 @@ def _divides(batch: int, by: int, what: str) -> None:
 def agree(problem: str | None) -> str | None:
     """Every rank's verdict to every rank: the first problem (by rank) or None. So one rank's
     missing file stops all of them together instead of leaving the others waiting."""
+    import torch.distributed as dist
+
     verdicts: list[str | None] = [None] * dist.get_world_size()
     dist.all_gather_object(verdicts, problem)
     return next((v for v in verdicts if v is not None), None)
@@ -225,11 +279,11 @@ def check_files(args, plan: Plan, place: Place) -> str | None:
     """What only this rank can see: its files. Returns the problem, or None."""
     try:
         if place.rank == 0 and args.report is not None:
-            folder = Path(args.report).resolve().parent
-            if not folder.is_dir():
-                return f"--report {args.report}: folder {str(folder)!r} does not exist"
+            validation.output_file(args.report, "--report", (".json",))
         if place.rank == 0 and args.checkpoint_dir is not None:
             return _claim_checkpoint_dir(Path(args.checkpoint_dir), plan)
+    except CourseInputError as exc:
+        return str(exc)
     except OSError as exc:
         return f"rank {place.rank}: {exc}"
     return None
@@ -246,7 +300,15 @@ def _claim_checkpoint_dir(folder: Path, plan: Plan) -> str | None:
     record = folder / RUN_FILE
     mine = _run_record(plan)
     if record.exists():
-        theirs = json.loads(record.read_text())
+        try:
+            theirs = json.loads(record.read_text(encoding="utf-8"))
+        except ValueError:  # not JSON, or not UTF-8 text
+            theirs = None
+        if not isinstance(theirs, dict):
+            return (
+                f"--checkpoint-dir {folder}: its {RUN_FILE} is not a record the course wrote: "
+                "use an empty folder"
+            )
         if theirs != mine:
             differ = sorted(k for k in mine if theirs.get(k) != mine[k])
             return (

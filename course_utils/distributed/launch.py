@@ -31,11 +31,13 @@ from pathlib import Path
 
 import psutil  # type: ignore[import-untyped]  # a dependency (requirements.txt)
 
-from course_utils.distributed.cluster import HOST, free_port
+from course_utils.distributed.ports import HOST, free_port
 from course_utils.errors import CourseInputError, WorkerError
 from course_utils.timeline import Event, Timeline
 
-MAX_NODES, MAX_PROCS_PER_NODE = 4, 4
+# On one machine: every agent and every rank imports torch (about 160 MB each); 2 nodes of 2
+# processes (lesson 13's largest) fit 1.5 GB with the launcher (tests/test_limits.py).
+MAX_NODES, MAX_PROCS_PER_NODE = 2, 2
 ERROR = re.compile(r"course_utils\.distributed\.train: error: (.*)")
 FAILED = re.compile(r"course_utils\.distributed\.train: (rank \d+ \(node \d+\) failed.*)")
 ROOT_CAUSE = re.compile(r"^\s*(rank|exitcode)\s*: (-?\d+)", re.M)

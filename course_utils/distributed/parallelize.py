@@ -29,13 +29,9 @@ from torch import nn
 
 from course_utils import models
 from course_utils.actions import Schedule
-from course_utils.distributed.fsdp import fsdp_units
+from course_utils.distributed.fsdp import shard_model
+from course_utils.distributed.job import MOMENTUM
 from course_utils.distributed.setup import Setup, build_model, loss_fn, make_batch
-
-MODES = ("ddp", "fsdp", "pipeline", "fsdp+pipeline")
-
-
-MOMENTUM = 0.9
 
 
 def optimizer(params, lr: float) -> torch.optim.Optimizer:
@@ -134,12 +130,7 @@ def ddp(setup: Setup, lr: float, device: torch.device) -> Parallel:
 
 def fsdp(setup: Setup, lr: float, device: torch.device, mesh) -> Parallel:
     """FSDP2 over `mesh` (ZeRO-3; Zhao et al. 2023, arXiv 2304.11277): every layer a unit."""
-    from torch.distributed.fsdp import fully_shard
-
-    model = build_model(setup).to(device)
-    for unit in fsdp_units(model):
-        fully_shard(unit, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    model = shard_model(build_model(setup).to(device), mesh=mesh)
     opt = optimizer(model.parameters(), lr)
     records: list[tuple] = []
     rank, world = mesh.get_local_rank(), mesh.size()
@@ -201,11 +192,7 @@ def pipeline(
     for s in mine:
         part = model_part(setup, *ranges[s]).to(device)
         if dp_mesh is not None:
-            from torch.distributed.fsdp import fully_shard
-
-            for unit in fsdp_units(part):
-                fully_shard(unit, mesh=dp_mesh, reshard_after_forward=False)
-            fully_shard(part, mesh=dp_mesh, reshard_after_forward=False)
+            shard_model(part, mesh=dp_mesh, reshard_after_forward=False)
         stage = PipelineStage(part, s, plan.stages, device, group=pp_mesh.get_group())
         record_stage_times(stage, records, _sync(device))
         parts.append(part)

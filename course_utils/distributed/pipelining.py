@@ -10,10 +10,10 @@ records when each of its stages computed, for a measured Timeline.
 
 from __future__ import annotations
 
-import os
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,12 +22,14 @@ from torch.profiler import record_function
 from course_utils import validation
 from course_utils.actions import Schedule
 from course_utils.distributed.cluster import MAX_WORKERS, Cluster, run_job, worker_count
+from course_utils.distributed.job import MAX_MICROBATCHES
 from course_utils.distributed.setup import (
     DistributedResult,
     Setup,
     build_model,
     checked_model,
     gradient_arrays,
+    largest,
     loss_fn,
     make_batch,
     max_abs_diff,
@@ -211,8 +213,9 @@ def run_pipeline(
     Pass a started `Cluster` to reuse its processes; otherwise a fresh one is spawned.
     """
     workers = validation.integer(worker_count(workers, cluster), "workers", 2, MAX_WORKERS)
-    batch = validation.integer(batch, "batch", 1, 4096)
-    setup = Setup(checked_model(model), batch, seed)
+    model = checked_model(model)
+    batch = validation.integer(batch, "batch", 1, validation.MAX_PROCESS_BATCH[model])
+    setup = Setup(model, batch, seed)
     payload: dict = {"setup": setup}
     csv_file = None
     if isinstance(schedule, Schedule):
@@ -220,12 +223,12 @@ def run_pipeline(
             raise CourseInputError(
                 f"workers must equal the schedule's devices ({schedule.num_devices}), got {workers}"
             )
-        from course_utils.pipeline.export import pytorch_microbatches, to_pytorch_csv
+        from course_utils.pipeline.export import pytorch_microbatches, runnable_problem
 
-        csv_file = tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False)
-        csv_file.close()
-        to_pytorch_csv(schedule, csv_file.name)
-        payload.update(kind="csv", csv=csv_file.name, stages=schedule.stages)
+        layers = len(build_model(setup).layers())
+        if problem := runnable_problem(schedule, MAX_MICROBATCHES, layers):
+            raise CourseInputError(f"schedule {schedule.name!r}: {problem}")
+        payload.update(kind="csv", stages=schedule.stages)
         microbatches = pytorch_microbatches(schedule)
         course = schedule
         name = f"{schedule.name} (CSV) on {workers} processes"
@@ -237,7 +240,7 @@ def run_pipeline(
         raise CourseInputError(
             f"schedule must be one of {', '.join(PIPELINES)} or a course Schedule, got {schedule!r}"
         )
-    microbatches = validation.integer(microbatches, "microbatches", 1, 64)
+    microbatches = validation.integer(microbatches, "microbatches", 1, MAX_MICROBATCHES)
     if batch % microbatches:
         raise CourseInputError(
             f"batch must be a multiple of microbatches ({microbatches}), got {batch}"
@@ -249,23 +252,33 @@ def run_pipeline(
     require("pipelines on gloo")
     if v_placement(payload["placement"]):
         require("V placement on gloo")
+    # Everything is checked: the CSV file PyTorch's runtime reads, removed whatever happens.
     try:
+        if isinstance(schedule, Schedule):
+            from course_utils.pipeline.export import to_pytorch_csv
+
+            csv_file = tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False)
+            csv_file.close()
+            to_pytorch_csv(schedule, csv_file.name)
+            payload["csv"] = csv_file.name
         start = time.perf_counter()
         outs = run_job(cluster, _pipeline_worker, workers, payload, port, timeout)
         seconds = time.perf_counter() - start
     finally:
         if csv_file is not None:
-            os.unlink(csv_file.name)
+            Path(csv_file.name).unlink(missing_ok=True)
     mb_losses = [v for out in outs for v in out["losses"]]
     loss = sum(mb_losses) / len(mb_losses)
     grads = {s: g for out in outs for s, g in out["grads"].items()}
     ref_loss, ref_grads = reference_pipeline(setup, payload["stages"])
-    max_grad_diff = max(max_abs_diff(grads[s], ref_grads[s]) for s in ref_grads)
+    max_grad_diff = largest(max_abs_diff(grads[s], ref_grads[s]) for s in ref_grads)
     extra: dict = {"schedule": schedule if isinstance(schedule, str) else schedule.name}
     if compare_executor:
         ex_loss, ex_grads, ex_timeline = executor_pipeline(setup, course)
         extra["executor_loss"] = ex_loss
-        extra["executor_max_grad_diff"] = max(max_abs_diff(grads[s], ex_grads[s]) for s in ex_grads)
+        extra["executor_max_grad_diff"] = largest(
+            max_abs_diff(grads[s], ex_grads[s]) for s in ex_grads
+        )
         extra["executor_timeline"] = ex_timeline
     timeline = measured_timeline([out["records"] for out in outs], name, {"model": setup.model})
     timeline.stages, timeline.microbatches = payload["stages"], microbatches

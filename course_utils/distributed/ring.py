@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from course_utils import validation
 from course_utils.distributed.cluster import MAX_WORKERS, Cluster, run_job, worker_count
+from course_utils.distributed.setup import largest
 from course_utils.errors import CourseInputError
 
 MAX_SEQ, MAX_DIM = 4096, 256
@@ -134,16 +135,16 @@ def run_ring_attention(
         r = ring.forward_backward(*(t[n].detach() for n in ("q", "k", "v", "dout")))
     threads = {"out": r.out, "dq": r.dq, "dk": r.dk, "dv": r.dv}
 
-    def largest(a: dict, b: dict) -> float:
-        return max((a[n] - b[n]).abs().max().item() for n in a)
+    def difference(a: dict, b: dict) -> float:
+        return largest((a[n] - b[n]).abs().max().item() for n in a)
 
     return {
         "workers": workers,
         "seq": seq,
         "causal": causal,
         "zigzag": zigzag,
-        "max_diff_one_process": largest(processes, one),
-        "max_diff_threads": largest(processes, threads),
+        "max_diff_one_process": difference(processes, one),
+        "max_diff_threads": difference(processes, threads),
         "bytes_forward": [o["bytes_forward"] for o in outs],
         "bytes_backward": [o["bytes_backward"] for o in outs],
         "threads_bytes_forward": list(r.bytes_forward),

@@ -4,6 +4,7 @@ the single-process reference's bookkeeping, and the result a comparison returns.
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -13,10 +14,9 @@ from torch import nn
 from course_utils import models, validation
 from course_utils.actions import Action
 from course_utils.distributed.cluster import MAX_WORKERS, Cluster, worker_count
+from course_utils.distributed.job import MODELS
 from course_utils.errors import CourseInputError, WorkerError
 from course_utils.timeline import Event, Timeline
-
-MODELS = ("gpt", "mlp")
 
 
 @dataclass(frozen=True)
@@ -79,11 +79,16 @@ def split_stages(
 
 
 def one_process_training(
-    setup: Setup, steps: int, optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+    setup: Setup,
+    steps: int,
+    optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer],
+    grads_of: int | None = None,
 ) -> tuple[list[float], list[dict], dict]:
     """The training every comparison checks against: one process, the full batch of each step.
 
-    Returns the losses, the gradients of every step (numpy) and the final parameters.
+    Returns the losses, the gradients (numpy) of the first `grads_of` steps (None: every step;
+    each is a copy of the model: 1,000 steps of the GPT would hold 0.8 GB) and the final
+    parameters.
     """
     model = build_model(setup)
     opt = optimizer(model.parameters())
@@ -95,7 +100,8 @@ def one_process_training(
         loss = criterion(model(x), y)
         loss.backward()
         losses.append(loss.item())
-        grads.append(gradient_arrays(model))
+        if grads_of is None or step < grads_of:
+            grads.append(gradient_arrays(model))
         opt.step()
     return losses, grads, {n: p.detach().clone() for n, p in model.named_parameters()}
 
@@ -109,11 +115,24 @@ def gradient_arrays(module: nn.Module) -> dict:
     return grads
 
 
+def largest(values: Iterable[float]) -> float:
+    """The largest of `values` (0.0 for none), or NaN if any is NaN. Python's `max` keeps the
+    first value a NaN is compared with, so a run whose gradients became NaN would be reported
+    as equal to its reference ("difference 0.0")."""
+    out = 0.0
+    for value in values:
+        if math.isnan(value):
+            return math.nan
+        out = max(out, value)
+    return out
+
+
 def max_abs_diff(a: dict, b: dict) -> float:
-    """Largest |a - b| over arrays with the same names (0 for none); names must match."""
+    """Largest |a - b| over arrays with the same names (0 for none, NaN if any is NaN); names
+    must match."""
     if a.keys() != b.keys():
         raise WorkerError(f"parameter names differ: {sorted(a)[:3]} vs {sorted(b)[:3]}")
-    return max((float(abs(a[k] - b[k]).max()) for k in a), default=0.0)
+    return largest(float(abs(a[k] - b[k]).max()) for k in a)
 
 
 def measured_timeline(per_rank: list[list[tuple]], name: str, meta: dict) -> Timeline:
@@ -141,7 +160,8 @@ class DistributedResult:
 
     @property
     def max_loss_diff(self) -> float:
-        return max(abs(a - b) for a, b in zip(self.losses, self.reference_losses, strict=True))
+        pairs = zip(self.losses, self.reference_losses, strict=True)
+        return largest(abs(a - b) for a, b in pairs)
 
     def to_dict(self) -> dict:
         return {
@@ -167,8 +187,9 @@ def data_parallel_setup(
     """(workers, steps, setup) of a data-parallel comparison (DDP, FSDP), checked: every
     rank takes `batch / workers` samples, so the batch must split evenly."""
     workers = validation.integer(worker_count(workers, cluster), "workers", 1, MAX_WORKERS)
-    steps = validation.integer(steps, "steps", 1, 100)
-    batch = validation.integer(batch, "batch", 1, 4096)
+    steps = validation.integer(steps, "steps", 1, validation.MAX_COMPARED_STEPS)
+    model = checked_model(model)
+    batch = validation.integer(batch, "batch", 1, validation.MAX_PROCESS_BATCH[model])
     if batch % workers:
         raise CourseInputError(f"batch must be a multiple of workers ({workers}), got {batch}")
-    return workers, steps, Setup(checked_model(model), batch, seed)
+    return workers, steps, Setup(model, batch, seed)

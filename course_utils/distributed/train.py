@@ -5,6 +5,9 @@ starts, the same program on a laptop and on a cluster.
         -m course_utils.distributed.train --parallel fsdp+pipeline --steps 6 \\
         --checkpoint-dir ckpt --report report.json
 
+(`python -m course_utils.distributed.torchrun` in place of `torchrun`: the same, with these
+flags checked before any process starts and a failed rank reported in one line.)
+
 torchrun starts `--nproc-per-node` processes on every node and tells each who it is (RANK,
 LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT, TORCHELASTIC_RESTART_COUNT).
 Every process then, top to bottom:
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import signal
@@ -40,31 +44,47 @@ import traceback
 from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-import torch.distributed as dist
-
-from course_utils.distributed import checkpoint
-from course_utils.distributed.cluster import die_with_parent
+# Nothing here imports torch at the top: the flags and torchrun's variables are checked first,
+# so a typo is one line at once, not after seconds of importing (`main` imports it then).
 from course_utils.distributed.job import (
+    MAX_BATCH,
+    MAX_LR,
+    MAX_MICROBATCHES,
+    MAX_STEPS,
+    MAX_TIMEOUT,
+    MODELS,
+    MODES,
     OPTIMIZER,
     PROG,
     Place,
     Plan,
     agree,
+    check_arguments,
     check_files,
     check_shared,
+    env_int,
+    first_of_its_node,
     make_plan,
     place_from_env,
 )
-from course_utils.distributed.parallelize import MODES, Parallel, optimizer
-from course_utils.distributed.setup import MODELS
 from course_utils.errors import CourseInputError
 from course_utils.pipeline.schedules import RECOMMENDED, SCHEDULES
+from course_utils.validation import MAX_PROCESSES
+
+if TYPE_CHECKING:
+    import torch
+
+    from course_utils.distributed.parallelize import Parallel
 
 DESCRIPTION = (
     "Train the course's model on the processes torchrun starts (ddp, fsdp, pipeline or "
-    "fsdp+pipeline), with sharded checkpoints, a restart after a failure and a JSON report."
+    "fsdp+pipeline), with sharded checkpoints, a restart after a failure and a JSON report. "
+    f"Limits: --steps up to {MAX_STEPS}, --microbatches up to {MAX_MICROBATCHES}, a batch of "
+    f"{MAX_BATCH['gpt']} for gpt and {MAX_BATCH['mlp']} for mlp (every rank and rank 0's "
+    f"one-process reference fit in 1.5 GB), --lr up to {MAX_LR:g}, --timeout from 1 to "
+    f"{MAX_TIMEOUT:g} s."
 )
 # Gloo's messages start with its source file and end with generic advice: keep the middle.
 GLOO_NOISE = re.compile(r"\[[^\]]*\.(?:cc|cpp|h):\d+\] | This is typically caused by.*")
@@ -78,7 +98,7 @@ def parser() -> argparse.ArgumentParser:
         """Every rank stops on a usage error; the first of each node says why, in one line."""
 
         def exit(self, status=0, message=None):
-            if message and os.environ.get("LOCAL_RANK", "0") != "0":
+            if message and not first_of_its_node():
                 message = None
             super().exit(status, message)
 
@@ -87,7 +107,10 @@ def parser() -> argparse.ArgumentParser:
         description=DESCRIPTION,
         epilog="Start it on every node with torchrun, e.g. torchrun --nnodes=2 "
         "--nproc-per-node=2 --rdzv-backend=c10d --rdzv-endpoint=HOST:PORT "
-        f"-m {PROG} --parallel fsdp+pipeline --checkpoint-dir CKPT --report report.json",
+        f"-m {PROG} --parallel fsdp+pipeline --checkpoint-dir CKPT --report report.json. "
+        f"On one machine (a laptop) at most {MAX_PROCESSES} processes in all fit 1.5 GB. A bad "
+        "flag or launch is one line from each node's first rank, before torch is imported "
+        "where the flags alone decide; torchrun then reports the failed ranks in its own words.",
     )
     p.add_argument(
         "--parallel",
@@ -109,7 +132,13 @@ def parser() -> argparse.ArgumentParser:
         "e.g. one exported with course_utils.pipeline.export.to_pytorch_csv",
     )
     p.add_argument("--steps", type=int, default=6, help="train until this step (default 6)")
-    p.add_argument("--batch", type=int, default=8, help="global batch, sequences (default 8)")
+    p.add_argument(
+        "--batch",
+        type=int,
+        default=8,
+        help=f"global batch, sequences (default 8; at most {MAX_BATCH['gpt']} for gpt, "
+        f"{MAX_BATCH['mlp']} for mlp)",
+    )
     p.add_argument("--microbatches", type=int, default=4, help="pipeline micro-batches (4)")
     p.add_argument("--model", choices=MODELS, default="gpt", help="the course's TinyGPT or MLP")
     p.add_argument("--lr", type=float, default=0.1, help="learning rate of SGD with momentum")
@@ -169,6 +198,11 @@ class StepError(RuntimeError):
     """A training step failed (its message says which step): most often a peer died."""
 
 
+class Diverged(RuntimeError):
+    """The loss or the parameters are no longer finite numbers (too large a learning rate):
+    a comparison with one process would mean nothing."""
+
+
 def maybe_fail(args, place: Place, step: int) -> None:
     """--fail-at-step: the last rank dies here, once, as a process killed on a real node."""
     if args.fail_at_step != step or place.rank != place.world - 1:
@@ -189,6 +223,10 @@ def maybe_fail(args, place: Place, step: int) -> None:
 
 def resume_step(args, steps: int) -> int | None:
     """Rank 0 picks the last complete checkpoint; everyone gets its choice."""
+    import torch.distributed as dist
+
+    from course_utils.distributed import checkpoint
+
     choice: list[int | None] = [None]
     if dist.get_rank() == 0 and args.checkpoint_dir is not None:
         choice[0] = checkpoint.latest_step(args.checkpoint_dir, at_most=steps)
@@ -212,6 +250,10 @@ def profiled_step(par: Parallel, step: int, folder: Path, rank: int):
 
 
 def train(args, plan: Plan, place: Place, device: torch.device, mesh) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from course_utils.distributed import checkpoint
     from course_utils.distributed.clocks import clock_offset
 
     estimate, rtt, same_clock = clock_offset(device)
@@ -235,6 +277,11 @@ def train(args, plan: Plan, place: Place, device: torch.device, mesh) -> dict:
         total = torch.tensor([loss, count], dtype=torch.float64, device=device)
         dist.all_reduce(total)  # every data-parallel share's loss, for the full batch's
         losses.append(float(total[0] / total[1]))
+        if not math.isfinite(losses[-1]):  # the same on every rank: all stop here
+            raise Diverged(
+                f" at step {step}: the loss is {losses[-1]}: the training diverged "
+                f"(--lr {args.lr:g} is too large for it)"
+            )
         steps.append((step, t0, t1))
         if args.checkpoint_dir and (step % args.checkpoint_every == 0 or step == plan.steps):
             t2 = time.time_ns()
@@ -262,19 +309,28 @@ def train(args, plan: Plan, place: Place, device: torch.device, mesh) -> dict:
 
 def report(args, plan: Plan, place: Place, device: torch.device, outs: list[dict]) -> dict:
     """Rank 0: compare with one process, put every rank's times on rank 0's clock."""
-    from course_utils.distributed.setup import measured_timeline, one_process_training
+    import torch.distributed as dist
+
+    from course_utils.distributed.parallelize import optimizer
+    from course_utils.distributed.setup import largest, measured_timeline, one_process_training
 
     _, _, reference = one_process_training(
-        plan.setup, plan.steps, lambda ps: optimizer(ps, plan.lr)
+        plan.setup, plan.steps, lambda ps: optimizer(ps, plan.lr), grads_of=0
     )
     seen: set[str] = set()
-    max_diff = 0.0
+    differences = []
     for out in outs:
         for name, value in out["params"].items():
             seen.add(name)
-            max_diff = max(max_diff, float((value - reference[name]).abs().max()))
+            differences.append(float((value - reference[name]).abs().max()))
     if seen != set(reference):
         raise RuntimeError(f"no rank holds parameters {sorted(set(reference) - seen)[:3]}")
+    max_diff = largest(differences)  # NaN if any is: a NaN is never an equality
+    if not math.isfinite(max_diff):
+        raise Diverged(
+            f": the parameters are not finite (largest difference vs one process {max_diff}): "
+            f"the training diverged (--lr {plan.lr:g} is too large for it)"
+        )
 
     def shifted(out: dict, t: int) -> int:
         return t - out["offset"]  # this rank's clock reading, on rank 0's clock
@@ -349,15 +405,20 @@ def report(args, plan: Plan, place: Place, device: torch.device, outs: list[dict
 
 
 def main(argv: list[str] | None = None) -> int:
-    # torchrun's agent gone (killed) -> this rank goes too. The course's launcher names the
-    # agent: it may have died while this process was importing torch, leaving it orphaned.
-    die_with_parent(int(os.environ.get("COURSE_AGENT_PID", os.getppid())))
     try:
+        # torchrun's agent gone (killed) -> this rank goes too. The course's launcher names
+        # the agent: it may have died while this process was importing torch.
+        agent = env_int("COURSE_AGENT_PID", 1, default=os.getppid())
         args = parser().parse_args(argv)
         place = place_from_env()
+        check_arguments(args)
     except CourseInputError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        if first_of_its_node():  # one line per node
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
+    from course_utils.distributed.cluster import die_with_parent
+
+    die_with_parent(agent)
     if place.max_restarts and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         if place.local_rank == 0 and place.restart_count == 0:
             print(
@@ -366,6 +427,19 @@ def main(argv: list[str] | None = None) -> int:
                 "torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1",
                 file=sys.stderr,
             )
+    try:
+        return run(args, place)
+    except KeyboardInterrupt:  # Ctrl-C reaches every rank: one line per node, no traceback
+        if place.local_rank == 0:
+            print(f"{PROG}: interrupted", file=sys.stderr, flush=True)
+        return 130
+
+
+def run(args: argparse.Namespace, place: Place) -> int:
+    """Join the process group, check the launch with every rank, train, report."""
+    import torch
+    import torch.distributed as dist
+
     if "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(1)  # tiny model: more threads per process only add overhead
     cuda = torch.cuda.is_available()
@@ -416,8 +490,15 @@ def main(argv: list[str] | None = None) -> int:
             )
         dist.barrier()  # no rank tears its connections down while another still reads from them
         return 0
-    except Exception as exc:  # one line naming where; COURSE_DEBUG=1 adds the traceback
-        what = str(exc) if isinstance(exc, StepError) else f": {type(exc).__name__}: {exc}"
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # one line naming where; COURSE_DEBUG=1 adds the traceback
+        # (BaseException: torch.distributed.checkpoint's CheckpointException is one, and it
+        # carries a Ctrl-C that came during a save as one of its ranks' failures)
+        if _wraps_ctrl_c(exc):
+            raise KeyboardInterrupt from None
+        told = isinstance(exc, StepError | Diverged)
+        what = str(exc) if told else f": {type(exc).__name__}: {exc}"
         what = GLOO_NOISE.sub("", what)  # "[.../pair.cc:553] Connection closed by peer. This.."
         print(f"{PROG}: rank {place.rank} (node {place.node}) failed{what}".splitlines()[0],
               file=sys.stderr, flush=True)  # fmt: skip
@@ -431,6 +512,15 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         dist.destroy_process_group()
+
+
+def _wraps_ctrl_c(exc: BaseException) -> bool:
+    """Whether `exc` is a collective's report of a KeyboardInterrupt on some rank."""
+    failures = getattr(exc, "failures", None)
+    if not isinstance(failures, dict):
+        return False
+    return any(isinstance(f[0] if isinstance(f, tuple) else f, KeyboardInterrupt)
+               for f in failures.values())  # fmt: skip
 
 
 if __name__ == "__main__":

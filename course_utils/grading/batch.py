@@ -264,6 +264,7 @@ def grade_all(
     student: str | None = None,
     trust_name_cell: bool = False,
     keep_rule: str = keep.DEFAULT_KEEP,
+    on_start=None,
 ) -> list[GradeResult]:
     """Grade every notebook under `paths`: one result per file, in the order found, then a
     "missing" row per roster student and lesson without a notebook.
@@ -274,7 +275,8 @@ def grade_all(
     cell names, flagged as not verified. `keep_rule` chooses which of a student's notebooks
     of a lesson counts (`keep.KEEP`). `on_result(result)` is called as each notebook
     finishes (not for rows reused from the journal). Raises CourseInputError, before any
-    notebook runs, when the solutions folder cannot grade a lesson found."""
+    notebook runs, when the solutions folder cannot grade a lesson found; `on_start()` is
+    called once it can (every notebook read), before the first runs."""
     from dataclasses import asdict
 
     from course_utils.grading import course_lessons, missing_solution, resources
@@ -309,6 +311,8 @@ def grade_all(
         if why := missing_solution(n, solutions):
             count = sum(1 for j in work if j.lesson == n)
             raise CourseInputError(f"{why} ({count} notebooks found are lesson {n:02d}'s)")
+    if on_start:
+        on_start()
     limits, cgroup = resources.for_batch(total_timeout) if sandbox else (None, None)
     book = Journal(journal, merge=student is not None) if journal else None
     done = book.previous() if book else {}

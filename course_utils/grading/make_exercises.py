@@ -10,9 +10,11 @@ Each `### BEGIN SOLUTION` ... `### END SOLUTION` block (nbgrader's markers) beco
 cells: "YOUR ANSWER HERE"); outputs and execution counts are cleared; cell ids and tags stay,
 so the grader can match check cells. Locked cells (check cells, cells tagged "locked") get
 JupyterLab's `editable: false` and `deletable: false`, answer cells `deletable: false`, as
-nbgrader does; the grader still compares their text. The output is byte-for-byte
-deterministic and already `ruff format`-clean, which is what lets `--check` (and a test)
-catch a stale exercises/.
+nbgrader does; the grader still compares their text. The name cell (`lNN.for_student(...)`)
+stays editable, as its text asks a learner on their own to put their name there: the
+grader compares it without the name and reads the name with `grader.name_in_notebook`.
+The output is byte-for-byte deterministic and already `ruff format`-clean, which is what
+lets `--check` (and a test) catch a stale exercises/.
 
 `--students`/`--roster` write OUT/<id>/*.ipynb for each student, on their own numbers (the
 id is the seed); every name is checked (`roster.check_name`) before anything is written.
@@ -24,14 +26,15 @@ one notebook to attach to the assignment.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import re
+import shutil
 import sys
 from pathlib import Path
 
 import nbformat
 
+from course_utils import validation
 from course_utils.errors import CourseInputError
 from course_utils.grading.notebook_tools import (
     EXERCISES,
@@ -48,6 +51,9 @@ from course_utils.grading.roster import check_name, check_names, read_roster
 
 # Notebook metadata that only describes one run (widget state), not the exercise.
 RUN_METADATA = ("widgets",)
+# Students' handouts written at once: about 0.2 MB each (every lesson), 200 MB for a full
+# class; more is a mistake (a roster of a whole university) or a job for several runs.
+MAX_STUDENTS = 1000
 
 
 def exercise_notebook(solution: nbformat.NotebookNode, name: str = "notebook") -> str:
@@ -69,8 +75,12 @@ def exercise_notebook(solution: nbformat.NotebookNode, name: str = "notebook") -
 
 def lock(cell: nbformat.NotebookNode) -> None:
     """JupyterLab's locks, as nbgrader sets them: a check or locked cell can be neither
-    edited nor deleted, an answer cell not deleted."""
-    if is_check_cell(cell) or "locked" in tags(cell):
+    edited nor deleted, an answer cell not deleted. The name cell can be edited (a learner
+    on their own writes their name there), not deleted."""
+    if cell.cell_type == "code" and ANY_STUDENT.search(cell.source):
+        cell.metadata.pop("editable", None)
+        cell.metadata["deletable"] = False
+    elif is_check_cell(cell) or "locked" in tags(cell):
         cell.metadata["editable"] = False
         cell.metadata["deletable"] = False
     elif "answer" in tags(cell):
@@ -94,7 +104,6 @@ def lesson_notebooks(solutions: Path, lesson: int | None = None) -> list[Path]:
     """The solution notebooks to hand out: every lesson's, or `lesson`'s alone."""
     if lesson is None:
         return sorted(solutions.glob("*.ipynb"))
-    from course_utils import validation
     from course_utils.grading import missing_solution, solution_of
 
     validation.integer(lesson, "--lesson", 1, 99)
@@ -108,12 +117,25 @@ def write_for_students(
     students: list[str], out: Path, solutions: Path = SOLUTIONS, lesson: int | None = None
 ) -> list[Path]:
     """out/<student>/<lesson>.ipynb for every student and lesson (or `lesson` only): their
-    own numbers. Every name is checked before anything is written."""
+    own numbers. Every name is checked, and the room on the disk, before anything is written."""
+    if len(students) > MAX_STUDENTS:
+        raise CourseInputError(
+            f"{len(students):,} students: at most {MAX_STUDENTS:,} handouts are written at once "
+            "(split the class)"
+        )
     students = check_names(students)
     notebooks = {
         p.name: exercise_notebook(read_notebook(p), p.name)
         for p in lesson_notebooks(solutions, lesson)
     }
+    needed = len(students) * sum(len(text.encode()) + 64 for text in notebooks.values())
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    free = shutil.disk_usage(existing).free
+    if needed > free // 2:
+        raise CourseInputError(
+            f"--out {str(out)!r}: the handouts need about {needed / 1e6:,.0f} MB, and only "
+            f"{free / 1e6:,.0f} MB are free there (at most half of it is used)"
+        )
     written = []
     for student in students:
         texts = {name: for_student(text, student) for name, text in notebooks.items()}
@@ -184,8 +206,13 @@ def write_exercises(solutions: Path = SOLUTIONS, exercises: Path = EXERCISES) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m course_utils.grading.make_exercises", description=__doc__.split("\n")[0]
+    from course_utils.cli import OneLineParser
+
+    parser = OneLineParser(
+        prog="python -m course_utils.grading.make_exercises",
+        description=f"{__doc__.splitlines()[0]} Limits: a --roster of "
+        f"{validation.MAX_ROSTER_BYTES // validation.MB} MB (as grade's), {MAX_STUDENTS:,} "
+        "students at once.",
     )
     parser.add_argument(
         "--check", action="store_true", help="only report stale files (exit 1 if any)"
@@ -222,8 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not args.solutions.is_dir():
             raise CourseInputError(f"--solutions {str(args.solutions)!r} is not a folder")
-        if args.out is not None and args.out.exists() and not args.out.is_dir():
-            raise CourseInputError(f"--out {str(args.out)!r} is a file: give a folder")
+        if args.out is not None:  # a folder that takes files, before anything is read
+            validation.output_folder(args.out, "--out")
         if args.students is not None or args.roster is not None:
             if args.students is not None and args.roster is not None:
                 raise CourseInputError("give --students or --roster, not both")
@@ -261,9 +288,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"exercises/ is up to date ({len(list(args.solutions.glob('*.ipynb')))} notebooks)"
             )
             return 0
+        validation.output_folder(args.exercises, "--exercises")
         written = write_exercises(args.solutions, args.exercises)
     except CourseInputError as exc:
         print(f"make_exercises: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # the disk filled, a folder vanished: one line, not a traceback
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"make_exercises: error: cannot write: {exc.strerror or exc}{where}", file=sys.stderr)
         return 2
     for path in written:
         print(f"wrote {path}")

@@ -46,6 +46,7 @@ FRAMEWORK = (
     "feedback.py",
     "reading.py",
     "judging.py",
+    "fields.py",
     "variants.py",
     "declaring.py",
     "scoring.py",

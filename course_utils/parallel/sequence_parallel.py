@@ -49,6 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from course_utils import validation
 from course_utils.actions import Action
 from course_utils.errors import CourseInputError
 from course_utils.parallel.tensor_parallel import shard_mlp
@@ -204,6 +205,8 @@ class MLPBlock:
 
 def dropout_mask(shape, p: float, seed: int) -> torch.Tensor | None:
     """Which elements dropout zeroes (True = dropped), drawn from `seed`; None if p == 0."""
+    validation.number(p, "p", 0.0, 0.999)
+    validation.seed(seed)
     if p == 0:
         return None
     gen = torch.Generator().manual_seed(seed)
@@ -452,6 +455,13 @@ def _copy_norm(ln: nn.LayerNorm) -> nn.LayerNorm:
 # -- formulas: activation memory (Korthikanti et al. 2022) and bytes moved -----------------------
 
 
+def _sizes(**values: object) -> None:
+    """The block's sizes, each an integer in its range (one line naming it), before counting."""
+    for name, value in values.items():
+        high = {"workers": MAX_WORKERS, "bytes_per_value": 16}.get(name, 10**9)
+        validation.integer(value, name, 1, high)
+
+
 def korthikanti_mlp_block_bytes(
     seq: int,
     batch: int,
@@ -472,6 +482,8 @@ def korthikanti_mlp_block_bytes(
     parallelism divides the f-sized terms by t; sequence parallelism also the other three
     (the first linear's input only if its gathered copy is not kept).
     """
+    _sizes(seq=seq, batch=batch, hidden=hidden, ffn_hidden=ffn_hidden, tp=tp,
+           bytes_per_value=bytes_per_value)  # fmt: skip
     s, b, h, f, t, e = seq, batch, hidden, ffn_hidden, tp, bytes_per_value
     sp = t if sequence_parallel else 1
     return {
@@ -488,6 +500,7 @@ def layernorm_statistics_bytes(
 ) -> float:
     """LayerNorm also keeps a mean and 1/std per token, 2 e sb bytes; Korthikanti leaves
     them out of the count (they are h times smaller than its input)."""
+    _sizes(seq=seq, batch=batch, tp=tp, bytes_per_value=bytes_per_value)
     return 2 * bytes_per_value * seq * batch / (tp if sequence_parallel else 1)
 
 
@@ -506,6 +519,7 @@ def sp_comm_bytes(
     all-gather when the gathered input of A is not kept. Then an all-reduce of the 3h
     gradients of LayerNorm and B's bias (`param_grads`).
     """
+    _sizes(seq=seq, batch=batch, hidden=hidden, workers=workers, bytes_per_value=element_size)
     per_rank = [rows * batch * hidden for rows in chunk_sizes(seq, workers)]
     gather = ring_all_gather_bytes(per_rank, element_size)
     scatter = ring_reduce_scatter_bytes(per_rank, element_size)

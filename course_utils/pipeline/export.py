@@ -20,8 +20,13 @@ import csv
 import os
 from pathlib import Path
 
+from course_utils import validation
 from course_utils.actions import Action, Schedule
 from course_utils.errors import CourseInputError
+
+# The largest CSV read: a schedule the course's processes can run is a few kB (8 ranks of at
+# most 64 micro-batches of a 6-layer model); reading stops before a huge file fills memory.
+MAX_CSV_BYTES = validation.MB
 
 FORMATS = ("compute_only", "compute_comms")
 
@@ -71,17 +76,26 @@ def pytorch_microbatches(schedule: Schedule) -> int:
     return len(used - {None}) or 1
 
 
-def from_pytorch_csv(path: str | os.PathLike, name: str | None = None) -> Schedule:
+def from_pytorch_csv(
+    path: str | os.PathLike, name: str | None = None, max_bytes: int = MAX_CSV_BYTES
+) -> Schedule:
     """Read a PyTorch pipeline CSV (ours or one PyTorch dumped) back into a course Schedule.
 
     Empty cells (PyTorch's "idle this step" padding) are dropped: a course schedule is
     an order, not a grid. Stages and micro-batches are counted from the compute actions.
+    A file over `max_bytes`, not UTF-8 text or not CSV is one line, read no further.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise CourseInputError(f"path must be an existing CSV file, got {str(path)!r}")
-    with open(path, newline="") as f:
-        rows = list(csv.reader(f))
+    given = Path(path) if isinstance(path, os.PathLike) else path
+    path = validation.input_file(given, "path", max_bytes)
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.reader(f))
+    except UnicodeDecodeError as exc:
+        raise CourseInputError(
+            f"path {str(path)!r} is not UTF-8 text (at byte {exc.start:,})"
+        ) from None
+    except csv.Error as exc:  # e.g. a cell over the csv module's 131,072 characters
+        raise CourseInputError(f"path {str(path)!r} is not a CSV file: {exc}") from None
     devices = tuple(tuple(Action.parse(cell) for cell in row if cell.strip()) for row in rows)
     compute = [a for actions in devices for a in actions if a.is_compute]
     if not compute:
@@ -89,3 +103,21 @@ def from_pytorch_csv(path: str | os.PathLike, name: str | None = None) -> Schedu
     stages = 1 + max(a.stage for a in compute)
     microbatches = 1 + max(a.microbatch for a in compute if a.microbatch is not None)
     return Schedule(name or path.stem, stages, microbatches, devices)
+
+
+def runnable_problem(schedule: Schedule, max_microbatches: int, max_stages: int) -> str | None:
+    """Why PyTorch's runtime could not run `schedule` to the end on processes, or None: more
+    micro-batches or stages than allowed, or an order the simulator cannot finish (an action
+    twice or missing, a stage on two devices, a wait that never ends). Checked before any
+    process starts, so a broken file is one line, not a failure inside the ranks."""
+    if schedule.microbatches > max_microbatches:
+        return (
+            f"it uses {schedule.microbatches:,} micro-batches (numbered from 0), at most "
+            f"{max_microbatches} are allowed"
+        )
+    if schedule.stages > max_stages:
+        return f"it has {schedule.stages:,} stages, the model has {max_stages} layers to cut"
+    from course_utils.pipeline.simulate import validate
+
+    problems = validate(schedule)
+    return problems[0] if problems else None

@@ -426,7 +426,7 @@ def _prepare(schedule: Schedule, costs: CostModel):
 def simulate_arrays(schedule: Schedule, costs: CostModel | None = None) -> dict:
     """Like `simulate`, but plain lists (fast for huge schedules): per-device actions, start and
     end times, makespan, bubble fraction and peak activations."""
-    costs = costs or CostModel()
+    costs = CostModel() if costs is None else costs
     devices, microbatches, fwd, bwd = _prepare(schedule, costs)
     starts, ends, stuck = _run(
         devices,
@@ -461,7 +461,7 @@ def simulate_arrays(schedule: Schedule, costs: CostModel | None = None) -> dict:
 
 def simulate(schedule: Schedule, costs: CostModel | None = None) -> Timeline:
     """Simulated timeline of `schedule` under `costs` (raises ScheduleError if it cannot run)."""
-    costs = costs or CostModel()
+    costs = CostModel() if costs is None else costs
     result = simulate_arrays(schedule, costs)
     return Timeline.from_lanes(
         list(zip(result["actions"], result["starts"], result["ends"], strict=True)),

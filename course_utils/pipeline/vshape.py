@@ -149,33 +149,43 @@ def _zb_v_order(p: int, d: int, m: int) -> list[Action]:
     fixed order whatever the costs (sail-sg's zbv.py builds its order from measured costs)."""
     # Built for at least 2p-1 micro-batches (what the warm-up needs to fill the V), then the
     # micro-batches that do not exist are dropped; dropping the same micro-batches from
-    # every device keeps a deadlock-free order deadlock-free.
+    # every device keeps a deadlock-free order deadlock-free. Only the actions of existing
+    # micro-batches are made: the rest are counted (a long pipeline with few micro-batches
+    # would otherwise build 2p-1 micro-batches' actions on every device, p^2 in all).
     n = max(m, 2 * p - 1)
     down, up = v_stages(p, d)
     order: list[Action] = []
     next_mb = {(s, k): 0 for s in (down, up) for k in "FIW"}
 
-    def run(stage: int, kind: str) -> None:
-        order.append(Action(stage, kind, next_mb[(stage, kind)]))
-        next_mb[(stage, kind)] += 1
+    def run(stage: int, kind: str, times: int = 1) -> None:
+        first = next_mb[(stage, kind)]
+        order.extend(Action(stage, kind, mb) for mb in range(first, min(first + times, m)))
+        next_mb[(stage, kind)] = first + times
+
+    def repeat(steps: list[tuple[int, str]], times: int) -> None:
+        """Run `steps` in turn, `times` times over; once none of them has an existing
+        micro-batch left, the rest is only counted."""
+        for done in range(times):
+            if all(next_mb[step] >= m for step in steps):
+                for step in steps:
+                    next_mb[step] += times - done
+                return
+            for stage, kind in steps:
+                run(stage, kind)
 
     # Warm-up. Micro-batch 0 reaches device d's up chunk after 2p-1-d forward steps and
     # device d starts after d of them, so it fills the 2(p-d)-1 steps in between with
     # down-chunk forwards, ...
-    for _ in range(2 * (p - d) - 1):
-        run(down, "F")
+    run(down, "F", 2 * (p - d) - 1)
     # ... then alternates the two chunks' forwards while the first input gradient is on
     # its way, ...
-    for _ in range(d):
-        run(up, "F")
-        run(down, "F")
+    repeat([(up, "F"), (down, "F")], d)
     # ... and runs the up chunk's backward as soon as it can, W straight after I.
-    for _ in range(p - d):
-        run(up, "F")
-        run(up, "I")
-        run(up, "W")
+    repeat([(up, "F"), (up, "I"), (up, "W")], p - d)
     # Steady state: one forward, I and W of each chunk, until every forward is done.
     while next_mb[(up, "F")] < next_mb[(down, "F")] or next_mb[(down, "F")] < n:
+        if all(count >= m for count in next_mb.values()):
+            return order  # every action left is of a micro-batch that does not exist
         if next_mb[(down, "F")] < n:
             run(down, "F")
         run(down, "I")
@@ -185,17 +195,11 @@ def _zb_v_order(p: int, d: int, m: int) -> list[Action]:
         run(up, "W")
     # Cool-down: input gradients first (another device waits for them); the W's that are
     # left fill the time this device would otherwise wait.
-    for _ in range(d):
-        run(down, "I")
-        run(up, "I")
-    for _ in range(p - d):
-        run(down, "I")
-        run(down, "W")
-    while next_mb[(up, "W")] < next_mb[(up, "I")]:
-        run(up, "W")
-    while next_mb[(down, "W")] < next_mb[(down, "I")]:
-        run(down, "W")
-    return [a for a in order if a.microbatch is not None and a.microbatch < m]
+    repeat([(down, "I"), (up, "I")], d)
+    repeat([(down, "I"), (down, "W")], p - d)
+    run(up, "W", max(0, next_mb[(up, "I")] - next_mb[(up, "W")]))
+    run(down, "W", max(0, next_mb[(down, "I")] - next_mb[(down, "W")]))
+    return order
 
 
 def zb_v(p: int, m: int, *, max_actions: int = MAX_ACTIONS) -> Schedule:

@@ -10,6 +10,9 @@ from course_utils.pipeline.schedules import SCHEDULES as REGISTRY
 from course_utils.pipeline.schedules import Case, count_actions, make_schedule
 from course_utils.pipeline.simulate import CostModel, simulate
 from course_utils.plan.inputs import (
+    MAX_PARAMS,
+    MAX_SHAPE,
+    MAX_SIMULATED,
     PLANNED_SCHEDULES,
     RECOMPUTE,
     ZERO_STAGES,
@@ -17,6 +20,7 @@ from course_utils.plan.inputs import (
     ModelShape,
     Precision,
     check_config,
+    check_sizes,
     get_precision,
 )
 from course_utils.validation import MAX_ACTIONS
@@ -41,11 +45,14 @@ def model_state_bytes(
     (written for mixed precision, K = 12; fp32 uses 4 + 4 + 8).
     """
     prec = get_precision(precision)
-    if zero not in ZERO_STAGES:
-        raise CourseInputError(f"zero must be 0, 1, 2 or 3, got {zero!r}")
-    for value, what in ((dp, "dp"), (tp, "tp"), (pp, "pp")):
-        validation.integer(value, what)
-    psi = params / (tp * pp)
+    params = validation.number(params, "params", 0, MAX_PARAMS)
+    if isinstance(zero, bool) or zero not in ZERO_STAGES:
+        raise CourseInputError(f"zero must be 0, 1, 2 or 3, got {validation.shown(zero)}")
+    check_sizes(dp=dp, tp=tp, pp=pp)
+    return _state_bytes(params / (tp * pp), prec, zero, dp)
+
+
+def _state_bytes(psi: float, prec: Precision, zero: int, dp: int) -> dict[str, float]:
     return {
         "parameters": prec.weight_bytes * psi / (dp if zero >= 3 else 1),
         "gradients": prec.grad_bytes * psi / (dp if zero >= 2 else 1),
@@ -73,9 +80,15 @@ def model_states(
     model: ModelShape, config: Config, precision: str | Precision = "bf16-mixed"
 ) -> dict[str, float]:
     """`model_state_bytes` for a shaped model: dense and expert weights, each over its group."""
+    validation.instance(model, "model", ModelShape)
+    check_config(model, config)
+    return _model_states(model, config, get_precision(precision))
+
+
+def _model_states(model: ModelShape, config: Config, precision: Precision) -> dict[str, float]:
     out = {"parameters": 0.0, "gradients": 0.0, "optimizer": 0.0}
     for psi, group in weight_shard_groups(model, config):
-        for key, value in model_state_bytes(psi, precision, config.zero, group).items():
+        for key, value in _state_bytes(psi, precision, config.zero, group).items():
             out[key] += value
     return out
 
@@ -115,10 +128,32 @@ def activation_terms(
     layer's input. A mixture-of-experts MLP keeps its expert terms (input, GeLU, second
     linear) `moe_factor` times: top-k copies of each token, up to the capacity factor.
     """
-    if recompute not in RECOMPUTE:
-        raise CourseInputError(
-            f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}"
-        )
+    validation.choice(recompute, "recompute", RECOMPUTE)
+    check_sizes(seq=seq, microbatch_size=microbatch_size, hidden=hidden, heads=heads, tp=tp,
+                bytes_per_value=bytes_per_value, cp=cp)  # fmt: skip
+    if ffn_hidden is not None:
+        check_sizes(ffn_hidden=ffn_hidden)
+    validation.instance(sequence_parallel, "sequence_parallel", bool)
+    moe_factor = validation.number(moe_factor, "moe_factor", 1.0, 64.0 * MAX_SHAPE)
+    return _activation_terms(
+        seq, microbatch_size, hidden, heads, tp, sequence_parallel, recompute, bytes_per_value,
+        cp, ffn_hidden, moe_factor,
+    )  # fmt: skip
+
+
+def _activation_terms(
+    seq: int,
+    microbatch_size: int,
+    hidden: int,
+    heads: int,
+    tp: int,
+    sequence_parallel: bool,
+    recompute: str,
+    bytes_per_value: int,
+    cp: int,
+    ffn_hidden: int | None,
+    moe_factor: float,
+) -> dict[str, float]:
     s, b, h, a, t, e = seq / cp, microbatch_size, hidden, heads, tp, bytes_per_value
     f = ffn_hidden or 4 * h
     sp = t if sequence_parallel else 1
@@ -192,10 +227,20 @@ def ring_attention_bytes(
     arriving block has only the `kv_heads` K/V heads: 2 t H_kv D. The first part is already
     in `activation_terms`; `buffers` adds the rest.
     """
-    t = -(-seq // cp)
+    check_sizes(seq=seq, cp=cp, heads=heads, head_dim=head_dim, bytes_per_value=bytes_per_value,
+                batch=batch)  # fmt: skip
+    if kv_heads is not None:
+        validation.integer(kv_heads, "kv_heads (None: as many as heads)", 1, heads)
     kv = heads if kv_heads is None else kv_heads
+    return _ring_bytes(seq, cp, heads, head_dim, bytes_per_value, batch, kv)
+
+
+def _ring_bytes(
+    seq: int, cp: int, heads: int, head_dim: int, e: int, batch: int, kv_heads: int
+) -> float:
+    t = -(-seq // cp)
     per_head = 4 * t * head_dim + t + 2 * t * t
-    return bytes_per_value * batch * (heads * per_head + kv * 2 * t * head_dim)
+    return e * batch * (heads * per_head + kv_heads * 2 * t * head_dim)
 
 
 def ulysses_attention_bytes(
@@ -209,8 +254,14 @@ def ulysses_attention_bytes(
     (2 cp t^2 H): e b H (8 t D + t + 2 cp t^2), the formula of
     `parallel.context_parallel.ulysses_activation_bytes`.
     """
+    check_sizes(seq=seq, cp=cp, heads=heads, head_dim=head_dim, bytes_per_value=bytes_per_value,
+                batch=batch)  # fmt: skip
+    return _ulysses_bytes(seq, cp, heads, head_dim, bytes_per_value, batch)
+
+
+def _ulysses_bytes(seq: int, cp: int, heads: int, head_dim: int, e: int, batch: int) -> float:
     t = -(-seq // cp)
-    return bytes_per_value * batch * heads * (8 * t * head_dim + t + 2 * cp * t * t)
+    return e * batch * heads * (8 * t * head_dim + t + 2 * cp * t * t)
 
 
 # --------------------------------------------------------------------------- pipelines
@@ -219,28 +270,30 @@ def ulysses_attention_bytes(
 @functools.lru_cache(maxsize=4096)
 def _simulated(schedule: str, pp: int, m: int, v: int) -> tuple[float, float]:
     """(bubble fraction, peak in-flight micro-batches on the busiest device), simulated."""
-    # sized by the planner's own limits; above the default only while it fits in memory
     actions = count_actions(schedule, pp, m, v)
-    timeline = simulate(make_schedule(schedule, pp, m, v, max(MAX_ACTIONS, actions)), CostModel())
+    if actions > MAX_SIMULATED:
+        raise CourseInputError(
+            f"{schedule} on pp={pp} x {m} micro-batches is too big a pipeline to simulate "
+            f"({actions:,} actions, at most {MAX_SIMULATED:,}): use fewer stages or micro-batches"
+        )
+    timeline = simulate(make_schedule(schedule, pp, m, v, MAX_ACTIONS), CostModel())
     chunks = REGISTRY[schedule].chunks(v)
     peak = max(timeline.peak_activations or [0]) / chunks  # chunks -> whole-stage micro-batches
     return timeline.bubble_fraction, peak
 
 
-# Above this many compute actions per device the registry's closed forms are used where they
-# hold (tests/test_registry.py proves them equal to the simulator there), which keeps a
-# 64-GPU search well under 2 s; elsewhere, and for small schedules, the simulator decides.
+# Above this many compute actions per device, or this many in all, the registry's closed forms
+# are used where they hold (tests/test_registry.py proves them equal to the simulator there),
+# which keeps a 64-GPU search well under 2 s and one of 1,024 stages from simulating hundreds
+# of long pipelines; elsewhere, and for small schedules, the simulator decides.
 SIMULATE_LIMIT = 512
+SIMULATE_TOTAL = 20_000
 
 
 @functools.lru_cache(maxsize=16384)
 def _pipeline_figure(which: str, schedule: str, pp: int, m: int, v: int) -> float:
-    if schedule not in PLANNED_SCHEDULES:
-        raise CourseInputError(
-            f"schedule must be one of {', '.join(PLANNED_SCHEDULES)}, got {schedule!r}"
-        )
     closed = getattr(REGISTRY[schedule], which)(Case(pp, m, v))  # uniform stages, F=1, B=2
-    if closed is not None and 3 * m * v > SIMULATE_LIMIT:
+    if closed is not None and (3 * m * v > SIMULATE_LIMIT or 3 * pp * m * v > SIMULATE_TOTAL):
         return closed
     bubble, peak = _simulated(schedule, pp, m, v)
     return bubble if which == "bubble" else peak
@@ -248,9 +301,13 @@ def _pipeline_figure(which: str, schedule: str, pp: int, m: int, v: int) -> floa
 
 def pipeline_bubble(schedule: str, pp: int, microbatches: int, chunks: int = 1) -> float:
     """Fraction of a step a pipeline device sits idle, for uniform stages (F = 1, B = 2)."""
-    if pp == 1:
-        return 0.0
-    return _pipeline_figure("bubble", schedule, pp, microbatches, chunks)
+    check_sizes(pp=pp, microbatches=microbatches, chunks=chunks)
+    validation.choice(schedule, "schedule", PLANNED_SCHEDULES)
+    return _bubble(schedule, pp, microbatches, chunks)
+
+
+def _bubble(schedule: str, pp: int, microbatches: int, chunks: int) -> float:
+    return 0.0 if pp == 1 else _pipeline_figure("bubble", schedule, pp, microbatches, chunks)
 
 
 def inflight_microbatches(schedule: str, pp: int, microbatches: int, chunks: int = 1) -> float:
@@ -259,13 +316,13 @@ def inflight_microbatches(schedule: str, pp: int, microbatches: int, chunks: int
     Counted in whole-stage micro-batches (a chunk of a looping schedule counts 1 / chunks).
     With pp = 1 there is no pipeline: plain gradient accumulation holds one micro-batch.
     """
-    if pp == 1:
-        if schedule not in PLANNED_SCHEDULES:
-            raise CourseInputError(
-                f"schedule must be one of {', '.join(PLANNED_SCHEDULES)}, got {schedule!r}"
-            )
-        return 1.0
-    return _pipeline_figure("peak", schedule, pp, microbatches, chunks)
+    check_sizes(pp=pp, microbatches=microbatches, chunks=chunks)
+    validation.choice(schedule, "schedule", PLANNED_SCHEDULES)
+    return _inflight(schedule, pp, microbatches, chunks)
+
+
+def _inflight(schedule: str, pp: int, microbatches: int, chunks: int) -> float:
+    return 1.0 if pp == 1 else _pipeline_figure("peak", schedule, pp, microbatches, chunks)
 
 
 # --------------------------------------------------------------------------- memory per GPU
@@ -303,7 +360,12 @@ def buffers(
     The logits live on the last pipeline stage and the activations peak on the first; the
     planner adds them anyway (a safe side for a plan).
     """
-    prec = get_precision(precision)
+    validation.instance(model, "model", ModelShape)
+    check_config(model, config)
+    return _buffers(model, config, get_precision(precision))
+
+
+def _buffers(model: ModelShape, config: Config, prec: Precision) -> dict[str, float]:
     t, e, b = config.tp, prec.activation_bytes, config.microbatch_size
     s = model.seq / config.cp
     out = {"gathered layers": 0.0, "logits": 0.0, "attention in flight": 0.0,
@@ -315,20 +377,21 @@ def buffers(
     out["logits"] = b * s * model.vocab * (e + 4) / t
     heads = model.heads // t
     if config.cp > 1:
+        # (the sizes were checked with the model and layout: no check for each layout)
         if config.cp_kind == "ulysses":
-            whole = ulysses_attention_bytes(model.seq, config.cp, heads, model.head_dim, e, b)
+            whole = _ulysses_bytes(model.seq, config.cp, heads, model.head_dim, e, b)
         else:  # the arriving K/V block has the GPU's K/V heads
             kv = model.kv_heads_per_gpu(t)
-            whole = ring_attention_bytes(model.seq, config.cp, heads, model.head_dim, e, b, kv)
+            whole = _ring_bytes(model.seq, config.cp, heads, model.head_dim, e, b, kv)
         kept = e * b * heads * 4 * s * model.head_dim  # q, k, v, output: in the activations
         out["attention in flight"] = whole - kept
     elif config.recompute == "selective":
         out["attention in flight"] = (2 * e + 1) * heads * s * s * b
     if config.recompute == "full":
-        out["recomputed layer"] = activation_bytes_per_layer(
+        out["recomputed layer"] = sum(_activation_terms(
             model.seq, b, model.hidden, model.heads, t, config.sequence_parallel, "none", e,
-            cp=config.cp, ffn_hidden=model.ffn, moe_factor=_moe_factor(model),
-        )  # fmt: skip
+            config.cp, model.ffn, _moe_factor(model),
+        ).values())  # fmt: skip
     return out
 
 
@@ -347,24 +410,33 @@ def memory(
     """
     shape = model if isinstance(model, ModelShape) else None
     params = shape.params if shape else model
-    if isinstance(params, bool) or not isinstance(params, int | float) or not params >= 1:
-        raise CourseInputError(f"model must be a ModelShape or a parameter count, got {model!r}")
+    if (
+        isinstance(params, bool)
+        or not isinstance(params, int | float)
+        or not 1 <= params <= MAX_PARAMS
+    ):
+        raise CourseInputError(
+            f"model must be a ModelShape or a parameter count from 1 to {MAX_PARAMS:.0e}, "
+            f"got {validation.shown(model)}"
+        )
     check_config(shape, config)
-    prec = get_precision(precision)
-    if shape is None:
-        out = model_state_bytes(params, prec, config.zero, config.dp, config.tp, config.pp)
+    return _memory(model, config, get_precision(precision))
+
+
+def _memory(model: ModelShape | int, config: Config, prec: Precision) -> dict[str, float]:
+    """`memory` of a model and a config already checked."""
+    if not isinstance(model, ModelShape):
+        out = model_state_bytes(model, prec, config.zero, config.dp, config.tp, config.pp)
         out.update(activations=0.0, buffers=0.0)
     else:
-        out = model_states(shape, config, prec)
-        per_layer = activation_bytes_per_layer(
-            shape.seq, config.microbatch_size, shape.hidden, shape.heads, config.tp,
-            config.sequence_parallel, config.recompute, prec.activation_bytes, cp=config.cp,
-            ffn_hidden=shape.ffn, moe_factor=_moe_factor(shape),
-        )  # fmt: skip
-        inflight = inflight_microbatches(
-            config.schedule, config.pp, config.microbatches, config.chunks
-        )
-        out["activations"] = per_layer * (shape.layers / config.pp) * inflight
-        out["buffers"] = sum(buffers(shape, config, prec).values())
+        out = _model_states(model, config, prec)
+        per_layer = sum(_activation_terms(
+            model.seq, config.microbatch_size, model.hidden, model.heads, config.tp,
+            config.sequence_parallel, config.recompute, prec.activation_bytes, config.cp,
+            model.ffn, _moe_factor(model),
+        ).values())  # fmt: skip
+        inflight = _inflight(config.schedule, config.pp, config.microbatches, config.chunks)
+        out["activations"] = per_layer * (model.layers / config.pp) * inflight
+        out["buffers"] = sum(_buffers(model, config, prec).values())
     out["total"] = sum(out[key] for key in MEMORY_KEYS)
     return out

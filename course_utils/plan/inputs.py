@@ -8,8 +8,9 @@ Nothing here imports torch.
 from __future__ import annotations
 
 import math
+import numbers
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 from course_utils import validation
 from course_utils.errors import CourseInputError
@@ -29,6 +30,35 @@ SEARCH_CHUNKS = 2  # virtual stages per device tried for the looping schedules
 # sequence: with shorter blocks a ring step's compute (quadratic in the block) no longer
 # hides the K/V transfer (linear in it), the condition of Liu et al. 2023 (arXiv 2310.01889).
 MIN_CP_TOKENS = 1024
+
+# What the planner computes with, bounded so that every figure it derives stays finite (and a
+# search stays a second or two): no model over a quadrillion parameters, no dimension over
+# ten million, no layout's degree over the GPUs a search may use.
+MAX_PARAMS = 10**15
+MAX_SHAPE = 10**7  # layers, hidden, heads, seq, vocab, experts, ffn_hidden, head_dim
+MAX_MICROBATCH_SIZE = 10**4  # sequences per micro-batch
+MAX_MICROBATCHES = 10**8  # micro-batches per replica (a global batch of at most 10^8)
+MAX_CHUNKS = 64  # virtual stages per device
+MAX_PP = 1024  # pipeline stages a search tries (and `plan memory --pp` allows)
+MAX_SIMULATED = 200_000  # actions of a pipeline the planner simulates (where no formula holds)
+# The integer arguments of the planner's functions and their ranges (`check_sizes`).
+SIZES = {
+    "seq": (1, MAX_SHAPE), "hidden": (1, MAX_SHAPE), "heads": (1, MAX_SHAPE),
+    "head_dim": (1, MAX_SHAPE), "layers": (1, MAX_SHAPE), "vocab": (1, MAX_SHAPE),
+    "experts": (1, MAX_SHAPE), "top_k": (1, MAX_SHAPE), "ffn_hidden": (0, MAX_SHAPE),
+    "tp": (1, validation.MAX_GPUS), "cp": (1, validation.MAX_GPUS),
+    "pp": (1, validation.MAX_GPUS), "dp": (1, validation.MAX_GPUS),
+    "ep": (1, validation.MAX_GPUS), "gpus": (1, validation.MAX_GPUS),
+    "microbatch_size": (1, MAX_MICROBATCH_SIZE), "batch": (1, MAX_MICROBATCH_SIZE),
+    "microbatches": (1, MAX_MICROBATCHES), "chunks": (1, MAX_CHUNKS),
+    "global_batch": (1, MAX_MICROBATCHES), "bytes_per_value": (1, 8),
+}  # fmt: skip
+
+
+def check_sizes(**values: object) -> None:
+    """Each keyword an integer in its range of `SIZES`, else one line naming it."""
+    for name, value in values.items():
+        validation.integer(value, name, *SIZES[name])
 
 
 @dataclass(frozen=True)
@@ -62,7 +92,7 @@ PRECISIONS = {
 def get_precision(precision: str | Precision) -> Precision:
     if isinstance(precision, Precision):
         return precision
-    if precision not in PRECISIONS:
+    if not isinstance(precision, str) or precision not in PRECISIONS:
         raise CourseInputError(
             f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}"
         )
@@ -73,10 +103,12 @@ _SUFFIX = {"": 1, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
 
 
 def parse_count(text: str | int | float, what: str = "params") -> int:
-    """Read a count like 7500000000, 7.5e9, 30B, 70B or 175B (K, M, B/G, T suffixes)."""
-    if isinstance(text, bool):
-        raise CourseInputError(f"{what} must be a positive number like 7.5e9 or 70B, got {text!r}")
-    if isinstance(text, int | float):
+    """Read a count like 7500000000, 7.5e9, 30B, 70B or 175B (K, M, B/G, T suffixes), from 1 to
+    `MAX_PARAMS` (a number of any kind: int, float, numpy's)."""
+    allowed = f"a positive number up to {MAX_PARAMS:.0e} like 7.5e9 or 70B"
+    if isinstance(text, bool) or not isinstance(text, numbers.Real | str):
+        raise CourseInputError(f"{what} must be {allowed}, got {validation.shown(text)}")
+    if isinstance(text, numbers.Real):
         value = float(text)
     else:
         match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBgGtT]?)\s*", text)
@@ -85,8 +117,8 @@ def parse_count(text: str | int | float, what: str = "params") -> int:
                 f"{what} must be a positive number like 7500000000, 7.5e9, 30B or 70B, got {text!r}"
             )
         value = float(match.group(1)) * _SUFFIX[match.group(2).upper()]
-    if not math.isfinite(value) or value < 1:
-        raise CourseInputError(f"{what} must be a positive number like 7.5e9 or 70B, got {text!r}")
+    if not math.isfinite(value) or not 1 <= value <= MAX_PARAMS:
+        raise CourseInputError(f"{what} must be {allowed}, got {validation.shown(text)}")
     return int(round(value))
 
 
@@ -124,18 +156,8 @@ class ModelShape:
     kv_heads: int = 0  # 0: as many as `heads` (multi-head attention)
 
     def __post_init__(self) -> None:
-        for name in ("layers", "hidden", "heads", "seq", "vocab", "experts", "top_k"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise CourseInputError(f"{name} must be an integer >= 1, got {value!r}")
-        if isinstance(self.ffn_hidden, bool) or not isinstance(self.ffn_hidden, int):
-            raise CourseInputError(
-                f"ffn_hidden must be an integer (0: 4 x hidden), got {self.ffn_hidden!r}"
-            )
-        if self.ffn_hidden < 0:
-            raise CourseInputError(
-                f"ffn_hidden must be >= 0 (0: 4 x hidden), got {self.ffn_hidden}"
-            )
+        names = ("layers", "hidden", "heads", "seq", "vocab", "experts", "top_k", "ffn_hidden")
+        check_sizes(**{name: getattr(self, name) for name in names})
         if self.hidden % self.heads:
             raise CourseInputError(f"heads ({self.heads}) must divide hidden ({self.hidden})")
         validation.integer(self.kv_heads, "kv_heads (0: as many as heads)", 0, self.heads)
@@ -148,9 +170,7 @@ class ModelShape:
         cf = self.capacity_factor
         if isinstance(cf, bool) or not isinstance(cf, int | float) or not 1 <= cf <= 64:
             raise CourseInputError(f"capacity_factor must be a number from 1 to 64, got {cf!r}")
-        p = self.params
-        if isinstance(p, bool) or not isinstance(p, int | float) or not math.isfinite(p) or p < 1:
-            raise CourseInputError(f"params must be a positive count, got {p!r}")
+        p = validation.number(self.params, "params", 1, MAX_PARAMS)
         if problem := params_disagree(p, self):
             raise CourseInputError(problem)
 
@@ -242,6 +262,8 @@ class ModelShape:
 
 def params_disagree(params: float, shape: ModelShape) -> str | None:
     """Why `params` cannot be this shape's parameter count (off by more than 2x), or None."""
+    params = validation.number(params, "params", 1, MAX_PARAMS)
+    validation.instance(shape, "shape", ModelShape)
     expected = shape.layer_params()
     if params / expected <= PARAMS_TOLERANCE and expected / params <= PARAMS_TOLERANCE:
         return None
@@ -339,6 +361,22 @@ RESERVE_FIXED_GIB = 2.0
 RESERVE_FRACTION = 0.05
 
 
+# What each number of a `Hardware` may be (the planner's and the runners' flags share these):
+# ranges that keep every figure derived from them finite, e.g. no subnormal bandwidth (a
+# transfer would last inf seconds) and no efficiency so small that a step never ends.
+HARDWARE_RANGES: dict[str, tuple[float, float]] = {
+    "gpu_memory_gib": (0.01, 1e6),
+    "gpus_per_node": (1, 1024),
+    "peak_tflops_bf16": (1e-3, 1e9),
+    "peak_tflops_fp32": (1e-3, 1e9),
+    "efficiency": (1e-3, 1.0),
+    "intra_node_gbs": (1e-3, 1e6),
+    "inter_node_gbs": (1e-3, 1e6),
+    "latency_us": (0.0, 1e6),
+    "reserve_gib": (0.0, 1e6),
+}
+
+
 @dataclass(frozen=True)
 class Hardware:
     """A GPU cluster. The defaults are an A100-80GB node (8 GPUs, NVSwitch, one 200 Gb/s
@@ -364,43 +402,22 @@ class Hardware:
     name: str = field(default="", compare=False)  # the preset's name, if any
 
     def __post_init__(self) -> None:
-        for key in ("gpu_memory_gib", "peak_tflops_bf16", "peak_tflops_fp32", "efficiency",
-                    "intra_node_gbs", "inter_node_gbs"):  # fmt: skip
-            value = getattr(self, key)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or not (math.isfinite(value) and value > 0)
-            ):
-                raise CourseInputError(f"{key} must be a finite number > 0, got {value!r}")
-        if self.efficiency > 1:
-            raise CourseInputError(f"efficiency must be in (0, 1], got {self.efficiency!r}")
-        if (
-            isinstance(self.gpus_per_node, bool)
-            or not isinstance(self.gpus_per_node, int)
-            or (self.gpus_per_node < 1)
-        ):
+        for key, (low, high) in HARDWARE_RANGES.items():
+            if key == "gpus_per_node":
+                validation.integer(self.gpus_per_node, key, int(low), int(high))
+            elif key != "reserve_gib" or self.reserve_gib is not None:
+                validation.number(getattr(self, key), key, low, high)
+        if self.reserve_gib is not None and self.reserve_gib >= self.gpu_memory_gib:
             raise CourseInputError(
-                f"gpus_per_node must be an integer >= 1, got {self.gpus_per_node!r}"
+                f"reserve_gib must be below the GPU's {self.gpu_memory_gib:g} GiB, "
+                f"got {self.reserve_gib!r}"
             )
-        lat = self.latency_us
-        if (
-            isinstance(lat, bool)
-            or not isinstance(lat, int | float)
-            or not (math.isfinite(lat) and lat >= 0)
-        ):
-            raise CourseInputError(f"latency_us must be a finite number >= 0, got {lat!r}")
-        if self.reserve_gib is not None:
-            r = self.reserve_gib
-            if (
-                isinstance(r, bool)
-                or not isinstance(r, int | float)
-                or not (math.isfinite(r) and 0 <= r < self.gpu_memory_gib)
-            ):
-                raise CourseInputError(
-                    f"reserve_gib must be a number from 0 to below the GPU's "
-                    f"{self.gpu_memory_gib:g} GiB, got {r!r}"
-                )
+        if self.usable_gib <= 0:
+            raise CourseInputError(
+                f"gpu_memory_gib {self.gpu_memory_gib:g} leaves nothing usable after the "
+                f"default reserve of {self.reserve:.2f} GiB (2 GiB + 5%): give more memory "
+                "or a smaller reserve_gib"
+            )
 
     @property
     def reserve(self) -> float:
@@ -452,34 +469,40 @@ DEFAULT_GPU = "A100-80GB"
 
 def hardware(name: str = DEFAULT_GPU, **changes) -> Hardware:
     """A named preset, optionally changed: `plan.hardware("H100-80GB", gpus_per_node=4)`."""
-    if name not in HARDWARE_PRESETS:
-        raise CourseInputError(f"GPU must be one of {', '.join(HARDWARE_PRESETS)}, got {name!r}")
+    validation.choice(name, "GPU", HARDWARE_PRESETS)
+    for key in changes:
+        validation.choice(key, "a change", [f.name for f in fields(Hardware)])
     return replace(HARDWARE_PRESETS[name], **changes)
 
 
 def replace_config(config: Config, **changes) -> Config:
     """A copy of `config` with some fields changed: `replace_config(c, recompute="full")`."""
+    validation.instance(config, "config", Config)
+    for key in changes:
+        validation.choice(key, "a change", [f.name for f in fields(Config)])
     return replace(config, **changes)
 
 
 def check_config(model: ModelShape | None, config: Config) -> None:
     """Raise CourseInputError (one line) if `config` cannot be built for `model`."""
-    for name in ("tp", "pp", "dp", "microbatch_size", "microbatches", "chunks", "cp", "ep"):
-        validation.integer(getattr(config, name), name)
-    if config.cp_kind not in CP_KINDS:
-        raise CourseInputError(
-            f"cp_kind must be one of {', '.join(CP_KINDS)}, got {config.cp_kind!r}"
-        )
-    if config.schedule not in PLANNED_SCHEDULES:
-        raise CourseInputError(
-            f"schedule must be one of {', '.join(PLANNED_SCHEDULES)}, got {config.schedule!r}"
-        )
-    if config.zero not in ZERO_STAGES:
-        raise CourseInputError(f"zero must be 0, 1, 2 or 3, got {config.zero!r}")
-    if config.recompute not in RECOMPUTE:
-        raise CourseInputError(
-            f"recompute must be one of {', '.join(RECOMPUTE)}, got {config.recompute!r}"
-        )
+    if model is not None:
+        validation.instance(model, "model", ModelShape)
+    validation.instance(config, "config", Config)
+    names = ("tp", "pp", "dp", "microbatch_size", "microbatches", "chunks", "cp", "ep")
+    check_sizes(**{name: getattr(config, name) for name in names})
+    validation.choice(config.cp_kind, "cp_kind", CP_KINDS)
+    validation.choice(config.schedule, "schedule", PLANNED_SCHEDULES)
+    if isinstance(config.zero, bool) or config.zero not in ZERO_STAGES:
+        raise CourseInputError(f"zero must be 0, 1, 2 or 3, got {validation.shown(config.zero)}")
+    validation.choice(config.recompute, "recompute", RECOMPUTE)
+    for name in ("sequence_parallel", "dp_overlap"):
+        validation.instance(getattr(config, name), name, bool)
+    check_layout(model, config)
+
+
+def check_layout(model: ModelShape | None, config: Config) -> None:
+    """`check_config`'s rules of a layout, for a model and a config already checked (what
+    the search asks of each layout it builds)."""
     if config.chunks > 1 and config.schedule not in LOOPING:
         raise CourseInputError(
             f"chunks > 1 needs a looping schedule ({', '.join(LOOPING)}), "

@@ -38,18 +38,22 @@ and tests/test_plan.py checks every restated formula against its source.
 
 from dataclasses import dataclass, field
 
-from course_utils.errors import CourseInputError
-from course_utils.plan.gpu_memory import memory, pipeline_bubble
+from course_utils import validation
+from course_utils.plan.gpu_memory import _bubble, _memory, _model_states, memory
 from course_utils.plan.inputs import (
     GIB,
+    MAX_PARAMS,
     RECOMPUTE,
     Config,
     Hardware,
     ModelShape,
     Precision,
+    check_config,
+    check_layout,
+    check_sizes,
     get_precision,
 )
-from course_utils.plan.network import Traffic, communication, data_parallel_collectives
+from course_utils.plan.network import Traffic, _communication, data_parallel_collectives
 
 # --------------------------------------------------------------------------- FLOPs
 
@@ -60,10 +64,6 @@ def _flops_per_token(model: ModelShape | int, recompute: str, cp: int = 1) -> tu
     With context parallelism the ring rebuilds each block's attention probabilities in the
     backward (it keeps no scores), so the attention core is recomputed even with "none".
     """
-    if recompute not in RECOMPUTE:
-        raise CourseInputError(
-            f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}"
-        )
     if isinstance(model, ModelShape):
         params: float = model.active_params
         attention = 4.0 * model.layers * model.hidden * model.seq  # forward only
@@ -88,12 +88,22 @@ def training_flops(
     probabilities in the backward). With recompute="none" and cp = 1 this is the model's own
     FLOPs, what MFU counts.
     """
+    if not isinstance(model, ModelShape):
+        validation.number(model, "model (a ModelShape or a parameter count)", 1, MAX_PARAMS)
+    tokens = validation.number(tokens, "tokens", 0, MAX_TOKENS)
+    validation.choice(recompute, "recompute", RECOMPUTE)
+    check_sizes(cp=cp)
+    return _training_flops(model, tokens, recompute, cp)
+
+
+def _training_flops(model: ModelShape | int, tokens: float, recompute: str, cp: int) -> float:
     forward, extra = _flops_per_token(model, recompute, cp)
     return tokens * (3 * forward + extra)
 
 
 # --------------------------------------------------------------------------- time per step
 
+MAX_TOKENS = 1e18  # tokens of one step (10^8 sequences of 10^7 tokens, the planner's limits)
 TIME_KEYS = ("compute", "bubble", "dp_comm", "tp_comm", "cp_comm", "pp_comm", "ep_comm")
 _COMM_KEY = {"tensor": "tp_comm", "context": "cp_comm", "pipeline": "pp_comm",
              "expert": "ep_comm", "data": "dp_comm"}  # fmt: skip
@@ -116,7 +126,8 @@ def step_time(
     idle = W f / (1 - f).
     """
     prec = get_precision(precision)
-    return _step_time(model, config, prec, hardware, communication(model, config, prec))
+    check_inputs(model, config, hardware)
+    return _step_time(model, config, prec, hardware, _communication(model, config, prec))
 
 
 def _step_time(
@@ -155,7 +166,7 @@ def _step_time(
         for where, (total, last) in by_window.items():
             exposed += max(total - window[where], last)
         parts["dp_comm"] = exposed
-    bubble_frac = pipeline_bubble(config.schedule, config.pp, config.microbatches, config.chunks)
+    bubble_frac = _bubble(config.schedule, config.pp, config.microbatches, config.chunks)
     work = compute + sum(parts[k] for k in ("tp_comm", "cp_comm", "pp_comm", "ep_comm"))
     parts["bubble"] = work * bubble_frac / (1 - bubble_frac)
     parts = {key: parts[key] for key in TIME_KEYS}
@@ -176,12 +187,27 @@ def utilisation(
     every FLOP executed, recomputation included. Both over GPUs x peak x seconds.
     """
     prec = get_precision(precision)
+    check_inputs(model, config, hardware)
+    seconds = validation.number(seconds, "seconds", 1e-9, 1e12)
+    return _utilisation(model, config, seconds, prec, hardware)
+
+
+def _utilisation(
+    model: ModelShape, config: Config, seconds: float, prec: Precision, hardware: Hardware
+) -> dict[str, float]:
     tokens = config.global_batch * model.seq
     capacity = config.gpus * hardware.peak_flops(prec) * seconds
     return {
-        "mfu": training_flops(model, tokens, "none") / capacity,
-        "hfu": training_flops(model, tokens, config.recompute, config.cp) / capacity,
+        "mfu": _training_flops(model, tokens, "none", 1) / capacity,
+        "hfu": _training_flops(model, tokens, config.recompute, config.cp) / capacity,
     }
+
+
+def check_inputs(model: object, config: object, hardware: object) -> None:
+    """A ModelShape, a Config that can be built for it, and a Hardware, else one line."""
+    validation.instance(model, "model", ModelShape)
+    check_config(model, config)  # type: ignore[arg-type]  # it checks that it is a Config
+    validation.instance(hardware, "hardware", Hardware)
 
 
 # --------------------------------------------------------------------------- one layout
@@ -257,6 +283,7 @@ def evaluate(
     It fits when its memory is at most the usable memory: the GPU's minus the reserve.
     """
     prec = get_precision(precision)
+    check_inputs(model, config, hardware)
     return _estimate(model, config, prec, hardware, memory(model, config, prec))
 
 
@@ -267,9 +294,15 @@ def fit_or_reason(
     hardware: Hardware = Hardware(),
 ) -> Estimate | str:
     """`evaluate`'s Estimate for a layout that fits; for one that does not, only the reason,
-    without its traffic and step time (most of the layouts a search tries do not fit)."""
+    without its traffic and step time (most of the layouts a search tries do not fit). For
+    the search, which checked `model` and `hardware` and built `config`: only the layout's
+    rules are checked (`check_layout`)."""
     prec = get_precision(precision)
-    mem = memory(model, config, prec)
+    check_layout(model, config)
+    states = _model_states(model, config, prec)  # states alone too big: no pipeline to size
+    if sum(states.values()) > hardware.usable_gib * GIB:
+        return str(_why_not({**states, "total": sum(states.values())}, config, hardware))
+    mem = _memory(model, config, prec)
     reason = _why_not(mem, config, hardware)
     return reason if reason is not None else _estimate(model, config, prec, hardware, mem)
 
@@ -277,8 +310,8 @@ def fit_or_reason(
 def _estimate(
     model: ModelShape, config: Config, prec: Precision, hardware: Hardware, mem: dict[str, float]
 ) -> Estimate:
-    comm = communication(model, config, prec)
+    comm = _communication(model, config, prec)
     time = _step_time(model, config, prec, hardware, comm)
-    use = utilisation(model, config, time["total"], prec, hardware)
+    use = _utilisation(model, config, time["total"], prec, hardware)
     sent = {kind: c.bytes for kind, c in comm.items()}
     return Estimate(config, mem, time, _why_not(mem, config, hardware), sent, use)

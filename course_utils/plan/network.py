@@ -4,6 +4,7 @@ runs for each ZeRO stage (see `plan.model` for the sources)."""
 
 from dataclasses import dataclass
 
+from course_utils import validation
 from course_utils.pipeline.schedules import SCHEDULES as REGISTRY
 from course_utils.plan.gpu_memory import weight_shard_groups
 from course_utils.plan.inputs import (
@@ -58,7 +59,14 @@ def data_parallel_collectives(
     (lesson 06, PyTorch DDP); ZeRO-2's per micro-batch reduce-scatters behind every
     backward; ZeRO-3's gathers and reduce-scatters, prefetched, behind all compute.
     """
-    prec = get_precision(precision)
+    validation.instance(model, "model", ModelShape)
+    check_config(model, config)
+    return _data_parallel_collectives(model, config, get_precision(precision))
+
+
+def _data_parallel_collectives(
+    model: ModelShape, config: Config, prec: Precision
+) -> list[Collective]:
     w, g, m, z = prec.weight_bytes, prec.grad_bytes, config.microbatches, config.zero
     layers = model.layers // config.pp
     out = []
@@ -153,8 +161,13 @@ def communication(
       all-to-all dispatcher);
     - data: `data_parallel_collectives`.
     """
+    validation.instance(model, "model", ModelShape)
     check_config(model, config)
-    prec = get_precision(precision)
+    return _communication(model, config, get_precision(precision))
+
+
+def _communication(model: ModelShape, config: Config, prec: Precision) -> dict[str, Traffic]:
+    """`communication` of a model and a config already checked."""
     t, c, p, ep = config.tp, config.cp, config.pp, config.ep
     e, b, m = prec.activation_bytes, config.microbatch_size, config.microbatches
     full = config.recompute == "full"
@@ -195,7 +208,7 @@ def communication(
         a2a = 6 if full else 4
         expert = Traffic(layer_steps * a2a * per_a2a, layer_steps * a2a * (ep - 1), t * c * p * ep)
 
-    dp = data_parallel_collectives(model, config, prec)
+    dp = _data_parallel_collectives(model, config, prec)
     data = Traffic(
         sum(col.bytes for col in dp),
         sum(col.messages for col in dp),

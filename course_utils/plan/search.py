@@ -15,9 +15,12 @@ from course_utils.pipeline.schedules import RECOMMENDED
 from course_utils.pipeline.schedules import SCHEDULES as REGISTRY
 from course_utils.plan.gpu_memory import model_states
 from course_utils.plan.inputs import (
+    CP_KINDS,
     GB,
     GIB,
+    HARDWARE_RANGES,
     LOOPING,
+    MAX_PP,
     MICROBATCH_SIZES,
     MIN_CP_TOKENS,
     PLANNED_SCHEDULES,
@@ -28,6 +31,7 @@ from course_utils.plan.inputs import (
     Hardware,
     ModelShape,
     Precision,
+    check_sizes,
     get_precision,
 )
 from course_utils.plan.model import Estimate, fit_or_reason
@@ -35,13 +39,18 @@ from course_utils.validation import MAX_GPUS
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of n, ascending (trying up to its square root only)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def context_degrees(model: ModelShape, gpus: int, cp_kind: str = "ring") -> list[int]:
     """The cp values the search tries: dividing the GPUs, at least MIN_CP_TOKENS tokens of a
     sequence per GPU, and 2 cp dividing the sequence for the ring (the zig-zag split) or cp
     dividing it for Ulysses (whose head limit `search` checks with tp)."""
+    validation.instance(model, "model", ModelShape)
+    check_sizes(gpus=gpus)
+    validation.choice(cp_kind, "cp_kind", CP_KINDS)
     split = 1 if cp_kind == "ulysses" else 2
     return [
         c
@@ -73,9 +82,13 @@ def search(
     parallelism crosses its GPUs: "ring" or "ulysses" (cp must then divide the K/V heads of
     a tensor-parallel GPU, `ModelShape.ulysses_problem`).
     """
-    validation.integer(gpus, "gpus", 1, MAX_GPUS)  # the plan command's limit: a second or two
-    validation.integer(global_batch, "global_batch")
+    validation.instance(model, "model", ModelShape)
+    check_sizes(gpus=gpus, global_batch=global_batch)  # the plan command's limits
+    validation.instance(hardware, "hardware", Hardware)
     prec = get_precision(precision)
+    validation.choice(cp_kind, "cp_kind", CP_KINDS)
+    for name, flag in (("dp_overlap", dp_overlap), ("first_fit", first_fit)):
+        validation.instance(flag, name, bool)
     feasible: list[Estimate] = []
     rejected: list[tuple[Config | dict[str, int], str]] = []
     for tp in _divisors(gpus):
@@ -105,6 +118,9 @@ def search(
                 where = {"tp": tp, "cp": cp, "pp": pp, "dp": dp}
                 if model.layers % pp:
                     rejected.append((where, f"pp={pp} does not divide layers={model.layers}"))
+                    continue
+                if pp > MAX_PP:
+                    rejected.append((where, f"pp={pp} > the planner's {MAX_PP} pipeline stages"))
                     continue
                 if global_batch % dp:
                     rejected.append((where, f"dp={dp} does not divide global batch={global_batch}"))
@@ -163,6 +179,7 @@ def states_lower_bound(
 ) -> int:
     """Fewest GPUs whose usable memory could hold the fully sharded model states (ZeRO-3 over
     all of them): a bound no layout can beat, before activations and buffers."""
+    validation.instance(hardware, "hardware", Hardware)
     states = sum(model_states(model, Config(), precision).values())
     return max(1, math.ceil(states / (hardware.usable_gib * GIB)))
 
@@ -170,8 +187,12 @@ def states_lower_bound(
 def gpu_counts(start: int, gpus_per_node: int, limit: int) -> list[int]:
     """The GPU counts a cluster is rented in, from `start` up to `limit`: 1, 2, 4 ... below
     a node, then whole nodes."""
+    validation.integer(start, "start", 1)
+    low, high = HARDWARE_RANGES["gpus_per_node"]
+    validation.integer(gpus_per_node, "gpus_per_node", int(low), int(high))
+    validation.integer(limit, "limit", 1, MAX_GPUS)
     small = [2**k for k in range(gpus_per_node.bit_length()) if 2**k < gpus_per_node]
-    counts = [n for n in small if n >= start]
+    counts = [n for n in small if start <= n <= limit]
     first = max(1, math.ceil(start / gpus_per_node))
     return counts + [k * gpus_per_node for k in range(first, limit // gpus_per_node + 1)]
 
@@ -191,7 +212,10 @@ def min_gpus(
     the first layout that fits (a count whose layouts cannot divide the layers or the batch
     is rejected at once).
     """
-    validation.integer(global_batch, "global_batch")
+    validation.instance(model, "model", ModelShape)
+    check_sizes(global_batch=global_batch)
+    validation.integer(limit, "limit", 1, MAX_GPUS)
+    validation.number(budget_s, "budget_s", 0, 3600, strict=True)
     began = time.perf_counter()
     start = states_lower_bound(model, hardware, precision)
     for n in gpu_counts(start, hardware.gpus_per_node, limit):
@@ -204,6 +228,11 @@ def min_gpus(
 
 def search_to_dict(result: dict[str, list], limit: int | None = None) -> dict[str, object]:
     """The JSON shape of `python -m course_utils plan search --json`."""
+    validation.instance(result, "result", dict, "search()'s result")
+    for key in ("feasible", "rejected"):
+        validation.instance(result.get(key), f"result[{key!r}]", list, "a list (search()'s)")
+    if limit is not None:
+        validation.integer(limit, "limit", 1)
 
     def config_dict(config) -> dict:
         return asdict(config) if isinstance(config, Config) else dict(config)
@@ -217,6 +246,7 @@ def search_to_dict(result: dict[str, list], limit: int | None = None) -> dict[st
 
 def format_bytes(nbytes: float) -> str:
     """'31.4 GB (29.24 GiB)': the papers' unit (10^9 bytes) and the GPUs' (2^30 bytes)."""
+    nbytes = validation.number(nbytes, "nbytes", 0)
     return f"{nbytes / GB:.1f} GB ({nbytes / GIB:.2f} GiB)"
 
 
@@ -225,6 +255,11 @@ def format_memory(
 ) -> str:
     """One line per part in GB and GiB, and with a GPU (`hardware`, or just its `limit_gib`)
     the verdict against its usable memory (the GPU's minus the reserve)."""
+    _parts(mem, "mem")
+    if limit_gib is not None:
+        validation.number(limit_gib, "limit_gib", *HARDWARE_RANGES["gpu_memory_gib"])
+    if hardware is not None:
+        validation.instance(hardware, "hardware", Hardware)
     lines = [f"{key:<12} {mem[key] / GB:9.2f} GB {mem[key] / GIB:9.2f} GiB" for key in mem]
     if hardware is None and limit_gib is not None:
         hardware = Hardware(gpu_memory_gib=limit_gib)
@@ -239,8 +274,20 @@ def format_memory(
 
 
 def format_time(parts: dict[str, float]) -> str:
+    """One line per part of a step's time (`step_time`'s), with its share of the total."""
+    _parts(parts, "parts")
     total = parts["total"]
     return "\n".join(
         f"{key:<8} {value:9.3f} s" + (f"  ({100 * value / total:4.1f}%)" if key != "total" else "")
         for key, value in parts.items()
     )
+
+
+def _parts(parts: object, name: str) -> None:
+    """A dict of finite numbers >= 0 with a "total" (what `memory` and `step_time` return)."""
+    validation.instance(parts, name, dict, "a dict of numbers with a 'total'")
+    assert isinstance(parts, dict)
+    if "total" not in parts:
+        raise CourseInputError(f"{name} must have a 'total', got keys {list(parts)[:5]}")
+    for key, value in parts.items():
+        validation.number(value, f"{name}[{key!r}]", 0)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from course_utils import validation
 from course_utils.errors import CourseInputError
 
 # -- chunking and the ring's step plan (shared by the threaded code and the trace) ---------
@@ -23,6 +24,8 @@ def chunk_bounds(length: int, parts: int) -> list[tuple[int, int]]:
     The first `length % parts` chunks get one extra element; with length < parts some
     chunks are empty (they are still "sent", as zero-byte messages, to keep the ring simple).
     """
+    validation.integer(length, "length", 0)
+    validation.integer(parts, "parts", 1, validation.MAX_GPUS)
     base, extra = divmod(length, parts)
     bounds, start = [], 0
     for i in range(parts):
@@ -40,7 +43,8 @@ def ring_plan(rank: int, world_size: int) -> list[tuple[str, int, int, int]]:
     sum of chunk (r + 1) mod N. All-gather step k: send chunk (rank + 1 - k), receive
     chunk (rank - k) and overwrite: the finished chunks go once around the ring.
     """
-    n = world_size
+    n = validation.integer(world_size, "world_size", 1, validation.MAX_GPUS)
+    validation.integer(rank, "rank", 0, n - 1)
     plan = []
     for k in range(n - 1):
         plan.append(("reduce-scatter", k, (rank - k) % n, (rank - k - 1) % n))
@@ -49,8 +53,15 @@ def ring_plan(rank: int, world_size: int) -> list[tuple[str, int, int, int]]:
     return plan
 
 
+def _check_sizes(numel: int, world_size: int, element_size: int) -> None:
+    validation.integer(numel, "numel", 0)
+    validation.integer(world_size, "world_size", 1, validation.MAX_GPUS)
+    validation.integer(element_size, "element_size", 1, 16)
+
+
 def ring_bytes_per_rank(numel: int, world_size: int, element_size: int = 4) -> list[int]:
     """Exact bytes each rank sends in a ring all-reduce of `numel` elements (uneven chunks)."""
+    _check_sizes(numel, world_size, element_size)
     bounds = chunk_bounds(numel, world_size)
     sizes = [(end - start) * element_size for start, end in bounds]
     return [
@@ -87,6 +98,7 @@ def ring_reduce_scatter_bytes(chunk_numels: Sequence[int], element_size: int = 4
 
 def naive_bytes_per_rank(numel: int, world_size: int, element_size: int = 4) -> list[int]:
     """Bytes each rank sends in the naive all-reduce: rank 0 sends N-1 copies, others one."""
+    _check_sizes(numel, world_size, element_size)
     size = numel * element_size
     if world_size == 1:
         return [0]

@@ -158,6 +158,8 @@ def simulate_ring(
     `{(kind, rank, owner): seconds}` (`measured_step_costs`), so the simulator lays out
     a run's own work and predicts only its waiting and its transfers.
     """
+    if step_costs is not None:
+        validation.instance(step_costs, "step_costs", dict, "a dict (measured_step_costs)")
     validation.integer(workers, "workers", 1, MAX_WORKERS)
     for name, value in {
         "block_time": block_time,

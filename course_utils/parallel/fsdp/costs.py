@@ -63,6 +63,7 @@ def dp_traffic_bytes(layer_numels: Sequence[int], workers: int, element_size: in
 
 def precision_for(element_size: int) -> plan.Precision:
     """The planner's byte counts for Adam at this width: fp32 is 4 + 4 + 8, fp64 8 + 8 + 16."""
+    validation.integer(element_size, "element_size", 1, 16)
     if element_size == 4:
         return plan.get_precision("fp32")
     return plan.Precision(
