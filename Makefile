@@ -23,7 +23,7 @@ COMPAT_TORCH ?= 2.10.0
 COMPAT_VENV ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/course-compat/torch-$(COMPAT_TORCH)
 COMPAT_PY := $(COMPAT_VENV)/bin/python
 
-.PHONY: setup lab test test-fast lint format unit notebooks exercises bench test-browser \
+.PHONY: setup lab test test-fast lint format unit notebooks test-nbval exercises bench test-browser \
 	test-constrained test-compat test-limits record-reference book clean
 
 # Set-up: a venv with the pinned dependencies, the test tools, course_utils (editable) and the
@@ -78,7 +78,8 @@ test: setup
 # Without the runs at the documented limits: `make test-limits`, which CI runs.
 unit: setup
 	COURSE_TEST_TORCH_THREADS=1 $(PY) -m pytest \
-		-m "not browser and not constrained and not limits and not book" $(XDIST)
+		-m "not browser and not constrained and not limits and not book and not nbval_strict" \
+		$(XDIST)
 
 # The quick loop while editing: the unit tests without the slow ones (real processes: notebook
 # kernels, nbval and grader runs, torch.distributed ranks, make, one CLI smoke test per command),
@@ -93,6 +94,13 @@ test-fast: setup
 # lesson and solution (tests/notebook_runs.py), which nbval would only repeat.
 notebooks: setup
 	$(PY) -m pytest --nbval-lax --nbval-current-env -p no:cacheprovider notebooks/
+
+# Strict nbval (outputs compared) on every solution: run once and saved (the runs `make test`
+# made, reused; made here if missing), each passes `pytest --nbval` twice in a row, and its
+# blank handout fails. `make test` checks one lesson's; CI runs this after it.
+test-nbval: setup
+	$(PY) -m pytest -m nbval_strict -n $(JOBS) --dist load -p no:cacheprovider \
+		tests/test_nbval_strict.py
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -76,12 +76,14 @@ def grade_class(lesson: str, sandbox_cost: bool) -> bool:
         print(f"lesson {lesson}, -j 2, sandboxed: {seconds:.1f} s for {len(results)} rows "
               f"(target: under {TARGET_S:.0f} s)", flush=True)  # fmt: skip
         total = max(r.total for r in results)
+        _, nn, k = left_blank.split("-")  # the exercise left blank, and the points it is worth
+        worth = {e.id: e.points for r in results for e in r.exercises}[f"{int(nn)}.{int(k)}"]
         wrong = [
             r.student
             for r in results
             if (kinds[r.student] == "solved" and r.score != total)
             or (kinds[r.student] in ("blank", "broken") and r.score != 0)
-            or (kinds[r.student] == "partial" and r.score != total - 1)
+            or (kinds[r.student] == "partial" and r.score != total - worth)
         ]
         if wrong:
             print(f"wrong scores: {wrong}")

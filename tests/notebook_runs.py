@@ -135,15 +135,15 @@ def runs(paths: list[Path] | None = None) -> dict[Path, Run]:
             FOLDER.mkdir(parents=True, exist_ok=True)
             with open(FOLDER / ".lock", "w") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-                _run_and_load_all()
+                _run_and_load(paths)
         return {p: _runs[p] for p in paths}
 
 
-def _run_and_load_all() -> None:
-    """Run every notebook without a stored run of this code (lessons and solutions, the slow
-    ones, first), then load every run."""
+def _run_and_load(paths: list[Path]) -> None:
+    """Run each of `paths` without a stored run of this code (in the order given: lessons
+    and solutions, the slow ones, first), then load their runs."""
     code = _code_hash()
-    keys = {p: _key(p, code) for p in LESSONS + SOLUTIONS + EXERCISES}
+    keys = {p: _key(p, code) for p in paths}
     todo = [p for p in keys if not (FOLDER / f"{keys[p]}.json").exists()]
     free: queue.SimpleQueue[int] = queue.SimpleQueue()
     for core in range(min(2, len(os.sched_getaffinity(0)))):

@@ -61,7 +61,8 @@ def test_the_gradebook_has_a_row_per_roster_student_and_lms_columns(tmp_path):
     rows = list(csv.reader(path.open(encoding="utf-8")))
     assert rows[0] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section",
                        "Lesson 03 score", "Lesson 03 percent"]  # fmt: skip
-    assert rows[1:] == [
+    assert rows[1] == ["Points Possible", "", "", "", "", "6", "100"]  # Canvas's own row
+    assert rows[2:] == [
         ["Alice Smith", "1001", "alice", "", "", "6", "100.0"],
         ["Bob Jones", "1002", "bob", "", "", "3", "50.0"],
         ["Carol Núñez", "", "carol", "", "", "", ""],  # missing: left for the LMS to keep
@@ -86,7 +87,7 @@ def test_a_feedback_page_gives_each_exercise_and_its_hint_escaped_never_the_answ
     assert "The check cell of Exercise 3.2 was changed." in text
     assert "The cell that shows the numbers of Exercise 3.4 was deleted." in text
     assert "first cell names someone else" in text and "it says 'bob'" not in text
-    assert "count the idle slots" in text and "Score: 5 of 6 exercises (83%)" in text
+    assert "count the idle slots" in text and "Score: 5 of 6 points (83%)" in text
     written = write_feedback([r], tmp_path / "fb", [Path("sub")], SOLUTIONS)
     assert written == [tmp_path / "fb" / "alice" / "03_bubble_tradeoff.html"]
     assert written[0].read_text(encoding="utf-8") == text
@@ -350,8 +351,8 @@ def test_keep_chooses_the_file_each_student_is_graded_on(tmp_path, keep, bob, al
     write_gradebook(rows, path, roster, SOLUTIONS)
     book = {r[0]: r[5] for r in csv.reader(path.open(encoding="utf-8"))}
     expected = {"latest": "1", "best": "3", "on-time": "3"}[keep]
-    assert book == {"Student": "Lesson 03 score", "Alice Smith": alice, "Bob Jones": expected,
-                    "Carol Núñez": ""}  # fmt: skip
+    assert book == {"Student": "Lesson 03 score", "Points Possible": "6", "Alice Smith": alice,
+                    "Bob Jones": expected, "Carol Núñez": ""}  # fmt: skip
     # statistics: one row per student (bob once, no stranger, no disagreeing folder)
     (first,) = [s for s in class_statistics(rows) if s.id == "3.1"]
     assert first.graded == (1 if keep == "on-time" else 2)

@@ -79,6 +79,7 @@ def test_a_moodle_download_with_a_roster_gives_every_report(tmp_path, run_cli):
     assert rows["carol"]["name"] == "Carol Núñez" and rows["alice"]["variant"] == "alice"
     book = list(csv.reader((out / "gradebook.csv").open(encoding="utf-8")))
     assert book[1:] == [
+        ["Points Possible", "", "", "", "", "6", "100"],  # Canvas's, for new assignments
         ["Alice Smith", "1001", "alice", "", "", "6", "100.0"],
         ["Bob Jones", "1002", "bob", "", "", "6", "100.0"],
         ["Carol Núñez", "1003", "carol", "", "", "3", "50.0"],
@@ -86,7 +87,7 @@ def test_a_moodle_download_with_a_roster_gives_every_report(tmp_path, run_cli):
     ]
     page = out / "feedback" / "Carol Núñez_1003_assignsubmission_file_" / "03_bubble_tradeoff.html"
     text = page.read_text(encoding="utf-8")
-    assert "Carol Núñez" in text and "Score: 3 of 6 exercises (50%)" in text
+    assert "Carol Núñez" in text and "Score: 3 of 6 points (50%)" in text
     assert "<code>microbatches</code> is still None" in text and "`" not in text
     assert len(list((out / "feedback").rglob("*.html"))) == 4  # none for dave
     assert (out / "stats.png").read_bytes()[:4] == b"\x89PNG"

@@ -1,15 +1,18 @@
 """One class, downloaded from Moodle and from Canvas as each names its files, graded with a
 roster: duplicates, late work, a folder whose number and name disagree, a stranger and a
-missing student, each flagged and counted as `--keep` says (issue 39). Then the grading run
-that cannot grade (a wrong solutions folder) and the one that must grade again (a changed
-solution), and the same class through `pytest --course-grade`.
+missing student, each flagged and counted as `--keep` says (issue 39); each LMS's gradebook
+with its points possible, and a review the instructor writes into the CSV, folded in on the
+rerun (issue 45). Then the grading run that cannot grade (a wrong solutions folder) and the
+one that must grade again (a changed solution), and the same class through `pytest
+--course-grade`.
 
 Whose a file is, and which one counts, is what these test, not the sandbox: they grade with
 `--no-sandbox` (tests/test_sandbox.py and test_grading.py grade in it).
 
 The names are the LMSs' own (see `roster.py`): Moodle's `mod/assign/classes/downloader.php`
 writes a folder per participant, `<full name>_<number>_assignsubmission_file` (4.1 and later),
-with no mark for late work; Canvas's `ContentZipper#get_filename` writes flat files,
+with no mark for late work, the number the assignment's own participant id (not the user's:
+matched by the name); Canvas's `ContentZipper#get_filename` writes flat files,
 `<sortable name squeezed>[_LATE]_<user id>_<file id>_<file name>`.
 """
 
@@ -33,8 +36,9 @@ from course_utils.grading.feedback import inline_markdown
 pytestmark = pytest.mark.slow
 
 ROSTER = (
-    "id,name,lms_id\nalice,Alice Smith,1001\nbob,Bob Jones,1002\ncarol,Carol Núñez,1003\n"
-    "dave,Dave Lee,1004\njames,James Ross,1005\n"
+    "id,name,lms_id,email\nalice,Alice Smith,1001,alice@uni.example\n"
+    "bob,Bob Jones,1002,bob@uni.example\ncarol,Carol Núñez,1003,carol@uni.example\n"
+    "dave,Dave Lee,1004,dave@uni.example\njames,James Ross,1005,james@uni.example\n"
 )
 
 
@@ -54,9 +58,10 @@ def write(path: Path, nb: nbformat.NotebookNode, mtime: float | None = None) -> 
 
 
 def moodle_download(folder: Path) -> Path:
-    """Alice solved it; Bob handed in twice (the later one half done); the folder with
-    Carol's name holds number 1005, James's (graded as his, counted for neither); Eve is not
-    on the roster; Dave sent nothing."""
+    """Alice solved it; Bob handed in twice (the later one half done); Carol solved it, in a
+    folder whose number is James's `lms_id` (a Moodle number is the assignment's participant
+    id: anyone's `lms_id` may come up, and it says nothing); Eve is not on the roster; Dave and
+    James sent nothing."""
 
     def place(who: str) -> Path:
         return folder / f"{who}_assignsubmission_file"
@@ -64,7 +69,7 @@ def moodle_download(folder: Path) -> Path:
     write(place("Alice Smith_1001") / NAME, personal(solved(), "alice"))
     write(place("Bob Jones_1002") / NAME, personal(solved(), "bob"), mtime=1_700_000_000)
     write(place("Bob Jones_1002") / "03_bubble_tradeoff_v2.ipynb", half("bob"), 1_700_086_400)
-    write(place("Carol Núñez_1005") / NAME, personal(solved(), "james"))
+    write(place("Carol Núñez_1005") / NAME, personal(solved(), "carol"))
     write(place("Eve Stranger_1099") / NAME, blank())
     return folder
 
@@ -94,8 +99,11 @@ def rows_of(path: Path, parts: int = 2) -> dict[str, tuple[str, str, str, str]]:
 
 
 def gradebook(path: Path) -> dict[str, tuple[str, str]]:
-    return {r["Student"]: (r["Lesson 03 score"], r["Lesson 03 percent"])
-            for r in csv.DictReader(path.open(encoding="utf-8"))}  # fmt: skip
+    """{student: (score, percent)} of a gradebook for Canvas or Moodle (no Points Possible)."""
+    rows = list(csv.reader(path.open(encoding="utf-8")))
+    head = rows[0]
+    score = next(i for i, h in enumerate(head) if h.startswith("Lesson 03 score"))
+    return {r[0]: (r[score], r[score + 1]) for r in rows[1:] if r[0] != "Points Possible"}
 
 
 def test_a_moodle_download_flags_every_row_and_the_gradebook_takes_the_latest(tmp_path, run_cli):
@@ -104,51 +112,91 @@ def test_a_moodle_download_flags_every_row_and_the_gradebook_takes_the_latest(tm
     roster.write_text(ROSTER, encoding="utf-8")
     out = tmp_path / "out"
     out.mkdir()
-    result = run_cli(
+    command = [
         "grade", download, "--roster", roster, "-j", "2", "--no-sandbox",  # no --variants
-        "--csv", out / "grades.csv", "--gradebook", out / "gradebook.csv",
+        "--csv", out / "grades.csv", "--gradebook", out / "gradebook.csv", "--lms", "moodle",
         "--feedback", out / "feedback", "--stats", out / "stats.png",
-    )  # fmt: skip
+    ]  # fmt: skip
+    result = run_cli(*command)
     assert result.returncode == 0, result.stderr
     bob = "Bob Jones_1002_assignsubmission_file"
     assert rows_of(out / "grades.csv") == {
         f"Alice Smith_1001_assignsubmission_file/{NAME}": ("alice", "graded", "6", "6"),
         f"{bob}/{NAME}": ("bob", "duplicate; not kept", "6", "6"),
         f"{bob}/03_bubble_tradeoff_v2.ipynb": ("bob", "duplicate", "3", "6"),
-        f"Carol Núñez_1005_assignsubmission_file/{NAME}": (
-            "james", "number and name disagree", "6", "6"
-        ),
+        f"Carol Núñez_1005_assignsubmission_file/{NAME}": ("carol", "graded", "6", "6"),
         f"Eve Stranger_1099_assignsubmission_file/{NAME}": (
             "Eve Stranger", "default numbers; not on the roster", "0", "6"
         ),
-        "carol": ("carol", "missing", "", ""),
         "dave": ("dave", "missing", "", ""),
+        "james": ("james", "missing", "", ""),
     }  # fmt: skip
-    assert gradebook(out / "gradebook.csv") == {
-        "Alice Smith": ("6", "100.0"), "Bob Jones": ("3", "50.0"), "Carol Núñez": ("", ""),
-        "Dave Lee": ("", ""), "James Ross": ("", ""),
-    }  # fmt: skip
+    # Moodle's grade import: an identifier column to map (email here), "-" for no grade.
+    rows = list(csv.reader((out / "gradebook.csv").open(encoding="utf-8")))
+    assert rows[0] == ["Full name", "ID number", "Email address", "Lesson 03 score (out of 6)",
+                       "Lesson 03 percent"]  # fmt: skip
+    assert rows[1:] == [
+        ["Alice Smith", "alice", "alice@uni.example", "6", "100.0"],
+        ["Bob Jones", "bob", "bob@uni.example", "3", "50.0"],
+        ["Carol Núñez", "carol", "carol@uni.example", "6", "100.0"],
+        ["Dave Lee", "dave", "dave@uni.example", "-", "-"],
+        ["James Ross", "james", "james@uni.example", "-", "-"],
+    ]
     said = result.stdout
     assert "2 notebooks are more than one of a student's for a lesson (1 student): the " \
         "gradebook takes the latest one (--keep latest)" in said  # fmt: skip
     assert f"counts: {download / bob / '03_bubble_tradeoff_v2.ipynb'}" in said
-    assert "1 folder with one student's number and another's name" in said
-    assert "its number 1005 is James Ross' (lms_id), its name 'Carol Núñez' is Carol Núñez's" \
-        in said  # fmt: skip
-    assert "Carol Núñez (student carol): missing: no notebook of lesson 03 was found (" in said
-    assert "has their name but another student's number)" in said
+    assert "number and name disagree" not in said  # a Moodle number is no one's lms_id
     assert "Dave Lee (student dave): missing" in said and "course's default numbers (" not in said
+    assert "for Moodle's grade import" in said
     # the feedback pages say which of Bob's counts, in plain words
     v2 = (out / "feedback" / bob / "03_bubble_tradeoff_v2.html").read_text(encoding="utf-8")
     first = (out / "feedback" / bob / "03_bubble_tradeoff.html").read_text(encoding="utf-8")
     assert "more than one notebook for this lesson: this is the one that counts" in v2
     assert "more than one notebook for this lesson: another one counts" in first
     assert "<code>microbatches</code>" in v2 and "`" not in v2  # markdown rendered
-    # the statistics count students (Alice, and Bob's latest), not files
+    # the statistics count students (Alice, Bob's latest, Carol), not files
     stats = {r["exercise"]: r for r in csv.DictReader((out / "stats.csv").open(encoding="utf-8"))}
     assert (stats["3.3"]["graded"], stats["3.3"]["passed"], stats["3.3"]["not answered"]) == (
-        "2", "1", "1"
+        "3", "2", "1"
     )  # fmt: skip
+    # The instructor reviews Bob's notebook in the CSV the grader wrote: 1 point for his
+    # written reasoning; the same command again folds it in, grading nothing again.
+    table = list(csv.reader((out / "grades.csv").open(encoding="utf-8")))
+    at = {name: i for i, name in enumerate(table[0])}
+    (line,) = [r for r in table if r[at["notebook"]].endswith("_v2.ipynb")]
+    line[at["review"]], line[at["review note"]] = "1", "Your reasoning for **3.4** is sound."
+    with (out / "grades.csv").open("w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows(table)
+    again = run_cli(*command)
+    assert again.returncode == 0, again.stderr
+    assert "5 rows kept from the earlier run (their resume key is unchanged), 0 graded again" \
+        in again.stdout and "1 rows carry a review from grades.csv" in again.stdout  # fmt: skip
+    assert gradebook(out / "gradebook.csv")["Bob Jones"] == ("4", "66.7")
+    rows = {r["notebook"]: r for r in csv.DictReader((out / "grades.csv").open(encoding="utf-8"))}
+    (mine,) = [r for name, r in rows.items() if name.endswith("_v2.ipynb")]
+    assert (mine["score"], mine["review"], mine["final"]) == ("3", "1", "4")
+    v2 = (out / "feedback" / bob / "03_bubble_tradeoff_v2.html").read_text(encoding="utf-8")
+    assert "+1 point: Your reasoning for <strong>3.4</strong> is sound." in v2
+    assert "Final score: 4 of 6 points (67%)" in v2
+
+
+def test_files_named_by_the_students_login_are_theirs(tmp_path, run_cli):
+    """A class collected by login or email (a folder per student, as a script or a course
+    platform names them): matched through the roster's login column, whatever the id."""
+    folder = tmp_path / "class"
+    write(folder / "alice@uni.example" / NAME, personal(solved(), "alice"))
+    write(folder / "BOB@uni.example.ipynb", half("bob"))
+    roster = tmp_path / "roster.csv"
+    roster.write_text(ROSTER, encoding="utf-8")
+    book = tmp_path / "gradebook.csv"
+    result = run_cli("grade", folder, "--roster", roster, "--no-sandbox", "-j", "2",
+                     "--gradebook", book)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = list(csv.reader(book.open(encoding="utf-8")))
+    assert rows[1] == ["Points Possible", "", "", "", "", "6", "100"]
+    assert rows[2] == ["Alice Smith", "1001", "alice", "alice@uni.example", "", "6", "100.0"]
+    assert rows[3] == ["Bob Jones", "1002", "bob", "bob@uni.example", "", "3", "50.0"]
 
 
 def test_a_canvas_download_flags_late_work_and_keep_on_time_regrades_nothing(tmp_path, run_cli):

@@ -12,6 +12,7 @@ from course_utils.grading import make_exercises
 from course_utils.grading.roster import (
     Label,
     Student,
+    by_login,
     by_name,
     by_number,
     check_name,
@@ -150,7 +151,36 @@ def test_canvas_names_say_late_and_which_upload_came_later():
     assert match(late, [carol]) == carol  # by the squeezed sortable name
 
 
-def test_a_number_of_one_student_in_the_name_of_another_is_seen():
-    found = label(Path("José Núñez_1001_assignsubmission_file/03_bubble_tradeoff.ipynb"))
+def test_a_canvas_number_of_one_student_in_the_name_of_another_is_seen():
+    found = label(Path("núñezjosé_1001_70001_03_bubble_tradeoff.ipynb"))
     assert by_number(found, ROSTER).id == "alice" and by_name(found, ROSTER).id == "jose"
-    assert match(found, ROSTER).id == "alice"  # the LMS's number first; batch flags the rest
+    assert match(found, ROSTER).id == "alice"  # Canvas's user id first; batch flags the rest
+
+
+def test_a_moodle_number_is_the_assignments_participant_id_and_never_matched():
+    # Moodle's download names a folder by the assignment's own participant id
+    # (assign_user_mapping), which differs per assignment: 1001 here may be anyone's.
+    found = label(Path("José Núñez_1001_assignsubmission_file/03_bubble_tradeoff.ipynb"))
+    assert found.number == "1001" and by_number(found, ROSTER) is None
+    assert match(found, ROSTER).id == "jose"  # by the full name Moodle wrote
+
+
+def test_a_login_or_email_column_matches_files_named_by_it_and_stays_apart_from_the_id(tmp_path):
+    path = tmp_path / "roster.csv"
+    path.write_text(
+        "id,name,email\n王小明,Wang Xiaoming,Xiaoming.Wang@uni.example\nann,Ann Lee,\n",
+        encoding="utf-8",
+    )
+    wang, ann = read_roster(path)
+    assert (wang.id, wang.login, ann.login) == ("王小明", "Xiaoming.Wang@uni.example", "")
+    for relative in ("xiaoming.wang@uni.example/03_bubble_tradeoff.ipynb",
+                     "Xiaoming.Wang@uni.example.ipynb"):  # fmt: skip
+        assert match(label(Path(relative)), [wang, ann]) == wang, relative
+    assert by_login(label(Path("ann/03.ipynb")), [wang, ann]) is None  # ann has no login
+    for text, problem in [
+        ("id,name,login\na,A,x@y\nb,B,X@Y\n", "login 'x@y' is given twice"),
+        ("id,name,login,email\na,A,x,x@y\n", "in one column, not in login and email"),
+    ]:
+        path.write_text(text)
+        with pytest.raises(CourseInputError, match=problem):
+            read_roster(path)

@@ -307,13 +307,14 @@ exit 0
 
 
 @pytest.mark.parametrize(
-    "failing", ["", "test", "book", "test-browser", "test-compat", "test-limits"]
+    "failing", ["", "test", "book", "test-nbval", "test-browser", "test-compat", "test-limits"]
 )
 def test_ci_runs_every_suite_and_fails_when_one_does(tmp_path, failing):
     """.ci/run with a stand-in `make` (and stand-ins for what it would apt-get): it runs make
-    test, the book, then the browser test beside the oldest PyTorch (showing the browser's
-    log), then the limits, and fails when any of them fails; in each, a test that needs
-    bubblewrap or chromium fails instead of being skipped (COURSE_REQUIRE_OPTIONAL=1)."""
+    test, the book, strict nbval on the solutions, then the browser test beside the oldest
+    PyTorch (showing the browser's log), then the limits, and fails when any of them fails;
+    in each, a test that needs bubblewrap or chromium fails instead of being skipped
+    (COURSE_REQUIRE_OPTIONAL=1)."""
     (tmp_path / ".ci").mkdir()
     script = tmp_path / ".ci" / "run"
     script.write_text((ROOT / ".ci" / "run").read_text())
@@ -330,10 +331,10 @@ def test_ci_runs_every_suite_and_fails_when_one_does(tmp_path, failing):
     env.pop("COURSE_REQUIRE_OPTIONAL", None)  # .ci/run sets it
     out = subprocess.run([str(script)], capture_output=True, text=True, env=env, timeout=60)
     made = sorted(calls.read_text().split())
-    everything = ["book", "test", "test-browser", "test-compat", "test-limits"]
+    everything = ["book", "test", "test-browser", "test-compat", "test-limits", "test-nbval"]
     assert made == (["test"] if failing == "test" else everything)
     if failing != "test":  # the book from make test's runs, before the browser opens it
-        assert calls.read_text().split()[:2] == ["test", "book"]
+        assert calls.read_text().split()[:3] == ["test", "book", "test-nbval"]
     assert (out.returncode == 0) == (failing == ""), (out.returncode, out.stdout, out.stderr)
     said = calls.with_name("calls.env").read_text().splitlines()
     assert said and all(line.endswith(" COURSE_REQUIRE_OPTIONAL=1") for line in said), said

@@ -15,6 +15,7 @@ import inspect
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from course_utils.checks import scoring
 from course_utils.checks.feedback import (
     EXERCISE_LABEL,
     CheckFailed,
@@ -42,12 +43,13 @@ def each_call(
     write it, what `fn` returned). `fn` is the learner's function as `check_function` wraps it;
     it gets a copy of the arguments, so a function that changes its inputs cannot change the
     case the check then compares with. A case among `huge` (too big to build or simulate)
-    that fails gets `why` after the error: how to answer it without building it."""
+    that fails gets `why` after the error: how to answer it without building it. Judged in
+    parts (`scoring`), it tries only the case being judged, and each case once."""
     huge = list(huge)
-    for case in cases:
+    for index, case in scoring.tried(cases):
         shown = format_call(fn.__name__, case, {})
         try:
-            result = fn(*copy.deepcopy(case))
+            result = scoring.outcome(index, fn.__name__, case, functools.partial(_call, fn, case))
         except NotAnswered:
             raise
         except CheckFailed as exc:
@@ -55,6 +57,10 @@ def each_call(
                 raise
             fail(f"{exc.lines()[0].rstrip('.')}. {why}")
         yield case, shown, result
+
+
+def _call(fn: Callable[..., Any], case: tuple) -> Any:
+    return fn(*copy.deepcopy(case))
 
 
 Shape = Callable[[Any, str], Any]  # reads an answer: (value, its name) -> value, or fails
@@ -102,7 +108,11 @@ def _diagnosed(table: dict[Any, Any], before: list[str]) -> Shape:
 
 
 def exercise(
-    given: Callable[..., Any] | None = None, **shapes: str | tuple | dict | Shape
+    given: Callable[..., Any] | None = None,
+    *,
+    points: float = 1,
+    partial: bool = False,
+    **shapes: str | tuple | dict | Shape,
 ) -> Callable[..., Any]:
     """Declare a lesson's check `exercise_K` from its judging function.
 
@@ -117,8 +127,12 @@ def exercise(
     @exercise(problem={"b": RIGHT, "a": "...", ...}, fix={"a": RIGHT, ...}, best="number")
 
     Then the function judges the rest, failing with a hint, and returns the message a right
-    answer earns. The check is called `exercise_K(*answers, variant=...)`.
+    answer earns. The check is called `exercise_K(*answers, variant=...)`; its `points` and
+    `partial` say what it is worth (`partial`: a wrong answer earns the share of its parts
+    that hold, each case of a Build, each table of a Diagnose and the rest: `scoring`).
     """
+    if not (isinstance(points, int | float) and not isinstance(points, bool) and points > 0):
+        raise ValueError(f"points must be a number > 0, got {points!r}")
 
     def declare(judging: Callable[..., str]) -> Callable[..., None]:
         names = list(inspect.signature(judging).parameters)
@@ -136,21 +150,53 @@ def exercise(
             else:
                 readers[name] = choice(*spec) if isinstance(spec, tuple) else spec
 
+        tables = {n: spec for n, spec in shapes.items() if isinstance(spec, dict)}
+        right = {
+            n: next(c for c, hint in spec.items() if hint is RIGHT) for n, spec in tables.items()
+        }
+
+        def judged(values: tuple, variant: Variant, chosen: dict[str, Any]) -> str:
+            """The message of a right answer, or a failure; `chosen`: table answers taken as
+            read (the rest of a Diagnose judged with its choices set right)."""
+            read = {
+                n: chosen[n] if n in chosen else readers[n](x, n)
+                for n, x in zip(answers, values, strict=True)
+            }
+            if given and "g" in names:
+                read["g"] = Given(given(variant))
+            if "variant" in names:
+                read["variant"] = variant
+            return judging(**read)
+
+        def in_parts(values: tuple, variant: Variant) -> str:
+            at = dict(zip(answers, values, strict=True))
+            rest = None
+            if len(tables) < len(answers):
+                rest = functools.partial(judged, values, variant, right)
+            return scoring.in_parts(
+                whole=functools.partial(judged, values, variant, {}),
+                tables=[functools.partial(readers[n], at[n], n) for n in tables],
+                rest=rest,
+                points=points,
+                cases=not tables,
+            )
+
         @functools.wraps(judging)
         def check(*values: Any, variant: Variant = DEFAULT) -> None:
             if len(values) != len(answers):
                 raise TypeError(f"{judging.__name__} takes {len(answers)} answers")
             token = EXERCISE_LABEL.set(label)
             try:
-                read = {n: readers[n](x, n) for n, x in zip(answers, values, strict=True)}
-                if given and "g" in names:
-                    read["g"] = Given(given(variant))
-                if "variant" in names:
-                    read["variant"] = variant
-                message = judging(**read)
+                if partial:
+                    message = in_parts(values, variant)
+                else:
+                    message = judged(values, variant, {})
             finally:
                 EXERCISE_LABEL.reset(token)
             passed(message)
+
+        check.points = points  # type: ignore[attr-defined]
+        check.partial = partial  # type: ignore[attr-defined]
 
         check.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
             [inspect.Parameter(n, inspect.Parameter.POSITIONAL_ONLY) for n in answers]

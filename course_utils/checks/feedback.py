@@ -25,6 +25,10 @@ class CheckFailed(AssertionError):
     """
 
     mark = FAILED_MARK
+    # The share of the exercise's parts that hold, and (right, parts): set by the check of an
+    # exercise with partial credit once it has judged each part (`scoring`), else nothing.
+    share: float = 0.0
+    parts: tuple[int, int] | None = None
 
     def __init__(self, message: str) -> None:
         super().__init__(message)

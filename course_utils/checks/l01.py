@@ -107,7 +107,7 @@ def _optimizer_hint(precision: str, optimizer: str) -> str:
     return f"In fp32 there is no separate master copy; {what}."
 
 
-@exercise(model_state_bytes="function")
+@exercise(model_state_bytes="function", partial=True)
 def exercise_2(model_state_bytes, variant) -> str:
     """Build model_state_bytes(num_params, precision, optimizer) -> bytes per kind of state."""
     for (n, precision, optimizer), shown, got in checks.each_call(
@@ -272,7 +272,7 @@ given_7 = numbers(batch=pick("7b", 8, [4, 6, 12, 16]), hidden=pick("7h", 32, [16
 
 
 def cases_7(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
-    """The learner's own model (their numbers), then two drawn afresh: other sizes, depths
+    """The learner's own model (their numbers), then two drawn at random: other sizes, depths
     and seeds."""
     g, rng = given_7(variant), variant.cases("7")
     cases = [ProgramCase(devices=2, batch=g.batch, hidden=g.hidden, seed=7)]
@@ -322,7 +322,7 @@ def _failed_run(shown: str, failure: dict) -> str:
     return f"{shown}: {said}. Compare it with the six steps listed above the answer cell."
 
 
-@exercise(given_7, naive_program=programs.as_program)
+@exercise(given_7, naive_program=programs.as_program, points=3, partial=True)
 def exercise_7(naive_program, variant) -> str:
     """Build the naive two-rank program; judged on what the run did (evidence)."""
     for (case,), shown, got in checks.each_call(naive_program, cases_7(variant)["naive_program"]):

@@ -156,7 +156,7 @@ def _device_list(result, shown: str, d: int) -> list[Action]:
     return actions
 
 
-@exercise(gpipe_device="function")
+@exercise(gpipe_device="function", partial=True)
 def exercise_3(gpipe_device, variant) -> str:
     """Build gpipe_device(p, m, d) -> device d's GPipe actions, in order, as strings."""
     from course_utils.pipeline.simulate import validate
@@ -381,7 +381,7 @@ ADVICE_8 = {
 }
 
 
-@exercise(given_8, gpipe_program=as_program)
+@exercise(given_8, gpipe_program=as_program, points=3, partial=True)
 def exercise_8(gpipe_program, variant) -> str:
     """Build GPipe as a per-rank program; judged on the run's evidence and its order."""
     from course_utils.checks import pipeline_hints

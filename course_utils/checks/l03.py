@@ -50,7 +50,7 @@ def cases_2(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
     return {"gpipe_bubble": [*small, *HUGE]}
 
 
-@exercise(gpipe_bubble="function")
+@exercise(gpipe_bubble="function", partial=True)
 def exercise_2(gpipe_bubble, variant) -> str:
     """Build gpipe_bubble(p, m): any p >= 1, m >= 1, up to millions of stages."""
     cases = cases_2(variant)["gpipe_bubble"]

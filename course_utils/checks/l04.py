@@ -109,7 +109,7 @@ def _three_phases(result, shown: str) -> list[list[str]]:
     ]
 
 
-@exercise(one_f_one_b="function")
+@exercise(one_f_one_b="function", points=2, partial=True)
 def exercise_2(one_f_one_b, variant) -> str:
     """Build one_f_one_b(p, m, d): device d's 1F1B order as (warm-up, steady, cool-down)."""
     cases = cases_2(variant)["one_f_one_b"]
@@ -249,6 +249,8 @@ def exercise_4(g, idle_1f1b, idle_zb) -> str:
 
 
 @exercise(
+    points=2,
+    partial=True,
     oom_cause={
         "b": checks.RIGHT,
         "a": "The bubble costs time, not memory: an idle device holds nothing extra.",
@@ -273,6 +275,8 @@ def exercise_5(oom_cause, oom_fix) -> str:
 
 
 @exercise(
+    points=2,
+    partial=True,
     zb_problem={
         "b": checks.RIGHT,
         "a": "Compare the title's bubble with 1F1B's for p=4, m=8: it is smaller, not larger.",
@@ -330,7 +334,7 @@ ADVICE_7 = {
 }
 
 
-@exercise(given_7, one_f_one_b_program=as_program)
+@exercise(given_7, one_f_one_b_program=as_program, points=3, partial=True)
 def exercise_7(one_f_one_b_program, variant) -> str:
     """Build 1F1B as a per-rank program; judged on gradients, rank 0's memory and order."""
     from course_utils.checks import pipeline_hints

@@ -34,7 +34,7 @@ def cases_1(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
     return {"looping_placement": cases}
 
 
-@exercise(looping_placement="function")
+@exercise(looping_placement="function", points=2, partial=True)
 def exercise_1(looping_placement, variant) -> str:
     """Build looping_placement(p, v): for each device, the stages it holds."""
     cases = cases_1(variant)["looping_placement"]
@@ -60,7 +60,7 @@ def exercise_1(looping_placement, variant) -> str:
         }
         judge(got, _looping(p, chunks), shown, hints)
     return (
-        f"Right on {len(cases)} fresh (p, v) cases, e.g. 8 stages on 4 devices: "
+        f"Right on {len(cases)} random (p, v) cases, e.g. 8 stages on 4 devices: "
         f"{_looping(4, 2)}. Every hop from one stage to the next changes device."
     )
 
@@ -218,6 +218,8 @@ given_5 = numbers(m=pick("5m", 8, [8, 12]), transfer=pick("5t", 0.3, [0.2, 0.25,
 
 @exercise(
     given_5,
+    points=3,
+    partial=True,
     problem={
         "b": checks.RIGHT,
         "a": "The bubble formula (p-1)/(v m) says the bubble is small with 8 chunks. Look "
@@ -323,7 +325,7 @@ def _same_tags(run: dict) -> tuple[int, int, str, list[str]] | None:
     return None
 
 
-@exercise(given_7, interleaved_program=as_program)
+@exercise(given_7, interleaved_program=as_program, points=3, partial=True)
 def exercise_7(interleaved_program, variant) -> str:
     """Build interleaved 1F1B (2 chunks per rank) as a per-rank program."""
     from course_utils.checks import pipeline_hints

@@ -215,7 +215,7 @@ def _ring_sums(shown: str, case: RingCase, results: list) -> None:
         )
 
 
-@exercise(given_4, ring_all_reduce=programs.as_program)
+@exercise(given_4, ring_all_reduce=programs.as_program, points=3, partial=True)
 def exercise_4(ring_all_reduce, variant) -> str:
     """Build ring_all_reduce(ctx, data) on the devices: every rank's sum, the ring's bytes
     and, replayed over the links without compute, the ring formula's time."""
@@ -515,23 +515,6 @@ def _ddp_calls(shown: str, case: DDPCase, calls: list[dict]) -> None:
         )
 
 
-def _exposed(run: dict, case: DDPCase) -> tuple[float, float]:
-    """(the communication left once every backward has ended; one all-reduce of all the
-    gradients after the backward) in seconds, on the run's virtual clock."""
-    from course_utils.parallel.costs import ring_allreduce_time
-    from course_utils.parallel.rank_programs import exposed_communication
-
-    exposed, _, _ = exposed_communication(run["timeline"])
-    links: dict = run.get("links") or {}
-    n, nbytes = case.devices, 4 * sum(case.bucket_sizes())
-    try:  # the links the run was timed on (`Links.to_dict`): the ring over its slowest link
-        inside = n <= links["gpus_per_node"]
-        bandwidth = links["intra_bandwidth" if inside else "inter_bandwidth"]
-        return exposed, ring_allreduce_time(nbytes, n, bandwidth, links["latency"])
-    except (KeyError, TypeError, ValueError):  # no such links in the record (or unlimited)
-        return exposed, math.nan
-
-
 def _ddp_weights(shown: str, case: DDPCase, run: dict) -> None:
     """Every replica's weights against one worker's on the whole batch, and if they differ,
     the mistake the gradients show."""
@@ -571,11 +554,10 @@ def _ddp_weights(shown: str, case: DDPCase, run: dict) -> None:
         )
 
 
-@exercise(given_8, ddp_program=programs.as_program)
+@exercise(given_8, ddp_program=programs.as_program, points=3, partial=True)
 def exercise_8(ddp_program, variant) -> str:
     """Build DDP: hooks all-reduce buckets as they fill, no communication before the last
     micro-batch; judged on the weights, the all-reduces and the order of events."""
-    figures = ""
     for (case,), shown, got in checks.each_call(ddp_program, cases_8(variant)["ddp_program"]):
         run = programs.evidence(got, shown, case, ("collectives", "weights"))
         if run["failure"] is not None:
@@ -583,15 +565,10 @@ def exercise_8(ddp_program, variant) -> str:
         for calls in run["collectives"]:
             _ddp_calls(shown, case, calls)
         _ddp_weights(shown, case, run)
-        if not figures:
-            exposed, one = _exposed(run, case)
-            figures = (
-                f" On your run's virtual clock the communication left after the backward "
-                f"took {exposed * 1e3:.3g} ms; one all-reduce of all the gradients after the "
-                f"backward would take {one * 1e3:.3g} ms."
-            )
+    # (No measured figure here: a check's message is the same on every run, so strict nbval
+    # compares it; the cell above the check prints what the run's clock measured.)
     return (
         "Right on your buckets and fresh ones: the replicas' weights equal one worker's on "
         "the whole batch, with one all-reduce per bucket, each issued during the last "
-        f"micro-batch's backward, before it ended.{figures}"
+        "micro-batch's backward, before it ended: the communication overlaps the backward."
     )

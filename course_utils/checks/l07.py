@@ -59,7 +59,7 @@ def cases_1(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
     }
 
 
-@exercise(split_columns="function", gather_outputs="function")
+@exercise(split_columns="function", gather_outputs="function", partial=True)
 def exercise_1(split_columns, gather_outputs, variant) -> str:
     """Build split_columns(A, n) and gather_outputs(parts) for a column-parallel layer."""
     import torch
@@ -312,7 +312,7 @@ def cases_5(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
     return {"groups_of": [(rank, tp, pp, dp) for tp, pp, dp, rank in _grids_5(variant)]}
 
 
-@exercise(groups_of="function")
+@exercise(groups_of="function", partial=True)
 def exercise_5(groups_of, variant) -> str:
     """Build groups_of(rank, tp, pp, dp): the tensor, pipeline and data groups of one rank."""
     cases = cases_5(variant)["groups_of"]
@@ -467,7 +467,7 @@ def _tp_counts(shown: str, calls: list[dict]) -> None:
         )
 
 
-@exercise(given_8, tp_mlp=programs.as_program)
+@exercise(given_8, tp_mlp=programs.as_program, points=3, partial=True)
 def exercise_8(tp_mlp, variant) -> str:
     """Build the tensor-parallel MLP with f and g; judged against the unsplit MLP, with the
     all-reduces counted."""

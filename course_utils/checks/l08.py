@@ -100,7 +100,7 @@ def _shard_size(flat: list[float], workers: int) -> int:
     return padded_shard_numels([len(flat)], workers)[0]
 
 
-@exercise(shard="function")
+@exercise(shard="function", partial=True)
 def exercise_2(shard, variant) -> str:
     """Build shard(flat, workers, rank): worker `rank`'s slice of the zero-padded vector."""
     cases = cases_2(variant)["shard"]
@@ -346,7 +346,7 @@ def cases_6(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
     return {"fsdp_step": [(case,) for case in cases]}
 
 
-@exercise(given_6, fsdp_step=programs.as_program)
+@exercise(given_6, fsdp_step=programs.as_program, points=3, partial=True)
 def exercise_6(fsdp_step, variant) -> str:
     """Build one FSDP (ZeRO-3) step as a per-rank program; judged on what the run did."""
     return builds.fsdp_step(fsdp_step, cases_6(variant)["fsdp_step"])

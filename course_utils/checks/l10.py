@@ -133,7 +133,7 @@ def cases_2(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
     return {"dispatch_bytes": cases}
 
 
-@exercise(dispatch_bytes="function")
+@exercise(dispatch_bytes="function", partial=True)
 def exercise_2(dispatch_bytes, variant) -> str:
     """Build dispatch_bytes(routed, d_model, element_size): the N x N matrix of bytes."""
     cases = cases_2(variant)["dispatch_bytes"]
@@ -592,7 +592,7 @@ def cases_8(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
     return {"moe_layer": [(case,) for case in cases]}
 
 
-@exercise(given_8, moe_layer=programs.as_program)
+@exercise(given_8, moe_layer=programs.as_program, points=3, partial=True)
 def exercise_8(moe_layer, variant) -> str:
     """Build the expert-parallel MoE layer's dispatch and combine; judged on what the run did."""
     return builds.moe_layer(moe_layer, cases_8(variant)["moe_layer"])

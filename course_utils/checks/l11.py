@@ -108,7 +108,7 @@ def cases_3(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
     return {"v_gpipe": cases}
 
 
-@exercise(v_gpipe="function")
+@exercise(v_gpipe="function", points=2, partial=True)
 def exercise_3(v_gpipe, variant) -> str:
     """Build v_gpipe(p, m): fill-and-drain (GPipe) on a V of 2p stages, as per-device lists."""
     from course_utils.errors import CourseInputError
@@ -155,7 +155,7 @@ def exercise_3(v_gpipe, variant) -> str:
         example = example or [[str(a) for a in row] for row in devices]
     timeline = simulate(_schedule([[str(a) for a in row] for row in devices], 2 * p, m))
     return (
-        f"Right on {len(cases)} fresh (p, m) cases, e.g. {cases[0]}: {example}. "
+        f"Right on {len(cases)} random (p, m) cases, e.g. {cases[0]}: {example}. "
         f"Simulated with equal costs the last case ({p}, {m}) idles "
         f"{timeline.bubble_fraction:.0%} of its step, and every device holds all 2m chunks' "
         "activations at the turn: what 1F1B's and ZB-V's orders avoid."

@@ -5,7 +5,8 @@ judged in the grader's process (see `course_utils.grading` and INSTRUCTORS.md). 
 notebook, or `--json` (always a list), and for the class: `--csv` (one row per notebook,
 written as each finishes: a rerun grades only what is missing), `--roster`, `--gradebook`,
 `--feedback`, `--stats`, `--similarity`. `grade FILE --student NAME` regrades one notebook on
-that student's numbers.
+that student's numbers. The CSV's `review` and `review note` columns are the instructor's: a
+rerun reads them back and the gradebook (`--lms canvas|moodle`) takes the reviewed score.
 
 A run that cannot grade stops before any notebook runs, in one line (exit 2): every argument
 is checked first, the paths given are made absolute against the folder it was started in,
@@ -30,6 +31,7 @@ from course_utils import validation
 from course_utils.commands.common import exit_on_sigterm, number_flag
 from course_utils.errors import CourseInputError
 from course_utils.grading.keep import DEFAULT_KEEP, KEEP
+from course_utils.grading.roster import LMS
 
 HELP = "grade exercise notebooks (each in a sandbox, judged outside the learner's kernel)"
 MAX_JOBS = validation.MAX_GRADE_JOBS  # 4 kernels of about 300 MB each stay under 1.5 GB
@@ -60,7 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--roster",
         type=Path,
-        help="CSV with id,name[,lms_id]: whose each file is (Moodle, Canvas); implies --variants",
+        help="CSV with id,name[,lms_id][,login or email]: whose each file is (Moodle, Canvas); "
+        "implies --variants",
     )
     parser.add_argument(
         "--keep",
@@ -70,7 +73,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the latest handed in (default), the best score, or the latest on time (late work "
         "does not count)",
     )
-    parser.add_argument("--gradebook", help="CSV, one row per student, for Canvas or Moodle")
+    parser.add_argument(
+        "--gradebook", help="CSV, one row per student, to import into the LMS named by --lms"
+    )
+    parser.add_argument(
+        "--lms",
+        choices=LMS,
+        default="canvas",
+        help="the gradebook's format: canvas (default: its import's columns and a Points "
+        "Possible row) or moodle (Grades > Import > CSV: a login column and grade columns)",
+    )
     parser.add_argument(
         "--feedback", metavar="DIR", help="write one HTML feedback page per notebook"
     )
@@ -269,6 +281,8 @@ def _summary(args: argparse.Namespace, results, found, graded_now: int, say) -> 
             print(visible(f"{r.name or r.student} (student {r.student}): {r.problem}"), file=out)
         elif keep.NOT_ON_ROSTER in r.flags:
             print(visible(f"{r.notebook}: not on the roster (graded as {r.student!r})"), file=out)
+    if args.csv is not None:
+        _reviews_said(args.csv, results, say)
     reused = sum(1 for r in results if r.notebook) - graded_now
     again = [r for r in results if r.regraded]
     if reused > 0 or again:
@@ -287,6 +301,24 @@ def _summary(args: argparse.Namespace, results, found, graded_now: int, say) -> 
               file=say)  # fmt: skip
         for path in unowned:
             print(f"  {visible(path)}", file=say)
+
+
+def _reviews_said(path: Path, results, say) -> None:
+    """The instructor's reviews read back from the CSV: how many, and any not taken."""
+    from course_utils.grading.journal import reviews
+    from course_utils.grading.neutral import visible
+
+    found = reviews(path)
+    for line in found.problems:
+        print(visible(line), file=say)
+    reviewed = [r for r in results if r.notebook and r.review is not None]
+    if reviewed:
+        changed = [r for r in reviewed if "the notebook changed" in r.regraded]
+        print(f"{len(reviewed)} rows carry a review from {path.name} (its review column): the "
+              "gradebook takes their score with it", file=say)  # fmt: skip
+        for r in changed:
+            print(visible(f"  the review of {r.notebook} was made before it changed: see it "
+                          "still holds"), file=say)  # fmt: skip
 
 
 REPORTS = ("csv", "gradebook", "feedback", "stats", "similarity")
@@ -316,13 +348,16 @@ def _report(report: str, args: argparse.Namespace, results, say) -> None:
         print(f"wrote {args.csv} ({len(results)} rows) and {args.csv.with_suffix('.jsonl')}",
               file=say)  # fmt: skip
     elif report == "gradebook":
-        from course_utils.grading.gradebook import write_gradebook
+        from course_utils.grading.gradebook import notes, write_gradebook
 
         roster = args.roster
         if args.student is not None:  # one student's row: an import changes only that one
             roster = [s for s in roster or [] if s.id == args.student] or None
-        rows = write_gradebook(results, args.gradebook, roster, args.solutions)
-        print(f"wrote {args.gradebook} ({rows} students)", file=say)
+        rows = write_gradebook(results, args.gradebook, roster, args.solutions, args.lms)
+        lms = {"canvas": "Canvas", "moodle": "Moodle"}[args.lms]
+        print(f"wrote {args.gradebook} ({rows} students, for {lms}'s grade import)", file=say)
+        for line in notes(roster, args.lms):
+            print(f"  {visible(line)}", file=say)
     elif report == "feedback":
         from course_utils.grading.feedback import write_feedback
 

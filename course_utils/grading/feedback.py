@@ -3,16 +3,18 @@
     write_feedback(results, Path("feedback"), roots=[Path("submissions")])
     # feedback/Alice Smith_12345_assignsubmission_file/03_bubble_tradeoff.html
 
-A page lists every exercise of the notebook with its title, passed or not, and the message
-the learner's own check cell gives for that answer: the same kind hint, never the expected
-answer (the checks are written that way, and the page adds nothing of the grader's). Then
-what else the grader noticed, in plain words (a locked cell changed is named by what it is,
-"the check cell of Exercise 3.2", never by its id; a name cell set to someone else; a late or
-second notebook), and the score. Messages and titles are rendered as the notebook renders
-them (`code`, **bold**, *emphasis*), after escaping. A notebook graded on other numbers than
-it printed (its name cell names someone else) shows, for each exercise, what its own check
-cell said on the numbers it printed (`ExerciseResult.as_printed`): a student is never shown
-numbers her notebook did not print.
+A page lists every exercise of the notebook with its title, passed, partly right or not, the
+points it earned of those it is worth, and the message the learner's own check cell gives
+for that answer: the same kind hint, never the expected answer (the checks are written that
+way, and the page adds nothing of the grader's). Then what else the grader noticed, in plain
+words (a locked cell changed is named by what it is, "the check cell of Exercise 3.2", never
+by its id; a name cell set to someone else; a late or second notebook), the score in points,
+and the instructor's review where there is one (its points and note, and the final score).
+Messages and titles are rendered as the notebook renders them (`code`, **bold**, *emphasis*),
+after escaping. A notebook graded on other numbers than it printed (its name cell names
+someone else) shows, for each exercise, what its own check cell said on the numbers it
+printed (`ExerciseResult.as_printed`): a student is never shown numbers her notebook did not
+print.
 
 Everything that came from the notebook or the checks is escaped (element text only: no
 attribute holds any), its control characters
@@ -39,8 +41,9 @@ body { font-family: system-ui, sans-serif; max-width: 52rem; margin: 2rem auto; 
 table { border-collapse: collapse; width: 100%; }
 th, td { text-align: left; vertical-align: top; padding: .45rem .6rem;
          border-bottom: 1px solid #ddd; }
-td.result { white-space: nowrap; font-weight: 600; }
+td.result, td.points { white-space: nowrap; font-weight: 600; }
 tr.passed td.result { color: #1a7f37; }
+tr.partly td.result { color: #8a6d00; }
 tr.failed td.result { color: #b35900; }
 td.message { white-space: pre-wrap; }
 code { background: #f3f3f3; padding: 0 .2em; border-radius: 3px; }
@@ -182,11 +185,14 @@ def page(
     if result.problem:
         out.append(f"<p><strong>Not graded:</strong> {md(result.problem)}</p>")
     if result.exercises:
-        out += ["<table>", "<tr><th>Exercise</th><th>Result</th><th>Feedback</th></tr>"]
+        out += [
+            "<table>",
+            "<tr><th>Exercise</th><th>Result</th><th>Points</th><th>Feedback</th></tr>",
+        ]
         for ex in result.exercises:
-            kind = "passed" if ex.passed else "failed"
+            kind = "passed" if ex.passed else "partly" if ex.partly else "failed"
             title = exercise_titles.get(ex.id, "")
-            mark = "✅ passed" if ex.passed else "❌ not yet"
+            mark = {"passed": "✅ passed", "partly": "◐ partly right"}.get(kind, "❌ not yet")
             if unanswered(ex):
                 mark = "✋ not answered"
             message = ex.message
@@ -199,7 +205,8 @@ def page(
                     )
             out.append(
                 f'<tr class="{kind}"><td>{e(ex.id)} {md(title)}</td>'
-                f'<td class="result">{mark}</td><td class="message">{md(message)}</td></tr>'
+                f'<td class="result">{mark}</td><td class="points">{ex.earned} of {ex.points}'
+                f'</td><td class="message">{md(message)}</td></tr>'
             )
         out.append("</table>")
     noticed = remarks(result, cells or {})
@@ -210,11 +217,30 @@ def page(
     if result.total:
         percent = 100 * result.score / result.total
         out.append(
-            f'<p class="score">Score: {result.score} of {result.total} exercises '
-            f"({percent:.0f}%)</p>"
+            f'<p class="score">Score: {result.score} of {result.total} points ({percent:.0f}%)</p>'
         )
+    if result.review is not None or result.review_note:
+        out.append(_review(result))
     out.append("</body></html>\n")
     return "\n".join(out)
+
+
+def _review(result: GradeResult) -> str:
+    """The instructor's review: its points, its note, and the score it makes."""
+    said = "<h2>Your instructor's review</h2><p>"
+    if result.review is not None:
+        points = f"{result.review:+g} point{'' if abs(result.review) == 1 else 's'}"
+        said += f"{points}{': ' if result.review_note else '.'}"
+    if result.review_note:
+        said += inline_markdown(result.review_note)
+    said += "</p>"
+    if result.review is not None and result.total:
+        final = result.final()
+        said += (
+            f'<p class="score">Final score: {final} of {result.total} points '
+            f"({100 * final / result.total:.0f}%)</p>"
+        )
+    return said
 
 
 def place(result: GradeResult, roots: list[Path]) -> Path:

@@ -17,8 +17,12 @@
    (`lNN.for_student("...")`) that does not name the student graded is said so in `flags`:
    "default numbers" (it says "default") or "name cell edited" (another name).
 
-Score = passed exercises / the solution's exercises. The batch runner (`batch.py`) grades
-many notebooks, each in its own worker process.
+Score = the points earned / the points of the solution's exercises: each exercise is worth
+what its check declares (1 unless it says more); a right answer earns them all, a partly right
+one, where its check gives partial credit, the share of its parts that hold (`judge`). An
+instructor's review (the CSV's `review` column, read back by `journal`) adds to or takes from
+the score (`GradeResult.final`). The batch runner (`batch.py`) grades many notebooks, each
+in its own worker process.
 """
 
 from __future__ import annotations
@@ -38,10 +42,11 @@ from pathlib import Path
 import nbformat
 
 from course_utils.checks import DEFAULT_STUDENT, Variant
+from course_utils.checks.scoring import earned
 from course_utils.checks.wire import encode
 from course_utils.errors import CourseInputError
 from course_utils.grading import stand_in
-from course_utils.grading.judge import cases_for, judge
+from course_utils.grading.judge import cases_for, judge, worth
 from course_utils.grading.make_exercises import ANY_STUDENT
 from course_utils.grading.neutral import visible
 from course_utils.grading.notebook_tools import SOLUTIONS, is_check_cell, tags
@@ -60,6 +65,24 @@ class ExerciseResult:
     # Graded on other numbers than the notebook printed (its name cell names someone else):
     # {"passed", "message"} its own check cell would have shown (None where the same).
     as_printed: dict | None = None
+    points: float = 1  # what the exercise is worth (its check's `points`)
+    earned: float | None = None  # all its points if passed, else a partly right answer's share
+
+    def __post_init__(self) -> None:
+        self.points = tidy(max(float(self.points), 0.0))
+        earned = self.points if self.passed else (self.earned or 0.0)
+        self.earned = tidy(min(max(float(earned), 0.0), self.points))
+
+    @property
+    def partly(self) -> bool:
+        """Not right, but some of its points earned (a check with partial credit)."""
+        return not self.passed and bool(self.earned)
+
+
+def tidy(points: float) -> float:
+    """Points as every report writes them: a whole number as an int, else to 2 decimals."""
+    points = round(float(points), 2)
+    return int(points) if points.is_integer() else points
 
 
 NOT_ANSWERED = re.compile(r"^Exercise \d+\.\d+ is not answered")
@@ -86,14 +109,26 @@ class GradeResult:
     sha256: str = ""  # of the notebook's bytes
     key: dict = field(default_factory=dict)  # its resume key (`resume.ResumeKey`), as graded
     regraded: list[str] = field(default_factory=list)  # why graded again (a rerun's reasons)
+    # The instructor's manual review, read back from the CSV's `review` and `review note`
+    # columns (`journal.reviews`): points added to the score (taken, if negative), and why.
+    review: float | None = None
+    review_note: str = ""
 
     @property
-    def total(self) -> int:
-        return len(self.exercises)
+    def total(self) -> float:
+        """The points the notebook's exercises are worth."""
+        return tidy(sum(e.points for e in self.exercises))
 
     @property
-    def score(self) -> int:
-        return sum(e.passed for e in self.exercises)
+    def score(self) -> float:
+        """The points the grader gave (before any review)."""
+        return tidy(sum(e.earned or 0.0 for e in self.exercises))
+
+    def final(self, possible: float | None = None) -> float:
+        """The score with the review added, kept within 0 and the points `possible` (the
+        lesson's; by default the notebook's total)."""
+        top = self.total if possible is None else possible
+        return tidy(min(max(self.score + (self.review or 0.0), 0.0), max(top, 0.0)))
 
     def to_dict(self) -> dict:
         missing = "missing" in self.flags  # no notebook: no score, no total
@@ -114,6 +149,9 @@ class GradeResult:
             "sha256": self.sha256,
             "key": self.key,
             "regraded": self.regraded,
+            "review": self.review,
+            "review_note": self.review_note,
+            "final": None if missing else self.final(),
         }
 
     @classmethod
@@ -134,6 +172,8 @@ class GradeResult:
             sha256=data.get("sha256", ""),
             key=data.get("key") or {},
             regraded=list(data.get("regraded") or []),
+            review=data.get("review"),
+            review_note=data.get("review_note") or "",
         )
 
 
@@ -381,8 +421,15 @@ def grade_notebook(
     result.seconds = run.seconds
     for ex in exercises:
         verdict = judge(module, ex, run.answers.get(ex.k, {}), learner, run.problems.get(ex.k, []))
+        points = worth(module, ex.k)[0]
         result.exercises.append(
-            ExerciseResult(f"{result.lesson}.{ex.k}", verdict.passed, verdict.message)
+            ExerciseResult(
+                f"{result.lesson}.{ex.k}",
+                verdict.passed,
+                verdict.message,
+                points=points,
+                earned=earned(points, verdict.share),
+            )
         )
     _as_printed(result, module, exercises, run, named)
     return result
@@ -401,7 +448,9 @@ def table(result: GradeResult) -> str:
     width = max((len(e.id) for e in result.exercises), default=0)
     for e in result.exercises:
         message = e.message.splitlines()[0] if e.message and not e.passed else ""
-        verdict = "passed" if e.passed else "FAILED"
+        verdict = "passed" if e.passed else "partly" if e.partly else "FAILED"
+        if e.points != 1 or e.partly:
+            verdict += f" {e.earned}/{e.points}"
         lines.append(f"  {v(e.id):<{width}}  {verdict}  {v(message)}".rstrip())
     for t in result.tampering:
         lines.append(f"  locked cell {v(t['cell'])}: {v(t['status'])}")
@@ -410,4 +459,7 @@ def table(result: GradeResult) -> str:
         lines.append(
             f"  score: {result.score}/{result.total} ({100 * result.score / result.total:.0f}%)"
         )
+    if result.review is not None:
+        said = f": {v(result.review_note)}" if result.review_note else ""
+        lines.append(f"  review: {result.review:+g}{said}; final {result.final()}/{result.total}")
     return "\n".join(lines)

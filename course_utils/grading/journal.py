@@ -16,25 +16,42 @@ notebook regraded with `grade FILE --student NAME --csv grades.csv`) keeps the e
 of every other notebook, so the class's table gains the row instead of being replaced by it.
 Every cell of the CSV is written through `neutral.cell`, so none can be taken for a
 spreadsheet formula. A `missing` row has no score and no total; a notebook that could not be
-graded scores 0 of no total.
+graded scores 0 of no total. Each exercise's column holds the points it earned (1 or 0 for an
+exercise worth 1 point).
+
+The manual review: the CSV ends with two columns for the instructor, `review` (points to add
+to the notebook's score, or to take with a minus sign) and `review note` (why, shown on the
+student's feedback page), and `final`, the score with the review, which the gradebook takes.
+Fill them in (any spreadsheet; `;`-separated and decimal commas are read too) and run the
+same command again: `previous` reads them back (`reviews`) with the rows, each row keeps its
+review while its notebook is the same file, and every row written carries it again, so it
+survives any number of reruns. A review of a row without a notebook (`missing`), or one that
+is not a number, is not taken and is said so (`Reviews.problems`).
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import math
 import os
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from course_utils.grading.grader import GradeResult
-from course_utils.grading.neutral import cell
+from course_utils.grading.grader import GradeResult, tidy
+from course_utils.grading.neutral import FORMULA_START, cell
+
+REVIEW, NOTE, FINAL = "review", "review note", "final"
+MAX_REVIEW = 1000.0  # points a review may add or take, at most
+DECIMAL_COMMA = re.compile(r"[+-]?\d+,\d+")
 
 
 def header(exercise_ids: list[str]) -> list[str]:
     return [
         "student", "name", "notebook", "lesson", "variant", "status", "score", "total",
-        *exercise_ids, "tampered", "problem",
+        *exercise_ids, "tampered", "problem", REVIEW, NOTE, FINAL,
     ]  # fmt: skip
 
 
@@ -47,15 +64,83 @@ def status(result: GradeResult) -> str:
 
 
 def row(result: GradeResult, exercise_ids: list[str]) -> list[object]:
-    marks = {e.id: int(e.passed) for e in result.exercises}
+    marks = {e.id: e.earned for e in result.exercises}
     tampered = "; ".join(f"{t['cell']} {t['status']}" for t in result.tampering)
     missing = "missing" in result.flags
+    review = "" if result.review is None else tidy(result.review)
     cells = [
         result.student, result.name, result.notebook, result.lesson or "", result.variant,
         status(result), "" if missing else result.score, result.total or "",
         *(marks.get(i, "") for i in exercise_ids), tampered, result.problem or "",
+        review, result.review_note, "" if missing else result.final(),
     ]  # fmt: skip
     return [cell(c) for c in cells]
+
+
+@dataclass
+class Reviews:
+    """The manual reviews an instructor wrote into a CSV the grader wrote: {notebook:
+    (points, note)}, and what could not be taken (one line each)."""
+
+    found: dict[str, tuple[float | None, str]] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    def apply(self, result: GradeResult) -> None:
+        """Give `result` its notebook's review (none if the CSV has none for it)."""
+        result.review, result.review_note = self.found.get(result.notebook, (None, ""))
+
+
+def _unquoted(text: str) -> str:
+    """A cell as the instructor typed it: the `'` `neutral.cell` put before a formula-like
+    text taken off again."""
+    text = text.strip()
+    return text[1:] if text.startswith("'") and text[1:].startswith(FORMULA_START) else text
+
+
+def _points(text: str) -> float:
+    text = _unquoted(text).removeprefix("'").strip()
+    if DECIMAL_COMMA.fullmatch(text):
+        text = text.replace(",", ".")
+    value = float(text)  # ValueError for anything but a number
+    if not math.isfinite(value) or abs(value) > MAX_REVIEW:
+        raise ValueError(text)
+    return value
+
+
+def reviews(path: Path) -> Reviews:
+    """The reviews in the CSV at `path` (none if there is no such file or column)."""
+    found = Reviews()
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError):
+        return found
+    first = text.split("\n", 1)[0]
+    delimiter = max(",;\t", key=first.count)  # a spreadsheet may save with ; or tabs
+    lines = csv.DictReader(text.splitlines(), delimiter=delimiter)
+    if REVIEW not in (lines.fieldnames or []):
+        return found
+    for number, line in enumerate(lines, start=2):
+        value, note = (line.get(REVIEW) or "").strip(), _unquoted(line.get(NOTE) or "")
+        if not value and not note:
+            continue
+        notebook = _unquoted(line.get("notebook") or "")
+        where = f"{path.name} line {number}"
+        if not notebook:
+            who = line.get("student") or "?"
+            found.problems.append(f"{where}: a review of {who}'s row with no notebook is not taken")
+            continue
+        points: float | None = None
+        if value:
+            try:
+                points = _points(value)
+            except ValueError:
+                found.problems.append(
+                    f"{where}: review {value!r} is not a number of points (e.g. 1.5 or -2, "
+                    f"at most {MAX_REVIEW:g}): not taken"
+                )
+                continue
+        found.found[notebook] = (points, note)
+    return found
 
 
 def exercise_order(ids: set[str]) -> list[str]:
@@ -84,11 +169,13 @@ class Journal:
         self._earlier: list[GradeResult] = []
         self._csv: TextIO | None = None
         self._jsonl: TextIO | None = None
+        self.reviews: Reviews | None = None  # the instructor's, read back by `previous`
 
     def previous(self) -> dict[str, GradeResult]:
         """{notebook: its row} of the rows with a score from an earlier run (a torn last line
         is ignored); whether one still holds is its resume key's to say."""
         found: dict[str, GradeResult] = {}
+        self.reviews = reviews(self.csv_path)
         if not self.jsonl_path.is_file():
             return found
         for line in self.jsonl_path.read_text(encoding="utf-8").splitlines():
@@ -115,13 +202,21 @@ class Journal:
             or (not r.notebook and (r.student, r.lesson) not in have)
         ]
 
+    def _reviewed(self, results: list[GradeResult]) -> list[GradeResult]:
+        """`results`, each with the review the CSV gave its notebook (when it was read)."""
+        if self.reviews is not None:
+            for result in results:
+                if result.notebook:
+                    self.reviews.apply(result)
+        return results
+
     def open(self, exercise_ids: list[str], kept: list[GradeResult]) -> None:
         """Start both files afresh with the rows kept from the earlier run (merging: and
         the earlier rows of the other notebooks)."""
         others = self._others(kept)
         earlier_ids = {e.id for r in others for e in r.exercises}
         self.ids = exercise_order(set(exercise_ids) | earlier_ids) if others else exercise_ids
-        rows = others + kept
+        rows = self._reviewed(others + kept)
         write_csv(rows, self.csv_path, self.ids)
         partial = self.jsonl_path.with_name(self.jsonl_path.name + ".partial")
         partial.write_text("".join(json.dumps(r.to_dict()) + "\n" for r in rows), encoding="utf-8")
@@ -131,6 +226,7 @@ class Journal:
 
     def add(self, result: GradeResult) -> None:
         assert self._csv is not None and self._jsonl is not None, "open() the journal first"
+        self._reviewed([result])
         csv.writer(self._csv).writerow(row(result, self.ids))
         self._jsonl.write(json.dumps(result.to_dict()) + "\n")
         for f in (self._csv, self._jsonl):
@@ -143,7 +239,7 @@ class Journal:
             if f is not None:
                 f.close()
         self._csv = self._jsonl = None
-        results = self._others(results) + results
+        results = self._reviewed(self._others(results) + results)
         write_csv(results, self.csv_path, self.ids or None)
         partial = self.jsonl_path.with_name(self.jsonl_path.name + ".partial")
         partial.write_text(

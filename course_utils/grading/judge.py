@@ -5,7 +5,10 @@ exactly as the notebook does, but here, where the learner's code never ran: the 
 are decoded values (`course_utils.checks.wire`), and a function answer is a `Replay` of what
 it returned in the learner's kernel on the inputs `cases_K` drew. An exercise passes only
 when its check returns and prints its ✅ line: an error, a missing answer, or any surprise
-is a fail with the reason.
+is a fail with the reason. A check declared with partial credit (`checks.scoring`) judges
+each of its parts here too, each case on the evidence the kernel sent, and the share of
+parts right rides on the failure it raises (`CheckFailed.share`): that share, read only from
+such a check and only from what it raised here, is the verdict's `share` (1 for a pass).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import io
 from dataclasses import dataclass
 from types import ModuleType
 
-from course_utils.checks import PASSED_MARK, CheckFailed, NotAnswered, Variant
+from course_utils.checks import PASSED_MARK, CheckFailed, Variant
 from course_utils.checks.wire import Replay, decode
 from course_utils.grading.sandbox import Exercise
 
@@ -25,6 +28,13 @@ class Verdict:
     exercise: int
     passed: bool
     message: str
+    share: float = 0.0  # of the exercise's points earned: 1 for a pass, a part's for a fail
+
+
+def worth(module: ModuleType, k: int) -> tuple[float, bool]:
+    """(points, partial): what exercise K of `module` is worth, as its check declares."""
+    check = getattr(module, f"exercise_{k}", None)
+    return float(getattr(check, "points", 1)), bool(getattr(check, "partial", False))
 
 
 def cases_for(module: ModuleType, k: int, variant: Variant) -> dict[str, list[tuple]]:
@@ -60,10 +70,9 @@ def judge(
     try:
         with contextlib.redirect_stdout(out):
             getattr(module, f"exercise_{k}")(*args, **kwargs, variant=variant)
-    except NotAnswered as exc:
-        return Verdict(k, False, _with_problems(exc.message, problems))
-    except CheckFailed as exc:
-        return Verdict(k, False, _with_problems(exc.message, problems))
+    except CheckFailed as exc:  # NotAnswered too: a part may be answered, and right
+        share = min(max(float(exc.share), 0.0), 1.0) if worth(module, k)[1] else 0.0
+        return Verdict(k, False, _with_problems(exc.message, problems), share)
     except Exception as exc:  # an answer the check could not handle: never a pass
         return Verdict(
             k,
@@ -73,7 +82,7 @@ def judge(
     printed = out.getvalue().strip()
     if not printed.startswith(PASSED_MARK):
         return Verdict(k, False, f"{label}: the check gave no verdict")
-    return Verdict(k, True, printed.removeprefix(PASSED_MARK).strip())
+    return Verdict(k, True, printed.removeprefix(PASSED_MARK).strip(), 1.0)
 
 
 def _with_problems(message: str, problems: list[str]) -> str:

@@ -13,7 +13,7 @@ notebook the gradebook takes for each student and lesson (`--keep`):
 
 - `latest` (the default): the last one handed in, as the LMS would show it (Canvas: the
   larger file id; otherwise the later modification time, then the later name);
-- `best`: the highest score (ties: the latest);
+- `best`: the highest score, the instructor's review included (ties: the latest);
 - `on-time`: the latest one not marked late; a student with only late work gets nothing
   (an empty cell, like a missing notebook).
 
@@ -70,7 +70,7 @@ def flag_choices(results: list[GradeResult], keep: str, order: dict[str, tuple])
                 r.flags.append(DUPLICATE)
         chosen: GradeResult | None
         if keep == "best":
-            chosen = max(rows, key=lambda r: (r.score, order.get(r.notebook, ())))
+            chosen = max(rows, key=lambda r: (r.final(), order.get(r.notebook, ())))
         elif keep == "on-time":
             on_time = [r for r in rows if LATE not in r.flags]
             chosen = on_time[-1] if on_time else None

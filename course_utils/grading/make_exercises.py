@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         "--roster",
         type=Path,
         default=None,
-        help="a roster CSV (id,name[,lms_id]): write OUT/<id>/*.ipynb for each student",
+        help="a roster CSV (id,name[,lms_id][,login]): write OUT/<id>/*.ipynb for each student",
     )
     parser.add_argument(
         "--lesson",

@@ -10,7 +10,7 @@ name, a name cell, an exception's message, an answer's type. Three rules keep it
   for text that is shown as a block: a feedback page). Used for the terminal and HTML.
 - `cell(value)`: a CSV cell a spreadsheet cannot take for a formula: text that starts with
   `=`, `+`, `-`, `@`, a tab or a carriage return gets a leading `'` (OWASP, "CSV
-  Injection"); numbers, and text that is just a number (`-3`), stay numbers.
+  Injection"); numbers, text that is just a number (`-3`) and a lone `-` stay as they are.
 - `file_name(text)`: one harmless path component (no `/`, no `..`, no control character),
   for files named after students: a name never chooses where a file is written.
 """
@@ -46,7 +46,12 @@ def visible(text: object, newlines: bool = False) -> str:
 
 def cell(value: object) -> object:
     """`value` as a CSV cell no spreadsheet runs: see the module's docstring."""
-    if isinstance(value, str) and value.startswith(FORMULA_START) and not NUMBER.fullmatch(value):
+    if (
+        isinstance(value, str)
+        and value.startswith(FORMULA_START)
+        and not NUMBER.fullmatch(value)
+        and value != "-"  # a lone minus is no formula (Moodle's "no grade")
+    ):
         return "'" + value
     return value
 

@@ -9,6 +9,9 @@ each of its exercises becomes one test item:
     submissions/alice/03_bubble_tradeoff.ipynb::3.1 PASSED
     submissions/alice/03_bubble_tradeoff.ipynb::3.2 FAILED   (the hint is the failure)
 
+(an exercise passes only when right; a partly right one fails with its hint, and the points
+it earned are the item's `points` property in the JUnit report, "2.25/3")
+
 so `--junitxml report.xml` hands GitHub Classroom, GitLab or any CI one test per exercise
 per student. A notebook that could not be graded is one failed item, `::notebook`, saying
 why. What a class needs a look at is a failed item too, with its reason: a notebook not on
@@ -56,7 +59,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="collect .ipynb submissions: one test per exercise, the grader's verdict",
     )
     group.addoption("--course-variants", action="store_true", help="each student's own numbers")
-    group.addoption("--course-roster", type=Path, default=None, help="roster CSV: id,name[,lms_id]")
+    group.addoption(
+        "--course-roster", type=Path, default=None, help="roster CSV: id,name[,lms_id][,login]"
+    )
     group.addoption("--course-lesson", type=int, default=None, help="grade as this lesson")
     group.addoption("--course-solutions", type=Path, default=None, help="folder of solutions")
     group.addoption(
@@ -269,6 +274,8 @@ class ExerciseItem(pytest.Item):
             self.user_properties.append(("name", result.name))
         if result.flags:
             self.user_properties.append(("flags", "; ".join(result.flags)))
+        if exercise is not None:  # the points it earned of those it is worth (JUnit XML)
+            self.user_properties.append(("points", f"{exercise.earned}/{exercise.points}"))
 
     def runtest(self) -> None:
         if self.exercise is None:

@@ -6,25 +6,36 @@ handout folder, so it must be a good folder name everywhere; it may be written i
     check_name("José Núñez")   # -> "José Núñez" (NFC-normalised, outer spaces dropped)
     check_name("a/b")          # CourseInputError naming what is not allowed
 
-A roster is a CSV file with a header: `id`, `name` and, optionally, `lms_id` (the number
-Canvas or Moodle gives the student, as in their download's file names). `match` finds whose
-a submitted file is, from the layouts instructors get:
+A roster is a CSV file with a header: `id`, `name` and, optionally, `lms_id` (Canvas's user
+id, as in its download's file names) and `login` (the student's LMS login or email; the
+header may say `email` or `username`). The id seeds the student's numbers and names their
+handout folder; the login is what an LMS's grade import finds a student by (the gradebook
+writes it), so the two stay apart: an id in any script, a login as the LMS has it. `match`
+finds whose a submitted file is, from the layouts instructors get:
 
 - Moodle, "Download all submissions" (in folders, or flat), named by Moodle's
   `mod/assign/classes/downloader.php`: the participant's full name (its `_` made spaces),
-  their number, the plugin: `Alice Smith_12345_assignsubmission_file/03_bubble_tradeoff.ipynb`
-  (Moodle 4.1 and later; earlier ones end the folder with `_`), or flat,
-  `Alice Smith_12345_assignsubmission_file_03_bubble_tradeoff.ipynb`. Nothing in these names
-  says a submission was late;
+  their participant number, the plugin:
+  `Alice Smith_12345_assignsubmission_file/03_bubble_tradeoff.ipynb` (Moodle 4.1 and later;
+  earlier ones end the folder with `_`), or flat,
+  `Alice Smith_12345_assignsubmission_file_03_bubble_tradeoff.ipynb`. The number is the
+  assignment's own participant id (`assign::get_uniqueid_for_user`: a row of the
+  `assign_user_mapping` table for that assignment and user, handed out at random when the
+  assignment first lists its participants, the "Participant 12345" of anonymous marking), not
+  the user's id: it differs from one assignment to the next, so no roster column can hold it
+  and a Moodle file is matched by its full name. Nothing in these names says a submission
+  was late;
 - Canvas, "Download Submissions", named by Canvas's `ContentZipper#get_filename`: the sortable
   name squeezed to word characters, `LATE` when late, the user id, the file's id, its name:
   `smithalice_12345_67890_03_bubble_tradeoff.ipynb`, `smithalice_LATE_12345_67891_...`;
 - the course's own handouts (`make_exercises --roster`) and any plain layout:
-  `<id>/03_bubble_tradeoff.ipynb` or `<id>.ipynb`.
+  `<id>/03_bubble_tradeoff.ipynb` or `<id>.ipynb`, or a folder or file named by the
+  student's login or email (`alice@uni.edu/03_bubble_tradeoff.ipynb`).
 
-The number is matched with the roster's `lms_id` where both have one (`by_number`), else the
-name (any case, any spacing), else the id (`by_name`). A number of one student in a name of
-another is a disagreement `batch` flags.
+Canvas's user id is matched with the roster's `lms_id` where both have one (`by_number`),
+else the login or email (`by_login`, any case), else the name (any case, any spacing) or the
+id (`by_name`). A Canvas number of one student in a name of another is a disagreement `batch`
+flags.
 """
 
 from __future__ import annotations
@@ -98,9 +109,14 @@ def possessive(name: str) -> str:
 
 @dataclass(frozen=True)
 class Student:
-    id: str
+    id: str  # the seed of their numbers and their handout folder's name
     name: str
-    lms_id: str = ""
+    lms_id: str = ""  # Canvas's user id
+    login: str = ""  # their LMS login or email, as the LMS's grade import finds them
+
+
+LMS = ("canvas", "moodle")  # the LMSs whose downloads and grade imports the grader knows
+LOGIN_HEADERS = ("login", "email", "username", "email_address", "sis_login_id")
 
 
 def _key(text: str) -> str:
@@ -108,8 +124,8 @@ def _key(text: str) -> str:
 
 
 def read_roster(path: Path) -> list[Student]:
-    """The students of a roster CSV (header `id,name[,lms_id]`), or one line saying what is
-    wrong with it."""
+    """The students of a roster CSV (header `id,name[,lms_id][,login]`; the login column may
+    be headed `email` or `username`), or one line saying what is wrong with it."""
     path = validation.input_file(path, "--roster", validation.MAX_ROSTER_BYTES)
     try:
         with path.open(newline="", encoding="utf-8-sig") as f:  # Excel writes a BOM
@@ -117,38 +133,52 @@ def read_roster(path: Path) -> list[Student]:
     except (UnicodeDecodeError, csv.Error) as exc:
         raise CourseInputError(f"--roster {str(path)!r} is not a UTF-8 CSV file ({exc})") from None
     if not rows:
-        raise CourseInputError(f"--roster {str(path)!r} is empty: give a header id,name[,lms_id]")
+        raise CourseInputError(
+            f"--roster {str(path)!r} is empty: give a header id,name[,lms_id][,login]"
+        )
     header = [_key(h).replace(" ", "_") for h in rows[0]]
     if "id" not in header or "name" not in header:
         raise CourseInputError(
             f"--roster {str(path)!r}: the header must name the columns id and name "
-            f"(and optionally lms_id), found {rows[0]}"
+            f"(and optionally lms_id and login), found {rows[0]}"
         )
     column = {h: i for i, h in enumerate(header)}
-    place = (column["id"], column["name"], column.get("lms_id"))
+    logins = [h for h in LOGIN_HEADERS if h in column]
+    if len(logins) > 1:
+        raise CourseInputError(
+            f"--roster {str(path)!r}: give the students' LMS login in one column, not in "
+            f"{' and '.join(logins)}"
+        )
+    place = (
+        column["id"], column["name"], column.get("lms_id"), column[logins[0]] if logins else None
+    )  # fmt: skip
     students: list[Student] = []
     for line, row in enumerate(rows[1:], start=2):  # one pass: a roster may have 100,000 rows
         if not "".join(row).strip():
             continue
-        sid, name, lms = (row[i].strip() if i is not None and i < len(row) else "" for i in place)
+        sid, name, lms, login = (
+            row[i].strip() if i is not None and i < len(row) else "" for i in place
+        )
         try:
             sid = check_name(sid)
         except CourseInputError:
             check_name(sid, f"--roster {path.name}, line {line}: id")  # the same, said where
         if not name:
             raise CourseInputError(f"--roster {path.name}, line {line}: the name is empty")
-        students.append(Student(sid, name, lms))
+        students.append(Student(sid, name, lms, login))
     if not students:
         raise CourseInputError(f"--roster {str(path)!r} lists no students")
     _distinct([s.id for s in students], f"--roster {path.name}")
-    seen: set[str] = set()
-    for student in students:
-        if student.lms_id in seen:
-            raise CourseInputError(
-                f"--roster {path.name}: lms_id {student.lms_id!r} is given twice"
-            )
-        if student.lms_id:
-            seen.add(student.lms_id)
+    for what, values in (
+        ("lms_id", [s.lms_id for s in students]),
+        (logins[0] if logins else "login", [s.login.casefold() for s in students]),
+    ):
+        seen: set[str] = set()
+        for value in values:
+            if value in seen:
+                raise CourseInputError(f"--roster {path.name}: {what} {value!r} is given twice")
+            if value:
+                seen.add(value)
     return students
 
 
@@ -207,15 +237,26 @@ def _canvas_logins(name: str) -> set[str]:
 
 def match(found: Label, roster: list[Student]) -> Student | None:
     """The roster's student a file belongs to, or None (not on the roster)."""
-    return by_number(found, roster) or by_name(found, roster)
+    return by_number(found, roster) or by_login(found, roster) or by_name(found, roster)
 
 
 def by_number(found: Label, roster: list[Student]) -> Student | None:
-    """The student whose `lms_id` is the file's number, if any."""
-    if found.number:
+    """The student whose `lms_id` is the file's number, if any: Canvas's user id (a Moodle
+    download's number is the assignment's participant id, the same for no two assignments:
+    never matched)."""
+    if found.number and found.layout != "moodle":
         for s in roster:
             if s.lms_id and s.lms_id == found.number:
                 return s
+    return None
+
+
+def by_login(found: Label, roster: list[Student]) -> Student | None:
+    """The student whose login or email the file's folder or name is (any case), if any."""
+    key = unicodedata.normalize("NFC", found.text).strip().casefold()
+    for s in roster:
+        if s.login and s.login.casefold() == key:
+            return s
     return None
 
 

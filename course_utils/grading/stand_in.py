@@ -49,6 +49,7 @@ FRAMEWORK = (
     "fields.py",
     "variants.py",
     "declaring.py",
+    "scoring.py",
     "wire.py",
     "programs.py",
     "rank_cases.py",

@@ -1,5 +1,6 @@
 """Class statistics: per exercise, the share of students who passed, how many left it
-unanswered, and the commonest hint among the wrong answers.
+unanswered, how many wrong answers were partly right (earned part of the points), and the
+commonest hint among the wrong answers.
 
     stats = class_statistics(results)
     print(stats_table(stats))
@@ -44,6 +45,7 @@ class ExerciseStats:
     hint: str  # the commonest message among the wrong answers ("" if none was wrong)
     hint_count: int
     unanswered: int = 0  # students who left it unanswered ("not answered yet")
+    partly: int = 0  # of the wrong answers, those that earned part of the points
 
     @property
     def share(self) -> float:
@@ -62,6 +64,7 @@ def class_statistics(results: list[GradeResult]) -> list[ExerciseStats]:
     graded: Counter[str] = Counter()
     passed: Counter[str] = Counter()
     blank: Counter[str] = Counter()
+    partly: Counter[str] = Counter()
     hints: dict[str, Counter[str]] = {}
     example: dict[tuple[str, str], str] = {}
     for r in results:
@@ -75,6 +78,7 @@ def class_statistics(results: list[GradeResult]) -> list[ExerciseStats]:
             if unanswered(e):
                 blank[e.id] += 1
                 continue
+            partly[e.id] += e.partly
             first = LABEL.sub("", (e.message.strip().splitlines() or [""])[0])
             shape = NUMBER.sub("#", first)
             hints.setdefault(e.id, Counter())[shape] += 1
@@ -84,7 +88,9 @@ def class_statistics(results: list[GradeResult]) -> list[ExerciseStats]:
         common = hints.get(k, Counter()).most_common(1)
         shape, count = common[0] if common else ("", 0)
         stats.append(
-            ExerciseStats(k, graded[k], passed[k], example.get((k, shape), ""), count, blank[k])
+            ExerciseStats(
+                k, graded[k], passed[k], example.get((k, shape), ""), count, blank[k], partly[k]
+            )
         )
     return stats
 
@@ -117,10 +123,10 @@ def write_stats(
     with table.open("w", newline="", encoding="utf-8", errors="backslashreplace") as f:
         writer = csv.writer(f)
         writer.writerow(["exercise", "graded", "passed", "percent passed", "not answered",
-                         "commonest hint", "students given it"])  # fmt: skip
+                         "commonest hint", "students given it", "partly right"])  # fmt: skip
         for s in stats:
             writer.writerow([cell(c) for c in (s.id, s.graded, s.passed, round(100 * s.share, 1),
-                             s.unanswered, s.hint, s.hint_count)])  # fmt: skip
+                             s.unanswered, s.hint, s.hint_count, s.partly)])  # fmt: skip
     return path, table
 
 
