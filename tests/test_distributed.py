@@ -539,8 +539,16 @@ def test_ctrl_c_or_sigterm_stops_the_command_and_its_ranks_within_two_seconds(
     # SIGTERM (kill, a job scheduler) reaches the parent only, which closes its ranks.
     import signal as signals
 
-    command = [sys.executable, "-m", "course_utils", "distributed", "--steps", "10", "--batch",
-               "64"]  # fmt: skip  (the largest batch the command allows)
+    command = [
+        sys.executable,
+        "-m",
+        "course_utils",
+        "distributed",
+        "--steps",
+        "10",
+        "--batch",
+        "64",
+    ]  # fmt: skip  (the largest batch the command allows)
     parent = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
         start_new_session=True,
