@@ -108,9 +108,14 @@ def solution_blocks(solutions: list[Path]) -> dict[str, list[str]]:
 
 def needles(block: list[str], shown: str) -> list[str]:
     """What of a solution block must not be in the book: each line of three words or more
-    that the lessons and blank exercises (`shown`, as `words`) do not hold themselves, and
-    the whole block unless they hold it."""
-    found = [w for line in block if len((w := words(line)).split()) >= 3 and w not in shown]
+    and 12 characters or more (shorter ones, such as `if s == 0`, stand in the course's own
+    code that lessons show) that the lessons and blank exercises (`shown`, as `words`) do not
+    hold themselves, and the whole block unless they hold it."""
+    found = [
+        w
+        for line in block
+        if len((w := words(line)).split()) >= 3 and len(w) >= 12 and w not in shown
+    ]
     whole = words("\n".join(block))
     return found + ([whole] if whole.strip() and whole not in shown else [])
 
