@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from course_utils.checks.rank_cases import _Case
+from course_utils.checks.rank_cases import _Case, seeded_mlp
 
 LR = 0.5  # plain SGD's learning rate in WorkerDDPCase: summed gradients move twice as far
 RUN_TIMEOUT_S = 90.0  # a run's own limit: past it, the run says where each rank was
@@ -85,15 +85,7 @@ class WorkerDDPCase(_Case):
 
     def build(self):
         """(model, inputs, targets): the same numbers wherever they are made."""
-        import torch
-
-        from course_utils.models import MLP
-
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self.seed)
-            model = MLP(8, self.hidden, 4, depth=2)
-        x, y = model.example_batch(self.batch, torch.Generator().manual_seed(self.seed))
-        return model, x, y
+        return seeded_mlp(self.seed, 8, self.hidden, 4, 2, self.batch)
 
     def shards(self) -> list[tuple]:
         """Each rank's arguments: the model, its shard of the batch, the steps, the rate."""

@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from course_utils.checks import check_function, fail
+from course_utils.checks.rank_cases import seeded_mlp
 from course_utils.checks.wire import Replay
 
 
@@ -81,7 +82,7 @@ class ProgramCase:
         own random state (left as it was)."""
         from course_utils.models import partition
 
-        model, x, y = _seeded_mlp(
+        model, x, y = seeded_mlp(
             self.seed, self.d_in, self.hidden, self.classes, self.depth, self.batch
         )
         return partition(model, self.devices * self.chunks), x, y
@@ -128,19 +129,6 @@ class ProgramCase:
         return {"grads": grads, "handed": handed[:-1]}
 
 
-def _seeded_mlp(seed: int, d_in: int, hidden: int, classes: int, depth: int, batch: int):
-    """The course's MLP and a batch, made from `seed` whatever the caller's random state."""
-    import torch
-
-    from course_utils.models import MLP
-
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = MLP(d_in, hidden, classes, depth)
-        x, y = model.example_batch(batch, torch.Generator().manual_seed(seed))
-    return model, x, y
-
-
 @dataclass(frozen=True)
 class ShardCase:
     """One trial of an FSDP step (Exercise 8.6): the course's MLP (`d_in` inputs, `depth`
@@ -164,7 +152,7 @@ class ShardCase:
 
     def build(self):
         """(model, inputs, targets)."""
-        return _seeded_mlp(self.seed, self.d_in, self.hidden, self.classes, self.depth, self.batch)
+        return seeded_mlp(self.seed, self.d_in, self.hidden, self.classes, self.depth, self.batch)
 
     def __course_call__(self, program: Callable) -> dict:
         from course_utils.parallel.fsdp.rank_program import run_fsdp_program, shards

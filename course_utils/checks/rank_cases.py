@@ -49,6 +49,20 @@ def _generator(seed: int):
     return torch.Generator().manual_seed(seed)
 
 
+def seeded_mlp(seed: int, d_in: int, hidden: int, classes: int, depth: int, batch: int):
+    """The course's MLP and a batch, made from `seed` whatever the caller's random state:
+    the same numbers in every thread and process that makes them."""
+    import torch
+
+    from course_utils.models import MLP
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = MLP(d_in, hidden, classes, depth)
+    x, y = model.example_batch(batch, _generator(seed))
+    return model, x, y
+
+
 # --------------------------------------------------------------------------- the ring
 
 
@@ -112,15 +126,7 @@ class DDPCase(_Case):
 
     def build(self):
         """(model, inputs, targets), the same in every process."""
-        import torch
-
-        from course_utils.models import MLP
-
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self.seed)
-            model = MLP(16, self.hidden, 10, self.depth)
-        x, y = model.example_batch(self.batch, _generator(self.seed))
-        return model, x, y
+        return seeded_mlp(self.seed, 16, self.hidden, 10, self.depth, self.batch)
 
     def __course_call__(self, program) -> dict:
         from course_utils.parallel.rank_programs import run_data_parallel
