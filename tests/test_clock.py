@@ -143,10 +143,13 @@ def test_ring_all_reduce_on_threads_takes_the_formula_time(workers, per_node):
 def test_cluster_links_scale_the_preset_to_this_machine():
     fast = cluster_links("A100-80GB", compute_rate=1e11)
     assert fast.scale == pytest.approx(1e11 / (312e12 * 0.5))
-    assert fast.intra_bandwidth == pytest.approx(300e9 * fast.scale)
-    assert fast.inter_bandwidth == pytest.approx(25e9 * fast.scale)
+    # and a thread's float32 element costs the cluster's bf16 2 bytes: twice the bandwidth
+    assert fast.wire == 2.0
+    assert fast.intra_bandwidth == pytest.approx(300e9 * fast.scale * 2)
+    assert fast.inter_bandwidth == pytest.approx(25e9 * fast.scale * 2)
     assert fast.latency == pytest.approx(5e-6)  # not scaled (see the module docstring)
     assert "A100-80GB" in fast.describe() and "scaled to this machine" in fast.describe()
+    assert "costed as bf16's 2 bytes" in fast.describe()
     changed = cluster_links("H100-80GB", gpus_per_node=4, inter_node_gbs=12.5, compute_rate=1e11)
     assert changed.gpus_per_node == 4 and changed.hardware_gbs == (450.0, 12.5)
     assert 1e9 < machine_flops() < 1e14

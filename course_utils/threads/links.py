@@ -16,6 +16,13 @@ and a byte costs as many FLOPs of this machine's compute as it costs on the clus
 ratio of communication to compute is the real cluster's, on any laptop. Ratios (speed-ups,
 overlap gains) then carry over from machine to machine; absolute times do not.
 
+Costed as the cluster's bf16. The cluster the threads stand in for trains in bf16 mixed
+precision, as the planner assumes (`plan.inputs.PRECISIONS["bf16-mixed"]`: weights,
+gradients and activations 2 bytes an element), and a CPU float32 FLOP already stands for a
+GPU bf16 FLOP. The threads send float32, 4 bytes an element; on the emulated links each
+element costs the cluster's 2 bytes (`WIRE_FACTOR`: the bandwidths are doubled), so a
+gradient all-reduce costs what the same model's bf16 all-reduce costs on the cluster.
+
 Latency is not scaled: the tiny models stand in for models whose steps last 10^4 times
 longer, so a scaled latency (5 us -> 50 ms) would dominate as it never does for the real
 model. It stays the preset's microseconds, a small per-message cost.
@@ -33,6 +40,10 @@ from dataclasses import asdict, dataclass
 
 from course_utils.errors import CourseInputError
 
+# Bytes of an element the threads send (float32) over the cluster's (bf16): see above.
+THREAD_ELEMENT_BYTES, CLUSTER_ELEMENT_BYTES = 4, 2
+WIRE_FACTOR = THREAD_ELEMENT_BYTES / CLUSTER_ELEMENT_BYTES
+
 
 @dataclass(frozen=True)
 class Links:
@@ -40,7 +51,9 @@ class Links:
 
     `intra_bandwidth` joins devices of one node, `inter_bandwidth` devices of different
     nodes; `latency` is seconds per message. `scale` is what the preset's bandwidths were
-    multiplied by (1.0: unscaled). `name` and `hardware_gbs` say where they came from.
+    multiplied by for this machine's compute rate (1.0: unscaled) and `wire` for the size of
+    an element (2.0: a thread's float32 costed as the cluster's bf16; 1.0: bytes as sent).
+    `name` and `hardware_gbs` say where they came from.
     """
 
     gpus_per_node: int
@@ -48,6 +61,7 @@ class Links:
     inter_bandwidth: float
     latency: float = 0.0
     scale: float = 1.0
+    wire: float = 1.0
     name: str = "custom"
     hardware_gbs: tuple[float, float] | None = None  # the preset's (intra, inter) GB/s
 
@@ -55,7 +69,7 @@ class Links:
         g = self.gpus_per_node
         if isinstance(g, bool) or not isinstance(g, int) or g < 1:
             raise CourseInputError(f"gpus_per_node must be an integer >= 1, got {g!r}")
-        for key in ("intra_bandwidth", "inter_bandwidth", "scale"):
+        for key in ("intra_bandwidth", "inter_bandwidth", "scale", "wire"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise CourseInputError(f"{key} must be a number > 0 (or inf), got {value!r}")
@@ -94,9 +108,11 @@ class Links:
                 f"emulated links: {intra} in a node of {self.gpus_per_node}, {inter} between, {lat}"
             )
         hw_intra, hw_inter = self.hardware_gbs
+        bf16 = " (a float32 element costed as bf16's 2 bytes)" if self.wire == WIRE_FACTOR else ""
         return (
             f"emulated links: {self.name}, {hw_intra:g} GB/s in a node of {self.gpus_per_node}, "
-            f"{hw_inter:g} GB/s between nodes, {lat}; scaled to this machine: {intra}, {inter}"
+            f"{hw_inter:g} GB/s between nodes, {lat}; scaled to this machine{bf16}: "
+            f"{intra}, {inter}"
         )
 
     def to_dict(self) -> dict:
@@ -157,7 +173,8 @@ def cluster_links(
     compute_rate: float | None = None,
 ) -> Links:
     """The emulated links of a planner preset (default the planner's default GPU), with
-    bandwidths scaled by `compute_rate` (default: `machine_flops()`) / the GPU's FLOP rate.
+    bandwidths scaled by `compute_rate` (default: `machine_flops()`) / the GPU's FLOP rate,
+    and by `WIRE_FACTOR` (a thread's float32 element costs the cluster's bf16 2 bytes).
 
     The keyword arguments change the preset as the planner's flags do.
     """
@@ -180,10 +197,11 @@ def cluster_links(
     scale = rate / gpu_rate
     return Links(
         gpus_per_node=hw.gpus_per_node,
-        intra_bandwidth=hw.intra_node_gbs * 1e9 * scale,
-        inter_bandwidth=hw.inter_node_gbs * 1e9 * scale,
+        intra_bandwidth=hw.intra_node_gbs * 1e9 * scale * WIRE_FACTOR,
+        inter_bandwidth=hw.inter_node_gbs * 1e9 * scale * WIRE_FACTOR,
         latency=hw.latency_us * 1e-6,
         scale=scale,
+        wire=WIRE_FACTOR,
         name=hw.name or "custom",
         hardware_gbs=(hw.intra_node_gbs, hw.inter_node_gbs),
     )
