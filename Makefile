@@ -24,7 +24,7 @@ COMPAT_VENV ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/course-compat/torch-$(COMP
 COMPAT_PY := $(COMPAT_VENV)/bin/python
 
 .PHONY: setup lab test test-fast lint format unit notebooks test-nbval exercises bench test-browser \
-	test-constrained test-compat test-limits record-reference book clean
+	test-constrained compat-env test-compat test-limits record-reference book clean
 
 # Set-up: a venv with the pinned dependencies, the test tools, course_utils (editable) and the
 # instructors' pytest plugin (`pytest --course-grade`, see INSTRUCTORS.md; Binder leaves it
@@ -151,7 +151,9 @@ test-browser: setup
 # The learner's pins and the test runners from requirements*.txt, with torch replaced.
 COMPAT_LESSONS := notebooks/08_sharded_data_parallelism.ipynb \
 	notebooks/11_v_shaped_schedules.ipynb notebooks/13_beyond_one_machine.ipynb
-test-compat:
+# `make compat-env` only installs (CI starts it first, in the background, so that the download
+# overlaps `make test`); a second run finds everything installed and takes seconds.
+compat-env:
 	@$(COMPAT_PY) -m pip --version >/dev/null 2>&1 || \
 		{ rm -rf $(COMPAT_VENV) && $(PYTHON) -m venv $(COMPAT_VENV); }
 	$(COMPAT_PY) -m pip --disable-pip-version-check --quiet install "torch==$(COMPAT_TORCH)" \
@@ -159,6 +161,8 @@ test-compat:
 		$$(grep -E '^(pytest|pytest-xdist|execnet|nbval|hypothesis|pyyaml)==' requirements-dev.txt)
 	$(COMPAT_PY) -m pip --disable-pip-version-check --quiet install --no-deps --force-reinstall -e .
 	$(COMPAT_PY) -c "import torch; assert torch.__version__.split('+')[0] == '$(COMPAT_TORCH)', torch.__version__"
+
+test-compat: compat-env
 	COURSE_TEST_TORCH_THREADS=1 $(COMPAT_PY) -m pytest -p no:cacheprovider \
 		-m "not browser and not constrained and not book and (not slow or torch_api)" $(XDIST) \
 		--nbval-lax --nbval-current-env $(COMPAT_LESSONS) tests --ignore=tests/fixtures

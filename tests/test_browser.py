@@ -42,6 +42,12 @@ SHOTS = ROOT / "screenshots"
 
 @pytest.fixture(scope="module")
 def lab():
+    # The lessons run from the checkout itself: autosave off, or JupyterLab would write the
+    # executed lesson 02 (outputs and all) over the committed one.
+    settings = SHOTS / "user-settings"
+    plugin = settings / "@jupyterlab" / "docmanager-extension" / "plugin.jupyterlab-settings"
+    plugin.parent.mkdir(parents=True, exist_ok=True)
+    plugin.write_text('{"autosave": false}\n')
     command = [
         str(ROOT / ".venv" / "bin" / "jupyter"),
         "lab",
@@ -51,6 +57,7 @@ def lab():
         "--LabApp.expose_app_in_browser=True",
         # A fresh workspace each run, so no earlier layout or open tabs get in the way.
         "--LabApp.workspaces_dir=" + str(ROOT / "screenshots" / "workspaces"),
+        f"--LabApp.user_settings_dir={settings}",
     ]
     with jupyter_lab(command) as server:
         yield server
@@ -132,6 +139,7 @@ def _bubble_percent(page) -> str:
 
 
 def test_explorer_slider_changes_chart_and_bubble(browser, lab):
+    committed = (ROOT / EXPLORER_LESSON).read_bytes()
     page = _open_and_run_all(browser, lab, EXPLORER_LESSON)
     assert _error_outputs(page) == []
     chart = page.locator("img.explorer-chart, .explorer-chart img").first
@@ -172,6 +180,7 @@ def test_explorer_slider_changes_chart_and_bubble(browser, lab):
     assert picture.evaluate("img => img.complete && img.naturalWidth > 200")
     page.screenshot(path=str(SHOTS / "profiler_trace.png"), full_page=False)
     page.close()
+    assert (ROOT / EXPLORER_LESSON).read_bytes() == committed, "the lesson was saved over"
 
 
 def test_the_planner_redraws_its_chart_and_text_in_the_browser(browser, lab):
