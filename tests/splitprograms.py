@@ -151,3 +151,66 @@ MISTAKES = {  # each Build's commonest wrong programs, with words their hints mu
         zero_whole_state: "only the state of the parameters it updates",
     },
 }
+
+GRID = """\
+def grid_groups(ctx, tp, dp):
+    mine = {}
+    for d in range(dp):  # tensor-parallel groups: tp neighbouring ranks, one replica
+        group = ctx.new_group([t + tp * d for t in range(tp)])
+        if group is not None:
+            mine["tensor"] = group
+    for t in range(tp):  # data-parallel groups: one tensor rank in every replica
+        group = ctx.new_group([t + tp * d for d in range(dp)])
+        if group is not None:
+            mine["data"] = group
+    tensor_sum = mine["tensor"].all_reduce(ctx.value.clone())
+    data_sum = mine["data"].all_reduce(ctx.value.clone())
+    return {"tensor": tensor_sum, "data": data_sum}
+"""
+ANSWER[GRID] = "grid_groups"
+grid = load(GRID, "grid", "grid_groups")
+grid_strided = edit(  # the tensor groups made the data groups' way, and the other way round
+    GRID,
+    "grid_strided",
+    ('mine["tensor"] = group', 'mine["data"] = group'),
+    (
+        '            mine["data"] = group\n    tensor',
+        '            mine["tensor"] = group\n    tensor',
+    ),
+)
+grid_from_itself = edit(  # each rank's tensor group starts from the rank itself
+    GRID,
+    "grid_from_itself",
+    (
+        "    for d in range(dp):  # tensor-parallel groups: tp neighbouring ranks, one replica\n"
+        "        group = ctx.new_group([t + tp * d for t in range(tp)])\n"
+        "        if group is not None:\n"
+        '            mine["tensor"] = group\n',
+        '    mine["tensor"] = ctx.new_group([(ctx.rank + t) % ctx.world for t in range(tp)])\n',
+    ),
+)
+grid_in_place = edit(
+    GRID,
+    "grid_in_place",
+    ('mine["tensor"].all_reduce(ctx.value.clone())', 'mine["tensor"].all_reduce(ctx.value)'),
+    ('mine["data"].all_reduce(ctx.value.clone())', 'mine["data"].all_reduce(ctx.value)'),
+)
+grid_world = edit(
+    GRID,
+    "grid_world",
+    ('mine["data"].all_reduce(ctx.value.clone())', "ctx.comm.all_reduce(ctx.value.clone())"),
+)
+MISTAKES["grid"] = {
+    grid_strided: "the shape of its data-parallel group",
+    grid_from_itself: "is in two tensor-parallel groups",
+    grid_in_place: "works in place",
+    grid_world: "spans every rank",
+}
+grid_rank0_leaves = edit(  # rank 0 never joins its data-parallel all-reduce
+    GRID,
+    "grid_rank0_leaves",
+    (
+        '    data_sum = mine["data"]',
+        '    if ctx.rank == 0:\n        return {"tensor": tensor_sum}\n    data_sum = mine["data"]',
+    ),
+)

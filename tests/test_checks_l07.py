@@ -7,45 +7,8 @@ import pytest
 import splitprograms as sp
 from checkskit import STUDENTS
 
-from course_utils.checks import CheckFailed, NotAnswered, Variant
+from course_utils.checks import NotAnswered, Variant
 from course_utils.checks import l07 as check
-
-
-def groups_of(rank, tp, pp, dp):
-    t, s, d = rank % tp, (rank // tp) % pp, rank // (tp * pp)
-    return {
-        "tensor": [t_ + tp * (s + pp * d) for t_ in range(tp)],
-        "pipeline": [t + tp * (s_ + pp * d) for s_ in range(pp)],
-        "data": [t + tp * (s + pp * d_) for d_ in range(dp)],
-    }
-
-
-def pp_innermost(rank, tp, pp, dp):  # numbers stages first: a different grid
-    s, t, d = rank % pp, (rank // pp) % tp, rank // (tp * pp)
-    return {
-        "tensor": [s + pp * (t_ + tp * d) for t_ in range(tp)],
-        "pipeline": [s_ + pp * (t + tp * d) for s_ in range(pp)],
-        "data": [s + pp * (t + tp * d_) for d_ in range(dp)],
-    }
-
-
-def swapped(rank, tp, pp, dp):
-    right = groups_of(rank, tp, pp, dp)
-    return {"tensor": right["pipeline"], "pipeline": right["tensor"], "data": right["data"]}
-
-
-def without_self(rank, tp, pp, dp):
-    return {k: [r for r in v if r != rank] for k, v in groups_of(rank, tp, pp, dp).items()}
-
-
-def stub_groups(rank, tp, pp, dp):
-    raise NotImplementedError()
-
-
-def tensor_data_swapped(rank, tp, pp, dp):  # the lesson's grid has tp = dp = 2: sizes agree
-    right = groups_of(rank, tp, pp, dp)
-    return {"tensor": right["data"], "pipeline": right["pipeline"], "data": right["tensor"]}
-
 
 TP8 = next(Variant(s) for s in ("s1", "s7", "alice", "bob") if check.given_2(Variant(s))["tp"] == 8)
 
@@ -60,7 +23,7 @@ RIGHT = {
     2: ("all-reduce", 37_748_736),
     3: (23.75, 14.375, 5.0),
     4: (4, 2, 4),
-    5: (groups_of,),
+    5: (sp.grid,),
     6: ("b", "b"),
     7: (2.5, 1 / 3),
     8: (dp.tp,),
@@ -147,32 +110,7 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (7, (2.5, 0.1), "once more"),
     # with tp = 4, (N-1) x size is also twice the answer; another student's tp = 8 tells apart
     (2, ("all-reduce", 7 * _size_2(TP8), TP8), "what rank 0 sends in the naive all-reduce"),
-    (5, (lambda rank, tp, pp, dp: [[rank]] * 3,), "should be a dict with the keys"),
-    (5, (lambda rank, tp, pp, dp: {"tensor": [rank], "pipeline": [rank]},), "no key 'data'"),
-    (5, (without_self,), "leaves out rank"),
-    (5, (tensor_data_swapped,), "that is the rank's data group"),
-    (5, (pp_innermost,), "work out the rank's coordinates (d, s, t) first"),
 ]
-
-
-def test_grid_exercise_catches_wrong_groups():
-    # the first case is always the lesson's tp=2, pp=4, dp=2 grid, where these are all wrong
-    with pytest.raises(CheckFailed, match="innermost|group"):
-        check.exercise_5(pp_innermost)
-    with pytest.raises(CheckFailed, match="members|pipeline group|tensor group"):
-        check.exercise_5(swapped)
-    with pytest.raises(CheckFailed, match="itself"):
-        check.exercise_5(without_self)
-    with pytest.raises(CheckFailed, match="no key 'data'"):
-        check.exercise_5(lambda rank, tp, pp, dp: {"tensor": [rank], "pipeline": [rank]})
-    with pytest.raises(CheckFailed, match="should be a dict"):
-        check.exercise_5(lambda rank, tp, pp, dp: [[rank]] * 3)
-    with pytest.raises(CheckFailed, match="whole number"):
-        check.exercise_5(
-            lambda rank, tp, pp, dp: {k: [0.5] for k in ("tensor", "pipeline", "data")}
-        )
-    with pytest.raises(NotAnswered):
-        check.exercise_5(stub_groups)
 
 
 def right_for(v: Variant) -> dict:
@@ -187,6 +125,7 @@ def right_for(v: Variant) -> dict:
         7: (k * g7["input_gb"] + g7["layers"] // k * g7["block_gb"], 1 / 3),
         8: (dp.tp,),  # the same program for everybody, tried on their numbers
         1: (sp.column,),
+        5: (sp.grid,),
     }
 
 

@@ -38,3 +38,14 @@ def test_zero_steps_on_threads_equal_one_device_and_leave_the_model_as_it_was():
     assert all(p.equal(b) for p, b in zip(model.parameters(), before, strict=True))
     with pytest.raises(ValueError, match="split evenly"):
         run_zero_program(sp.zero, model, 3, x, y)
+
+
+def test_a_rank_that_leaves_a_group_is_named_within_seconds():
+    import time
+
+    start = time.monotonic()
+    with pytest.raises(CheckFailed) as info:
+        l07.exercise_5(sp.grid_rank0_leaves)
+    said = str(info.value)
+    assert "never finished: deadlock" in said and "waits for rank 0's part of a collective" in said
+    assert "do the ranks agree on their groups?" in said and time.monotonic() - start < 10

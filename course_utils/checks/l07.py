@@ -21,7 +21,7 @@ from course_utils.checks import (
     pick,
     programs,
 )
-from course_utils.checks.rank_cases import ColumnCase, TPCase, close
+from course_utils.checks.rank_cases import ColumnCase, GridCase, TPCase, close
 
 for_student = checks.lesson_checks(__name__)
 
@@ -213,67 +213,30 @@ def exercise_4(tp, pp, dp) -> str:
     )
 
 
-GROUPS = ("tensor", "pipeline", "data")
+# --------------------------------------------------------------------------- 7.5: groups
 
 
-def _groups(rank: int, tp: int, pp: int, dp: int) -> dict[str, list[int]]:
-    """The three groups of `rank`, ranks numbered TP-innermost: t + tp (s + pp d)."""
-    t, s, d = rank % tp, (rank // tp) % pp, rank // (tp * pp)
-
-    def r(d_, s_, t_):
-        return t_ + tp * (s_ + pp * d_)
-
-    return {
-        "tensor": [r(d, s, x) for x in range(tp)],
-        "pipeline": [r(d, x, t) for x in range(pp)],
-        "data": [r(x, s, t) for x in range(dp)],
-    }
-
-
-def _grids_5(variant: Variant) -> list[tuple[int, int, int, int]]:
-    """(tp, pp, dp, rank) of exercise 7.5's cases: the lesson's grid, then random ones."""
-    rng = variant.cases("5")
-    cases = [(2, 4, 2, rng.randrange(16))]
-    for _ in range(8):
-        tp, pp, dp = rng.randint(1, 4), rng.randint(1, 4), rng.randint(1, 3)
-        cases.append((tp, pp, dp, rng.randrange(tp * pp * dp)))
-    return cases
+given_5 = numbers(pick("5", (2, 3), [(3, 2), (2, 4), (4, 2)], "tp", "dp"))
 
 
 def cases_5(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
-    return {"groups_of": [(rank, tp, pp, dp) for tp, pp, dp, rank in _grids_5(variant)]}
+    """The learner's grid, then two fresh ones (tp and dp differ, so that the groups of
+    the two kinds differ in size)."""
+    g, rng = given_5(variant), variant.cases("5")
+    cases = [GridCase(g.tp, g.dp, seed=5)]
+    others = [grid for grid in [(2, 3), (3, 2), (4, 2), (2, 4)] if grid != (g.tp, g.dp)]
+    for tp, dp in rng.sample(others, 2):
+        cases.append(GridCase(tp, dp, rng.randint(1, 10**6)))
+    return {"grid_groups": [(case,) for case in cases]}
 
 
-@exercise(groups_of="function", partial=True)
-def exercise_5(groups_of, variant) -> str:
-    """Build groups_of(rank, tp, pp, dp): the tensor, pipeline and data groups of one rank."""
-    cases = cases_5(variant)["groups_of"]
-    for (rank, tp, pp, dp), shown, got in checks.each_call(groups_of, cases):
-        checks.as_dict(got, shown, GROUPS)
-        want = _groups(rank, tp, pp, dp)
-        for kind, degree, size in zip(GROUPS, ("tp", "pp", "dp"), (tp, pp, dp), strict=True):
-            what = f"{shown}[{kind!r}]"
-            group = sorted(checks.as_sequence(got[kind], what, item=checks.as_int))
-            if rank not in group:
-                fail(f"{what} = {group} leaves out rank {rank} itself; include it.")
-            if len(group) != size:
-                fail(
-                    f"{what} has {len(group)} ranks; a {kind} group has {degree} = {size} members."
-                )
-            if group != sorted(want[kind]):
-                swapped = [k for k in GROUPS if k != kind and group == sorted(want[k])]
-                hint = (
-                    f"that is the rank's {swapped[0]} group."
-                    if swapped
-                    else "work out the rank's coordinates (d, s, t) first: tensor parallelism "
-                    "is innermost (neighbouring ranks), data parallelism outermost."
-                )
-                fail(f"{what} = {group} is not right: {hint}")
-    return (
-        f"Right on {len(cases)} grids and ranks (the lesson's and random ones): each "
-        "rank talks to its tensor group every layer, its pipeline neighbours per micro-batch "
-        "and its data-parallel twins once per step."
-    )
+@exercise(given_5, grid_groups=programs.as_program, points=3, partial=True)
+def exercise_5(grid_groups, variant) -> str:
+    """Build a tp x dp grid's process groups per rank, with one all-reduce in each; judged
+    on the ranks each all-reduce joined and its sums."""
+    from course_utils.checks.groups_build import grid_groups as verdict  # the grader's
+
+    return verdict(grid_groups, cases_5(variant)["grid_groups"])
 
 
 @exercise(

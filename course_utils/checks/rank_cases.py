@@ -271,3 +271,36 @@ class ZeroCase(_Case):
         model, x, y = self.build()
         run = zero.run_zero_program(program, model, self.devices, x, y, self.steps, False)
         return run.evidence() | {"flats": zero.flats(run), "state": zero.state_numels(run)}
+
+
+# --------------------------------------------------------------------------- 7.5: groups
+
+
+@dataclass(frozen=True)
+class GridCase(_Case):
+    """A grid of `tp` x `dp` ranks (tensor parallelism innermost), each holding a tensor of
+    whole numbers drawn from `seed`."""
+
+    tp: int
+    dp: int
+    seed: int
+
+    @property
+    def devices(self) -> int:
+        return self.tp * self.dp
+
+    def __repr__(self) -> str:
+        return f"tp = {self.tp}, dp = {self.dp}, seed {self.seed}"
+
+    def values(self) -> list:
+        """Each rank's tensor: whole numbers, so every order of adding them is exact."""
+        import torch
+
+        gen = _generator(self.seed)
+        return [torch.randint(-99, 100, (3,), generator=gen).float() for _ in range(self.devices)]
+
+    def __course_call__(self, program) -> dict:
+        from course_utils.parallel.grid_program import run_grid_program
+
+        run = run_grid_program(program, self.tp, self.dp, self.values(), raise_failure=False)
+        return run.evidence()

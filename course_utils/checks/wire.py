@@ -34,6 +34,7 @@ CASES = {
     "TPCase": "course_utils.checks.rank_cases",
     "ColumnCase": "course_utils.checks.rank_cases",
     "ZeroCase": "course_utils.checks.rank_cases",
+    "GridCase": "course_utils.checks.rank_cases",
     "WorkerRingCase": "course_utils.checks.processes",  # a worker file on real processes
     "WorkerDDPCase": "course_utils.checks.processes",
 }
