@@ -214,3 +214,62 @@ grid_rank0_leaves = edit(  # rank 0 never joins its data-parallel all-reduce
         '    if ctx.rank == 0:\n        return {"tensor": tensor_sum}\n    data_sum = mine["data"]',
     ),
 )
+
+ZIGZAG = """\
+def zigzag_ring(ctx):
+    n, r = ctx.world, ctx.rank
+    c = ctx.q.shape[1]  # tokens per chunk
+    out, lse = [None, None], [None, None]
+    kv = torch.stack([ctx.k, ctx.v])  # this rank's two chunks' keys and values
+    for step in range(n):
+        owner = (r - step) % n
+        theirs = (owner, 2 * n - 1 - owner)  # the chunk numbers in hand
+        for i, a in enumerate(ctx.chunks):
+            for j, b in enumerate(theirs):
+                if b > a:  # a later chunk: the mask hides it all
+                    continue
+                mask = torch.ones(c, c, dtype=torch.bool).tril() if a == b else None
+                o, s = ctx.attend(ctx.q[i], kv[0, j], kv[1, j], mask)
+                if out[i] is None:
+                    out[i], lse[i] = o, s
+                else:
+                    out[i], lse[i] = ctx.merge(out[i], lse[i], o, s)
+        if step < n - 1:
+            ctx.send(kv, to=(r + 1) % n)
+            kv = ctx.recv((r - 1) % n)
+    return torch.cat(out)
+"""
+ANSWER[ZIGZAG] = "zigzag_ring"
+zigzag = load(ZIGZAG, "zigzag", "zigzag_ring")
+zigzag_everything = edit(  # every product computed, the hidden ones with an all-False mask
+    ZIGZAG,
+    "zigzag_everything",
+    (
+        "                if b > a:  # a later chunk: the mask hides it all\n"
+        "                    continue\n"
+        "                mask = torch.ones(c, c, dtype=torch.bool).tril() if a == b else None\n",
+        "                mask = torch.ones(c, c, dtype=torch.bool).tril() if a == b else None\n"
+        "                if b > a:\n"
+        "                    mask = torch.zeros(c, c, dtype=torch.bool)\n",
+    ),
+)
+zigzag_plain_skip = edit(  # the blocks of later ranks skipped whole, as in the plain split
+    ZIGZAG,
+    "zigzag_plain_skip",
+    (
+        "        for i, a in enumerate(ctx.chunks):\n",
+        "        for i, a in enumerate(ctx.chunks if owner <= r else ()):\n",
+    ),
+)
+zigzag_unmasked = edit(
+    ZIGZAG,
+    "zigzag_unmasked",
+    ("torch.ones(c, c, dtype=torch.bool).tril() if a == b else None", "None"),
+)
+zigzag_late_first = edit(ZIGZAG, "zigzag_late_first", ("torch.cat(out)", "torch.cat(out[::-1])"))
+MISTAKES["zigzag"] = {
+    zigzag_everything: "which the mask hides whole",
+    zigzag_plain_skip: "as in the plain split",
+    zigzag_unmasked: "needs the lower-triangular mask",
+    zigzag_late_first: "late chunk's output first",
+}

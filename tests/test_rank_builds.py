@@ -1,9 +1,9 @@
-"""The per-rank Builds of lessons 06 to 08 (the ring all-reduce 6.4, DDP 6.8, the column-
+"""The per-rank Builds of lessons 06 to 09 (the ring all-reduce 6.4, DDP 6.8, the column-
 parallel layer 7.1, a grid's process groups 7.5, the tensor-parallel MLP 7.8, ZeRO-2's step
-8.2): each commonest wrong program gets its own hint, the verdict is recomputed from the
-evidence a kernel sends (a claim is not evidence), the cases come from the learner's numbers
-in the notebook and from a secret seed in the grader, and the solutions pass on one core
-beside a busy loop."""
+8.2, the zig-zag ring 9.4): each commonest wrong program gets its own hint, the verdict is
+recomputed from the evidence a kernel sends (a claim is not evidence), the cases come from the
+learner's numbers in the notebook and from a secret seed in the grader, and the solutions pass
+on one core beside a busy loop."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 import splitprograms as sp
 from checkskit import beside_a_busy_loop
 
-from course_utils.checks import CheckFailed, NotAnswered, Variant, l06, l07, l08
+from course_utils.checks import CheckFailed, NotAnswered, Variant, l06, l07, l08, l09
 from course_utils.checks.rank_cases import (
     ColumnCase,
     DDPCase,
@@ -23,6 +23,7 @@ from course_utils.checks.rank_cases import (
     RingCase,
     TPCase,
     ZeroCase,
+    ZigzagCase,
 )
 from course_utils.checks.rank_references import ring_result
 from course_utils.checks.wire import Replay, call_outcome, decode, encode
@@ -34,6 +35,7 @@ BUILDS = {  # name: (check, cases, the answer's name, the right program)
     "column": (l07.exercise_1, l07.cases_1, "column_parallel", sp.column),
     "zero": (l08.exercise_2, l08.cases_2, "zero_step", sp.zero),
     "grid": (l07.exercise_5, l07.cases_5, "grid_groups", sp.grid),
+    "zigzag": (l09.exercise_4, l09.cases_4, "zigzag_ring", sp.zigzag),
 }
 MISTAKES = dp.MISTAKES | sp.MISTAKES  # the column-parallel layer's and ZeRO's: splitprograms
 
@@ -116,11 +118,15 @@ def test_the_learners_own_case_uses_their_numbers():
     g5 = l07.given_5(Variant("alice"))
     (grid,) = l07.cases_5(Variant("alice"))["grid_groups"][0]
     assert (grid.tp, grid.dp) == (g5["tp"], g5["dp"])
+    g4 = l09.given_4(Variant("alice"))
+    (ring,) = l09.cases_4(Variant("alice"))["zigzag_ring"][0]
+    assert (ring.devices, ring.chunk) == (g4["N"], g4["chunk"])
 
 
 def test_the_cases_cross_to_a_kernel_as_data():
     cases = (RingCase(3, 7, 1), DDPCase(2, 8, 16, 2, 2, 300, 5), TPCase(3, 4, 6, 10, 2))
-    for case in (*cases, ColumnCase(3, 4, 5, 7, 1), ZeroCase(3, 6, 9, 2, 2), GridCase(2, 3, 1)):
+    cases += (ColumnCase(3, 4, 5, 7, 1), ZeroCase(3, 6, 9, 2, 2), GridCase(2, 3, 1))
+    for case in (*cases, ZigzagCase(3, 2, 4, 1)):
         assert decode(json.loads(json.dumps(encode(case)))) == case
         assert repr(case) != repr(type(case)(*[v + 1 for v in vars(case).values()]))
     with pytest.raises(ValueError, match="RingCase.length"):

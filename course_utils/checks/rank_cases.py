@@ -304,3 +304,45 @@ class GridCase(_Case):
 
         run = run_grid_program(program, self.tp, self.dp, self.values(), raise_failure=False)
         return run.evidence()
+
+
+# --------------------------------------------------------------------------- 9.4: zig-zag
+
+
+@dataclass(frozen=True)
+class ZigzagCase(_Case):
+    """Causal ring attention on the zig-zag split: `devices` ranks, 2 x `devices` chunks of
+    `chunk` tokens of dimension `dim`, made from `seed`."""
+
+    devices: int
+    chunk: int
+    dim: int
+    seed: int
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.devices} ranks, {2 * self.devices} chunks of {self.chunk} tokens of dim "
+            f"{self.dim}, causal, seed {self.seed}"
+        )
+
+    def build(self):
+        """(q, k, v), each (2 x devices x chunk, dim)."""
+        import torch
+
+        gen = _generator(self.seed)
+        shape = (2 * self.devices * self.chunk, self.dim)
+        q, k, v = (torch.randn(shape, generator=gen) for _ in range(3))
+        return q, k, v
+
+    def __course_call__(self, program) -> dict:
+        import torch
+
+        from course_utils.parallel.context_parallel.zigzag_program import run_zigzag_program
+
+        q, k, v = self.build()
+        run = run_zigzag_program(program, q, k, v, self.devices, raise_failure=False)
+        outputs = [
+            r.detach().clone() if isinstance(r, torch.Tensor) else f"a {type(r).__name__}"
+            for r in run.results
+        ]
+        return run.evidence() | {"outputs": outputs}  # its `products` with it
