@@ -4,98 +4,12 @@ import math
 
 import dpprograms as dp
 import pytest
-import torch
+import splitprograms as sp
 from checkskit import STUDENTS
 
-from course_utils.checks import CheckFailed, NotAnswered, Variant
+from course_utils.checks import NotAnswered, Variant
 from course_utils.checks import l07 as check
 
-
-def split_columns(A, n):
-    return list(torch.tensor_split(A, n, dim=1))
-
-
-def gather_outputs(parts):
-    return torch.cat(parts, dim=-1)
-
-
-def groups_of(rank, tp, pp, dp):
-    t, s, d = rank % tp, (rank // tp) % pp, rank // (tp * pp)
-    return {
-        "tensor": [t_ + tp * (s + pp * d) for t_ in range(tp)],
-        "pipeline": [t + tp * (s_ + pp * d) for s_ in range(pp)],
-        "data": [t + tp * (s + pp * d_) for d_ in range(dp)],
-    }
-
-
-def by_rows(A, n):
-    return list(torch.tensor_split(A, n, dim=0))
-
-
-def too_few(A, n):
-    return list(torch.tensor_split(A, max(1, n - 1), dim=1)) if n > 1 else [A, A]
-
-
-def uneven(A, n):  # everything left over lands on the last device
-    w = A.shape[1] // n
-    return [A[:, i * w : (i + 1) * w if i < n - 1 else None] for i in range(n)]
-
-
-def reversed_order(A, n):
-    return list(torch.tensor_split(A, n, dim=1))[::-1]
-
-
-def summed(parts):
-    return sum(parts)
-
-
-def wrong_dim(parts):
-    return torch.cat(parts, dim=0)
-
-
-def crashes(A, n):
-    return [A[:, i] for i in range(n)][n]
-
-
-def stub(A, n):
-    raise NotImplementedError()
-
-
-def check_split(fn, pattern):
-    # several random draws, because some wrong functions are right on lucky shapes
-    for _ in range(5):
-        with pytest.raises(CheckFailed, match=pattern):
-            check.exercise_1(fn, gather_outputs)
-
-
-def pp_innermost(rank, tp, pp, dp):  # numbers stages first: a different grid
-    s, t, d = rank % pp, (rank // pp) % tp, rank // (tp * pp)
-    return {
-        "tensor": [s + pp * (t_ + tp * d) for t_ in range(tp)],
-        "pipeline": [s_ + pp * (t + tp * d) for s_ in range(pp)],
-        "data": [s + pp * (t + tp * d_) for d_ in range(dp)],
-    }
-
-
-def swapped(rank, tp, pp, dp):
-    right = groups_of(rank, tp, pp, dp)
-    return {"tensor": right["pipeline"], "pipeline": right["tensor"], "data": right["data"]}
-
-
-def without_self(rank, tp, pp, dp):
-    return {k: [r for r in v if r != rank] for k, v in groups_of(rank, tp, pp, dp).items()}
-
-
-def stub_groups(rank, tp, pp, dp):
-    raise NotImplementedError()
-
-
-def tensor_data_swapped(rank, tp, pp, dp):  # the lesson's grid has tp = dp = 2: sizes agree
-    right = groups_of(rank, tp, pp, dp)
-    return {"tensor": right["data"], "pipeline": right["pipeline"], "data": right["tensor"]}
-
-
-FIXED = Variant("default", cases_seed=1)  # 7.1's random shapes, fixed for the wrong answers
 TP8 = next(Variant(s) for s in ("s1", "s7", "alice", "bob") if check.given_2(Variant(s))["tp"] == 8)
 
 
@@ -105,11 +19,11 @@ def _size_2(v):
 
 
 RIGHT = {
-    1: (split_columns, gather_outputs),
+    1: (sp.column,),
     2: ("all-reduce", 37_748_736),
     3: (23.75, 14.375, 5.0),
     4: (4, 2, 4),
-    5: (groups_of,),
+    5: (sp.grid,),
     6: ("b", "b"),
     7: (2.5, 1 / 3),
     8: (dp.tp,),
@@ -194,65 +108,9 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (7, (2.5, 1.0), "double"),
     (7, (2.5, 0.5), "relative to what"),
     (7, (2.5, 0.1), "once more"),
-    (1, (by_rows, gather_outputs, FIXED), "that cuts the rows (input features)"),
-    (1, (too_few, gather_outputs, FIXED), "shards; it should return n ="),
-    (1, (lambda A, n: [A[:, i] for i in range(n)], gather_outputs, FIXED), "are matrices"),
-    (1, (lambda A, n: [A[:1, :1]] * n, gather_outputs, FIXED), "should keep all"),
-    (1, (lambda A, n: [A] * n, gather_outputs, FIXED), "Every column must land on exactly one"),
-    (1, (uneven, gather_outputs, FIXED), "Share the work as evenly as possible"),
-    (1, (reversed_order, gather_outputs, FIXED), "put side by side, the shards are not A"),
-    (1, (lambda A, n: ["A"] * n, gather_outputs, FIXED), "should be a tensor, but it is 'A'"),
-    (1, (split_columns, summed, FIXED), "Partial outputs are added only after a row-parallel"),
-    (1, (split_columns, wrong_dim, FIXED), "Join the slices along the last dimension"),
-    (1, (split_columns, lambda p: torch.cat(p[::-1], -1), FIXED), "but not the values of X @ A"),
     # with tp = 4, (N-1) x size is also twice the answer; another student's tp = 8 tells apart
     (2, ("all-reduce", 7 * _size_2(TP8), TP8), "what rank 0 sends in the naive all-reduce"),
-    (5, (lambda rank, tp, pp, dp: [[rank]] * 3,), "should be a dict with the keys"),
-    (5, (lambda rank, tp, pp, dp: {"tensor": [rank], "pipeline": [rank]},), "no key 'data'"),
-    (5, (without_self,), "leaves out rank"),
-    (5, (tensor_data_swapped,), "that is the rank's data group"),
-    (5, (pp_innermost,), "work out the rank's coordinates (d, s, t) first"),
 ]
-
-
-def test_build_exercise_catches_wrong_functions():
-    check_split(by_rows, "rows|all .* rows")
-    check_split(too_few, "shards")
-    check_split(uneven, "evenly|at most one")
-    check_split(reversed_order, "in order|evenly")
-    check_split(crashes, "IndexError")
-    with pytest.raises(NotAnswered):
-        check.exercise_1(stub, gather_outputs)
-    with pytest.raises(NotAnswered):
-        check.exercise_1(split_columns, None)
-    with pytest.raises(CheckFailed, match="side by side"):
-        check.exercise_1(split_columns, summed)
-    with pytest.raises(CheckFailed, match="last dimension"):
-        check.exercise_1(split_columns, wrong_dim)
-    with pytest.raises(CheckFailed, match="should be a function"):
-        check.exercise_1("torch.tensor_split", gather_outputs)
-    with pytest.raises(CheckFailed, match="should be a tensor"):
-        check.exercise_1(lambda A, n: [A.tolist()] * (n - 1) + ["A"], gather_outputs)
-
-
-def test_grid_exercise_catches_wrong_groups():
-    # the first case is always the lesson's tp=2, pp=4, dp=2 grid, where these are all wrong
-    with pytest.raises(CheckFailed, match="innermost|group"):
-        check.exercise_5(pp_innermost)
-    with pytest.raises(CheckFailed, match="members|pipeline group|tensor group"):
-        check.exercise_5(swapped)
-    with pytest.raises(CheckFailed, match="itself"):
-        check.exercise_5(without_self)
-    with pytest.raises(CheckFailed, match="no key 'data'"):
-        check.exercise_5(lambda rank, tp, pp, dp: {"tensor": [rank], "pipeline": [rank]})
-    with pytest.raises(CheckFailed, match="should be a dict"):
-        check.exercise_5(lambda rank, tp, pp, dp: [[rank]] * 3)
-    with pytest.raises(CheckFailed, match="whole number"):
-        check.exercise_5(
-            lambda rank, tp, pp, dp: {k: [0.5] for k in ("tensor", "pipeline", "data")}
-        )
-    with pytest.raises(NotAnswered):
-        check.exercise_5(stub_groups)
 
 
 def right_for(v: Variant) -> dict:
@@ -266,6 +124,8 @@ def right_for(v: Variant) -> dict:
         3: ((4 * psi + 12 * psi / n) / 1e9, (2 * psi + 14 * psi / n) / 1e9, 16 * psi / n / 1e9),
         7: (k * g7["input_gb"] + g7["layers"] // k * g7["block_gb"], 1 / 3),
         8: (dp.tp,),  # the same program for everybody, tried on their numbers
+        1: (sp.column,),
+        5: (sp.grid,),
     }
 
 
@@ -290,5 +150,6 @@ def test_build_inputs_follow_the_cases_seed():
     assert repr(check.cases_1(a)) == repr(check.cases_1(a))
     assert repr(check.cases_1(a)) != repr(check.cases_1(b))
     assert check.cases_5(a) == check.cases_5(a) != check.cases_5(b)
-    A, n = check.cases_1(a)["split_columns"][0]
-    assert isinstance(A, torch.Tensor) and A.shape[1] % n == 0
+    cases = [case for (case,) in check.cases_1(a)["column_parallel"]]
+    assert cases[0].d_out % cases[0].devices == 0  # the learner's: rows tell from columns
+    assert all(case.d_out % case.devices for case in cases[1:])  # uneven blocks

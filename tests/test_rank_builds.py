@@ -1,8 +1,9 @@
-"""The per-rank Builds of lessons 06 and 07 (the ring all-reduce 6.4, DDP 6.8, the
-tensor-parallel MLP 7.8): each commonest wrong program gets its own hint, the verdict is
-recomputed from the evidence a kernel sends (a claim is not evidence), the cases come from
-the learner's numbers in the notebook and from a secret seed in the grader, and the
-solutions pass on one core beside a busy loop."""
+"""The per-rank Builds of lessons 06 to 09 (the ring all-reduce 6.4, DDP 6.8, the column-
+parallel layer 7.1, a grid's process groups 7.5, the tensor-parallel MLP 7.8, ZeRO-2's step
+8.2, the zig-zag ring 9.4): each commonest wrong program gets its own hint, the verdict is
+recomputed from the evidence a kernel sends (a claim is not evidence), the cases come from the
+learner's numbers in the notebook and from a secret seed in the grader, and the solutions pass
+on one core beside a busy loop."""
 
 from __future__ import annotations
 
@@ -11,10 +12,19 @@ import threading
 
 import dpprograms as dp
 import pytest
+import splitprograms as sp
 from checkskit import beside_a_busy_loop
 
-from course_utils.checks import CheckFailed, NotAnswered, Variant, l06, l07
-from course_utils.checks.rank_cases import DDPCase, RingCase, TPCase
+from course_utils.checks import CheckFailed, NotAnswered, Variant, l06, l07, l08, l09
+from course_utils.checks.rank_cases import (
+    ColumnCase,
+    DDPCase,
+    GridCase,
+    RingCase,
+    TPCase,
+    ZeroCase,
+    ZigzagCase,
+)
 from course_utils.checks.rank_references import ring_result
 from course_utils.checks.wire import Replay, call_outcome, decode, encode
 
@@ -22,20 +32,25 @@ BUILDS = {  # name: (check, cases, the answer's name, the right program)
     "ring": (l06.exercise_4, l06.cases_4, "ring_all_reduce", dp.ring),
     "ddp": (l06.exercise_8, l06.cases_8, "ddp_program", dp.ddp),
     "tp": (l07.exercise_8, l07.cases_8, "tp_mlp", dp.tp),
+    "column": (l07.exercise_1, l07.cases_1, "column_parallel", sp.column),
+    "zero": (l08.exercise_2, l08.cases_2, "zero_step", sp.zero),
+    "grid": (l07.exercise_5, l07.cases_5, "grid_groups", sp.grid),
+    "zigzag": (l09.exercise_4, l09.cases_4, "zigzag_ring", sp.zigzag),
 }
+MISTAKES = dp.MISTAKES | sp.MISTAKES  # the column-parallel layer's and ZeRO's: splitprograms
 
 
 @pytest.mark.parametrize("build", BUILDS)
 def test_the_three_commonest_mistakes_each_get_their_own_hint(build):
     check = BUILDS[build][0]
     hints = {}
-    for wrong, words in dp.MISTAKES[build].items():
+    for wrong, words in MISTAKES[build].items():
         with pytest.raises(CheckFailed) as info:
             check(wrong)
         assert words in str(info.value), (wrong.__name__, str(info.value))
         hints[wrong.__name__] = str(info.value)
     for name, message in hints.items():  # no mistake gets another's hint
-        others = [w for wrong, w in dp.MISTAKES[build].items() if wrong.__name__ != name]
+        others = [w for wrong, w in MISTAKES[build].items() if wrong.__name__ != name]
         assert not any(w in message for w in others), (name, message)
 
 
@@ -52,7 +67,7 @@ def test_the_verdict_comes_from_the_evidence_the_kernel_sends(build, capsys):
     with pytest.raises(CheckFailed, match="did not come back as the record of a run"):
         check(Replay(name, drawn, forged), variant=variant)
     # a record that claims what the run did not show: the failure wiped, right sums added
-    wrong = next(iter(dp.MISTAKES[build]))
+    wrong = next(iter(MISTAKES[build]))
     lied = []
     for c in drawn:
         outcome = call_outcome(wrong, c, 20)
@@ -95,10 +110,23 @@ def test_the_learners_own_case_uses_their_numbers():
     g = l07.given_8(Variant("alice"))
     (tp,) = l07.cases_8(Variant("alice"))["tp_mlp"][0]
     assert (tp.tokens, tp.d_model) == (g["tokens"], g["d_model"])
+    g1, g2 = l07.given_1(Variant("alice")), l08.given_2(Variant("alice"))
+    (column,) = l07.cases_1(Variant("alice"))["column_parallel"][0]
+    assert (column.tokens, column.d_out) == (g1["tokens"], g1["d_out"])
+    (zero,) = l08.cases_2(Variant("alice"))["zero_step"][0]
+    assert (zero.devices, zero.hidden) == (g2["N"], g2["hidden"])
+    g5 = l07.given_5(Variant("alice"))
+    (grid,) = l07.cases_5(Variant("alice"))["grid_groups"][0]
+    assert (grid.tp, grid.dp) == (g5["tp"], g5["dp"])
+    g4 = l09.given_4(Variant("alice"))
+    (ring,) = l09.cases_4(Variant("alice"))["zigzag_ring"][0]
+    assert (ring.devices, ring.chunk) == (g4["N"], g4["chunk"])
 
 
 def test_the_cases_cross_to_a_kernel_as_data():
-    for case in (RingCase(3, 7, 1), DDPCase(2, 8, 16, 2, 2, 300, 5), TPCase(3, 4, 6, 10, 2)):
+    cases = (RingCase(3, 7, 1), DDPCase(2, 8, 16, 2, 2, 300, 5), TPCase(3, 4, 6, 10, 2))
+    cases += (ColumnCase(3, 4, 5, 7, 1), ZeroCase(3, 6, 9, 2, 2), GridCase(2, 3, 1))
+    for case in (*cases, ZigzagCase(3, 2, 4, 1)):
         assert decode(json.loads(json.dumps(encode(case)))) == case
         assert repr(case) != repr(type(case)(*[v + 1 for v in vars(case).values()]))
     with pytest.raises(ValueError, match="RingCase.length"):
@@ -136,5 +164,5 @@ def test_the_solutions_pass_on_one_core_beside_a_busy_loop(capsys):
     with beside_a_busy_loop():
         for check, _, _, right in BUILDS.values():
             check(right)
-    assert capsys.readouterr().out.count("✅ Right") == 3
+    assert capsys.readouterr().out.count("✅ Right") == len(BUILDS)
     assert set(threading.enumerate()) <= before

@@ -262,6 +262,23 @@ def _sent_owners(messages: list, rank: int, n: int) -> tuple[list[int], str | No
     return owners, None
 
 
+def ring_sends(shown: str, run: dict, n: int, sent: int, what: str) -> None:
+    """Every rank passed on the `what` ("block") in hand to its right, in the ring's order,
+    N - 1 times, `sent` bytes in all (Exercises 9.2 and 9.4)."""
+    for rank, watch in enumerate(run["watched"]):
+        owners, off = _sent_owners(watch["messages"], rank, n)
+        if off:
+            fail(f"{shown}: {off}")
+        want = [(rank - s) % n for s in range(n - 1)]
+        if owners != want or run["bytes_sent"][rank] != sent:
+            fail(
+                f"{shown}: rank {rank} sent the {what}s of ranks {owners}, "
+                f"{run['bytes_sent'][rank]:,} bytes. Round the ring it passes on the {what} "
+                "in hand, the one it has just received: at steps 0 to N - 2 those of "
+                f"ranks {want}, {sent:,} bytes."
+            )
+
+
 def ring_attention(program, cases: list[tuple]) -> str:
     """Exercise 9.2: causal ring attention, judged on what each case's run did."""
     import torch
@@ -276,19 +293,7 @@ def ring_attention(program, cases: list[tuple]) -> str:
         n, t, d = case.devices, case.tokens, case.dim
         q, k, v = case.build()
         qs, ks, vs = (split_sequence(x, n) for x in (q, k, v))
-        bytes_ring = ring_bytes_per_worker(n * t, n, 1, d, 4)["forward"]
-        for rank, watch in enumerate(run["watched"]):
-            owners, off = _sent_owners(watch["messages"], rank, n)
-            if off:
-                fail(f"{shown}: {off}")
-            want = [(rank - s) % n for s in range(n - 1)]
-            if owners != want or run["bytes_sent"][rank] != bytes_ring:
-                fail(
-                    f"{shown}: rank {rank} sent the blocks of ranks {owners}, "
-                    f"{run['bytes_sent'][rank]:,} bytes. Round the ring it passes on the block "
-                    "in hand, the one it has just received: at steps 0 to N - 2 those of "
-                    f"ranks {want}, {bytes_ring:,} bytes."
-                )
+        ring_sends(shown, run, n, ring_bytes_per_worker(n * t, n, 1, d, 4)["forward"], "block")
         full = attention(q, k, v, causal=True)
         for rank, out in enumerate(run["outputs"]):
             if not isinstance(out, torch.Tensor) or tuple(out.shape) != (t, d):

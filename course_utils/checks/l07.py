@@ -21,106 +21,38 @@ from course_utils.checks import (
     pick,
     programs,
 )
-from course_utils.checks.rank_cases import TPCase, close
+from course_utils.checks.rank_cases import ColumnCase, GridCase, TPCase, close
 
 for_student = checks.lesson_checks(__name__)
 
 GB = 1e9
 
 
-def _shapes_1(variant: Variant) -> list[tuple[int, int, int, int]]:
-    """(d_in, n, d_out, seed) of exercise 7.1's cases, drawn from the student's cases seed."""
-    rng = variant.cases("1")
-    n0 = rng.randint(2, 4)
-    cases = [(rng.randint(2, 12), n0, n0 * rng.randint(1, 4))]  # n divides d_out: plain cases
-    cases += [
-        (rng.randint(2, 12), n, rng.randint(n, 4 * n + 3)) for n in rng.choices(range(1, 6), k=5)
-    ]
-    cases.append((rng.randint(2, 8), 3, 3 * rng.randint(2, 4) + 2))  # n does not divide d_out
-    return [(d_in, n, d_out, rng.randrange(2**31)) for d_in, n, d_out in cases]
+# --------------------------------------------------------------------------- 7.1: columns
 
 
-def _tensors_1(d_in: int, n: int, d_out: int, seed: int):
-    """A, X and the right partial outputs X @ A_i of one case of exercise 7.1."""
-    import torch
-
-    gen = torch.Generator().manual_seed(seed)
-    A = torch.randn(d_in, d_out, generator=gen)
-    X = torch.randn(2, 3, d_in, generator=gen)  # 2 sequences of 3 tokens
-    parts = [X @ block for block in torch.tensor_split(A, n, dim=1)]
-    return A, X, parts
+given_1 = numbers(tokens=pick("1t", 5, [4, 6, 7]), d_out=pick("1d", 12, [9, 15, 18]))
 
 
 def cases_1(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
-    tensors = [(_tensors_1(*case), case[1]) for case in _shapes_1(variant)]
-    return {
-        "split_columns": [(A, n) for (A, _, _), n in tensors],
-        "gather_outputs": [(parts,) for (_, _, parts), _ in tensors],
-    }
+    """The learner's layer on 3 ranks (3 divides its columns), then fresh ones: other
+    numbers of ranks, columns the ranks do not divide."""
+    g, rng = given_1(variant), variant.cases("1")
+    cases = [ColumnCase(3, g.tokens, 6, g.d_out, seed=1)]
+    for devices in (rng.randint(2, 3), 4):
+        d_out = devices * rng.randint(1, 3) + rng.randint(1, devices - 1)
+        d_in, tokens = rng.randint(2, 8), rng.randint(2, 6)
+        cases.append(ColumnCase(devices, tokens, d_in, d_out, rng.randint(1, 10**6)))
+    return {"column_parallel": [(case,) for case in cases]}
 
 
-@exercise(split_columns="function", gather_outputs="function", partial=True)
-def exercise_1(split_columns, gather_outputs, variant) -> str:
-    """Build split_columns(A, n) and gather_outputs(parts) for a column-parallel layer."""
-    import torch
+@exercise(given_1, column_parallel=programs.as_program, points=3, partial=True)
+def exercise_1(column_parallel, variant) -> str:
+    """Build a column-parallel layer per rank: its columns' output, all-gathered; judged
+    against the unsplit layer, with the bytes each rank sent."""
+    from course_utils.checks.column_build import column_parallel as verdict  # the grader's
 
-    cases = cases_1(variant)
-    for (A, n), shown, result in checks.each_call(split_columns, cases["split_columns"]):
-        d_in, d_out = A.shape
-        shards = checks.as_sequence(result, shown)
-        if len(shards) != n:
-            fail(
-                f"{shown} returned {len(shards)} shards; it should return n = {n}, one per device."
-            )
-        shards = [checks.as_tensor(s, f"shard {i} of {shown}") for i, s in enumerate(shards)]
-        for i, s in enumerate(shards):
-            if s.dim() != 2:
-                fail(f"shard {i} of {shown} has {s.dim()} dimensions; shards are matrices.")
-            if s.shape[0] != d_in:
-                if s.shape[1] == d_out:
-                    fail(
-                        f"shard {i} of {shown} has shape {tuple(s.shape)}: that cuts the rows "
-                        "(input features). A column-parallel layer keeps every input feature "
-                        "and cuts the output features: the second dimension of A."
-                    )
-                fail(
-                    f"shard {i} of {shown} has shape {tuple(s.shape)}; every shard should keep "
-                    f"all {d_in} rows of A."
-                )
-        widths = [s.shape[1] for s in shards]
-        if sum(widths) != d_out:
-            fail(
-                f"{shown}: the shards have {sum(widths)} columns in total, A has {d_out}. "
-                "Every column must land on exactly one device."
-            )
-        if min(widths) < 1 or max(widths) - min(widths) > 1:
-            fail(
-                f"{shown} gave shards of widths {widths}. Share the work as evenly as "
-                "possible: widths may differ by at most one, and no device gets nothing."
-            )
-        if not torch.equal(torch.cat(shards, dim=1), A):
-            fail(
-                f"{shown}: put side by side, the shards are not A. Each shard should be a "
-                "block of consecutive columns, in order (device 0 gets the first ones)."
-            )
-    # gather_outputs is tried on right shards' outputs, so its own mistakes show up alone
-    for (parts,), shown, result in checks.each_call(gather_outputs, cases["gather_outputs"]):
-        Y, want = checks.as_tensor(result, shown), torch.cat(parts, dim=-1)  # want: X @ A
-        if tuple(Y.shape) != tuple(want.shape):
-            hint = (
-                "Partial outputs are added only after a row-parallel layer; column slices "
-                "are put side by side."
-                if tuple(Y.shape) == tuple(parts[0].shape) and len(parts) > 1
-                else "Join the slices along the last dimension (the output features)."
-            )
-            fail(f"{shown} has shape {tuple(Y.shape)}, X @ A has {tuple(want.shape)}. {hint}")
-        if not torch.allclose(Y, want, atol=1e-5, rtol=1e-5):
-            fail(f"{shown} has the right shape but not the values of X @ A: check the order.")
-    shapes = [(d_in, n, d_out) for d_in, n, d_out, _ in _shapes_1(variant)]
-    return (
-        f"Right on {len(shapes)} random shapes (d_in, n, d_out) = {shapes}: the column "
-        "shards reproduce X @ A with no communication but the final concatenation."
-    )
+    return verdict(column_parallel, cases_1(variant)["column_parallel"])
 
 
 SHAPES_2 = [(2, 2048, 4096), (8, 512, 2048), (4, 2048, 5120)]  # (sequences, tokens, d_model)
@@ -281,67 +213,30 @@ def exercise_4(tp, pp, dp) -> str:
     )
 
 
-GROUPS = ("tensor", "pipeline", "data")
+# --------------------------------------------------------------------------- 7.5: groups
 
 
-def _groups(rank: int, tp: int, pp: int, dp: int) -> dict[str, list[int]]:
-    """The three groups of `rank`, ranks numbered TP-innermost: t + tp (s + pp d)."""
-    t, s, d = rank % tp, (rank // tp) % pp, rank // (tp * pp)
-
-    def r(d_, s_, t_):
-        return t_ + tp * (s_ + pp * d_)
-
-    return {
-        "tensor": [r(d, s, x) for x in range(tp)],
-        "pipeline": [r(d, x, t) for x in range(pp)],
-        "data": [r(x, s, t) for x in range(dp)],
-    }
-
-
-def _grids_5(variant: Variant) -> list[tuple[int, int, int, int]]:
-    """(tp, pp, dp, rank) of exercise 7.5's cases: the lesson's grid, then random ones."""
-    rng = variant.cases("5")
-    cases = [(2, 4, 2, rng.randrange(16))]
-    for _ in range(8):
-        tp, pp, dp = rng.randint(1, 4), rng.randint(1, 4), rng.randint(1, 3)
-        cases.append((tp, pp, dp, rng.randrange(tp * pp * dp)))
-    return cases
+given_5 = numbers(pick("5", (2, 3), [(3, 2), (2, 4), (4, 2)], "tp", "dp"))
 
 
 def cases_5(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
-    return {"groups_of": [(rank, tp, pp, dp) for tp, pp, dp, rank in _grids_5(variant)]}
+    """The learner's grid, then two fresh ones (tp and dp differ, so that the groups of
+    the two kinds differ in size)."""
+    g, rng = given_5(variant), variant.cases("5")
+    cases = [GridCase(g.tp, g.dp, seed=5)]
+    others = [grid for grid in [(2, 3), (3, 2), (4, 2), (2, 4)] if grid != (g.tp, g.dp)]
+    for tp, dp in rng.sample(others, 2):
+        cases.append(GridCase(tp, dp, rng.randint(1, 10**6)))
+    return {"grid_groups": [(case,) for case in cases]}
 
 
-@exercise(groups_of="function", partial=True)
-def exercise_5(groups_of, variant) -> str:
-    """Build groups_of(rank, tp, pp, dp): the tensor, pipeline and data groups of one rank."""
-    cases = cases_5(variant)["groups_of"]
-    for (rank, tp, pp, dp), shown, got in checks.each_call(groups_of, cases):
-        checks.as_dict(got, shown, GROUPS)
-        want = _groups(rank, tp, pp, dp)
-        for kind, degree, size in zip(GROUPS, ("tp", "pp", "dp"), (tp, pp, dp), strict=True):
-            what = f"{shown}[{kind!r}]"
-            group = sorted(checks.as_sequence(got[kind], what, item=checks.as_int))
-            if rank not in group:
-                fail(f"{what} = {group} leaves out rank {rank} itself; include it.")
-            if len(group) != size:
-                fail(
-                    f"{what} has {len(group)} ranks; a {kind} group has {degree} = {size} members."
-                )
-            if group != sorted(want[kind]):
-                swapped = [k for k in GROUPS if k != kind and group == sorted(want[k])]
-                hint = (
-                    f"that is the rank's {swapped[0]} group."
-                    if swapped
-                    else "work out the rank's coordinates (d, s, t) first: tensor parallelism "
-                    "is innermost (neighbouring ranks), data parallelism outermost."
-                )
-                fail(f"{what} = {group} is not right: {hint}")
-    return (
-        f"Right on {len(cases)} grids and ranks (the lesson's and random ones): each "
-        "rank talks to its tensor group every layer, its pipeline neighbours per micro-batch "
-        "and its data-parallel twins once per step."
-    )
+@exercise(given_5, grid_groups=programs.as_program, points=3, partial=True)
+def exercise_5(grid_groups, variant) -> str:
+    """Build a tp x dp grid's process groups per rank, with one all-reduce in each; judged
+    on the ranks each all-reduce joined and its sums."""
+    from course_utils.checks.groups_build import grid_groups as verdict  # the grader's
+
+    return verdict(grid_groups, cases_5(variant)["grid_groups"])
 
 
 @exercise(

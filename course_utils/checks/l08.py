@@ -8,6 +8,9 @@ stage 3 also the parameters (Rajbhandari et al. 2019, arXiv 1910.02054); stage 3
 (Zhao et al. 2023, arXiv 2304.11277). A layer is one flat vector, padded with zeros to a
 multiple of N and cut into N equal contiguous shards.
 
+Exercise 8.2's answer is a program every rank runs (`checks.rank_cases.ZeroCase`): ZeRO-2's
+step, judged in the grader (`checks.zero_build`) against one device's steps, the optimizer
+state each rank keeps and the bytes of its collectives.
 Exercise 8.6's answer is a program every rank runs (`checks.programs.ShardCase`): judged in
 the grader from its run's evidence against one device's SGD step, the ZeRO-3 traffic formula
 and a memory target (its shards, one gathered layer and one gradient shard at a time).
@@ -29,6 +32,7 @@ from course_utils.checks import (
     programs,
 )
 from course_utils.checks.programs import ShardCase
+from course_utils.checks.rank_cases import ZeroCase
 
 for_student = checks.lesson_checks(__name__)
 
@@ -84,58 +88,26 @@ def exercise_1(g, stage1, stage2, stage3) -> str:
     )
 
 
+given_2 = numbers(N=pick("2n", 3, [2, 3, 4]), hidden=pick("2h", 9, [7, 11, 13]))
+
+
 def cases_2(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
-    rng = variant.cases("2")
-    cases = [([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0], 3, 2), ([0.5] * 6, 3, 1), ([9.0], 4, 3)]
-    for _ in range(5):
-        length, workers = rng.randint(1, 13), rng.randint(1, 5)
-        flat = [float(rng.randint(-9, 9)) for _ in range(length)]
-        cases.append((flat, workers, rng.randrange(workers)))
-    return {"shard": cases}
+    """The learner's model (their numbers), then two more; every model's parameter count
+    (27 x hidden + 10, hidden odd) not a multiple of the ranks, so padding matters."""
+    g, rng = given_2(variant), variant.cases("2")
+    cases = [ZeroCase(devices=g.N, batch=2 * g.N, hidden=g.hidden, seed=2)]
+    for n in (rng.choice([2, 3]), 4):
+        hidden, batch = rng.choice([5, 7, 9, 11, 15]), n * rng.choice([1, 2])
+        cases.append(ZeroCase(devices=n, batch=batch, hidden=hidden, seed=rng.randint(1, 10**6)))
+    return {"zero_step": [(case,) for case in cases]}
 
 
-def _shard_size(flat: list[float], workers: int) -> int:
-    from course_utils.parallel.fsdp import padded_shard_numels
+@exercise(given_2, zero_step=programs.as_program, points=3, partial=True)
+def exercise_2(zero_step, variant) -> str:
+    """Build ZeRO-2's step as a per-rank program; judged on what the run did."""
+    from course_utils.checks.zero_build import zero_step as verdict  # the grader's
 
-    return padded_shard_numels([len(flat)], workers)[0]
-
-
-@exercise(shard="function", partial=True)
-def exercise_2(shard, variant) -> str:
-    """Build shard(flat, workers, rank): worker `rank`'s slice of the zero-padded vector."""
-    cases = cases_2(variant)["shard"]
-    for (flat, workers, rank), shown, result in checks.each_call(shard, cases):
-        got = checks.as_sequence(result, shown, item=checks.as_number)
-        size = _shard_size(flat, workers)
-        padded = list(flat) + [0.0] * (size * workers - len(flat))
-        want = padded[rank * size : (rank + 1) * size]
-        if got == want:
-            continue
-        if got == flat[rank * size : (rank + 1) * size] and len(got) < size:
-            fail(
-                f"{shown} returned {got}: the last shard is short. Pad the vector with zeros to "
-                f"a multiple of workers first, so every shard has ceil(n / workers) = {size}."
-            )
-        small = len(flat) // workers
-        if got == flat[rank * small : (rank + 1) * small]:
-            fail(
-                f"{shown} returned {got}: with n // workers elements per shard the last "
-                f"{len(flat) - small * workers} element(s) belong to no one. Round up."
-            )
-        if got == list(flat[rank::workers]):
-            fail(
-                f"{shown} deals the elements out round-robin. A shard is one contiguous "
-                "slice, so an all-gather can put the shards back side by side."
-            )
-        if len(got) != size:
-            fail(
-                f"{shown} returned {len(got)} elements; every shard has ceil(n / workers) = {size}."
-            )
-        fail(f"{shown} returned {got}; it should be {want}.")
-    return (
-        f"Right on {len(cases)} cases, including more workers than elements. Equal shards are "
-        "what a ring all-gather and reduce-scatter need: every step moves one shard per link."
-    )
+    return verdict(zero_step, cases_2(variant)["zero_step"])
 
 
 EVENTS = {

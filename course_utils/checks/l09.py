@@ -28,6 +28,7 @@ from course_utils.checks import (
     programs,
 )
 from course_utils.checks.programs import AttentionCase
+from course_utils.checks.rank_cases import ZigzagCase
 
 for_student = checks.lesson_checks(__name__)
 
@@ -158,52 +159,26 @@ def exercise_3(g, held, sends) -> str:
     )
 
 
-given_4 = numbers(N=pick("4n", 4, [3, 5, 6, 8]))
+given_4 = numbers(N=pick("4n", 4, [3, 5, 6]), chunk=pick("4c", 2, [2, 3]))
 
 
-@exercise(given_4, plain="whole numbers", zigzag="whole numbers", speedup="number")
-def exercise_4(g, plain, zigzag, speedup) -> str:
-    """Causal ring: block products per worker (plain), chunk products (zig-zag), the gain."""
-    from course_utils.parallel.context_parallel import causal_work
+def cases_4(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
+    """The learner's ring (their numbers), then two more: in the notebook fixed by their name,
+    in the grader drawn afresh."""
+    g, rng = given_4(variant), variant.cases("4")
+    cases = [ZigzagCase(g.N, g.chunk, 4, seed=4)]
+    for devices in (rng.choice([2, 3]), rng.choice([4, 5])):
+        cases.append(ZigzagCase(devices, rng.choice([2, 3]), 4, rng.randint(1, 10**6)))
+    return {"zigzag_ring": [(case,) for case in cases]}
 
-    n = g.N
-    want_plain, want_zigzag = causal_work(n, False), causal_work(n, True)
-    hints = {
-        f"`plain` needs one count per worker ({n}).": len(plain) != n,
-        "`plain` is reversed: worker 0 holds the FIRST tokens, which may look only at "
-        "themselves.": want_plain[::-1],
-        "`plain` ignores the mask: a key block after the worker's queries is skipped.": [n] * n,
-        "`plain` leaves out the diagonal block: a worker's own block is computed, masked.": list(
-            range(n)
-        ),
-        "`plain` is not right: which earlier blocks may worker i's queries look at?": OTHERWISE,
-    }
-    judge(plain, want_plain, "plain", hints)
-    hints = {
-        "`zigzag` is one short: count the diagonal chunk products too (early chunk i sees "
-        "chunks 0..i, i+1 of them).": [2 * n] * n,
-        "Count `zigzag` in chunk products (chunks of L/2N tokens), one per pair of chunks: a "
-        "worker holds two chunks, and the late one sees many.": [n + 1] * n,
-        "`zigzag` is not right: worker i holds chunks i and 2N-1-i; count the chunks each may "
-        "look at, itself included.": OTHERWISE,
-    }
-    judge(zigzag, want_zigzag, "zigzag", hints)
-    want = n / ((2 * n + 1) / 4)  # a chunk product is a quarter of a block product
-    hints = {
-        "`speedup` compares blocks with chunks: a chunk is half a block on each side, so one "
-        "chunk product is a QUARTER of a block product.": n / (2 * n + 1),
-        "`speedup` = slowest / mean of the plain split. Zig-zag's diagonal chunks are finer, so "
-        "it also computes a little less in total: compare the two slowest workers in one "
-        "unit.": 2 * n / (n + 1),
-        "`speedup` is not right: the plain straggler's work over a zig-zag worker's.": OTHERWISE,
-    }
-    judge(speedup, want, "speedup", hints, upside_down="the plain split's slowest over zig-zag's")
-    return (
-        f"Right: plain {want_plain} block products, zig-zag {want_zigzag[0]} chunk products "
-        f"each = {want_zigzag[0] / 4:g} blocks, so a compute-bound causal pass is {want:.2f}x "
-        "as fast zig-zag. As N grows the gain tends to 2: the plain split leaves half the "
-        "machine idle."
-    )
+
+@exercise(given_4, zigzag_ring=programs.as_program, points=3, partial=True)
+def exercise_4(zigzag_ring, variant) -> str:
+    """Build causal ring attention on the zig-zag split per rank; judged on its outputs, its
+    messages and the chunk products each rank computed."""
+    from course_utils.checks.zigzag_build import zigzag_ring as verdict  # the grader's
+
+    return verdict(zigzag_ring, cases_4(variant)["zigzag_ring"])
 
 
 given_5 = numbers(

@@ -200,3 +200,149 @@ class TPCase(_Case):
         shards = mlp_shards(linear1, linear2, self.devices)
         run = run_tensor_parallel(program, shards, x, dy, raise_failure=False)
         return run.evidence()
+
+
+# --------------------------------------------------------------------------- 7.1: columns
+
+
+@dataclass(frozen=True)
+class ColumnCase(_Case):
+    """`devices` ranks share the columns of a layer Y = XA + b (`d_in` x `d_out`) from
+    `seed`; the input has `tokens` rows, and a gradient `dy` arrives from above."""
+
+    devices: int
+    tokens: int
+    d_in: int
+    d_out: int
+    seed: int
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.devices} ranks, A of {self.d_in} x {self.d_out}, {self.tokens} tokens, "
+            f"seed {self.seed}"
+        )
+
+    def build(self):
+        """(A, b, x, dy), the same in every process."""
+        import torch
+
+        gen = _generator(self.seed)
+        a = torch.randn(self.d_in, self.d_out, generator=gen)
+        b = torch.randn(self.d_out, generator=gen)
+        x = torch.randn(self.tokens, self.d_in, generator=gen)
+        return a, b, x, torch.randn(self.tokens, self.d_out, generator=gen)
+
+    def __course_call__(self, program) -> dict:
+        from course_utils.parallel.column_program import column_shards, run_column_parallel
+
+        a, b, x, dy = self.build()
+        run = run_column_parallel(program, column_shards(a, b, self.devices), x, dy, False)
+        return run.evidence()
+
+
+# --------------------------------------------------------------------------- 8.2: ZeRO-2
+
+
+@dataclass(frozen=True)
+class ZeroCase(_Case):
+    """`devices` ranks train the course's MLP (16 inputs, one block of `hidden`, 10 classes)
+    from `seed` with ZeRO-2 for `steps` steps of SGD with momentum; a batch of `batch` rows,
+    an equal share per rank."""
+
+    devices: int
+    batch: int
+    hidden: int
+    seed: int
+    steps: int = 2
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.devices} ranks, MLP 16-{self.hidden}-10, batch {self.batch}, "
+            f"{self.steps} steps, seed {self.seed}"
+        )
+
+    def build(self):
+        """(model, inputs, targets), the same in every process."""
+        return seeded_mlp(self.seed, 16, self.hidden, 10, 1, self.batch)
+
+    def __course_call__(self, program) -> dict:
+        from course_utils.parallel.fsdp import zero_program as zero
+
+        model, x, y = self.build()
+        run = zero.run_zero_program(program, model, self.devices, x, y, self.steps, False)
+        return run.evidence() | {"flats": zero.flats(run), "state": zero.state_numels(run)}
+
+
+# --------------------------------------------------------------------------- 7.5: groups
+
+
+@dataclass(frozen=True)
+class GridCase(_Case):
+    """A grid of `tp` x `dp` ranks (tensor parallelism innermost), each holding a tensor of
+    whole numbers drawn from `seed`."""
+
+    tp: int
+    dp: int
+    seed: int
+
+    @property
+    def devices(self) -> int:
+        return self.tp * self.dp
+
+    def __repr__(self) -> str:
+        return f"tp = {self.tp}, dp = {self.dp}, seed {self.seed}"
+
+    def values(self) -> list:
+        """Each rank's tensor: whole numbers, so every order of adding them is exact."""
+        import torch
+
+        gen = _generator(self.seed)
+        return [torch.randint(-99, 100, (3,), generator=gen).float() for _ in range(self.devices)]
+
+    def __course_call__(self, program) -> dict:
+        from course_utils.parallel.grid_program import run_grid_program
+
+        run = run_grid_program(program, self.tp, self.dp, self.values(), raise_failure=False)
+        return run.evidence()
+
+
+# --------------------------------------------------------------------------- 9.4: zig-zag
+
+
+@dataclass(frozen=True)
+class ZigzagCase(_Case):
+    """Causal ring attention on the zig-zag split: `devices` ranks, 2 x `devices` chunks of
+    `chunk` tokens of dimension `dim`, made from `seed`."""
+
+    devices: int
+    chunk: int
+    dim: int
+    seed: int
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.devices} ranks, {2 * self.devices} chunks of {self.chunk} tokens of dim "
+            f"{self.dim}, causal, seed {self.seed}"
+        )
+
+    def build(self):
+        """(q, k, v), each (2 x devices x chunk, dim)."""
+        import torch
+
+        gen = _generator(self.seed)
+        shape = (2 * self.devices * self.chunk, self.dim)
+        q, k, v = (torch.randn(shape, generator=gen) for _ in range(3))
+        return q, k, v
+
+    def __course_call__(self, program) -> dict:
+        import torch
+
+        from course_utils.parallel.context_parallel.zigzag_program import run_zigzag_program
+
+        q, k, v = self.build()
+        run = run_zigzag_program(program, q, k, v, self.devices, raise_failure=False)
+        outputs = [
+            r.detach().clone() if isinstance(r, torch.Tensor) else f"a {type(r).__name__}"
+            for r in run.results
+        ]
+        return run.evidence() | {"outputs": outputs}  # its `products` with it

@@ -32,6 +32,10 @@ CASES = {
     "RingCase": "course_utils.checks.rank_cases",
     "DDPCase": "course_utils.checks.rank_cases",
     "TPCase": "course_utils.checks.rank_cases",
+    "ColumnCase": "course_utils.checks.rank_cases",
+    "ZeroCase": "course_utils.checks.rank_cases",
+    "GridCase": "course_utils.checks.rank_cases",
+    "ZigzagCase": "course_utils.checks.rank_cases",
     "WorkerRingCase": "course_utils.checks.processes",  # a worker file on real processes
     "WorkerDDPCase": "course_utils.checks.processes",
 }
