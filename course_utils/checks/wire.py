@@ -32,6 +32,7 @@ CASES = {
     "RingCase": "course_utils.checks.rank_cases",
     "DDPCase": "course_utils.checks.rank_cases",
     "TPCase": "course_utils.checks.rank_cases",
+    "CapacityCase": "course_utils.checks.rank_cases",
     "WorkerRingCase": "course_utils.checks.processes",  # a worker file on real processes
     "WorkerDDPCase": "course_utils.checks.processes",
 }
