@@ -1,4 +1,5 @@
-"""The trials of lessons 06, 07 and 10's per-rank Builds: a ring all-reduce, DDP, a tensor-parallel MLP, the MoE dispatch with capacity, each run on the
+"""The trials of lessons 06, 07 and 10's per-rank Builds: a ring all-reduce, the hierarchical
+all-reduce, DDP, a tensor-parallel MLP, the MoE dispatch with capacity, each run on the
 course's devices and judged in the grader from the run's evidence.
 
 As `programs.ProgramCase` does for lesson 01, each case is made of numbers only (so it can
@@ -98,6 +99,37 @@ class RingCase(_Case):
         n = self.devices
         largest = 4 * math.ceil(self.length / n)
         return 2 * (n - 1) * (links.latency + largest / links.ring_bandwidth(n))
+
+
+@dataclass(frozen=True)
+class HierarchyCase(_Case):
+    """Exercise 6.5: `nodes` nodes of `per_node` ranks each, every rank with `length` whole
+    numbers (as float32) drawn from `seed`."""
+
+    nodes: int
+    per_node: int
+    length: int
+    seed: int
+
+    @property
+    def devices(self) -> int:
+        return self.nodes * self.per_node
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.nodes} nodes of {self.per_node} ranks, {self.length} numbers each, "
+            f"seed {self.seed}"
+        )
+
+    def data(self) -> list:
+        """Each rank's tensor, as `RingCase` makes them."""
+        return RingCase(self.devices, self.length, self.seed).data()
+
+    def __course_call__(self, program) -> dict:
+        from course_utils.parallel.hierarchical import run_hierarchical
+
+        run = run_hierarchical(program, self.data(), self.nodes, raise_failure=False)
+        return run.evidence()
 
 
 # --------------------------------------------------------------------------- DDP

@@ -33,6 +33,7 @@ CASES = {
     "DDPCase": "course_utils.checks.rank_cases",
     "TPCase": "course_utils.checks.rank_cases",
     "CapacityCase": "course_utils.checks.rank_cases",
+    "HierarchyCase": "course_utils.checks.rank_cases",
     "WorkerRingCase": "course_utils.checks.processes",  # a worker file on real processes
     "WorkerDDPCase": "course_utils.checks.processes",
 }
