@@ -13,6 +13,8 @@ positions dropped, the byte matrices of the dispatch and the combine read from t
 
 from __future__ import annotations
 
+import functools
+
 from course_utils import checks
 from course_utils.checks import fail, programs
 from course_utils.checks.builds import byte_matrix, carrying_tokens, matrices, rows_elsewhere
@@ -60,6 +62,7 @@ def _targets(case) -> dict:
     }
 
 
+@functools.lru_cache(maxsize=512)  # a student's cases are drawn again at every check
 def crosses_and_drops(case) -> bool:
     """Whether on `case`'s layer a rank drops a token and some kept token leaves its rank
     (so that a case tries both the capacity and the all-to-all)."""
@@ -173,6 +176,7 @@ def _outputs(shown: str, run: dict, want: dict) -> None:
 
 def capacity_dispatch(program, cases: list[tuple]) -> str:
     """Exercise 10.2: the dispatch with capacity, judged on what each case's run did."""
+    first = None
     for (case,), shown, got in checks.each_call(program, cases):
         run = programs.watched(got, shown, case, "outputs")
         if not isinstance(run.get("dropped"), list) or len(run["dropped"]) != case.devices:
@@ -181,6 +185,7 @@ def capacity_dispatch(program, cases: list[tuple]) -> str:
                 "judged."
             )
         want = _targets(case)
+        first = first or want
         _raised_per_expert(shown, run, case)
         if run["failure"] is None or run["failure"].get("kind") == "raised":
             _dispatch(shown, run, case, want)
@@ -189,7 +194,7 @@ def capacity_dispatch(program, cases: list[tuple]) -> str:
         for rank, got_dropped in enumerate(run["dropped"]):
             _dropped(shown, rank, got_dropped, want["dropped"][rank], want["capacity"])
         _outputs(shown, run, want)
-    mine = _targets(cases[0][0])
+    mine = first or _targets(cases[0][0])
     lost = sum(len(d) for d in mine["dropped"])
     sent = [sum(row) for row in mine["kept"]]
     return (
