@@ -2,6 +2,7 @@
 
 import re
 
+import biasprograms as bias
 import buildprograms as programs
 import capacityprograms as capacity
 import pytest
@@ -75,6 +76,7 @@ RIGHT = {
         [-0.12, 0.05, 0.02, 0.05],
     ),
     8: (programs.moe_layer,),
+    9: (bias.balance,),
 }
 _C7, _G7, _B7 = RIGHT[7]
 
@@ -165,6 +167,11 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (8, (programs.returns_nothing_moe,), "returned a NoneType"),
     (8, (programs.rank_0_skips,), "An all-to-all completes only when every rank calls it"),
     (8, ("moe_layer",), "should be a function"),
+    *((9, (wrong,), words) for wrong, words in bias.BIAS_MISTAKES.items()),
+    (9, (bias.proportional,), "only the sign of the excess counts"),
+    (9, (bias.gathers_scores,), "all-reduce them, not the scores"),
+    (9, (bias.rank_0_skips,), "every rank shares its counts in the same call"),
+    (9, (bias.bias_only,), "not the pair"),
 ]
 
 
@@ -243,6 +250,7 @@ def right_for(v: Variant) -> dict:
         6: check._plan(check.given_6(v)),
         2: (capacity.capacity_dispatch,),  # one program for everybody, on their own layer
         8: (programs.moe_layer,),  # one program for everybody, tried on their own layer
+        9: (bias.balance,),
     }
 
 
@@ -331,3 +339,23 @@ def test_the_solution_passes_on_one_core_beside_a_busy_loop(capsys):
     with beside_a_busy_loop():
         check.exercise_8(programs.moe_layer)
     assert capsys.readouterr().out.startswith("✅ Right")
+
+
+# -- 10.9: the bias update on every rank, a per-rank program --------------------------------
+
+
+@pytest.mark.parametrize("wrong", list(bias.BIAS_MISTAKES), ids=lambda f: f.__name__)
+def test_10_9_the_three_commonest_mistakes_get_their_own_hint(wrong):
+    fails_with_its_own_hint(check.exercise_9, wrong, bias.BIAS_MISTAKES)
+
+
+def test_10_9_every_case_tells_a_local_load_and_a_bias_free_choice_apart():
+    from course_utils.checks.bias_build import telling
+
+    for student in ("default", "bob"):
+        mine = check.cases_9(Variant(student))["balance"]
+        g = check.given_9(Variant(student))
+        assert (mine[0][0].devices, mine[0][0].tokens) == (g.N, g.tokens)
+        assert all(telling(c) for (c,) in mine)
+    secret = check.cases_9(Variant("bob", cases_seed="grader"))["balance"]
+    assert secret[0] == mine[0] and secret[1:] != mine[1:]

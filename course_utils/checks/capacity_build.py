@@ -74,6 +74,15 @@ def crosses_and_drops(case) -> bool:
     return out.dropped > 0 and any(map(any, byte_matrix(out.routed, 1, 1)))
 
 
+def dropping_seed(n: int, experts: int, d: int, tokens: int, percent: int, seed: int) -> int:
+    """The first seed from `seed` on whose layer a rank drops a token and tokens cross ranks."""
+    from course_utils.checks.rank_cases import CapacityCase
+
+    while not crosses_and_drops(CapacityCase(n, experts, d, tokens, percent, seed)):
+        seed += 1
+    return seed
+
+
 def _raised_per_expert(shown: str, run: dict, case) -> None:
     """The hint for an all-to-all handed one chunk per expert (it raises, saying how many)."""
     failure = run["failure"]

@@ -22,6 +22,7 @@ from course_utils.checks import (
     DEFAULT,
     OTHERWISE,
     Variant,
+    bias_build,
     builds,
     exercise,
     fail,
@@ -30,6 +31,7 @@ from course_utils.checks import (
     pick,
     programs,
 )
+from course_utils.checks.capacity_build import dropping_seed
 from course_utils.checks.programs import DispatchCase
 from course_utils.checks.rank_cases import CapacityCase
 
@@ -131,17 +133,8 @@ given_2 = numbers(
     d_model=pick("2d", 8, [4, 6, 8]),
     tokens=pick("2t", 8, [6, 8, 10]),
     percent=pick("2c", 100, [100, 125]),
-    seed=lambda g: _dropping_seed(g.N, g.experts, g.d_model, g.tokens, g.percent, 10 * g.tokens),
+    seed=lambda g: dropping_seed(g.N, g.experts, g.d_model, g.tokens, g.percent, 10 * g.tokens),
 )
-
-
-def _dropping_seed(n: int, experts: int, d: int, tokens: int, percent: int, seed: int) -> int:
-    """The first seed from `seed` on whose layer a rank drops a token and tokens cross ranks."""
-    from course_utils.checks.capacity_build import crosses_and_drops
-
-    while not crosses_and_drops(CapacityCase(n, experts, d, tokens, percent, seed)):
-        seed += 1
-    return seed
 
 
 def cases_2(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
@@ -151,7 +144,7 @@ def cases_2(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
     for n, per in ((rng.choice([2, 4]), 2), (3, rng.choice([1, 2]))):
         d, tokens = rng.choice([4, 6, 8]), rng.choice([5, 6, 8])
         percent = rng.choice([100, 125, 150])
-        seed = _dropping_seed(n, n * per, d, tokens, percent, rng.randint(1, 10**6))
+        seed = dropping_seed(n, n * per, d, tokens, percent, rng.randint(1, 10**6))
         cases.append(CapacityCase(n, n * per, d, tokens, percent, seed))
     return {"capacity_dispatch": [(case,) for case in cases]}
 
@@ -589,3 +582,17 @@ def cases_8(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
 def exercise_8(moe_layer, variant) -> str:
     """Build the expert-parallel MoE layer's dispatch and combine; judged on what the run did."""
     return builds.moe_layer(moe_layer, cases_8(variant)["moe_layer"])
+
+
+# --------------------------------------------------------------------------- 10.9: the program
+given_9 = bias_build.given
+
+
+def cases_9(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
+    return bias_build.cases(variant)
+
+
+@exercise(given_9, balance=programs.as_program, points=3, partial=True)
+def exercise_9(balance, variant) -> str:
+    """Build the bias update on every rank: the whole batch's load, the same bias on all."""
+    return bias_build.judged(balance, cases_9(variant)["balance"])

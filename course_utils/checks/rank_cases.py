@@ -308,3 +308,43 @@ def _output_and_dropped(value: Any) -> tuple[Any, Any]:
     ):
         return y, [int(t) for t in dropped]
     return y, named(dropped)
+
+
+# --------------------------------------------------------------------------- bias balancing
+
+
+@dataclass(frozen=True)
+class BiasCase(_Case):
+    """Exercise 10.9: `devices` ranks of `tokens` tokens each, scored against `experts` experts
+    (a softmax leaning to expert 0) from `seed`; a bias of a few steps of gamma = `milli` /
+    1000 per expert."""
+
+    devices: int
+    experts: int
+    tokens: int
+    milli: int
+    seed: int
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.devices} ranks, {self.tokens} tokens each, {self.experts} experts, gamma "
+            f"{self.milli / 1000:g}, seed {self.seed}"
+        )
+
+    def build(self):
+        """(scores, bias, gamma): the whole batch's scores (devices x tokens, experts)."""
+        import torch
+
+        gen = _generator(self.seed)
+        logits = torch.randn(self.devices * self.tokens, self.experts, generator=gen)
+        logits[:, 0] += 0.8
+        steps = torch.randint(-2, 3, (self.experts,), generator=gen).float()
+        gamma = self.milli / 1000
+        return torch.softmax(logits, dim=-1), gamma * steps, gamma
+
+    def __course_call__(self, program) -> dict:
+        from course_utils.parallel.moe.bias_program import run_bias_program
+
+        scores, bias, gamma = self.build()
+        run = run_bias_program(program, scores, bias, gamma, self.devices, raise_failure=False)
+        return run.evidence()
