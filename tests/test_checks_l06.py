@@ -4,6 +4,7 @@ import math
 import re
 
 import dpprograms as dp
+import hierarchyprograms as hierarchy
 import pytest
 from checkskit import STUDENTS
 
@@ -15,7 +16,7 @@ RIGHT = {
     2: ("b",),
     3: (["c", "f", "b", "e", "a", "d"],),
     4: (dp.ring,),
-    5: (1.75, 7),
+    5: (hierarchy.hierarchical,),
     6: (0.625, "a", "a"),
     7: ([True, False, True, True, False],),
     8: (dp.ddp,),
@@ -25,9 +26,8 @@ RIGHT = {
 def test_other_right_forms_pass(capsys):
     check.exercise_1(64.0, (12, 13, 12, 13, 12, 13, 12, 13))  # any order of the shards
     check.exercise_3(["F", "c", "b", "e", "a", "d"])  # broadcast before split, capitals
-    check.exercise_5(1.75, 7.0)
     check.exercise_6(5 / 8, "A", "a")
-    assert capsys.readouterr().out.count("✅") == 4
+    assert capsys.readouterr().out.count("✅") == 3
 
 
 # Needles are regular expressions here ("a|b": either wording passes).
@@ -56,22 +56,12 @@ WRONG = [
         (3, (["c", "c", "b", "e", "a", "d"],), "missing: f"),
         (3, ("cfbead",), "should be a list"),
         (3, (["c", "f", "b", "e", "a", "z"],), "should be one of"),
-        (5, (0.875, 7), "two"),
-        (5, (2, 7), "limit"),
-        (5, (0.125, 7), "N - 1 steps"),
-        (5, (1.5, 7), "Count chunks"),
-        (5, (1750, 7), "looks like megabytes; give GB"),
-        (5, (1.75e9, 7), "bytes; give GB"),
-        (5, (1.63, 7), "GiB"),
-        (5, (3.5, 7), "both directions"),
-        (5, (1.8, 7), "close: give 3 significant figures"),
-        (5, (0.4375, 7), "4 bytes"),
-        (5, (1.75, 8), "to itself"),
-        (5, (1.75, 1), "sends the sum back"),
-        (5, (1.75, 14), "receives"),
-        (5, (1.75, 6.52), "GiB"),
-        (5, (1.75, 7000), "looks like megabytes; give GB"),
-        (5, (1.75, 3), "Who does rank 0"),
+        *((5, (wrong,), words) for wrong, words in hierarchy.HIERARCHY_MISTAKES.items()),
+        (5, (hierarchy.summed,), "the sum, not the mean"),
+        (5, (hierarchy.node_mean_only,), "divided by the size of one group only"),
+        (5, (hierarchy.cross_whole,), "across the nodes only the shard travels"),
+        (5, (hierarchy.skip_cross,), "is three steps"),
+        (5, (hierarchy.rank_0_leaves,), "every rank of its group calls it"),
         (6, (10.0, "a", "a"), "looks like a speed-up"),
         (6, (62.5, "a", "a"), "percentage"),
         (6, (0.6, "a", "a"), "close: give 3 significant figures"),
@@ -138,14 +128,11 @@ def right_for(v):
     g1 = check.given_1(v)
     base, extra = divmod(g1["odd_batch"], g1["odd_workers"])
     shards = [base + 1] * extra + [base] * (g1["odd_workers"] - extra)
-    g5 = check.given_5(v)
-    s = 4 * g5["params_m"] / 1000
-    n = g5["workers"]
     rows = {w: c + a for w, c, a in check.scaling_table(v)}
     return {
         1: (g1["batch"] // g1["workers"], shards),
         4: (dp.ring,),  # the programs are the same for everybody, tried on their numbers
-        5: (2 * (n - 1) / n * s, (n - 1) * s),
+        5: (hierarchy.hierarchical,),
         6: (rows[1] / rows[16] / 16, "a", "a"),
         8: (dp.ddp,),
     }
@@ -159,3 +146,47 @@ def test_every_variant_keeps_the_story_of_exercise_6(student):
     assert total / sum(rows[8]) > 7.0
     assert total / sum(rows[16]) < 12.5
     assert rows[16][1] > 5 * rows[8][1]  # the all-reduce jumps when the ring leaves the node
+
+
+# -- 6.5: the hierarchical all-reduce, a per-rank program ------------------------------------
+
+
+@pytest.mark.parametrize("wrong", list(hierarchy.HIERARCHY_MISTAKES), ids=lambda f: f.__name__)
+def test_6_5_the_three_commonest_mistakes_get_their_own_hint(wrong):
+    from checkskit import fails_with_its_own_hint
+
+    fails_with_its_own_hint(check.exercise_5, wrong, hierarchy.HIERARCHY_MISTAKES)
+
+
+def test_6_5_cases_are_the_learners_then_fresh_clusters_secret_in_the_grader():
+    mine = check.cases_5(Variant("bob"))["hierarchical_all_reduce"]
+    g, case = check.given_5(Variant("bob")), mine[0][0]
+    assert (case.nodes, case.per_node, case.length) == (g.nodes, g.per_node, g.length)
+    assert all(c.length % c.devices == 0 for (c,) in mine)  # the formulas' bytes are exact
+    assert {c.nodes for (c,) in mine} == {2, 3} and len({c.per_node for (c,) in mine}) > 1
+    secret = check.cases_5(Variant("bob", cases_seed="grader"))["hierarchical_all_reduce"]
+    assert secret[0] == mine[0] and secret[1:] != mine[1:]
+
+
+def test_6_5_the_run_records_each_collective_and_what_crossed_between_nodes():
+    import torch
+
+    from course_utils.checks.hierarchical_build import formula
+    from course_utils.checks.rank_cases import HierarchyCase
+    from course_utils.parallel.hierarchical import cross_bytes, run_hierarchical
+
+    case = HierarchyCase(2, 4, 16, 5)
+    data = case.data()
+    run = run_hierarchical(hierarchy.hierarchical, data, nodes=2)
+    assert all(torch.allclose(r, sum(data) / 8) for r in run.extra["results"])
+    want = formula(case)
+    for rank, calls in enumerate(run.extra["calls"]):
+        assert [c[:2] for c in calls] == [
+            ["node", "reduce_scatter"],
+            ["cross", "all_reduce"],
+            ["node", "all_gather"],
+        ]
+        assert [sum(c[2]) for c in calls] == [48, 16, 48]
+        assert cross_bytes(calls, rank, 8, 2) == want["all_reduce"] == 16  # its shard, S / G
+        assert sum(map(sum, (c[2] for c in calls))) == run.bytes_sent[rank]
+    assert want["flat"] == 2 * 7 * 64 // 8  # a flat ring's rank: 2(N-1)/N S

@@ -2,11 +2,13 @@
 
 import re
 
+import biasprograms as bias
 import buildprograms as programs
+import capacityprograms as capacity
 import pytest
 from checkskit import STUDENTS, fails_with_its_own_hint
 
-from course_utils.checks import CheckFailed, NotAnswered, Variant
+from course_utils.checks import CheckFailed, Variant
 from course_utils.checks import l10 as check
 
 
@@ -36,54 +38,6 @@ STEP_0 = 2 * (DISPATCH[0] + COMBINE[0])
 GB = 77.32933632
 
 
-def keeps_home(routed, d_model, element_size):
-    per = len(routed[0]) // len(routed)
-    return [
-        [sum(row[d * per : (d + 1) * per]) * d_model * element_size for d in range(len(routed))]
-        for row in routed
-    ]
-
-
-def transposed(routed, d_model, element_size):
-    m = dispatch_bytes(routed, d_model, element_size)
-    return [list(col) for col in zip(*m, strict=True)]
-
-
-def tokens(routed, d_model, element_size):
-    return dispatch_bytes(routed, 1, 1)
-
-
-def round_robin(routed, d_model, element_size):
-    n, e = len(routed), len(routed[0])
-    return [
-        [
-            0 if s == d else sum(routed[s][x] for x in range(e) if x % n == d) * d_model * 3
-            for d in range(n)
-        ]
-        for s in range(n)
-    ]
-
-
-def round_robin_right_bytes(routed, d_model, element_size):
-    n, e = len(routed), len(routed[0])
-    return [
-        [
-            0
-            if s == d
-            else sum(routed[s][x] for x in range(e) if x % n == d) * d_model * element_size
-            for d in range(n)
-        ]
-        for s in range(n)
-    ]
-
-
-def stub(routed, d_model, element_size):
-    raise NotImplementedError()
-
-
-FIXED = Variant("default", cases_seed=1)  # 10.2's random cases, fixed for the wrong answers
-
-
 def _capacity_variant():
     """A student whose capacity C x T / E is a fraction whose floor is not ceil(T / E), so
     rounding down and forgetting C are different slips (the default's C x T / E is whole)."""
@@ -111,7 +65,7 @@ def _swap_before(letter):
 TOP_1 = Variant("s7", cases_seed=1)  # 3 ranks of 2 experts, top-1
 RIGHT = {
     1: ([8, 3, 3, 2], 4, [9, 10, 13, 15], 8),
-    2: (dispatch_bytes,),
+    2: (capacity.capacity_dispatch,),
     3: (DISPATCH, COMBINE, STEP_0),
     4: (check.ORDER,),
     5: (1, 3, waiting_share(), "a"),
@@ -122,6 +76,7 @@ RIGHT = {
         [-0.12, 0.05, 0.02, 0.05],
     ),
     8: (programs.moe_layer,),
+    9: (bias.balance,),
 }
 _C7, _G7, _B7 = RIGHT[7]
 
@@ -189,12 +144,14 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (1, (CAP_COUNTS, int(CAP_EXACT), [0], 1, CAP_V), "round up, not down"),
     (1, (CAP_COUNTS, -(-CAP_T // 4), [0], 1, CAP_V), "forgets the capacity factor"),
     (1, ([8, 3, 3, 2], 4, [10, 11, 14, 16], 8), "`dropped` counts positions from 1"),
-    (2, (keeps_home, FIXED), "the diagonal must be 0"),
-    (2, (transposed, FIXED), "is transposed"),
-    (2, (tokens, FIXED), "counts tokens"),
-    (2, (lambda r, d, e: dispatch_bytes(r, d, 1), FIXED), "counts numbers"),
-    (2, (round_robin_right_bytes, FIXED), "deals experts out round-robin"),
-    (2, (round_robin, FIXED), "Entry [s][d]: the tokens worker s routes"),
+    *((2, (wrong,), words) for wrong, words in capacity.CAPACITY_MISTAKES.items()),
+    (2, (capacity.no_capacity,), "apply the capacity before the dispatch"),
+    (2, (capacity.dropped_zeroed,), "the residual carries it"),
+    (2, (capacity.last_come,), "first come, first served"),
+    (2, (capacity.counts_only,), "return their positions"),
+    (2, (capacity.returns_y_only,), "not the pair (y, dropped)"),
+    (2, (capacity.round_robin,), "dealt out round-robin"),
+    (2, (capacity.rank_0_skips,), "An all-to-all completes only when every rank calls it"),
     (3, ([x / 2 for x in DISPATCH], COMBINE, STEP_0), "looks like 1 byte per number"),
     (3, ([1, 2], COMBINE, STEP_0), "`dispatch_sent` is not right. Worker w sends"),
     *[(4, (_swap_before(x),), check.TOO_EARLY[x]) for x in check.TOO_EARLY],
@@ -210,32 +167,54 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (8, (programs.returns_nothing_moe,), "returned a NoneType"),
     (8, (programs.rank_0_skips,), "An all-to-all completes only when every rank calls it"),
     (8, ("moe_layer",), "should be a function"),
+    *((9, (wrong,), words) for wrong, words in bias.BIAS_MISTAKES.items()),
+    (9, (bias.proportional,), "only the sign of the excess counts"),
+    (9, (bias.gathers_scores,), "all-reduce them, not the scores"),
+    (9, (bias.rank_0_skips,), "every rank shares its counts in the same call"),
+    (9, (bias.bias_only,), "not the pair"),
 ]
 
 
-def test_build_exercise_catches_wrong_functions():
-    with pytest.raises(CheckFailed, match="diagonal must be 0"):
-        check.exercise_2(keeps_home)
-    with pytest.raises(CheckFailed, match="transposed"):
-        check.exercise_2(transposed)
-    with pytest.raises(CheckFailed, match="counts tokens"):
-        check.exercise_2(tokens)
-    with pytest.raises(CheckFailed, match="round-robin"):
-        check.exercise_2(round_robin_right_bytes)
-    with pytest.raises(CheckFailed, match="is not right"):
-        check.exercise_2(round_robin)
-    with pytest.raises(NotAnswered):
-        check.exercise_2(stub)
-    with pytest.raises(CheckFailed, match="should be a function"):
-        check.exercise_2([[0, 1], [1, 0]])
+# -- 10.2: the dispatch with capacity, a per-rank program -----------------------------------
 
 
-def test_build_cases_are_plain_data_and_fixed_by_the_cases_seed():
-    a = check.cases_2(Variant("s7", cases_seed=3))
-    assert a == check.cases_2(Variant("s7", cases_seed=3))
-    assert a != check.cases_2(Variant("s7", cases_seed=4))
-    routed, d_model, size = a["dispatch_bytes"][0]
-    assert len(routed) == 1 and isinstance(d_model, int) and size in (2, 4)
+@pytest.mark.parametrize("wrong", list(capacity.CAPACITY_MISTAKES), ids=lambda f: f.__name__)
+def test_10_2_the_three_commonest_mistakes_get_their_own_hint(wrong):
+    fails_with_its_own_hint(check.exercise_2, wrong, capacity.CAPACITY_MISTAKES)
+
+
+def test_10_2_cases_drop_tokens_send_some_and_are_secret_in_the_grader():
+    from course_utils.checks.capacity_build import crosses_and_drops
+
+    mine = check.cases_2(Variant("bob"))["capacity_dispatch"]
+    assert mine == check.cases_2(Variant("bob"))["capacity_dispatch"]
+    g, case = check.given_2(Variant("bob")), mine[0][0]
+    assert (case.devices, case.experts, case.tokens, case.seed) == (
+        g.N,
+        g.experts,
+        g.tokens,
+        g.seed,
+    )
+    assert case.experts == 2 * case.devices  # a chunk per rank is not a chunk per expert
+    assert all(crosses_and_drops(c) for (c,) in mine)
+    secret = check.cases_2(Variant("bob", cases_seed="grader"))["capacity_dispatch"]
+    assert secret[0] == mine[0] and secret[1:] != mine[1:]
+
+
+def test_10_2_the_run_drops_what_one_device_drops_and_sends_only_the_kept_tokens():
+    import torch
+
+    from course_utils.checks.builds import byte_matrix
+    from course_utils.checks.rank_cases import CapacityCase
+
+    case = CapacityCase(2, 4, 8, 8, 100, check.given_2().seed)
+    run = case.run(capacity.capacity_dispatch)
+    moe, x = case.build()
+    one = moe(x, groups=2)
+    assert one.dropped == sum(len(d) for _, d in run.results) > 0
+    assert torch.allclose(torch.cat([y for y, _ in run.results]), one.output, atol=1e-6)
+    tokens = [[c[1] for c in w.collectives if c[2] == "float32"] for w in run.watches]
+    assert [t[0] for t in tokens] == byte_matrix(one.routed, 8, 4)  # only the kept tokens
 
 
 def right_for(v: Variant) -> dict:
@@ -269,7 +248,9 @@ def right_for(v: Variant) -> dict:
         7: (chosen7, gates7, bias7),
         5: (hot // 2, hot, waiting_share(v), "a"),
         6: check._plan(check.given_6(v)),
+        2: (capacity.capacity_dispatch,),  # one program for everybody, on their own layer
         8: (programs.moe_layer,),  # one program for everybody, tried on their own layer
+        9: (bias.balance,),
     }
 
 
@@ -335,6 +316,7 @@ def test_the_cases_are_the_learners_in_the_notebook_and_secret_in_the_grader():
 def test_the_byte_matrix_is_read_from_the_run():
     import torch
 
+    from course_utils.checks.builds import byte_matrix
     from course_utils.parallel.moe import MoE
     from course_utils.parallel.moe.rank_program import routed_counts, run_moe_program
 
@@ -346,7 +328,7 @@ def test_the_byte_matrix_is_read_from_the_run():
     routed = routed_counts(moe, x, 2)
     dispatch = [w.collectives[0][1] for w in run.watches]
     want = [[0, sum(routed[0][2:]) * 8 * 4], [sum(routed[1][:2]) * 8 * 4, 0]]
-    assert dispatch == want == check._matrix(routed, 8, 4)
+    assert dispatch == want == byte_matrix(routed, 8, 4)
     assert [w.collectives[2][1] for w in run.watches] == [list(c) for c in zip(*want, strict=True)]
 
 
@@ -357,3 +339,23 @@ def test_the_solution_passes_on_one_core_beside_a_busy_loop(capsys):
     with beside_a_busy_loop():
         check.exercise_8(programs.moe_layer)
     assert capsys.readouterr().out.startswith("✅ Right")
+
+
+# -- 10.9: the bias update on every rank, a per-rank program --------------------------------
+
+
+@pytest.mark.parametrize("wrong", list(bias.BIAS_MISTAKES), ids=lambda f: f.__name__)
+def test_10_9_the_three_commonest_mistakes_get_their_own_hint(wrong):
+    fails_with_its_own_hint(check.exercise_9, wrong, bias.BIAS_MISTAKES)
+
+
+def test_10_9_every_case_tells_a_local_load_and_a_bias_free_choice_apart():
+    from course_utils.checks.bias_build import telling
+
+    for student in ("default", "bob"):
+        mine = check.cases_9(Variant(student))["balance"]
+        g = check.given_9(Variant(student))
+        assert (mine[0][0].devices, mine[0][0].tokens) == (g.N, g.tokens)
+        assert all(telling(c) for (c,) in mine)
+    secret = check.cases_9(Variant("bob", cases_seed="grader"))["balance"]
+    assert secret[0] == mine[0] and secret[1:] != mine[1:]

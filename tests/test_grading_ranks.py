@@ -112,8 +112,8 @@ def test_the_grader_judges_pipeline_programs_on_order_and_memory(tmp_path):
 
 
 def test_lesson_06s_programs_are_judged_from_their_evidence_too(tmp_path):
-    """6.4 and 6.8 graded in the sandbox: a right ring passes, a DDP that sums fails with its
-    hint, and a kernel that claims a pass for it earns nothing."""
+    """6.4, 6.5 and 6.8 graded in the sandbox: a right ring and hierarchy pass, a DDP that
+    sums fails with its hint, and a kernel that claims a pass for it earns nothing."""
     import dpprograms as dp
 
     name = "06_data_parallelism.ipynb"
@@ -133,6 +133,7 @@ def test_lesson_06s_programs_are_judged_from_their_evidence_too(tmp_path):
     results = {r.student: r for r in grade_all([tmp_path], jobs=2, call_timeout=20)}
     verdicts = {s: {e.id: e for e in r.exercises} for s, r in results.items()}
     assert verdicts["summed"]["6.4"].passed, verdicts["summed"]["6.4"].message
+    assert verdicts["summed"]["6.5"].passed, verdicts["summed"]["6.5"].message  # 2 node groups
     assert not verdicts["summed"]["6.8"].passed
     assert "they were summed" in verdicts["summed"]["6.8"].message
     claimed = verdicts["claims-passed"]["6.8"]

@@ -6,7 +6,7 @@ as evidence (`checks.programs`: a `ShardCase`, `AttentionCase` or `DispatchCase`
 `threads.watched`). The verdict is computed here, in the grader, from that evidence alone:
 against what one device computes for the same case (an SGD step, full causal attention, the
 MoE layer) and against the lessons' formulas (ZeRO-3's bytes, the ring's order of blocks,
-Exercise 10.2's byte matrix), with the memory a rank held read from its snapshots. Each
+the byte matrix of the dispatch), with the memory a rank held read from its snapshots. Each
 mistake a learner makes has its hint, worked out from what the run did. The lessons' check
 modules declare the exercises (their numbers and cases) and call these.
 """
@@ -374,7 +374,7 @@ STOPPED_8 = {
 
 def _targets_8(case: DispatchCase) -> dict:
     """What one device computes for `case`: each rank's tokens' output of the MoE layer (and
-    of the layer with one mistake in it), and the dispatch's byte matrix (Exercise 10.2's,
+    of the layer with one mistake in it), and the dispatch's byte matrix (the lesson's,
     and those of two mistakes)."""
     import torch
 
@@ -410,7 +410,7 @@ def _targets_8(case: DispatchCase) -> dict:
     return found
 
 
-def _carrying_tokens(watch: dict, d_model: int) -> list[list[int]]:
+def carrying_tokens(watch: dict, d_model: int) -> list[list[int]]:
     """The bytes each of a rank's all-to-alls of tokens (float, d_model wide) sent per rank."""
     return [
         list(c[1])
@@ -419,7 +419,7 @@ def _carrying_tokens(watch: dict, d_model: int) -> list[list[int]]:
     ]
 
 
-def _rows_elsewhere(got, want) -> bool:
+def rows_elsewhere(got, want) -> bool:
     """Every row of `got` is some row of `want` (not all in their places, or it would be right)."""
     import torch
 
@@ -429,7 +429,7 @@ def _rows_elsewhere(got, want) -> bool:
 def _all_to_alls_8(shown: str, run: dict, case: DispatchCase, want: dict) -> None:
     """Fail unless every rank dispatched and combined its tokens by all-to-all, with the
     byte matrices of the lesson (a failed run: as far as its all-to-alls went)."""
-    sent = [_carrying_tokens(w, case.d_model) for w in run["watched"]]
+    sent = [carrying_tokens(w, case.d_model) for w in run["watched"]]
     failed = run["failure"] is not None
     if any(len(calls) < 2 for calls in sent) and not (failed and not any(sent)):
         fail(
@@ -444,8 +444,8 @@ def _all_to_alls_8(shown: str, run: dict, case: DispatchCase, want: dict) -> Non
     if matrix == want["everything"] and matrix != want["dispatch"]:
         fail(
             f"{shown}: every rank sends all its tokens to every other rank. Send each rank "
-            "only the tokens routed to the experts it holds: the dispatch's byte matrix "
-            "is the one of Exercise 10.2."
+            "only the tokens routed to the experts it holds: row s of the dispatch's byte "
+            "matrix is what rank s sends each rank."
         )
     if matrix == want["first"] and matrix != want["dispatch"]:
         fail(
@@ -453,14 +453,22 @@ def _all_to_alls_8(shown: str, run: dict, case: DispatchCase, want: dict) -> Non
             f"routing each token goes to each of its {case.top_k} experts (ctx.experts_of "
             "has a column per choice), and its output is the gated sum of theirs."
         )
-    if matrix != want["dispatch"]:
+    matrices(shown, sent, want["dispatch"], "the lesson's is", "routes")
+
+
+def matrices(shown: str, sent: list, want: list, named: str, does: str) -> None:
+    """Fail unless each rank's first all-to-all of tokens (`sent[rank]`, their bytes to every
+    rank) makes the byte matrix `want` (`named` says whose it is; rank s `does` the tokens)
+    and its second, the combine, the transpose."""
+    matrix = [calls[0] for calls in sent]
+    if matrix != want:
         fail(
             f"{shown}: the dispatch sent the byte matrix {matrix} (row s: what rank s sent "
-            f"each rank); the lesson's is {want['dispatch']}: the tokens rank s routes to "
-            "the experts rank d holds, times d_model x 4 bytes, 0 on the diagonal."
+            f"each rank); {named} {want}: the tokens rank s {does} to the experts rank d "
+            "holds, times d_model x 4 bytes, 0 on the diagonal."
         )
     back = [calls[1] for calls in sent]
-    transposed = [list(col) for col in zip(*want["dispatch"], strict=True)]
+    transposed = [list(col) for col in zip(*want, strict=True)]
     if back != transposed:
         fail(
             f"{shown}: the combine sent the byte matrix {back}, not the dispatch's "
@@ -503,7 +511,7 @@ def moe_layer(program, cases: list[tuple]) -> str:
             for name, hint in hints.items():
                 if torch.allclose(out, want[name][rank], rtol=1e-4, atol=1e-5):
                     fail(f"{shown}: rank {rank} {hint}")
-            if _rows_elsewhere(out - want["x"][rank], right - want["x"][rank]):
+            if rows_elsewhere(out - want["x"][rank], right - want["x"][rank]):
                 fail(
                     f"{shown}: rank {rank}'s expert outputs are there, but added at other tokens' "
                     "rows. The combine's chunk from rank d lines up with what you sent to d: "

@@ -2,8 +2,10 @@
 
 The traffic figures are those of the ring all-reduce (Patarasuk & Yuan 2009): every worker
 sends 2(N-1)/N of the gradient; the naive all-reduce (gather on rank 0, then broadcast) makes
-rank 0 send (N-1) copies. The scaling of 6.6 is lesson 06's two-level model: a ring runs at
-its slowest link, NVLink inside a node, the network between nodes (`course_utils.plan`).
+rank 0 send (N-1) copies; Exercise 6.5's hierarchical all-reduce over nodes is a program every
+rank runs (`rank_cases.HierarchyCase`), judged in `hierarchical_build`. The scaling of 6.6 is
+lesson 06's two-level model: a ring runs at its slowest link, NVLink inside a node, the
+network between nodes (`course_utils.plan`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from course_utils.checks import (
     pick,
     programs,
 )
-from course_utils.checks.rank_cases import RING_LINKS, DDPCase, RingCase, close
+from course_utils.checks.rank_cases import RING_LINKS, DDPCase, HierarchyCase, RingCase, close
 
 for_student = checks.lesson_checks(__name__)
 
@@ -268,52 +270,31 @@ def exercise_4(ring_all_reduce, variant) -> str:
     )
 
 
-given_5 = numbers(params_m=pick("5p", 250, [125, 350, 500, 750]), workers=pick("5n", 8, [4, 6, 16]))
+given_5 = numbers(
+    pick("5", (4, 16), [(2, 8), (2, 12), (3, 12), (3, 18), (4, 24)], "per_node", "length"),
+    nodes=2,
+)
 
 
-@exercise(given_5, ring_gb_per_worker="number", naive_gb_rank0="number")
-def exercise_5(g, ring_gb_per_worker, naive_gb_rank0) -> str:
-    """fp32 gradients of the given model, N workers: GB each worker sends in the ring, and
-    GB rank 0 sends in the naive all-reduce (1 GB = 10^9 bytes, one direction)."""
-    n = g.workers
-    s = 4 * g.params_m * 1e6 / 1e9  # GB of fp32 gradients
-    want_ring, want_naive = 2 * (n - 1) / n * s, (n - 1) * s
-    one_step, values = checks.any_of(s / n, 2 * s / n), want_ring / 4  # values: not bytes
-    mb = (1e3, "looks like megabytes; give GB (1 GB = 1000 MB).")
-    both = (2, "counts both directions (sent and received); give the bytes one way.")
-    hints = {
-        "`ring_gb_per_worker` counts only one phase. The ring all-reduce has two: "
-        "reduce-scatter, then all-gather. Both send chunks.": (n - 1) / n * s,
-        f"`ring_gb_per_worker` is the limit for very many workers. With {n} workers, how many "
-        f"chunks of size S/{n} does each worker send in each phase?": 2 * s,
-        "`ring_gb_per_worker` counts one ring step: each sends one chunk, but there are N - 1 "
-        "steps per phase.": one_step,
-        "`ring_gb_per_worker` counts parameters, not bytes: an fp32 number is 4 bytes.": values,
-        "`ring_gb_per_worker` is not right yet. Count chunks: N chunks of S/N; how many steps "
-        "per phase, and how many phases?": OTHERWISE,
-    }
-    fields = checks.Fields()  # every wrong answer named at once
-    with fields.judging():
-        judge(
-            ring_gb_per_worker, want_ring, "ring_gb_per_worker", hints, unit="GB", slips=[mb, both]
-        )
-    hints = {
-        "`naive_gb_rank0`: rank 0 does not send the result to itself. How many *other* ranks "
-        "need it?": n * s,
-        "`naive_gb_rank0`: S is what each of the *other* ranks sends. Rank 0 sends the sum "
-        "back to every other rank.": s,
-        "`naive_gb_rank0` also counts what rank 0 receives. The question asks only about what "
-        "it sends.": 2 * (n - 1) * s,
-        "`naive_gb_rank0` is not right yet. Who does rank 0 send to?": OTHERWISE,
-    }
-    with fields.judging():
-        judge(naive_gb_rank0, want_naive, "naive_gb_rank0", hints, unit="GB", slips=[mb])
-    fields.verdict()
-    return (
-        f"Right: the ring sends {want_ring:.3g} GB per worker, evenly; naive makes rank 0 send "
-        f"{want_naive:.3g} GB, {want_naive / want_ring:.3g}x more, and that one link sets the "
-        "pace."
-    )
+def cases_5(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
+    """The learner's own cluster, then fresh ones: another width of node, and three nodes."""
+    g, rng = given_5(variant), variant.cases("5")
+    other = 3 if g.per_node == 2 else 2  # ranks per node
+    cases = [
+        HierarchyCase(g.nodes, g.per_node, g.length, seed=5),
+        HierarchyCase(2, other, 2 * other * rng.randint(1, 3), rng.randint(1, 10**6)),
+        HierarchyCase(3, 2, 6 * rng.randint(1, 4), rng.randint(1, 10**6)),
+    ]
+    return {"hierarchical_all_reduce": [(case,) for case in cases]}
+
+
+@exercise(given_5, hierarchical_all_reduce=programs.as_program, points=3, partial=True)
+def exercise_5(hierarchical_all_reduce, variant) -> str:
+    """Build the hierarchical all-reduce over nodes: every rank's mean, the bytes of each
+    collective, and what crossed between the nodes against a flat ring."""
+    from course_utils.checks.hierarchical_build import hierarchical_all_reduce as judged
+
+    return judged(hierarchical_all_reduce, cases_5(variant)["hierarchical_all_reduce"])
 
 
 SCALING_WORKERS = (1, 2, 4, 8, 16)

@@ -7,9 +7,10 @@ ceil(capacity_factor x tokens x k / E) (Switch Transformer, Fedus et al. 2021, a
 worker w of N holds the contiguous experts w x E/N ... (w+1) x E/N - 1; a token is d_model
 numbers, and tokens for an expert on the sender's own worker never leave it.
 
-Exercise 10.8's answer is a program every rank runs (`checks.programs.DispatchCase`): judged
-in the grader from its run against the MoE layer on one device and Exercise 10.2's byte
-matrix (the dispatch's, and the combine's, its transpose).
+Exercises 10.2 and 10.8's answers are programs every rank runs (`rank_cases.CapacityCase`,
+`programs.DispatchCase`): judged in the grader (`capacity_build`, `builds`) from their runs
+against the MoE layer on one device and the byte matrix of the dispatch (the combine's is
+its transpose).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from course_utils.checks import (
     DEFAULT,
     OTHERWISE,
     Variant,
+    bias_build,
     builds,
     exercise,
     fail,
@@ -29,8 +31,9 @@ from course_utils.checks import (
     pick,
     programs,
 )
-from course_utils.checks.builds import byte_matrix as _matrix
+from course_utils.checks.capacity_build import dropping_seed
 from course_utils.checks.programs import DispatchCase
+from course_utils.checks.rank_cases import CapacityCase
 
 for_student = checks.lesson_checks(__name__)
 
@@ -124,51 +127,34 @@ def exercise_1(g, tokens_per_expert, capacity, dropped, capacity_top2) -> str:
     )
 
 
+given_2 = numbers(
+    N=pick("2n", 2, [2, 3]),
+    experts=lambda g: 2 * g.N,  # two experts per rank: the chunk is per rank, not per expert
+    d_model=pick("2d", 8, [4, 6, 8]),
+    tokens=pick("2t", 8, [6, 8, 10]),
+    percent=pick("2c", 100, [100, 125]),
+    seed=lambda g: dropping_seed(g.N, g.experts, g.d_model, g.tokens, g.percent, 10 * g.tokens),
+)
+
+
 def cases_2(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
-    rng = variant.cases("2")
-    cases = [([[rng.randint(0, 9) for _ in range(2)]], 8, 4)]  # one worker: nothing moves
-    for workers, per in [(2, 2), (3, 1), (4, 2), (2, 3), (8, 1)]:
-        routed = [[rng.randint(0, 40) for _ in range(workers * per)] for _ in range(workers)]
-        cases.append((routed, rng.choice([4, 16, 64, 1024]), rng.choice([2, 4])))
-    return {"dispatch_bytes": cases}
+    """The learner's own layer, then two more drawn afresh in the grader."""
+    g, rng = given_2(variant), variant.cases("2")
+    cases = [CapacityCase(g.N, g.experts, g.d_model, g.tokens, g.percent, g.seed)]
+    for n, per in ((rng.choice([2, 4]), 2), (3, rng.choice([1, 2]))):
+        d, tokens = rng.choice([4, 6, 8]), rng.choice([5, 6, 8])
+        percent = rng.choice([100, 125, 150])
+        seed = dropping_seed(n, n * per, d, tokens, percent, rng.randint(1, 10**6))
+        cases.append(CapacityCase(n, n * per, d, tokens, percent, seed))
+    return {"capacity_dispatch": [(case,) for case in cases]}
 
 
-@exercise(dispatch_bytes="function", partial=True)
-def exercise_2(dispatch_bytes, variant) -> str:
-    """Build dispatch_bytes(routed, d_model, element_size): the N x N matrix of bytes."""
-    cases = cases_2(variant)["dispatch_bytes"]
-    for (routed, d_model, size), shown, result in checks.each_call(dispatch_bytes, cases):
-        workers, experts = len(routed), len(routed[0])
-        rows = checks.as_sequence(result, shown, length=workers)
-        got = [
-            checks.as_sequence(r, f"{shown}[{s}]", length=workers, item=checks.as_number)
-            for s, r in enumerate(rows)
-        ]
-        want = _matrix(routed, d_model, size)
-        if got == want:
-            continue
-        if got == _matrix(routed, d_model, size, home=1):
-            fail(
-                f"{shown}: a worker's tokens for its own experts stay home and cost 0 bytes: "
-                "the diagonal must be 0."
-            )
-        if got == [list(col) for col in zip(*want, strict=True)]:
-            fail(f"{shown} is transposed: row s is what worker s sends, column d who receives.")
-        if got == _matrix(routed, 1, 1):
-            fail(f"{shown} counts tokens: a token is d_model numbers of element_size bytes each.")
-        if got == _matrix(routed, d_model, 1):
-            fail(f"{shown} counts numbers: multiply by element_size for bytes.")
-        if experts > workers and got == _matrix(routed, d_model, size, lambda e, n: e % n):
-            fail(
-                f"{shown} deals experts out round-robin. Here worker d holds a contiguous "
-                "block: experts d x E/N up to (d+1) x E/N - 1."
-            )
-        fail(
-            f"{shown} is not right. Entry [s][d]: the tokens worker s routes to the experts "
-            "worker d holds, times d_model x element_size bytes; 0 when s == d."
-        )
-    shapes = ", ".join(f"{len(r)}x{len(r[0])}" for r, _, _ in cases)
-    return f"Right on random routings (workers x experts = {shapes})."
+@exercise(given_2, capacity_dispatch=programs.as_program, points=3, partial=True)
+def exercise_2(capacity_dispatch, variant) -> str:
+    """Build the dispatch with capacity: drop, split by rank, send, return in token order."""
+    from course_utils.checks.capacity_build import capacity_dispatch as judged
+
+    return judged(capacity_dispatch, cases_2(variant)["capacity_dispatch"])
 
 
 DEFAULT_ROUTED_3 = [[120, 40, 70, 26], [60, 90, 30, 76]]
@@ -596,3 +582,17 @@ def cases_8(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
 def exercise_8(moe_layer, variant) -> str:
     """Build the expert-parallel MoE layer's dispatch and combine; judged on what the run did."""
     return builds.moe_layer(moe_layer, cases_8(variant)["moe_layer"])
+
+
+# --------------------------------------------------------------------------- 10.9: the program
+given_9 = bias_build.given
+
+
+def cases_9(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
+    return bias_build.cases(variant)
+
+
+@exercise(given_9, balance=programs.as_program, points=3, partial=True)
+def exercise_9(balance, variant) -> str:
+    """Build the bias update on every rank: the whole batch's load, the same bias on all."""
+    return bias_build.judged(balance, cases_9(variant)["balance"])

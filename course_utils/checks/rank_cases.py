@@ -1,5 +1,7 @@
-"""The trials of lessons 06 and 07's per-rank Builds: a ring all-reduce, DDP, a tensor-parallel
-MLP, each run on the course's devices and judged in the grader from the run's evidence.
+"""The trials of the per-rank Builds of lessons 06-10: all-reduces (ring, hierarchical), DDP,
+tensor and column parallelism, process groups, ZeRO, the zig-zag ring, the MoE dispatch with
+capacity and the load-balancing bias, each run on the course's devices and judged in the
+grader from the run's evidence.
 
 As `programs.ProgramCase` does for lesson 01, each case is made of numbers only (so it can
 be sent to a learner's kernel), builds its data from its seed the same way in every process
@@ -98,6 +100,37 @@ class RingCase(_Case):
         n = self.devices
         largest = 4 * math.ceil(self.length / n)
         return 2 * (n - 1) * (links.latency + largest / links.ring_bandwidth(n))
+
+
+@dataclass(frozen=True)
+class HierarchyCase(_Case):
+    """Exercise 6.5: `nodes` nodes of `per_node` ranks each, every rank with `length` whole
+    numbers (as float32) drawn from `seed`."""
+
+    nodes: int
+    per_node: int
+    length: int
+    seed: int
+
+    @property
+    def devices(self) -> int:
+        return self.nodes * self.per_node
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.nodes} nodes of {self.per_node} ranks, {self.length} numbers each, "
+            f"seed {self.seed}"
+        )
+
+    def data(self) -> list:
+        """Each rank's tensor, as `RingCase` makes them."""
+        return RingCase(self.devices, self.length, self.seed).data()
+
+    def __course_call__(self, program) -> dict:
+        from course_utils.parallel.hierarchical import run_hierarchical
+
+        run = run_hierarchical(program, self.data(), self.nodes, raise_failure=False)
+        return run.evidence()
 
 
 # --------------------------------------------------------------------------- DDP
@@ -346,3 +379,119 @@ class ZigzagCase(_Case):
             for r in run.results
         ]
         return run.evidence() | {"outputs": outputs}  # its `products` with it
+
+
+# --------------------------------------------------------------------------- MoE capacity
+
+
+@dataclass(frozen=True)
+class CapacityCase(_Case):
+    """Exercise 10.2: a top-1 MoE block of `experts` experts (`d_model`, hidden 2 d_model, a
+    router leaning hard to expert 0) from `seed`, over `devices` ranks of `tokens` tokens
+    each, with a capacity factor of `percent` / 100 applied to each rank's group."""
+
+    devices: int
+    experts: int
+    d_model: int
+    tokens: int
+    percent: int
+    seed: int
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.devices} ranks, {self.experts} experts, top-1, d_model {self.d_model}, "
+            f"{self.tokens} tokens per rank, capacity factor {self.percent / 100:g}, "
+            f"seed {self.seed}"
+        )
+
+    def build(self):
+        """(moe, x): the block, with its capacity factor, and every rank's tokens."""
+        import torch
+
+        from course_utils.parallel.moe import MoE
+
+        factor = self.percent / 100
+        with torch.random.fork_rng(devices=[]):  # as the notebook makes it: torch.manual_seed
+            torch.manual_seed(self.seed)
+            moe = MoE(self.d_model, 2 * self.d_model, self.experts, 1, factor, skew=0.5)
+            return moe, torch.randn(self.devices * self.tokens, self.d_model)
+
+    def run(self, program, raise_failure: bool = True):
+        """The watched run of `program` on this case (`moe.rank_program.run_moe_program`)."""
+        from course_utils.parallel.moe.rank_program import run_moe_program
+
+        moe, x = self.build()
+        return run_moe_program(
+            program,
+            moe,
+            x,
+            self.devices,
+            raise_failure=raise_failure,
+            capacity_factor=moe.capacity_factor,
+        )
+
+    def __course_call__(self, program) -> dict:
+        run = self.run(program, raise_failure=False)
+        pairs = [_output_and_dropped(r) for r in run.results]
+        return run.evidence() | {"outputs": [o for o, _ in pairs], "dropped": [d for _, d in pairs]}
+
+
+def _output_and_dropped(value: Any) -> tuple[Any, Any]:
+    """A rank's `(y, dropped)` as data: y a tensor, dropped a list of whole numbers; what
+    else either was, by its type's name."""
+    import torch
+
+    def named(v: Any) -> str:
+        return f"a {type(v).__name__}"
+
+    if not isinstance(value, tuple | list) or len(value) != 2:
+        return named(value), f"only {named(value)}"  # not the pair (y, dropped)
+    y, dropped = value
+    y = y.detach().clone() if isinstance(y, torch.Tensor) else named(y)
+    if isinstance(dropped, torch.Tensor) and not dropped.is_floating_point():
+        dropped = dropped.flatten().tolist()
+    if isinstance(dropped, list | tuple) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in dropped
+    ):
+        return y, [int(t) for t in dropped]
+    return y, named(dropped)
+
+
+# --------------------------------------------------------------------------- bias balancing
+
+
+@dataclass(frozen=True)
+class BiasCase(_Case):
+    """Exercise 10.9: `devices` ranks of `tokens` tokens each, scored against `experts` experts
+    (a softmax leaning to expert 0) from `seed`; a bias of a few steps of gamma = `milli` /
+    1000 per expert."""
+
+    devices: int
+    experts: int
+    tokens: int
+    milli: int
+    seed: int
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.devices} ranks, {self.tokens} tokens each, {self.experts} experts, gamma "
+            f"{self.milli / 1000:g}, seed {self.seed}"
+        )
+
+    def build(self):
+        """(scores, bias, gamma): the whole batch's scores (devices x tokens, experts)."""
+        import torch
+
+        gen = _generator(self.seed)
+        logits = torch.randn(self.devices * self.tokens, self.experts, generator=gen)
+        logits[:, 0] += 0.8
+        steps = torch.randint(-2, 3, (self.experts,), generator=gen).float()
+        gamma = self.milli / 1000
+        return torch.softmax(logits, dim=-1), gamma * steps, gamma
+
+    def __course_call__(self, program) -> dict:
+        from course_utils.parallel.moe.bias_program import run_bias_program
+
+        scores, bias, gamma = self.build()
+        run = run_bias_program(program, scores, bias, gamma, self.devices, raise_failure=False)
+        return run.evidence()

@@ -36,6 +36,9 @@ CASES = {
     "ZeroCase": "course_utils.checks.rank_cases",
     "GridCase": "course_utils.checks.rank_cases",
     "ZigzagCase": "course_utils.checks.rank_cases",
+    "CapacityCase": "course_utils.checks.rank_cases",
+    "HierarchyCase": "course_utils.checks.rank_cases",
+    "BiasCase": "course_utils.checks.rank_cases",
     "WorkerRingCase": "course_utils.checks.processes",  # a worker file on real processes
     "WorkerDDPCase": "course_utils.checks.processes",
 }

@@ -55,16 +55,29 @@ def run_collective(
     tensors = [t.detach().clone() for t in tensors]
     if not tensors or not all(t.dim() == 1 for t in tensors):
         raise CourseInputError("tensors must hold one 1-D tensor per rank")
-    world = len(tensors)
+    return run_returning(
+        lambda ctx: program(ctx, tensors[ctx.rank]), len(tensors), _returned, timeout, raise_failure
+    )
+
+
+def run_returning(
+    program: Callable[[Rank], object],
+    world: int,
+    as_data: Callable[[object], object],
+    timeout: float = 20.0,
+    raise_failure: bool = True,
+) -> RankRun:
+    """Run `program(ctx)` on `world` ranks with no model (each rank's stage an `nn.Identity`);
+    `run.extra["results"][r]` is what rank r returned, through `as_data`."""
     results: list = [None] * world
 
     def each(ctx: Rank) -> None:
-        results[ctx.rank] = program(ctx, tensors[ctx.rank])
+        results[ctx.rank] = program(ctx)
 
     nothing = torch.zeros(world, 1)
     stages = [nn.Identity() for _ in range(world)]
     run = run_ranks(each, world, stages, nothing, nothing, timeout=timeout, raise_failure=False)
-    run.extra["results"] = [_returned(r) for r in results]
+    run.extra["results"] = [as_data(r) for r in results]
     if run.failure is not None and raise_failure:
         raise run.failure
     return run

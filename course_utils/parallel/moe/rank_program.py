@@ -19,6 +19,11 @@ and `ctx.gates`, (T, k) each: the k experts the router chose for each token and 
 experts it holds; and `ctx.num_experts`. The program returns its tokens' output
 y = x + sum_j gate_j expert_j(h), (T, d): `moe(x).output`, on one device.
 
+With `capacity_factor` (Exercise 10.2) the choices are still the router's, before capacity,
+and `ctx.capacity` is the slots each expert has for this rank's group: the program applies
+the capacity itself, and one device's output is `moe(x, groups=workers).output` for an `moe`
+with that capacity factor.
+
 The run is watched (`threads.watched`): every all-to-all is written down with the bytes
 this rank sent to every other, so the byte matrix of the dispatch can be read from the run.
 """
@@ -47,9 +52,11 @@ def run_moe_program(
     workers: int,
     timeout: float = 20.0,
     raise_failure: bool = True,
+    capacity_factor: float | None = None,
 ) -> WatchedRun:
     """Run `program(ctx)` on `workers` ranks holding `moe`'s experts and `x`'s tokens (T, d),
-    routed by `moe`'s router with no capacity (see the module docstring). `moe` is copied."""
+    routed by `moe`'s router, its capacity `capacity_factor` left to the program (see the
+    module docstring). `moe` is copied."""
     validation.integer(workers, "workers", 1, 16)
     if not isinstance(moe, MoE) or moe.num_experts % workers:
         raise CourseInputError(
@@ -60,7 +67,7 @@ def run_moe_program(
     groups = [flat[lo:hi] for lo, hi in chunk_bounds(tokens, workers)]
     with torch.no_grad():
         normed = [moe.norm(group) for group in groups]
-        routed = [route(moe.router(h), moe.top_k, None) for h in normed]
+        routed = [route(moe.router(h), moe.top_k, capacity_factor) for h in normed]
 
     def setup(ctx: Rank, watch: Watch) -> None:
         r = ctx.rank
@@ -69,6 +76,7 @@ def run_moe_program(
         mine = experts_of_worker(r, moe.num_experts, workers)
         ctx.experts = {e: copy.deepcopy(moe.experts[e]) for e in mine}  # type: ignore[attr-defined]
         ctx.num_experts = moe.num_experts  # type: ignore[attr-defined]
+        ctx.capacity = routed[r].capacity  # type: ignore[attr-defined]
 
     return run_watched(program, workers, setup, timeout=timeout, raise_failure=raise_failure)
 
