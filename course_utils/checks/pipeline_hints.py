@@ -33,7 +33,7 @@ LOSS = (
 
 
 def _owner_of_last(case: ProgramCase) -> int:
-    return (case.devices * case.chunks - 1) % case.devices
+    return case.owner(case.devices * case.chunks - 1)
 
 
 def _peer(failure: dict, run: dict, case: ProgramCase) -> str:
@@ -155,9 +155,11 @@ def _bytes(shown: str, run: dict, case: ProgramCase, handed: list[int]) -> str |
     """A hint unless each activation went on once and each gradient back once."""
     stages, m = case.devices * case.chunks, case.microbatches
     want = [0] * case.devices
-    for s in range(stages):
-        messages = (handed[s] if s < stages - 1 else 0) + (handed[s - 1] if s > 0 else 0)
-        want[s % case.devices] += m * messages
+    for s in range(stages - 1):  # a boundary inside a rank sends nothing
+        here, there = case.owner(s), case.owner(s + 1)
+        if here != there:
+            want[here] += m * handed[s]  # the activation on
+            want[there] += m * handed[s]  # its gradient back
     if run["bytes_sent"] != want:
         return (
             f"{shown}: the ranks sent {run['bytes_sent']} bytes. A step sends each "
