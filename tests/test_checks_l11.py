@@ -1,7 +1,7 @@
 """The lesson 11 checks: right answers pass, wrong ones fail kindly, placeholders say so."""
 
+import layoutprograms as progs
 import pytest
-import vgridprograms as progs
 from checkskit import STUDENTS
 
 from course_utils.checks import Variant

@@ -5,8 +5,8 @@ import functools
 import math
 from dataclasses import asdict
 
+import layoutprograms as progs
 import pytest
-import vgridprograms as progs
 from checkskit import Later
 
 from course_utils import plan

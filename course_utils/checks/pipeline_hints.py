@@ -196,6 +196,28 @@ def early_backward(run: dict) -> int | None:
     return None
 
 
+def forwards_first(shown: str, run: dict, why: str) -> None:
+    """Fail unless every rank ran all its forwards before its first backward; `why` says
+    which schedule asks for that."""
+    rank = early_backward(run)
+    if rank is not None:
+        fail(f"{shown}: rank {rank} started a backward before its last forward{why}")
+
+
+def stuck_before_backwards(run: dict, case: ProgramCase) -> bool:
+    """The run stopped with no backward run anywhere, its failing rank (not the loss's
+    backward) after all of its forwards: a rank waits for a gradient that only a backward
+    it has not run yet would start (a wrong order of its chunks' backwards)."""
+    failure = run["failure"]
+    if failure is None:
+        return False
+    rank, said = failure.get("rank"), str(failure["message"])
+    done = run["actions"][rank] if isinstance(rank, int) and 0 <= rank < case.devices else []
+    no_backward = not any(a.is_backward for acts in run["actions"] for a in acts)
+    at_loss = f"in {case.devices * case.chunks - 1}B" in said
+    return no_backward and len(done) == case.chunks * case.microbatches and not at_loss
+
+
 def memory(shown: str, run: dict, case: ProgramCase, most: int, gpipe: str) -> None:
     """Fail unless rank 0 held at most `most` (chunk, micro-batch)s of saved activations at
     once, naming why: the order of GPipe (`gpipe` says what to change), activations kept

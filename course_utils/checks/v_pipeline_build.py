@@ -83,10 +83,7 @@ def _stopped(shown: str, run: dict, case: VCase) -> str | None:
     scalar = "implicitly created only for scalar" in said
     if rank == bottom and scalar and f"in {bottom}B" in said:
         return f"{shown}: {said}. {TURN_LEAF}"
-    done = run["actions"][rank] if isinstance(rank, int) and 0 <= rank < p else []
-    no_backward = not any(a.is_backward for acts in run["actions"] for a in acts)
-    at_loss = f"in {2 * p - 1}B" in said  # rank 0's up chunk: the loss's backward
-    if no_backward and len(done) == 2 * case.microbatches and not at_loss:
+    if pipeline_hints.stuck_before_backwards(run, case):
         return f"{shown} stopped after every forward, before any backward: {said}. {DOWN_FIRST}"
     return None
 
@@ -101,12 +98,12 @@ def judge(got, shown: str, case: VCase) -> None:
     if hint:
         fail(hint)
     run = pipeline_hints.judged_run(got, shown, case, ADVICE)
-    rank = pipeline_hints.early_backward(run)
-    if rank is not None:
-        fail(
-            f"{shown}: rank {rank} started a backward before its last forward. Fill and drain "
-            "runs every forward of a rank (down chunk, then up chunk) before its backwards."
-        )
+    pipeline_hints.forwards_first(
+        shown,
+        run,
+        ". Fill and drain runs every forward of a rank (down chunk, then up chunk) before its "
+        "backwards.",
+    )
     want, step = v_target(case), replayed(run, case).makespan
     if step > want.step * (1 + 1e-9):
         fail(

@@ -1,15 +1,17 @@
-"""Fill and drain on a V (Exercise 11.3) and data x pipeline parallelism on a grid of ranks
-(Exercise 12.9), written as per-rank programs and judged from the run's evidence: the
-commonest wrong programs each fail with their own hint, the solutions pass, the V's order
-replays to fill and drain's step and holds every micro-batch on both chunks at the turn, the
-grid's group sums take the bytes of one stage's gradients, and the cases cross as data."""
+"""Breadth-first with two stages per rank (Exercise 5.4), fill and drain on a V (Exercise
+11.3) and data x pipeline parallelism on a grid of ranks (Exercise 12.9), written as
+per-rank programs and judged from the run's evidence: the commonest wrong programs each
+fail with their own hint, the solutions pass, breadth-first holds every micro-batch chunk
+where depth-first does not, the V's order replays to fill and drain's step and holds every
+micro-batch on both chunks at the turn, the grid's group sums take the bytes of one stage's
+gradients, and the cases cross as data."""
 
 from __future__ import annotations
 
+import layoutprograms as progs
 import pytest
-import vgridprograms as progs
 
-from course_utils.checks import CheckFailed, Variant, l11, l12
+from course_utils.checks import CheckFailed, Variant, l05, l11, l12
 from course_utils.checks.pipeline_cases import (
     GridCase,
     VCase,
@@ -17,10 +19,11 @@ from course_utils.checks.pipeline_cases import (
     v_fill_drain,
     v_target,
 )
-from course_utils.checks.programs import replayed, scorecard
+from course_utils.checks.programs import ProgramCase, replayed, scorecard, target
 from course_utils.checks.wire import decode, encode
 
 EXERCISES = {
+    "5.4": (l05.exercise_4, progs.MISTAKES_54, progs.MISTAKES_54),
     "11.3": (l11.exercise_3, progs.MISTAKES_113 | progs.OTHERS_113, progs.MISTAKES_113),
     "12.9": (l12.exercise_9, progs.MISTAKES_129 | progs.OTHERS_129, progs.MISTAKES_129),
 }
@@ -45,12 +48,22 @@ def test_each_wrong_program_fails_with_its_own_hint(k, wrong):
 
 def test_the_solutions_pass_on_every_case(capsys):
     for exercise, solutions in (
+        (l05.exercise_4, (progs.breadth_first,)),
         (l11.exercise_3, (progs.v_gpipe, progs.v_lifo)),
         (l12.exercise_9, (progs.grid,)),
     ):
         for solution in solutions:
             exercise(solution, variant=Variant("alice", cases_seed=2))
             assert capsys.readouterr().out.startswith("✅ Right")
+
+
+def test_breadth_first_holds_every_chunk_where_depth_first_does_not_at_the_same_step():
+    case = ProgramCase(devices=2, chunks=2, microbatches=6, batch=6, hidden=12, depth=4, seed=3)
+    run = case.run(progs.breadth_first)
+    breadth, depth = target(case, "breadth-first"), target(case, "interleaved")
+    assert run.saved_microbatches == list(breadth.held) == [12, 12]
+    assert depth.held[0] < 12  # depth-first starts its backwards early
+    assert replayed(run, case).makespan == pytest.approx(breadth.step)
 
 
 def test_the_v_runs_fill_and_drain_and_holds_every_micro_batch_at_the_turn():
@@ -81,7 +94,11 @@ def test_the_grid_sums_each_stage_once_within_its_group():
 
 
 def test_the_cases_cross_as_data_and_are_fixed_by_the_cases_seed():
-    for cases, name in ((l11.cases_3, "v_gpipe_program"), (l12.cases_9, "grid_program")):
+    for cases, name in (
+        (l05.cases_4, "breadth_first_program"),
+        (l11.cases_3, "v_gpipe_program"),
+        (l12.cases_9, "grid_program"),
+    ):
         mine, graded = cases(Variant("alice")), cases(Variant("alice", cases_seed=1))
         assert mine == cases(Variant("alice")) and graded[name][0] == mine[name][0]
         assert graded[name][1:] != mine[name][1:]

@@ -1,14 +1,17 @@
-"""Per-rank programs for the tests of Exercises 11.3 (fill and drain on a V) and 12.9 (data x
-pipeline parallel on a grid of ranks): the solutions, and each with the mistakes learners
-make written into it (`buildprograms.edit`).
+"""Per-rank programs for the tests of Exercises 5.4 (breadth-first, two stages per rank), 11.3
+(fill and drain on a V) and 12.9 (data x pipeline parallel on a grid of ranks): the
+solutions, and each with the mistakes learners make written into it (`buildprograms.edit`).
 
-`MISTAKES_113` and `MISTAKES_129` map each exercise's commonest wrong programs to words their
-hint must say (and no other's).
+`MISTAKES_54`, `MISTAKES_113` and `MISTAKES_129` map each exercise's commonest wrong programs
+to words their hint must say (and no other's); `OTHERS_113` and `OTHERS_129` are further
+wrong programs with the words of their hints.
 """
 
 from __future__ import annotations
 
 from buildprograms import edit
+from pipeprograms import INTERLEAVED
+from pipeprograms import interleaved as depth_first  # Exercise 5.7's order
 
 V_GPIPE = """\
 def v_gpipe_program(ctx):
@@ -203,4 +206,59 @@ OTHERS_129 = {
     world_collective: "a collective of `ctx.comm`",
     no_sum: "not one device's on the whole batch",
     recv_first: "never finished",
+}
+
+
+BREADTH_FIRST = """\
+def breadth_first_program(ctx):
+    p, m, last = ctx.world, ctx.microbatches, len(ctx.stages) * ctx.world - 1
+    kept = {}
+    for chunk, s in enumerate(ctx.stage_ids):  # one local stage after the other, going up
+        for mb in range(m):
+            if s == 0:
+                x = ctx.inputs[mb]
+            else:  # stage s - 1 lives on rank (s - 1) mod p
+                x = ctx.recv((s - 1) % p, tag=("act", s, mb)).requires_grad_()
+            with ctx.forward(mb, chunk):
+                out = ctx.stages[chunk](x)
+                if s == last:
+                    out = ctx.loss(out, mb)
+            if s < last:
+                ctx.send(out, to=(s + 1) % p, tag=("act", s + 1, mb))
+            kept[s, mb] = (x, out)
+    for chunk in reversed(range(len(ctx.stages))):  # then coming down: the highest first
+        s = ctx.stage_ids[chunk]
+        for mb in range(m):
+            x, out = kept.pop((s, mb))
+            grad = None if s == last else ctx.recv((s + 1) % p, tag=("grad", s, mb))
+            with ctx.backward(mb, chunk):
+                torch.autograd.backward(out, grad)
+            if s > 0:
+                ctx.send(x.grad, to=(s - 1) % p, tag=("grad", s - 1, mb))
+"""
+
+breadth_first = edit(BREADTH_FIRST, "breadth_first")
+lowest_first = edit(  # the backwards in the forwards' order: lowest local stage first
+    BREADTH_FIRST,
+    "lowest_first",
+    (
+        "    for chunk in reversed(range(len(ctx.stages))):",
+        "    for chunk in range(len(ctx.stages)):",
+    ),
+)
+mixed = edit(  # breadth-first's actions, each micro-batch through both local stages in turn
+    INTERLEAVED,
+    "mixed",
+    ('make_schedule("interleaved"', 'make_schedule("breadth-first"'),
+    (
+        "    for action in order.devices[ctx.rank]:",
+        "    def depth(a):  # forwards, then backwards; micro-batch first, then its stages\n"
+        "        return (a.kind == 'B', a.microbatch, -a.stage if a.kind == 'B' else a.stage)\n\n"
+        "    for action in sorted(order.devices[ctx.rank], key=depth):",
+    ),
+)
+MISTAKES_54 = {
+    depth_first: "the depth-first habit",
+    mixed: "mixes its stages",
+    lowest_first: "from its highest stage down",
 }
