@@ -83,6 +83,19 @@ down_first = edit(  # the backwards in the forwards' order: down chunk first
 not_detached = edit(  # the turn hands stage p-1's output on with its graph
     V_GPIPE, "not_detached", ("turn.pop(mb).detach().requires_grad_()", "turn.pop(mb)")
 )
+mb_major = edit(  # each micro-batch down and back up before the next: valid, but slower
+    V_GPIPE,
+    "mb_major",
+    (
+        "    for chunk, s in enumerate(ctx.stage_ids):  # the down chunk's forwards, then the up"
+        " chunk's\n        for mb in range(m):\n",
+        "    for mb in range(m):\n        for chunk, s in enumerate(ctx.stage_ids):\n",
+    ),
+)
+grad_onward = edit(  # the gradient sent on to the next stage's rank, not back
+    V_GPIPE, "grad_onward", ("ctx.send(x.grad, to=owner(s - 1)", "ctx.send(x.grad, to=owner(s + 1)")
+)
+
 MISTAKES_113 = {
     looping: "looping placement",
     turn_sent: "the turn is no message",
@@ -90,6 +103,8 @@ MISTAKES_113 = {
 }
 OTHERS_113 = {
     not_detached: "got no gradient from its up chunk",
+    mb_major: "the order your ranks ran replays to a step of",
+    grad_onward: "a gradient back to the rank of the one before",
 }
 
 
@@ -197,6 +212,21 @@ recv_first = edit(  # both partners wait for the other's gradients first
     ),
 )
 
+sum_sent_back = edit(  # the sum, once made, sent back again: twice the bytes
+    GRID,
+    "sum_sent_back",
+    (
+        SUM,
+        SUM
+        + """\
+    for name, p in ctx.stage.named_parameters():
+        ctx.send(p.grad, to=partner, tag=("again", name))
+    for name, p in ctx.stage.named_parameters():
+        p.grad = ctx.recv(partner, tag=("again", name))
+""",
+    ),
+)
+
 MISTAKES_129 = {
     over_world: "never the whole world",
     too_early: "complete only after its last micro-batch's backward",
@@ -206,6 +236,7 @@ OTHERS_129 = {
     world_collective: "a collective of `ctx.comm`",
     no_sum: "not one device's on the whole batch",
     recv_first: "never finished",
+    sum_sent_back: "each rank sends its gradients (or its share of them) once",
 }
 
 

@@ -107,3 +107,67 @@ def test_the_cases_cross_as_data_and_are_fixed_by_the_cases_seed():
     g = l11.given_3(Variant("alice"))
     first = l11.cases_3(Variant("alice"))["v_gpipe_program"][0][0]
     assert (first.devices, first.microbatches) == (g["p"], g["m"])
+
+
+def forged(exercise, cases, program, change) -> str:
+    """The check's message on the run records of `program`, the first one changed by
+    `change` (a kernel that sends a record of its own making)."""
+    from course_utils.checks.wire import Replay
+
+    (name,) = cases
+    records = [case.__course_call__(program) for (case,) in cases[name]]
+    change(records[0])
+    replay = Replay(name, cases[name], [{"result": encode(r)} for r in records])
+    with pytest.raises(CheckFailed) as info:
+        exercise(replay)
+    return str(info.value)
+
+
+def later_first(record):  # rank 0 runs its second stage's micro-batches 1 then 0
+    acts = record["actions"][0]
+    i = next(k for k, a in enumerate(acts) if a.kind == "F" and a.stage >= record["world"])
+    acts[i], acts[i + 1] = acts[i + 1], acts[i]
+
+
+def elsewhere(record):  # rank 0's first activation sent past its neighbour
+    to, tag, size, after = record["sends"][0][0]
+    record["sends"][0][0] = (to + 1, tag, size, after)
+
+
+def forged_messages() -> tuple[str, str]:
+    return (
+        forged(l05.exercise_4, l05.cases_4(), progs.breadth_first, later_first),
+        forged(l11.exercise_3, l11.cases_3(), progs.v_gpipe, elsewhere),
+    )
+
+
+def test_a_record_slower_than_the_schedule_or_sent_elsewhere_fails_with_its_hint():
+    slower, sent_elsewhere = forged_messages()
+    assert "replays to a step of" in slower and "in the order they arrive" in slower
+    assert "stage 1 lives on rank 1" in sent_elsewhere
+    assert "a gradient back to the rank" in sent_elsewhere
+
+
+def test_every_hint_of_the_layout_verdicts_is_reached():
+    """Each hint of checks/breadth_first_build.py, v_pipeline_build.py and grid_build.py is
+    what some wrong program (or forged record) above gets."""
+    from pathlib import Path
+
+    from test_checks_hints import hints_of
+
+    said = []
+    for exercise, wrongs in (
+        (l05.exercise_4, progs.MISTAKES_54),
+        (l11.exercise_3, progs.MISTAKES_113 | progs.OTHERS_113),
+        (l12.exercise_9, progs.MISTAKES_129 | progs.OTHERS_129 | {lambda ctx: None: ""}),
+    ):
+        for wrong in wrongs:
+            with pytest.raises(CheckFailed) as info:
+                exercise(wrong)
+            said.append(str(info.value))
+    said.extend(forged_messages())
+    text = "\n".join(said)
+    for name in ("breadth_first_build", "v_pipeline_build", "grid_build"):
+        path = Path(l05.__file__).parent / f"{name}.py"
+        unreached = [h for h in hints_of(path) if h.fingerprint not in text]
+        assert not unreached, (name, unreached)

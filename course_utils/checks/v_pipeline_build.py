@@ -23,6 +23,11 @@ ADVICE = {
     "tag": "Name each message alike on both sides (what it is, for which stage, for which "
     "micro-batch) and receive in the order the neighbour sends.",
 }
+V_NEIGHBOURS = (
+    "In a V stage s lives on rank s going down and on rank 2p-1-s coming back up: an "
+    "activation goes to the rank of the next stage, a gradient back to the rank of the one "
+    "before."
+)
 LOOPING = (
     "that is where looping placement (stage s on rank s mod p) puts it. In a V stage s lives "
     "on rank s going down and on rank 2p-1-s coming back up"
@@ -64,8 +69,7 @@ def _wrong_neighbour(shown: str, run: dict, case: VCase) -> str | None:
                 )
             return (
                 f"{shown}: rank {rank} sent the {what} for stage {s} (after {after}) to rank "
-                f"{to}; stage {s} lives on rank {case.owner(s)}. In a V stage s lives on rank "
-                "s going down and on rank 2p-1-s coming back up."
+                f"{to}; stage {s} lives on rank {case.owner(s)}. {V_NEIGHBOURS}"
             )
     return None
 
@@ -85,6 +89,8 @@ def _stopped(shown: str, run: dict, case: VCase) -> str | None:
         return f"{shown}: {said}. {TURN_LEAF}"
     if pipeline_hints.stuck_before_backwards(run, case):
         return f"{shown} stopped after every forward, before any backward: {said}. {DOWN_FIRST}"
+    if failure.get("kind") == "peer":
+        return f"{shown}: {said}. {V_NEIGHBOURS}"
     return None
 
 
