@@ -2,11 +2,11 @@
 
 import math
 
+import layoutprograms as progs
 import pipeprograms as pipes
 import pytest
 from checkskit import STUDENTS
 
-from course_utils.actions import Action
 from course_utils.checks import CheckFailed, NotAnswered, Variant
 from course_utils.checks import l05 as check
 from course_utils.checks.wire import Replay, call_outcome, decode, encode
@@ -15,18 +15,6 @@ from course_utils.pipeline import CostModel, make_schedule, simulate
 
 def looping_placement(p, v):
     return [list(range(d, p * v, p)) for d in range(p)]
-
-
-# The course's breadth-first order: each stage's backwards last in, first out.
-BREADTH_FIRST = [
-    ["0F0", "0F1", "2F0", "2F1", "2B1", "2B0", "0B1", "0B0"],
-    ["1F0", "1F1", "3F0", "3F1", "3B1", "3B0", "1B1", "1B0"],
-]
-# What exercise 5.4 asks for: micro-batches backwarded first in, first out, as fast.
-BREADTH_FIRST_FIFO = [
-    ["0F0", "0F1", "2F0", "2F1", "2B0", "2B1", "0B0", "0B1"],
-    ["1F0", "1F1", "3F0", "3F1", "3B0", "3B1", "1B0", "1B1"],
-]
 
 
 def blocks(p, v):  # consecutive stages on one device
@@ -65,31 +53,20 @@ RIGHT = {
     1: (looping_placement,),
     2: (7 / 64, 53.25),
     3: ("same", "depth-first", 24),
-    4: (BREADTH_FIRST_FIFO,),
+    4: (progs.breadth_first,),
     5: ("b", "b", 2),
     6: ("breadth-first", "depth-first", "b"),
     7: (pipes.interleaved,),
 }
 
 
-def fifo_breadth_first(p, v, m):
-    """Exercise 5.4's answer for any shape: breadth-first, backwards first in, first out."""
-    devices = []
-    for d in range(p):
-        stages = [c * p + d for c in range(v)]
-        forwards = [f"{s}F{i}" for s in stages for i in range(m)]
-        devices.append(forwards + [f"{s}B{i}" for s in reversed(stages) for i in range(m)])
-    return devices
-
-
 def test_other_right_forms_pass(capsys):
     check.exercise_1(lambda p, v: tuple(tuple(range(d, p * v, p)) for d in range(p)))
     check.exercise_2(0.109375, 53.25)
     check.exercise_3(" Same ", "DEPTH-FIRST", 24.0)
-    check.exercise_4([[Action.parse(a) for a in acts] for acts in BREADTH_FIRST_FIFO])
     check.exercise_6("Breadth-First", "depth-first", "B")
     out = capsys.readouterr().out
-    assert out.count("✅") == 5
+    assert out.count("✅") == 4
 
 
 def test_partly_answered_is_not_answered():
@@ -100,52 +77,6 @@ def test_partly_answered_is_not_answered():
     with pytest.raises(NotAnswered, match="reason_a"):
         check.exercise_6("breadth-first", "depth-first", None)
 
-
-def _swap(device, i, j):
-    out = list(device)
-    out[i], out[j] = out[j], out[i]
-    return out
-
-
-SCHEDULE_WRONG = [
-    # the course's order: last in, first out
-    (BREADTH_FIRST, "last in, first out"),
-    # a missing action
-    ([BREADTH_FIRST_FIFO[0][:-1], BREADTH_FIRST_FIFO[1]], "0B1 is missing"),
-    # forwards of stage 2 before those of stage 0 on device 0: it can never finish
-    (
-        [BREADTH_FIRST[0][2:4] + BREADTH_FIRST[0][:2] + BREADTH_FIRST[0][4:], BREADTH_FIRST[1]],
-        "deadlock",
-    ),  # fmt: skip
-    # contiguous placement: stages 0, 1 on device 0 and 2, 3 on device 1
-    (
-        [
-            ["0F0", "0F1", "1F0", "1F1", "1B1", "1B0", "0B1", "0B0"],
-            ["2F0", "2F1", "3F0", "3F1", "3B1", "3B0", "2B1", "2B0"],
-        ],
-        "looping placement",
-    ),
-    # depth-first on device 1: 3B0 before 3F1
-    (
-        [BREADTH_FIRST[0], ["1F0", "1F1", "3F0", "3B0", "3F1", "3B1", "1B0", "1B1"]],
-        "depth-first",
-    ),
-    # forwards interleaving stages by micro-batch on device 0 (valid, not breadth-first)
-    ([_swap(BREADTH_FIRST[0], 1, 2), BREADTH_FIRST[1]], "mixes its stages"),
-    # forwards of device 1 in reverse micro-batch order: valid, breadth-first, but slower
-    (
-        [BREADTH_FIRST_FIFO[0], ["1F1", "1F0", "3F1", "3F0", *BREADTH_FIRST_FIFO[1][4:]]],
-        "takes",
-    ),
-    # not actions
-    ([["0F0", "zero"], BREADTH_FIRST[1]], "not an action"),
-    ([BREADTH_FIRST[0]], "should have 2 items"),
-    ("0F0 0F1", "should be a list"),
-    (
-        [[*BREADTH_FIRST[0][:4], "2I1", "2W1", *BREADTH_FIRST[0][5:]], BREADTH_FIRST[1]],
-        "only forwards",
-    ),  # fmt: skip
-]
 
 WRONG = [  # (exercise, arguments, words the hint must contain)
     (2, (7 / 16, 53.25), "without chunks"),
@@ -192,7 +123,10 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (1, (missing_stage,), "does not hand out each of the 8 stages 0..7 exactly once"),
     (1, (decreasing,), "list each device's stages in increasing order"),
     (1, (lambda p, v: [[0, 1], "x", [], []],), "`looping_placement(4, 2)[1]` should be a list"),
-    *[(4, (schedule,), needle) for schedule, needle in SCHEDULE_WRONG],
+    (4, (progs.depth_first,), "the depth-first habit"),
+    (4, (progs.mixed,), "mixes its stages"),
+    (4, (progs.lowest_first,), "from its highest stage down"),
+    (4, ([["0F0"]],), "should be a function"),
     *((7, (wrong,), words) for wrong, words in {**pipes.MISTAKES_57, **pipes.OTHERS_57}.items()),
     (7, pipes.reordered(check, 7, "interleaved_program", pipes.interleaved), "1F1B's is"),
 ]
@@ -232,20 +166,11 @@ def test_placement_exercise_is_judged_on_replayed_calls(capsys):
     assert capsys.readouterr().out.startswith("✅")
 
 
-@pytest.mark.parametrize("schedule, needle", SCHEDULE_WRONG)
-def test_schedule_exercise_catches_wrong_schedules(schedule, needle):
-    with pytest.raises(CheckFailed) as info:
-        check.exercise_4(schedule)
-    assert not isinstance(info.value, NotAnswered)
-    assert needle in str(info.value)
-
-
 def right_for(variant):
     """Exercises 2-5's right answers from the student's own numbers."""
     p, m, chunks = check.given_2(variant).values()
     bubble = (p - 1) / (chunks * m)
     p3, v3, m3 = check.given_3(variant).values()
-    _, v4, m4 = check.given_4(variant).values()
     m5, transfer = check.given_5(variant).values()
     spans = {
         c: simulate(make_schedule("interleaved", 4, m5, chunks=c), CostModel(p2p=transfer)).makespan
@@ -254,7 +179,7 @@ def right_for(variant):
     return {
         2: (bubble, 3 * m * (1 + bubble)),
         3: ("same", "depth-first", m3 * v3),
-        4: (fifo_breadth_first(2, v4, m4),),
+        4: (progs.breadth_first,),  # one program, run on each student's own pipeline
         5: ("b", "b", min(spans, key=spans.get)),
         7: (pipes.interleaved,),
     }

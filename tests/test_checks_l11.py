@@ -1,9 +1,10 @@
 """The lesson 11 checks: right answers pass, wrong ones fail kindly, placeholders say so."""
 
+import layoutprograms as progs
 import pytest
 from checkskit import STUDENTS
 
-from course_utils.checks import CheckFailed, Variant
+from course_utils.checks import Variant
 from course_utils.checks import l11 as check
 from course_utils.pipeline import simulate
 from course_utils.pipeline.vshape import (
@@ -15,48 +16,6 @@ from course_utils.pipeline.vshape import (
 )
 
 
-def v_gpipe(p, m):
-    orders = []
-    for d in range(p):
-        down, up = d, 2 * p - 1 - d
-        forwards = [f"{down}F{i}" for i in range(m)] + [f"{up}F{i}" for i in range(m)]
-        backwards = [f"{up}B{i}" for i in range(m)] + [f"{down}B{i}" for i in range(m)]
-        orders.append(forwards + backwards)
-    return orders
-
-
-def looping_gpipe(p, m):  # stage s on device s % p: valid, but not a V
-    orders = []
-    for d in range(p):
-        forwards = [f"{s}F{i}" for s in (d, d + p) for i in range(m)]
-        backwards = [f"{s}B{i}" for s in (d + p, d) for i in range(m)]
-        orders.append(forwards + backwards)
-    return orders
-
-
-def v_1f1b_like(p, m):  # a V, but a backward before the last forward on device 0 (runs; not GPipe)
-    orders = v_gpipe(p, m)
-    row = orders[0]
-    last_f = max(i for i, a in enumerate(row) if "F" in a)
-    row.insert(last_f, row.pop(last_f + 1))  # 7B0 before 7F(m-1)
-    return orders
-
-
-def split_backward(p, m):
-    return [
-        [a.replace("B", "I") for a in row] + [a.replace("B", "W") for a in row if "B" in a]
-        for row in v_gpipe(p, m)
-    ]
-
-
-def deadlock(p, m):  # the up chunk's backwards before its forwards are possible
-    return [row[: 2 * m] and list(reversed(row)) for row in v_gpipe(p, m)]
-
-
-def one_device_missing(p, m):
-    return v_gpipe(p, m)[:-1]
-
-
 def extra_culprit_time() -> float:
     g = check.given_5(Variant("default"))
     right = simulate(zb_v(g["p"], g["m"]), chunk_costs(g["F"], g["I"], g["W"]))
@@ -66,7 +25,7 @@ def extra_culprit_time() -> float:
 RIGHT = {
     1: ([[0, 7], [1, 6], [2, 5], [3, 4]], 0),
     2: (3.6, 3.6 / 51.6),
-    3: (v_gpipe,),
+    3: (progs.v_gpipe,),
     4: (6, 14, 12),
     5: (2, extra_culprit_time(), "a"),
     6: (7.2, 2.4, 9),
@@ -84,13 +43,12 @@ WRONG = [
     (2, (3.6, 3.6 / 27.6), "2m(F+I+W)"),
     (2, (3.6, 6.98), "percentage"),
     (2, (3.6, 0.07), "3 significant figures"),
-    (3, (looping_gpipe,), "looping placement"),
-    (3, (v_1f1b_like,), "before all its forwards"),
-    (3, (split_backward,), "keeps each backward whole"),
-    (3, (one_device_missing,), "one list of actions per device"),
-    (3, (lambda p, m: 42,), "should be a list"),
-    (3, (lambda p, m: [["nope"]] * p,), "is not an action"),
-    (3, ("v_gpipe",), "should be a function"),
+    (3, (progs.looping,), "looping placement"),
+    (3, (progs.turn_sent,), "the turn is no message"),
+    (3, (progs.down_first,), "up chunk's backwards before its down chunk's"),
+    (3, (progs.not_detached,), "got no gradient from its up chunk"),
+    (3, (lambda ctx: 42,), "marked no forward"),
+    (3, ("v_gpipe_program",), "should be a function"),
     (4, (3, 14, 12), "forward only"),
     (4, (6, 14, 14), "stays inside a device"),
     (4, (6, 12, 12), "two neighbouring stages"),
@@ -139,20 +97,6 @@ def test_the_default_numbers_are_the_lessons():
     }
 
 
-def test_build_exercise_names_the_failing_case():
-    with pytest.raises(CheckFailed, match=r"v_gpipe\(2, 4\)"):
-        check.exercise_3(looping_gpipe)
-    with pytest.raises(CheckFailed, match="cannot run"):
-        check.exercise_3(deadlock)
-
-
-def test_build_cases_are_plain_data_and_fixed_by_the_cases_seed():
-    a = check.cases_3(Variant("s7", cases_seed=3))
-    assert a == check.cases_3(Variant("s7", cases_seed=3))
-    assert a != check.cases_3(Variant("s7", cases_seed=4))
-    assert (2, 4) in a["v_gpipe"] and all(p >= 1 and m >= 1 for p, m in a["v_gpipe"])
-
-
 def right_for(v: Variant) -> dict:
     """Each exercise with per-student numbers: its right answer for student v, computed here."""
     p1 = check.given_1(v)["p"]
@@ -173,6 +117,7 @@ def right_for(v: Variant) -> dict:
     return {
         1: ([[d, 2 * p1 - 1 - d] for d in range(p1)], 0),
         2: (idle2, idle2 / (2 * g2["m"] * (g2["F"] + g2["I"] + g2["W"]) + idle2)),
+        3: (progs.v_gpipe,),  # one program for every student, run on their own V
         4: (2 * (p4 - 1), 2 * (2 * p4 - 1), 4 * (p4 - 1)),
         5: (culprit, theirs.makespan - right5.makespan, "a"),
         6: (idle6, idle6 / zbv6, 2 * g6["p"] + 1),

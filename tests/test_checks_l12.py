@@ -5,6 +5,7 @@ import functools
 import math
 from dataclasses import asdict
 
+import layoutprograms as progs
 import pytest
 from checkskit import Later
 
@@ -83,6 +84,7 @@ RIGHT = {
     6: ("activations", 2**16, "b"),
     7: (2, CONTEXT_GB),
     8: (8, A2A_GB),
+    9: (progs.grid,),
 }
 
 
@@ -123,6 +125,13 @@ def broken(params, gpu_memory_gib, reserve_gib, zero):
 
 
 WRONG = [  # (exercise, arguments, words the hint must contain)
+    (9, (progs.over_world,), "never the whole world"),
+    (9, (progs.world_collective,), "a collective of `ctx.comm`"),
+    (9, (progs.too_early,), "complete only after its last micro-batch's backward"),
+    (9, (progs.averaged,), "an average over the wrong count"),
+    (9, (progs.no_sum,), "not one device's on the whole batch"),
+    (9, (progs.recv_first,), "send yours first"),
+    (9, (lambda ctx: None,), "None"),
     (1, (in_gb, 3, "c"), "GiB"),
     (1, (no_reserve, 3, "c"), "reserve"),
     (1, (floor_division, 3, "c"), "round up"),
@@ -251,6 +260,7 @@ def right_for(v: Variant) -> dict:
         6: ("activations", 2 ** math.ceil(math.log2(2**-14 / grad)), "b"),
         7: (cp, plan.traffic(*check.long_context_layout(cp, v))["context"] / 1e9),
         8: (ep, plan.traffic(*check.moe_layout(ep, v))["expert"] / 1e9),
+        9: (progs.grid,),  # one program for every student, run on their own grid
     }
 
 

@@ -112,6 +112,7 @@ def exercise(
     *,
     points: float = 1,
     partial: bool = False,
+    lesson: int | None = None,
     **shapes: str | tuple | dict | Shape,
 ) -> Callable[..., Any]:
     """Declare a lesson's check `exercise_K` from its judging function.
@@ -130,6 +131,8 @@ def exercise(
     answer earns. The check is called `exercise_K(*answers, variant=...)`; its `points` and
     `partial` say what it is worth (`partial`: a wrong answer earns the share of its parts
     that hold, each case of a Build, each table of a Diagnose and the rest: `scoring`).
+    `lesson`: its lesson's number, for a check written outside the lesson's module `lNN`
+    (which imports it, and counts it as its own).
     """
     if not (isinstance(points, int | float) and not isinstance(points, bool) and points > 0):
         raise ValueError(f"points must be a number > 0, got {points!r}")
@@ -137,8 +140,8 @@ def exercise(
     def declare(judging: Callable[..., str]) -> Callable[..., None]:
         names = list(inspect.signature(judging).parameters)
         answers = [name for name in names if name not in ("g", "variant")]
-        lesson = int(judging.__module__.rsplit(".l", 1)[-1])
-        label = f"Exercise {lesson}.{int(judging.__name__.removeprefix('exercise_'))}"
+        number = lesson or int(judging.__module__.rsplit(".l", 1)[-1])
+        label = f"Exercise {number}.{int(judging.__name__.removeprefix('exercise_'))}"
         readers: dict[str, Shape] = {}
         for name in answers:
             spec = shapes.get(name, "answer")
@@ -197,6 +200,8 @@ def exercise(
 
         check.points = points  # type: ignore[attr-defined]
         check.partial = partial  # type: ignore[attr-defined]
+        if lesson:  # the lesson's module imports it: it is one of that lesson's checks
+            check.__module__ = f"{__package__}.l{lesson:02d}"
 
         check.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
             [inspect.Parameter(n, inspect.Parameter.POSITIONAL_ONLY) for n in answers]

@@ -144,70 +144,46 @@ def exercise_3(g, smaller_bubble, less_memory, breadth_first_peak) -> str:
     )
 
 
-given_4 = numbers(p=2, v=pick("4v", 2, [2, 3]), m=pick("4m", 2, [2, 3]))
+# --------------------------------------------------------------------------- 5.4: the program
+
+# never the lesson's (p, m, v) = (2, 4, 2) or (4, 8, 2)
+given_4 = numbers(pick("4", (3, 6), [(2, 6), (2, 8), (3, 9)], "p", "m"), v=2)
 
 
-@exercise(given_4)
-def exercise_4(g, my_schedule) -> str:
-    """A breadth-first schedule, backwards first-in first-out, written by hand."""
-    from course_utils.actions import Schedule
-    from course_utils.pipeline.simulate import simulate, validate
+def _pipelines(first: ProgramCase, rng, fewest: int) -> list[tuple]:
+    """The learner's own pipeline `first`, then two more of 2 stages per rank (2 and 3 ranks,
+    `fewest` to 3 micro-batches per rank, other sizes and seeds) that `rng` draws: from the
+    student's name in a notebook, secret in the grader."""
+    drawn = [drawn_case(rng, p, p * rng.randint(fewest, 3), chunks=2) for p in (2, 3)]
+    return [(case,) for case in [first, *drawn]]
 
-    p, chunks, m = g.values()
-    devices = checks.as_sequence(my_schedule, "my_schedule", length=p, item=ACTIONS)
-    if any(a.kind not in ("F", "B") for acts in devices for a in acts):
-        fail("Use only forwards (F) and full backwards (B) here; no I, W or communication.")
-    problems = validate(devices, stages=p * chunks, microbatches=m)
-    if problems:
-        listed = "; ".join(problems[:3]) + (" ..." if len(problems) > 3 else "")
-        fail(f"This schedule cannot run as written: {listed}.")
-    for d, acts in enumerate(devices):
-        wrong = sorted({a.stage for a in acts if a.stage % p != d})
-        if wrong:
-            fail(
-                f"Device {d} runs stage(s) {wrong}. With looping placement on {p} devices, "
-                f"device {d} holds the stages s with s % {p} == {d}."
-            )
-    for d, acts in enumerate(devices):
-        forwards = [a.stage for a in acts if a.kind == "F"]
-        backwards = [a.stage for a in acts if a.kind == "B"]
-        first_b = next(i for i, a in enumerate(acts) if a.kind == "B")
-        if any(a.kind == "F" for a in acts[first_b:]):
-            fail(
-                f"Device {d} starts a backward before its last forward: that is the "
-                "depth-first (1F1B) habit. Breadth-first runs all forwards first."
-            )
-        if forwards != sorted(forwards) or backwards != sorted(backwards, reverse=True):
-            fail(
-                f"Device {d} mixes its stages: breadth-first takes every micro-batch through "
-                "one local stage before moving to the next one (forwards: lower stage first; "
-                "backwards: higher stage first)."
-            )
-    for d, acts in enumerate(devices):
-        for s in {a.stage for a in acts}:
-            order = [a.microbatch for a in acts if a.kind == "B" and a.stage == s]
-            if order != sorted(order):
-                lifo = order == sorted(order, reverse=True)
-                why = " (last in, first out: the order of the course's schedule)" if lifo else ""
-                fail(
-                    f"Device {d} runs the backwards of stage {s} in the order {order}{why}. "
-                    "The question asks for first in, first out: within a stage, micro-batch "
-                    "0's backward first."
-                )
-    mine = simulate(Schedule("yours", p * chunks, m, tuple(map(tuple, devices)))).makespan
-    ours = _simulate("breadth-first", p, m, chunks).makespan
-    if mine > ours + 1e-9:
-        fail(
-            f"Valid, breadth-first and first in, first out, but it takes {mine:g} units where "
-            f"the course's breadth-first schedule takes {ours:g} (F=1, B=2). Look at the "
-            "order of the stages in the backwards: a device that waits for a gradient the "
-            "other device will only produce later idles."
-        )
+
+def cases_4(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
+    """The learner's own pipeline (`g.p` ranks of 2 stages, `g.m` micro-batches), then two
+    more."""
+    g = given_4(variant)
+    first = ProgramCase(
+        devices=g.p, chunks=g.v, microbatches=g.m, batch=g.m, hidden=16, depth=g.p * g.v, seed=4
+    )
+    return {"breadth_first_program": _pipelines(first, variant.cases("4"), 1)}
+
+
+@exercise(given_4, breadth_first_program=as_program, points=3, partial=True)
+def exercise_4(breadth_first_program, variant) -> str:
+    """Build breadth-first (2 stages per rank, looping placement) as a per-rank program."""
+    from course_utils.checks import breadth_first_build
+
+    cases = cases_4(variant)["breadth_first_program"]
+    for (case,), shown, got in checks.each_call(breadth_first_program, cases):
+        breadth_first_build.judge(got, shown, case)
+    g = given_4(variant)
+    mine, depth = (target(cases[0][0], name) for name in ("breadth-first", "interleaved"))
     return (
-        f"Right: a valid breadth-first schedule, first in, first out, as fast as the course's "
-        f"({ours:g} units). The course's runs each stage's backwards last in, first out: "
-        f"print(make_schedule('breadth-first', {p}, {m}, chunks={chunks})). Both orders keep "
-        "every micro-batch's activations until its backward, so they hold the same memory."
+        f"Right: on your {g.p} ranks of two stages and two other pipelines the gradients equal "
+        f"one device's and the order replays to breadth-first's step ({mine.step:.4g} units; "
+        f"depth-first's: {depth.step:.4g}; with equal stages both idle (p-1)/(v m) of the ideal "
+        f"time). But rank 0 holds all {mine.held[0]} micro-batch chunks at once, where "
+        f"depth-first holds {depth.held[0]}."
     )
 
 
@@ -294,13 +270,8 @@ def case_7(g) -> ProgramCase:
 
 
 def cases_7(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
-    """The learner's own pipeline, then two more (2 and 3 ranks, other sizes and seeds):
-    drawn from the student's name in a notebook, secret in the grader."""
-    rng = variant.cases("7")
-    cases = [case_7(given_7(variant))]
-    for p in (2, 3):
-        cases.append(drawn_case(rng, p, p * rng.randint(2, 3), chunks=2))
-    return {"interleaved_program": [(case,) for case in cases]}
+    """The learner's own pipeline, then two more (`_pipelines`)."""
+    return {"interleaved_program": _pipelines(case_7(given_7(variant)), variant.cases("7"), 2)}
 
 
 ADVICE_7 = {

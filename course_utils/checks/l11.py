@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from course_utils import checks
 from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge, numbers, pick
+from course_utils.checks.pipeline_cases import VCase, v_target
+from course_utils.checks.programs import as_program, drawn_case
 
 for_student = checks.lesson_checks(__name__)
 ACTIONS = checks.sequence(item=checks.as_action)
@@ -101,71 +103,46 @@ def exercise_2(g, idle_per_device, bubble) -> str:
     )
 
 
-def cases_3(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
-    rng = variant.cases("3")
-    cases = [(2, 4), (1, rng.randint(1, 3)), (rng.randint(2, 5), 1)]
-    cases += [(rng.randint(2, 5), rng.randint(2, 8)) for _ in range(4)]
-    return {"v_gpipe": cases}
+# --------------------------------------------------------------------------- 11.3: the program
 
 
-@exercise(v_gpipe="function", points=2, partial=True)
-def exercise_3(v_gpipe, variant) -> str:
-    """Build v_gpipe(p, m): fill-and-drain (GPipe) on a V of 2p stages, as per-device lists."""
-    from course_utils.errors import CourseInputError
-    from course_utils.pipeline import simulate
-    from course_utils.pipeline.simulate import ScheduleError, validate
+given_3 = numbers(pick("3", (3, 4), [(2, 4), (2, 5), (3, 3), (4, 3)], "p", "m"))
 
-    cases = cases_3(variant)["v_gpipe"]
-    example: list[list[str]] = []
-    for (p, m), shown, result in checks.each_call(v_gpipe, cases):
-        rows = checks.as_sequence(result, shown)
-        if len(rows) != p:
-            fail(f"{shown} has {len(rows)} rows; it needs one list of actions per device ({p}).")
-        devices = [ACTIONS(row, f"{shown}[{d}]") for d, row in enumerate(rows)]
-        kinds = {a.kind for row in devices for a in row}
-        if kinds - {"F", "B"}:
-            fail(
-                f"{shown} uses {sorted(kinds - {'F', 'B'})}: this exercise keeps each backward "
-                "whole (B), as GPipe does. Splitting it into I and W is ZB-V's trick."
-            )
-        try:
-            problems = validate(devices, 2 * p, m)
-        except (CourseInputError, ScheduleError) as exc:
-            problems = [str(exc)]
-        if problems:
-            fail(f"{shown} cannot run: {problems[0]}.")
-        for d, row in enumerate(devices):
-            held = sorted({a.stage for a in row})
-            if held != sorted(_v(p)[d]):
-                looping = sorted({d, d + p})
-                hint = (
-                    "that is looping placement; in a V device d holds stages d and 2p-1-d"
-                    if held == looping
-                    else "in a V device d holds stages d and 2p-1-d"
-                )
-                fail(f"{shown}: device {d} runs stages {held}: {hint}.")
-            kinds_in_order = [a.kind for a in row]
-            if "B" in kinds_in_order and "F" in kinds_in_order[kinds_in_order.index("B") :]:
-                first_b = kinds_in_order.index("B")
-                fail(
-                    f"{shown}: device {d} runs {row[first_b]} before all its forwards "
-                    "are done. GPipe fills first and drains after: every forward of a device, "
-                    "then its backwards."
-                )
-        example = example or [[str(a) for a in row] for row in devices]
-    timeline = simulate(_schedule([[str(a) for a in row] for row in devices], 2 * p, m))
-    return (
-        f"Right on {len(cases)} random (p, m) cases, e.g. {cases[0]}: {example}. "
-        f"Simulated with equal costs the last case ({p}, {m}) idles "
-        f"{timeline.bubble_fraction:.0%} of its step, and every device holds all 2m chunks' "
-        "activations at the turn: what 1F1B's and ZB-V's orders avoid."
+
+def case_3(g) -> VCase:
+    """The learner's own V: `g.p` ranks of two stages, `g.m` micro-batches."""
+    return VCase(
+        devices=g.p, chunks=2, microbatches=g.m, batch=g.m, hidden=16, depth=2 * g.p, seed=11
     )
 
 
-def _schedule(orders: list[list[str]], stages: int, m: int, name: str = "v"):
-    from course_utils.actions import Action, Schedule
+def cases_3(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
+    """The learner's own V, then two more (2 and 3 ranks, other sizes and seeds): drawn from
+    the student's name in a notebook, secret in the grader."""
+    rng = variant.cases("3")
+    cases = [case_3(given_3(variant))]
+    for p in (2, 3):
+        drawn = drawn_case(rng, p, rng.randint(2, 4), chunks=2)
+        cases.append(VCase(**{k: getattr(drawn, k) for k in drawn.__dataclass_fields__}))
+    return {"v_gpipe_program": [(case,) for case in cases]}
 
-    return Schedule(name, stages, m, tuple(tuple(Action.parse(a) for a in r) for r in orders))
+
+@exercise(given_3, v_gpipe_program=as_program, points=3, partial=True)
+def exercise_3(v_gpipe_program, variant) -> str:
+    """Build fill and drain on a V (2p stages on p ranks) as a per-rank program."""
+    from course_utils.checks import v_pipeline_build
+
+    cases = cases_3(variant)["v_gpipe_program"]
+    for (case,), shown, got in checks.each_call(v_gpipe_program, cases):
+        v_pipeline_build.judge(got, shown, case)
+    g = given_3(variant)
+    want = v_target(cases[0][0])
+    return (
+        f"Right: on your V of {g.p} ranks and two others the gradients equal one device's, "
+        f"the turn stays on rank {g.p - 1}, the order replays to fill and drain's step "
+        f"({want.step:.4g} units) and rank 0 held all {want.held[0]} micro-batch chunks at "
+        "the turn: what 1F1B's and ZB-V's orders avoid."
+    )
 
 
 given_4 = numbers(p=pick("4p", 4, [3, 5, 6, 8]))

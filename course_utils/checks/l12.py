@@ -32,6 +32,7 @@ from course_utils.checks import (
     numbers,
     pick,
 )
+from course_utils.checks.grid_build import cases_9, exercise_9, given_9  # noqa: F401 (a Build)
 
 for_student = checks.lesson_checks(__name__)
 GIB, GB = plan.GIB, plan.GB

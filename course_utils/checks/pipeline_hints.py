@@ -33,7 +33,7 @@ LOSS = (
 
 
 def _owner_of_last(case: ProgramCase) -> int:
-    return (case.devices * case.chunks - 1) % case.devices
+    return case.owner(case.devices * case.chunks - 1)
 
 
 def _peer(failure: dict, run: dict, case: ProgramCase) -> str:
@@ -155,9 +155,11 @@ def _bytes(shown: str, run: dict, case: ProgramCase, handed: list[int]) -> str |
     """A hint unless each activation went on once and each gradient back once."""
     stages, m = case.devices * case.chunks, case.microbatches
     want = [0] * case.devices
-    for s in range(stages):
-        messages = (handed[s] if s < stages - 1 else 0) + (handed[s - 1] if s > 0 else 0)
-        want[s % case.devices] += m * messages
+    for s in range(stages - 1):  # a boundary inside a rank sends nothing
+        here, there = case.owner(s), case.owner(s + 1)
+        if here != there:
+            want[here] += m * handed[s]  # the activation on
+            want[there] += m * handed[s]  # its gradient back
     if run["bytes_sent"] != want:
         return (
             f"{shown}: the ranks sent {run['bytes_sent']} bytes. A step sends each "
@@ -192,6 +194,28 @@ def early_backward(run: dict) -> int | None:
         if "B" in kinds and "F" in kinds[kinds.index("B") :]:
             return rank
     return None
+
+
+def forwards_first(shown: str, run: dict, why: str) -> None:
+    """Fail unless every rank ran all its forwards before its first backward; `why` says
+    which schedule asks for that."""
+    rank = early_backward(run)
+    if rank is not None:
+        fail(f"{shown}: rank {rank} started a backward before its last forward{why}")
+
+
+def stuck_before_backwards(run: dict, case: ProgramCase) -> bool:
+    """The run stopped with no backward run anywhere, its failing rank (not the loss's
+    backward) after all of its forwards: a rank waits for a gradient that only a backward
+    it has not run yet would start (a wrong order of its chunks' backwards)."""
+    failure = run["failure"]
+    if failure is None:
+        return False
+    rank, said = failure.get("rank"), str(failure["message"])
+    done = run["actions"][rank] if isinstance(rank, int) and 0 <= rank < case.devices else []
+    no_backward = not any(a.is_backward for acts in run["actions"] for a in acts)
+    at_loss = f"in {case.devices * case.chunks - 1}B" in said
+    return no_backward and len(done) == case.chunks * case.microbatches and not at_loss
 
 
 def memory(shown: str, run: dict, case: ProgramCase, most: int, gpipe: str) -> None:

@@ -100,6 +100,10 @@ class ProgramCase:
         """Run `program` on this case; the run's evidence (`wire.call_outcome` calls this)."""
         return self.run(program, raise_failure=False).evidence()
 
+    def owner(self, stage: int) -> int:
+        """The rank that holds `stage` (looping placement)."""
+        return stage % self.devices
+
     def costs(self):
         """The simulator's costs for this model: a stage's forward in proportion to its
         parameters (the mean stage's forward is 1 unit), its backward twice that."""
@@ -349,7 +353,7 @@ def gradients_off(got: dict, case: ProgramCase, want: dict) -> dict[int, str]:
     (within float rounding); a rank holds the gradients of the stages it owns."""
     import torch
 
-    owner = {s: s % case.devices for s in range(case.devices * case.chunks)}
+    owner = {s: case.owner(s) for s in range(case.devices * case.chunks)}
     off: dict[int, str] = {}
     for rank in range(case.devices):
         mine = {k: g for k, g in want.items() if owner[int(k.split(".")[0])] == rank}
@@ -433,11 +437,11 @@ def target(case: ProgramCase, name: str) -> Target:
     return Target(SCHEDULES[name].label, timeline.makespan, held, case.chunks)
 
 
-def scorecard(run, case: ProgramCase, name: str, naive=None) -> str:
-    """A run of the learner's program (`RankRun`) against `name`'s target, as lines of
-    text: the replayed step, rank 0's peak of saved activations, the measured step, and
-    with `naive` (the same program with one micro-batch) the measured speed-up."""
-    want = target(case, name)
+def scorecard(run, case: ProgramCase, name: str | Target, naive=None) -> str:
+    """A run of the learner's program (`RankRun`) against `name`'s target (or a `Target`),
+    as lines of text: the replayed step, rank 0's peak of saved activations, the measured
+    step, and with `naive` (the same program with one micro-batch) the measured speed-up."""
+    want = name if isinstance(name, Target) else target(case, name)
     try:
         step = f"{replayed(run, case).makespan:.4g} units"
     except Exception as exc:  # noqa: BLE001 - an order that cannot be replayed says why

@@ -29,6 +29,8 @@ CASES = {
     "ShardCase": "course_utils.checks.programs",
     "AttentionCase": "course_utils.checks.programs",
     "DispatchCase": "course_utils.checks.programs",
+    "VCase": "course_utils.checks.pipeline_cases",
+    "GridCase": "course_utils.checks.pipeline_cases",
     "RingCase": "course_utils.checks.rank_cases",
     "DDPCase": "course_utils.checks.rank_cases",
     "TPCase": "course_utils.checks.rank_cases",

@@ -37,10 +37,11 @@ import course_utils.checks as real_checks
 CHECKS = Path(real_checks.__file__).parent
 # Copied as they are (none of them knows an answer): the framework `checks/__init__.py`
 # re-exports from its modules, `wire.py` carries answers as data, and `programs.py` runs a
-# learner's rank program on the devices on the cases of `rank_cases.py` (the kernel's side
-# of a per-rank Build; the references the grader judges them against, `rank_references.py`,
-# stay out); `processes.py` runs lesson 13's worker files on real processes (what their runs
-# are judged against, `worker_runs.py`, stays out too).
+# learner's rank program on the devices on the cases of `rank_cases.py` and
+# `pipeline_cases.py` (the kernel's side of a per-rank Build; the references the grader
+# judges them against, `rank_references.py`, stay out); `processes.py` runs lesson 13's
+# worker files on real processes (what their runs are judged against, `worker_runs.py`,
+# stays out too).
 FRAMEWORK = (
     "__init__.py",
     "feedback.py",
@@ -53,6 +54,7 @@ FRAMEWORK = (
     "wire.py",
     "programs.py",
     "rank_cases.py",
+    "pipeline_cases.py",
     "processes.py",
 )
 USES = re.compile(r"\bl(\d\d)\.([A-Za-z_]\w*)")
