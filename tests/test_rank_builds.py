@@ -19,7 +19,7 @@ from course_utils.checks import CheckFailed, NotAnswered, Variant, l06, l07, l08
 from course_utils.checks.rank_cases import (
     ColumnCase,
     DDPCase,
-    GridCase,
+    GroupsCase,
     RingCase,
     TPCase,
     ZeroCase,
@@ -125,7 +125,7 @@ def test_the_learners_own_case_uses_their_numbers():
 
 def test_the_cases_cross_to_a_kernel_as_data():
     cases = (RingCase(3, 7, 1), DDPCase(2, 8, 16, 2, 2, 300, 5), TPCase(3, 4, 6, 10, 2))
-    cases += (ColumnCase(3, 4, 5, 7, 1), ZeroCase(3, 6, 9, 2, 2), GridCase(2, 3, 1))
+    cases += (ColumnCase(3, 4, 5, 7, 1), ZeroCase(3, 6, 9, 2, 2), GroupsCase(2, 3, 1))
     for case in (*cases, ZigzagCase(3, 2, 4, 1)):
         assert decode(json.loads(json.dumps(encode(case)))) == case
         assert repr(case) != repr(type(case)(*[v + 1 for v in vars(case).values()]))

@@ -1,7 +1,7 @@
 """The verdict of Exercise 7.5: a tensor x data-parallel grid's process groups, built by the
 program every rank runs.
 
-Each case's run (`rank_cases.GridCase`, `parallel.grid_program`) comes back as evidence: per
+Each case's run (`rank_cases.GroupsCase`, `parallel.grid_program`) comes back as evidence: per
 rank, the group collectives it called with the ranks of each group, and the two sums it
 returned. The verdict is computed here, in the grader, from the lesson's numbering (rank
 t + tp d, tensor parallelism innermost): each rank's first all-reduce must span its
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from course_utils import checks
 from course_utils.checks import fail, programs
-from course_utils.checks.rank_cases import GridCase
+from course_utils.checks.rank_cases import GroupsCase
 
 KINDS = ("tensor", "data")
 STOPPED = {
@@ -26,7 +26,7 @@ STOPPED = {
 }
 
 
-def groups_of(case: GridCase, rank: int) -> dict[str, list[int]]:
+def groups_of(case: GroupsCase, rank: int) -> dict[str, list[int]]:
     """The tensor- and data-parallel groups of `rank` (rank = t + tp d)."""
     tp, dp = case.tp, case.dp
     t, d = rank % tp, rank // tp
@@ -49,7 +49,7 @@ def _overlapping(shown: str, run: dict) -> None:
                     )
 
 
-def _members(shown: str, case: GridCase, r: int, calls: list[dict]) -> None:
+def _members(shown: str, case: GroupsCase, r: int, calls: list[dict]) -> None:
     want = groups_of(case, r)
     if len(calls) != 2:
         fail(
@@ -81,7 +81,7 @@ def _members(shown: str, case: GridCase, r: int, calls: list[dict]) -> None:
         )
 
 
-def _sums(shown: str, case: GridCase, r: int, got, values: list) -> None:
+def _sums(shown: str, case: GroupsCase, r: int, got, values: list) -> None:
     import torch
 
     if not isinstance(got, dict) or any(not torch.is_tensor(got.get(k)) for k in KINDS):

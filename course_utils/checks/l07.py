@@ -21,7 +21,7 @@ from course_utils.checks import (
     pick,
     programs,
 )
-from course_utils.checks.rank_cases import ColumnCase, GridCase, TPCase, close
+from course_utils.checks.rank_cases import ColumnCase, GroupsCase, TPCase, close
 
 for_student = checks.lesson_checks(__name__)
 
@@ -223,10 +223,10 @@ def cases_5(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
     """The learner's grid, then two fresh ones (tp and dp differ, so that the groups of
     the two kinds differ in size)."""
     g, rng = given_5(variant), variant.cases("5")
-    cases = [GridCase(g.tp, g.dp, seed=5)]
+    cases = [GroupsCase(g.tp, g.dp, seed=5)]
     others = [grid for grid in [(2, 3), (3, 2), (4, 2), (2, 4)] if grid != (g.tp, g.dp)]
     for tp, dp in rng.sample(others, 2):
-        cases.append(GridCase(tp, dp, rng.randint(1, 10**6)))
+        cases.append(GroupsCase(tp, dp, rng.randint(1, 10**6)))
     return {"grid_groups": [(case,) for case in cases]}
 
 

@@ -310,7 +310,7 @@ class ZeroCase(_Case):
 
 
 @dataclass(frozen=True)
-class GridCase(_Case):
+class GroupsCase(_Case):
     """A grid of `tp` x `dp` ranks (tensor parallelism innermost), each holding a tensor of
     whole numbers drawn from `seed`."""
 

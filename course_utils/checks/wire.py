@@ -36,7 +36,7 @@ CASES = {
     "TPCase": "course_utils.checks.rank_cases",
     "ColumnCase": "course_utils.checks.rank_cases",
     "ZeroCase": "course_utils.checks.rank_cases",
-    "GridCase": "course_utils.checks.rank_cases",
+    "GroupsCase": "course_utils.checks.rank_cases",
     "ZigzagCase": "course_utils.checks.rank_cases",
     "CapacityCase": "course_utils.checks.rank_cases",
     "HierarchyCase": "course_utils.checks.rank_cases",
