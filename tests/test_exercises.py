@@ -127,8 +127,8 @@ def implementation_exercises() -> dict[int, list[int]]:
 # Implementation exercises today (issue 44 asks for 30% of all exercises and one in every
 # lesson 01-13: lessons 03, 11 and 12 have none yet). Raise these as Builds are added; they
 # must never go down.
-IMPLEMENTATION_LESSONS = {1, 2, 4, 5, 6, 7, 8, 9, 10, 13}
-IMPLEMENTATION_AT_LEAST = 12
+IMPLEMENTATION_LESSONS = {1, 2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13}
+IMPLEMENTATION_AT_LEAST = 22
 
 
 def test_implementation_exercises_never_go_down():
