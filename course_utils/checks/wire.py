@@ -29,6 +29,8 @@ CASES = {
     "ShardCase": "course_utils.checks.programs",
     "AttentionCase": "course_utils.checks.programs",
     "DispatchCase": "course_utils.checks.programs",
+    "BudgetCase": "course_utils.checks.rounds_build",
+    "SplitCase": "course_utils.checks.zero_bubble_build",
     "RingCase": "course_utils.checks.rank_cases",
     "DDPCase": "course_utils.checks.rank_cases",
     "TPCase": "course_utils.checks.rank_cases",
