@@ -1,6 +1,6 @@
-"""GPipe in rounds under a memory budget (Exercise 3.4) and ZB-H1 (Exercise 4.4) as per-rank
-programs, for `tests/test_budget_builds.py`: the solutions, and each with the mistakes
-learners make written into it (`rankprograms.edit`).
+"""Gradient accumulation (Exercise 2.6), GPipe in rounds under a memory budget (3.4) and ZB-H1
+(4.4) as per-rank programs, for `tests/test_budget_builds.py`: the solutions, and each with
+the mistakes learners make written into it (`rankprograms.edit`).
 
 `MISTAKES_K` maps each exercise's commonest wrong programs to words their hint must say (and
 no other's); `OTHERS_K` are further wrong programs with the words of their hints.
@@ -171,4 +171,49 @@ MISTAKES_44 = {
 OTHERS_44 = {
     w_at_the_end: "a W put off longer than the gaps it fills",
     whole_backward: "a whole backward",
+}
+
+ACCUMULATE = """\
+def accumulate_program(ctx):
+    r, last, m = ctx.rank, ctx.world - 1, ctx.microbatches
+    for mb in range(m):
+        if r == 0:
+            x = ctx.inputs[mb]
+        else:
+            x = ctx.recv(r - 1, tag=("act", mb)).requires_grad_()
+        with ctx.forward(mb):
+            out = ctx.stage(x)
+            if r == last:
+                out = ctx.mean_loss(out, mb) / m
+        if r < last:
+            ctx.send(out, to=r + 1, tag=("act", mb))
+        grad = None if r == last else ctx.recv(r + 1, tag=("grad", mb))
+        with ctx.backward(mb):
+            torch.autograd.backward(out, grad)
+        if r > 0:
+            ctx.send(x.grad, to=r - 1, tag=("grad", mb))
+"""
+SCALED = "out = ctx.mean_loss(out, mb) / m"
+
+accumulate = edit("accumulate_program", text=ACCUMULATE)
+unscaled = edit("unscaled", (SCALED, "out = ctx.mean_loss(out, mb)"), text=ACCUMULATE)
+by_ranks = edit("by_ranks", (SCALED, "out = ctx.mean_loss(out, mb) / ctx.world"), text=ACCUMULATE)
+cleared_each = edit(  # the gradients cleared before every micro-batch
+    "cleared_each",
+    ("    for mb in range(m):\n", "    for mb in range(m):\n        ctx.stage.zero_grad()\n"),
+    text=ACCUMULATE,
+)
+by_rows = edit(  # divided by the rows of a micro-batch: the mean already did that
+    "by_rows", (SCALED, "out = ctx.mean_loss(out, mb) / len(ctx.inputs[mb])"), text=ACCUMULATE
+)
+old_loss = edit("old_loss", (SCALED, "out = ctx.loss(out, mb)"), text=ACCUMULATE)
+
+MISTAKES_26 = {
+    unscaled: "means added up",
+    by_ranks: "divided by the number of ranks",
+    cleared_each: "cleared between micro-batches",
+}
+OTHERS_26 = {
+    by_rows: "Write the mean over all",
+    old_loss: "the loss is yours to scale",
 }

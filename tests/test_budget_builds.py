@@ -1,4 +1,5 @@
-"""GPipe in rounds under a memory budget (Exercise 3.4) and ZB-H1 (Exercise 4.4), written as
+"""Gradient accumulation (Exercise 2.6), GPipe in rounds under a memory budget (3.4) and ZB-H1
+(4.4), written as
 per-rank programs and judged from the run's evidence: the commonest wrong programs each fail
 with their own hint, the solutions pass, the recorded order is the schedule's and replays to
 its step, and what the harness counted held is what the simulator counts."""
@@ -7,8 +8,9 @@ from __future__ import annotations
 
 import pytest
 import roundprograms as rp
+import torch
 
-from course_utils.checks import CheckFailed, Variant, l03, l04, rounds_build
+from course_utils.checks import CheckFailed, Variant, l02, l03, l04, rounds_build
 from course_utils.checks.programs import replayed, target
 from course_utils.checks.rounds_build import BudgetCase
 from course_utils.checks.wire import Replay, decode, encode
@@ -23,6 +25,7 @@ def check_34(program):
 
 
 EXERCISES = {  # id: (the check of one program, its commonest mistakes, further ones)
+    "2.6": (l02.exercise_6, rp.MISTAKES_26, rp.OTHERS_26),
     "3.4": (check_34, rp.MISTAKES_34, rp.OTHERS_34),
     "4.4": (l04.exercise_4, rp.MISTAKES_44, rp.OTHERS_44),
 }
@@ -113,3 +116,14 @@ def test_a_record_without_the_notes_of_i_and_w_is_not_a_run():
     forged = Replay("zb_h1_program", cases, [{"result": encode(r)} for r in records])
     with pytest.raises(CheckFailed, match="did not come back as the record of a run"):
         l04.exercise_4(forged)
+
+
+def test_accumulation_gets_the_loss_unscaled_and_its_cases_never_have_as_many_ranks_as_mbs():
+    cases = [c for (c,) in l02.cases_6(Variant("carol"))["accumulate_program"]]
+    assert all(c.devices != c.microbatches for c in cases) and cases[0].devices == 2
+    run, whole = cases[0].run(rp.accumulate), cases[0].reference()["grads"]
+    assert None not in run.losses  # mean_loss records each micro-batch's loss, as loss does
+    assert all(torch.allclose(g, whole[k], atol=1e-6) for d in run.grads for k, g in d.items())
+    assert "the loss is yours to scale" in str(
+        cases[0].run(rp.old_loss, raise_failure=False).failure
+    )

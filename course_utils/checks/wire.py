@@ -30,6 +30,7 @@ CASES = {
     "AttentionCase": "course_utils.checks.programs",
     "DispatchCase": "course_utils.checks.programs",
     "BudgetCase": "course_utils.checks.rounds_build",
+    "AccumCase": "course_utils.checks.accumulation_build",
     "SplitCase": "course_utils.checks.zero_bubble_build",
     "RingCase": "course_utils.checks.rank_cases",
     "DDPCase": "course_utils.checks.rank_cases",
