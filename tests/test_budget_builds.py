@@ -11,10 +11,9 @@ import roundprograms as rp
 import torch
 
 from course_utils.checks import CheckFailed, Variant, l02, l03, l04, rounds_build
+from course_utils.checks.pipeline_cases import BudgetCase, SplitCase
 from course_utils.checks.programs import replayed, target
-from course_utils.checks.rounds_build import BudgetCase
 from course_utils.checks.wire import Replay, decode, encode
-from course_utils.checks.zero_bubble_build import SplitCase
 from course_utils.pipeline import make_schedule, simulate
 
 BUDGET = l03.room(l03.given_4())  # the default student's
@@ -127,3 +126,17 @@ def test_accumulation_gets_the_loss_unscaled_and_its_cases_never_have_as_many_ra
     assert "the loss is yours to scale" in str(
         cases[0].run(rp.old_loss, raise_failure=False).failure
     )
+
+
+def test_the_kernel_gets_the_cases_and_never_the_verdicts(tmp_path):
+    import nbformat
+
+    from course_utils.grading import stand_in
+    from course_utils.grading.grader import solution_for
+
+    solution = nbformat.read(solution_for(3), as_version=4)
+    folder = stand_in.write(tmp_path / "checks", solution, l03, Variant("s7"))
+    assert (folder / "pipeline_cases.py").exists()
+    for verdict in ("rounds_build", "zero_bubble_build", "accumulation_build", "pipeline_hints"):
+        assert not (folder / f"{verdict}.py").exists(), verdict
+    assert "room" not in (folder / "l03.py").read_text()  # 3.4's budget stays the grader's

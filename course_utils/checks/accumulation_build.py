@@ -15,40 +15,9 @@ micro-batch's alone were cleared between micro-batches. Only l02 imports this mo
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 from course_utils.checks import fail
-from course_utils.checks.programs import ProgramCase, gradients_off
-
-
-@dataclass(frozen=True, repr=False)
-class AccumCase(ProgramCase):
-    """A `ProgramCase` whose ranks get each micro-batch's mean loss unscaled:
-    `ctx.mean_loss(out, mb)`."""
-
-    def run(self, program: Callable, microbatches: int | None = None, raise_failure=True):
-        """`run_ranks` of `program` on this case, its `ctx` with `mean_loss` (a `RankRun`)."""
-        return super().run(lambda ctx: program(_Unscaled(ctx)), microbatches, raise_failure)
-
-
-class _Unscaled:
-    """A rank's `ctx` whose loss is the micro-batch's mean, for the program to scale."""
-
-    def __init__(self, ctx) -> None:
-        self._ctx = ctx
-
-    def __getattr__(self, name: str):
-        if name == "loss":
-            raise AttributeError(
-                "in this exercise the loss is yours to scale: ctx.mean_loss(out, mb) is the "
-                "micro-batch's mean loss as it is"
-            )
-        return getattr(self._ctx, name)
-
-    def mean_loss(self, out, mb: int):
-        """The mean loss over micro-batch `mb`'s rows (not divided by anything else)."""
-        return self._ctx.loss(out, mb) * self._ctx.microbatches
+from course_utils.checks.pipeline_cases import AccumCase
+from course_utils.checks.programs import gradients_off
 
 
 def _multiple(run: dict, case: AccumCase, want: dict) -> float | None:
@@ -121,24 +90,4 @@ def judge_gradients(shown: str, run: dict, case: AccumCase) -> None:
     fail(
         f"{said}. Write the mean over all {case.batch} rows as a sum, over the {m} "
         "micro-batches, of their own means: the factor in front of each is the scale."
-    )
-
-
-def compare(run, case: AccumCase) -> str:
-    """The learner's gradients (a `RankRun`) against one device's on the whole batch."""
-    import torch
-
-    want = case.reference()["grads"]
-    worst, ratio = 0.0, []
-    for grads in run.grads:
-        for key, g in grads.items():
-            if g is None:
-                return f"{key}: no gradient (None)"
-            worst = max(worst, float((g - want[key]).abs().max()))
-            ratio.append(float(g.norm() / want[key].norm()))
-    size = torch.tensor(ratio)
-    return (
-        f"largest difference from one device's gradients on the whole batch: {worst:.2e}; "
-        f"|your gradient| / |the whole batch's| per parameter: {float(size.min()):.4g} to "
-        f"{float(size.max()):.4g}"
     )

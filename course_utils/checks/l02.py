@@ -277,7 +277,7 @@ given_6 = numbers(
 def cases_6(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
     """The learner's own batch on 2 ranks, then two more pipelines (never as many ranks as
     micro-batches): drawn from the student's name in a notebook, secret in the grader."""
-    from course_utils.checks.accumulation_build import AccumCase
+    from course_utils.checks.pipeline_cases import AccumCase
 
     rng = variant.cases("6")
     g = given_6(variant)
@@ -289,9 +289,12 @@ def cases_6(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
     return {"accumulate_program": [(case,) for case in cases]}
 
 
+FOLLOW = (
+    "Follow micro-batch 0 through your program, rank by rank: every receive must come after "
+    "the send it waits for, on the other rank."
+)
 ADVICE_6 = {
-    "deadlock": "Follow micro-batch 0 through your program, rank by rank: every receive must "
-    "come after the send it waits for, on the other rank.",
+    "deadlock": FOLLOW,
     "tag": "Micro-batches received in the wrong order: every rank takes the micro-batches in "
     "the same order.",
 }
@@ -398,8 +401,7 @@ def cases_8(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
 
 
 ADVICE_8 = {
-    "deadlock": "Follow micro-batch 0 through your program, rank by rank: every receive must "
-    "come after the send it waits for, on the other rank.",
+    "deadlock": FOLLOW,
     "tag": "Micro-batches received in the wrong order: a rank gets a neighbour's messages in "
     "the order they were sent, so run the backwards in the order the gradients come back.",
 }

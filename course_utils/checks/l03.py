@@ -10,8 +10,8 @@ import math
 
 from course_utils import checks
 from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge, numbers, pick
+from course_utils.checks.pipeline_cases import BudgetCase
 from course_utils.checks.programs import as_program, drawn_case
-from course_utils.checks.rounds_build import BudgetCase
 
 for_student = checks.lesson_checks(__name__)
 

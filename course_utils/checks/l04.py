@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from course_utils import checks
 from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge, numbers, pick
+from course_utils.checks.pipeline_cases import SplitCase
 from course_utils.checks.programs import ProgramCase, as_program, drawn_case, target
-from course_utils.checks.zero_bubble_build import SplitCase
 
 for_student = checks.lesson_checks(__name__)
 

@@ -18,40 +18,10 @@ against rounds of `budget` micro-batches in order (`target`). Only l03 imports t
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
 
 from course_utils.checks import fail
-from course_utils.checks.programs import ProgramCase, gradients_off, replayed
-
-
-@dataclass(frozen=True)
-class BudgetCase(ProgramCase):
-    """A `ProgramCase` whose ranks have room for the activations of `budget` micro-batches;
-    the program is called as `program(ctx, budget)`."""
-
-    budget: int = 1
-
-    def __repr__(self) -> str:
-        return f"{super().__repr__()}, room for {self.budget} micro-batches per rank"
-
-    def run(self, program: Callable, microbatches: int | None = None, raise_failure=True):
-        """`run_ranks` of `program(ctx, budget)` on this case (a `RankRun`)."""
-        budget = self.budget
-        return super().run(lambda ctx: program(ctx, budget), microbatches, raise_failure)
-
-
-def rounds(actions: list) -> list[int]:
-    """The sizes of the rounds one rank ran: each a run of forwards, then of backwards."""
-    sizes: list[int] = []
-    previous = "B"
-    for a in actions:
-        if a.kind == "F":
-            if previous != "F":
-                sizes.append(0)
-            sizes[-1] += 1
-        previous = a.kind
-    return sizes
+from course_utils.checks.pipeline_cases import BudgetCase, rounds
+from course_utils.checks.programs import gradients_off, replayed
 
 
 def schedule(case: BudgetCase):
@@ -150,29 +120,3 @@ def judge(shown: str, run: dict, case: BudgetCase) -> None:
             "rounds of the budget; in each round all forwards, then the backwards in the "
             "order their gradients come back."
         )
-
-
-def card(run, case: BudgetCase) -> str:
-    """The learner's run (`RankRun`) beside one GPipe step of every micro-batch at once: the
-    step and the bubble of each order replayed with the model's costs, and the most
-    micro-batches a rank held (lines of text)."""
-    from course_utils.pipeline import make_schedule, simulate
-
-    try:
-        mine = replayed(run, case)
-        step, bubble = f"{mine.makespan:.4g} units", f"{mine.bubble_fraction:.1%}"
-    except Exception as exc:  # noqa: BLE001 - an order that cannot be replayed says why
-        step, bubble = f"cannot be replayed ({exc})", "-"
-    whole = simulate(make_schedule("gpipe", case.devices, case.microbatches), case.costs())
-    sizes = rounds(run.actions[0])
-    return "\n".join(
-        [
-            f"{'':26}{'yours':<26}one GPipe step of all {case.microbatches}",
-            f"{'rounds (rank 0)':<26}{str(sizes):<26}[{case.microbatches}]",
-            f"{'most held by a rank':<26}{max(run.saved_microbatches):<26}{case.microbatches}"
-            f"   (room for {case.budget})",
-            f"{'step, order replayed':<26}{step:<26}{whole.makespan:.4g} units",
-            f"{'bubble, order replayed':<26}{bubble:<26}{whole.bubble_fraction:.1%}",
-            f"measured on the virtual clock: a step of {1e3 * run.timeline.makespan:.2f} ms",
-        ]
-    )

@@ -18,54 +18,10 @@ l04 imports this module.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
 
 from course_utils.checks import fail
-from course_utils.checks.programs import ProgramCase, evidence, replayed, target
-
-
-@dataclass(frozen=True, repr=False)
-class SplitCase(ProgramCase):
-    """A `ProgramCase` whose run also records, per rank, each I and W it ran and whether the
-    parameters' gradients changed inside it: ("0I1", False), ..."""
-
-    def __course_call__(self, program: Callable) -> dict:
-        split: list[list] = [[] for _ in range(self.devices)]
-        run = self.run(lambda ctx: program(_Watched(ctx, split[ctx.rank])), raise_failure=False)
-        return run.evidence() | {"split": split}
-
-
-class _Watched:
-    """A rank's `ctx` whose `backward_input` and `backward_weight` blocks note whether the
-    gradients of the rank's parameters changed inside them."""
-
-    def __init__(self, ctx, notes: list) -> None:
-        self._ctx, self._notes = ctx, notes
-
-    def __getattr__(self, name: str):
-        return getattr(self._ctx, name)
-
-    def backward_input(self, mb: int, chunk: int = 0):
-        return self._watching(self._ctx.backward_input(mb, chunk))
-
-    def backward_weight(self, mb: int, chunk: int = 0):
-        return self._watching(self._ctx.backward_weight(mb, chunk))
-
-    def _grads(self) -> list:
-        params = [p for stage in self._ctx.stages for p in stage.parameters()]
-        return [
-            None if p.grad is None else (p.grad.data_ptr(), p.grad._version, float(p.grad.sum()))
-            for p in params
-        ]
-
-    @contextmanager
-    def _watching(self, block) -> Iterator[None]:
-        before = self._grads()
-        with block:
-            yield
-        self._notes.append((str(self._ctx.actions[-1]), self._grads() != before))
+from course_utils.checks.pipeline_cases import SplitCase
+from course_utils.checks.programs import evidence, target
 
 
 def _early_weight(actions: list) -> str | None:
@@ -165,29 +121,3 @@ def _delays(actions: list) -> set[int]:
         elif a.kind == "W" and (a.stage, a.microbatch) in seen:
             delays.add(len(seen) - 1 - seen.index((a.stage, a.microbatch)))
     return delays
-
-
-def card(run, case: SplitCase) -> str:
-    """The learner's run (`RankRun`) against ZB-H1 and 1F1B on the same case: each rank's
-    idle time and the step, orders replayed with the model's costs (lines of text)."""
-    from course_utils.pipeline import make_schedule, simulate
-
-    costs = case.costs()
-    theirs = {
-        name: simulate(make_schedule(name, case.devices, case.microbatches), costs)
-        for name in ("zb-h1", "1f1b")
-    }
-    try:
-        mine = replayed(run, case)
-        idle = str([round(mine.idle(d), 3) for d in range(case.devices)])
-        step = f"{mine.makespan:.4g} units"
-    except Exception as exc:  # noqa: BLE001 - an order that cannot be replayed says why
-        idle, step = f"cannot be replayed ({exc})", "-"
-    lines = [f"{'':22}{'idle per rank (units)':<34}step"]
-    lines.append(f"{'yours':<22}{idle:<34}{step}")
-    for name, tl in theirs.items():
-        idle = str([round(tl.idle(d), 3) for d in range(case.devices)])
-        lines.append(f"{name.upper():<22}{idle:<34}{tl.makespan:.4g} units")
-    lines.append(f"most micro-batches held per rank: {run.saved_microbatches}")
-    lines.append(f"measured on the virtual clock: a step of {1e3 * run.timeline.makespan:.2f} ms")
-    return "\n".join(lines)
