@@ -66,7 +66,7 @@ def wrong_answers(nb):
     cell(nb, "answer-03-1").source = "bubble_fraction = 0.5"
     cell(nb, "answer-03-2").source = "def gpipe_bubble(p, m):\n    return 0.5"
     cell(nb, "answer-03-3").source = "microbatches = 2"
-    cell(nb, "answer-03-4").source = "max_microbatches = 1\nbubble_at_max = 0.9"
+    cell(nb, "answer-03-4").source = "budget = 1\ndef rounds_program(ctx, budget):\n    pass"
     cell(nb, "answer-03-5").source = 'left_cause = "d"\nright_cause = "d"'
     cell(nb, "answer-03-6").source = "efficiency = 0.1\nbusiest_device = 0"
     return nb

@@ -42,6 +42,7 @@ from gradingkit import (
     solved,
     with_code,
 )
+from roundprograms import ROUNDS
 
 from course_utils.grading.batch import grade_all
 
@@ -451,8 +452,8 @@ EXPORT = "\n".join(  # a student's own answers, uploaded as a .py file beside th
         "def gpipe_bubble(p, m):\n    return (p - 1) / (m + p - 1)",
         "microbatches = 1\nwhile gpipe_bubble(g3.p, microbatches) > g3.target:\n"
         "    microbatches += 1",
-        "max_microbatches = int((g4.gpu_gb - g4.state_gb) // g4.per_microbatch_gb)",
-        "bubble_at_max = gpipe_bubble(g4.p, max_microbatches)",
+        "budget = int((g4.gpu_gb - g4.state_gb) // g4.per_microbatch_gb)",
+        ROUNDS,
         'left_cause, right_cause = "a", "b"',
         "busy = [unbalanced.busy(d) for d in range(3)]",
         "efficiency = sum(busy) / (3 * unbalanced.makespan)",

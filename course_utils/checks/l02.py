@@ -274,25 +274,52 @@ given_6 = numbers(
 )
 
 
-@exercise(given_6, scale="number")
-def exercise_6(g, scale) -> str:
-    """Loss scale per micro-batch so accumulated gradients equal the full-batch gradient."""
-    batch, m = g.batch, g.m
-    size = batch // m
-    hints = {
-        f"Each micro-batch loss is already a *mean* over its {size} samples. How many of "
-        "those means do you add up?": 1 / batch,
-        f"1/{size} divides by the micro-batch size, which the mean already did. What factor "
-        "turns a sum of the micro-batch means into the mean of the whole batch?": 1 / size,
-        f"Summing {m} unscaled means gives {m} times the full-batch mean gradient.": 1.0,
-        "The scale makes the sum smaller, not larger: it should be below 1.": lambda x: x > 1,
-        f"Not yet. Write the full-batch mean over {batch} samples as a sum over the {m} "
-        "micro-batches of their own means: what factor appears in front of each?": OTHERWISE,
-    }
-    judge(scale, 1 / m, "scale", hints)
+def cases_6(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
+    """The learner's own batch on 2 ranks, then two more pipelines (never as many ranks as
+    micro-batches): drawn from the student's name in a notebook, secret in the grader."""
+    from course_utils.checks.pipeline_cases import AccumCase
+
+    rng = variant.cases("6")
+    g = given_6(variant)
+    cases = [AccumCase(devices=2, microbatches=g.m, batch=g.batch, hidden=16, depth=2, seed=6)]
+    for _ in range(2):
+        p = rng.randint(2, 3)
+        m = rng.choice([k for k in range(3, 7) if k != p])
+        cases.append(AccumCase(**vars(drawn_case(rng, p, m))))
+    return {"accumulate_program": [(case,) for case in cases]}
+
+
+FOLLOW = (
+    "Follow micro-batch 0 through your program, rank by rank: every receive must come after "
+    "the send it waits for, on the other rank."
+)
+ADVICE_6 = {
+    "deadlock": FOLLOW,
+    "tag": "Micro-batches received in the wrong order: every rank takes the micro-batches in "
+    "the same order.",
+}
+
+
+@exercise(given_6, accumulate_program=as_program)
+def exercise_6(g, accumulate_program, variant) -> str:
+    """Build gradient accumulation: each micro-batch's loss scaled so that the gradients
+    added up over the micro-batches are the whole batch's."""
+    from course_utils.checks import pipeline_hints
+    from course_utils.checks.accumulation_build import judge_gradients
+    from course_utils.checks.programs import evidence
+
+    for (case,), shown, got in checks.each_call(
+        accumulate_program, cases_6(variant)["accumulate_program"]
+    ):
+        run = evidence(got, shown, case)
+        if run["failure"] is None:
+            judge_gradients(shown, run, case)
+        pipeline_hints.judged_run(got, shown, case, ADVICE_6)
+    size = g.batch // g.m
     return (
-        f"Right: each micro-batch loss is a mean over {size} samples; 1/{m} of it, summed "
-        f"over {m} micro-batches, is the mean over all {batch}."
+        f"Right: on your {g.m} micro-batches and on two other pipelines the gradients added "
+        f"up are the whole batch's. Each micro-batch's loss is a mean over {size} rows; 1/{g.m} "
+        f"of it, summed over {g.m} micro-batches, is the mean over all {g.batch}."
     )
 
 
@@ -374,8 +401,7 @@ def cases_8(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
 
 
 ADVICE_8 = {
-    "deadlock": "Follow micro-batch 0 through your program, rank by rank: every receive must "
-    "come after the send it waits for, on the other rank.",
+    "deadlock": FOLLOW,
     "tag": "Micro-batches received in the wrong order: a rank gets a neighbour's messages in "
     "the order they were sent, so run the backwards in the order the gradients come back.",
 }

@@ -10,6 +10,8 @@ import math
 
 from course_utils import checks
 from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge, numbers, pick
+from course_utils.checks.pipeline_cases import BudgetCase
+from course_utils.checks.programs import as_program, drawn_case
 
 for_student = checks.lesson_checks(__name__)
 
@@ -99,38 +101,107 @@ def exercise_3(g, microbatches) -> str:
     return f"Right: m = {m} is the fewest; its bubble is {_bubble(p, m):.1%}."
 
 
+# p, m and the GPUs of the learner's pipeline (the lesson works GPipe on p = 4, m = 4 and 8):
+# room for 2 to 4 micro-batches, fewer than m, so that the step takes rounds.
 given_4 = numbers(
-    p=pick("4p", 4, [4, 6, 8]),
-    gpu_gb=pick("4g", 80, [40, 48, 80, 96]),
-    state_gb=pick("4s", 50, [18, 22, 26, 30]),
-    per_microbatch_gb=pick("4a", 1.5, [0.5, 0.75, 1.25, 2.0]),
+    pick(
+        "4",
+        (4, 10, 80, 74.0, 1.5),
+        [
+            (3, 9, 40, 35.5, 1.25),
+            (4, 11, 48, 42.0, 2.0),
+            (3, 7, 96, 90.0, 1.5),
+            (5, 9, 80, 75.0, 2.5),
+        ],
+        "p",
+        "m",
+        "gpu_gb",
+        "state_gb",
+        "per_microbatch_gb",
+    )
 )
 
 
-@exercise(given_4, max_microbatches="whole number", bubble_at_max="number")
-def exercise_4(g, max_microbatches, bubble_at_max) -> str:
-    """Largest m whose GPipe activations fit beside the model state, and its bubble."""
-    p, gpu, state, per = g.values()
-    m, whole, state_only = (math.floor(x / per + 1e-9) for x in (gpu - state, gpu, state))
+def room(g) -> int:
+    """How many micro-batches' activations fit on stage 0 beside the model state."""
+    return math.floor((g.gpu_gb - g.state_gb) / g.per_microbatch_gb + 1e-9)
+
+
+def equal_stages(g) -> dict:
+    """g.p equal stages, one linear layer each: each round's bubble is (p-1)/(k+p-1)."""
+    return {"devices": g.p, "depth": g.p - 1, "d_in": 24, "hidden": 24, "classes": 24}
+
+
+def case_4(g) -> BudgetCase:
+    """The learner's own pipeline: `g.p` ranks, `g.m` micro-batches of two rows, room for
+    `room(g)` of them."""
+    return BudgetCase(**equal_stages(g), microbatches=g.m, batch=2 * g.m, seed=3, budget=room(g))
+
+
+def cases_4(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
+    """The learner's own pipeline, then two more (one whose budget divides m): drawn from the
+    student's name in a notebook, secret in the grader."""
+    rng = variant.cases("4")
+    cases = [case_4(given_4(variant))]
+    for divides in (False, True):
+        budget = rng.randint(2, 3)
+        m = budget * rng.randint(2, 3) + (0 if divides else rng.randint(1, budget - 1))
+        drawn = drawn_case(rng, rng.randint(2, 4), m)
+        cases.append(BudgetCase(**vars(drawn) | {"budget": budget}))
+    return {"rounds_program": [(case,) for case in cases]}
+
+
+ADVICE_4 = {
+    "deadlock": "Follow one round through your program, rank by rank: every rank runs the same "
+    "rounds, and every receive comes after the send it waits for, on the other rank.",
+    "tag": "Micro-batches received in the wrong order: a rank gets a neighbour's messages in "
+    "the order they were sent, so each rank takes the rounds, and the micro-batches in each, "
+    "in the same order.",
+}
+
+
+@exercise(given_4, budget="whole number", rounds_program=as_program)
+def exercise_4(g, budget, rounds_program, variant) -> str:
+    """The micro-batches that fit on a GPU, and GPipe run in rounds of that many."""
+    from course_utils.checks import pipeline_hints, rounds_build
+    from course_utils.checks.programs import evidence
+
+    p, gpu, state, per = g.p, g.gpu_gb, g.state_gb, g.per_microbatch_gb
+    k = room(g)
+    whole, state_only = (math.floor(x / per + 1e-9) for x in (gpu, state))
     hints = {
-        f"{gpu} / {per} forgets the {state} GB of model state already on the GPU.": whole,
-        f"{state} / {per} uses the model state as the budget: what is left for "
+        f"{gpu:g} / {per:g} forgets the {state:g} GB of model state already on the GPU.": whole,
+        f"{state:g} / {per:g} uses the model state as the budget: what is left for "
         "activations?": state_only,
-        "That would be the count if only p micro-batches were in flight (1F1B, next lesson). "
-        "In GPipe, how many micro-batches' activations does stage 0 hold when its last "
-        "forward ends?": p,
-        "`max_microbatches` is not right. Stage 0 holds the activations of every micro-batch "
-        "it has forwarded and not yet backwarded: how many at the peak, in GPipe?": OTHERWISE,
+        "`budget` is not right. Stage 0 holds the activations of every micro-batch it has "
+        "forwarded and not yet backwarded: how many of them fit beside the model state?": OTHERWISE,
     }
     fields = checks.Fields()  # every wrong answer named at once
     with fields.judging():
-        judge(max_microbatches, m, "max_microbatches", hints)
-    hint = f"`bubble_at_max`: put the largest m that fits into the bubble formula with p = {p}."
+        judge(budget, k, "budget", hints)
     with fields.judging():
-        judge(bubble_at_max, _bubble(p, m), "bubble_at_max", hint, unit="fraction")
+        cases = cases_4(variant)["rounds_program"]
+        for (case,), shown, got in checks.each_call(rounds_program, cases):
+            run = evidence(got, shown, case)
+            alone = None if run["failure"] else rounds_build.last_round_alone(run, case)
+            if alone is not None:
+                fail(
+                    f"{shown}: every rank's gradients are those of its last round alone "
+                    f"(micro-batches {alone}): the gradients were cleared between rounds. "
+                    "They add up over the rounds as over the micro-batches of one round: "
+                    "clear nothing until the step ends."
+                )
+            run = pipeline_hints.judged_run(got, shown, case, ADVICE_4)
+            rounds_build.judge(shown, run, case)
     fields.verdict()
-    fit = f"({gpu - state:g} GB / {per:g} GB)"
-    return f"Right: {m} micro-batches fit {fit}, a bubble of {bubble_at_max:.1%}."
+    rounds = math.ceil(g.m / k)
+    return (
+        f"Right: {k} micro-batches fit ({gpu - state:g} GB / {per:g} GB), so your {g.m} "
+        f"micro-batches take {rounds} rounds on your {p} ranks and on two other pipelines, "
+        "with one device's gradients and no rank ever over its room. Each round pays the "
+        f"fill and drain again: a bubble of {_bubble(p, k):.1%} with equal stages, against "
+        f"{_bubble(p, g.m):.1%} for one step of all {g.m} if they fitted."
+    )
 
 
 @exercise(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from course_utils import checks
 from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge, numbers, pick
+from course_utils.checks.pipeline_cases import SplitCase
 from course_utils.checks.programs import ProgramCase, as_program, drawn_case, target
 
 for_student = checks.lesson_checks(__name__)
@@ -205,46 +206,59 @@ def exercise_3(g, makespan_gpipe, makespan_1f1b, bubble_1f1b) -> str:
     )
 
 
-given_4 = numbers(  # W <= min(F, I) in every variant: the condition of the ZB-H1 formula
-    p=pick("4p", 4, [3, 5, 6]),
-    m=pick("4m", 10, [8, 12]),
-    t_f=pick("4f", 2.0, [1.5, 2.5, 3.0]),
-    t_i=pick("4i", 2.0, [2.5, 3.0]),
-    t_w=pick("4w", 1.5, [0.5, 1.0]),
-)
+# p and m of the learner's ZB-H1 (the lesson draws ZB-H1 on p = 4, m = 8): never that one.
+given_4 = numbers(pick("4", (4, 6), [(3, 6), (4, 7), (5, 7), (3, 5)], "p", "m"))
 
 
-@exercise(given_4, idle_1f1b="number", idle_zb="number")
-def exercise_4(g, idle_1f1b, idle_zb) -> str:
-    """Idle time per device of 1F1B and of ZB-H1, with the given p, m, t_F, t_I, t_W."""
-    p, f, i, w = g.p, g.t_f, g.t_i, g.t_w
-    want_1f1b, want_zb, no_w = (p - 1) * (f + i + w), (p - 1) * (f + i - w), (p - 1) * (f + i)
-    hints = {
-        "`idle_1f1b` leaves out W. 1F1B does not split the backward: each of its backward "
-        "slots takes I + W.": no_w,
-        "`idle_1f1b` is not right yet. With equal stages each device idles p - 1 forward slots "
-        "and p - 1 backward slots; a 1F1B backward is I + W long.": OTHERWISE,
-    }
-    fields = checks.Fields()  # every wrong answer named at once
-    with fields.judging():
-        judge(idle_1f1b, want_1f1b, "idle_1f1b", hints)
-    hints = {
-        "`idle_zb` equals 1F1B's idle time, but ZB-H1 fills part of the bubble.": want_1f1b,
-        "`idle_zb` is the bubble if W were only moved out of the way; ZB-H1 also runs W's "
-        "inside the remaining gaps. What does that subtract?": no_w,
-        "`idle_zb` is too optimistic for ZB-H1: it keeps 1F1B's memory bound, so not every "
-        "gap can be filled with W.": checks.any_of((p - 1) * f, 0.0),
-        "`idle_zb` is not right yet. Use the lesson's formula for ZB-H1's "
-        "idle time (its condition W <= min(F, I) holds here), or simulate "
-        "make_schedule('zb-h1', p, m) with these costs.": OTHERWISE,
-    }
-    with fields.judging():
-        judge(idle_zb, want_zb, "idle_zb", hints)
-    fields.verdict()
+def case_4(g) -> SplitCase:
+    """The learner's own pipeline: `g.p` ranks, `g.m` micro-batches of two rows each."""
+    equal = {"devices": g.p, "depth": g.p - 1, "d_in": 24, "hidden": 24, "classes": 24}
+    return SplitCase(**equal, microbatches=g.m, batch=2 * g.m, seed=5)
+
+
+def cases_4(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
+    """The learner's own pipeline, then two more, one with fewer micro-batches than ranks:
+    drawn from the student's name in a notebook, secret in the grader."""
+    rng = variant.cases("4")
+    cases = [case_4(given_4(variant))]
+    for few in (False, True):
+        p = rng.randint(2, 4)
+        m = rng.randint(1, p - 1) if few else rng.randint(p + 1, 7)
+        cases.append(SplitCase(**vars(drawn_case(rng, p, m))))
+    return {"zb_h1_program": [(case,) for case in cases]}
+
+
+ADVICE_4 = {
+    "deadlock": "Follow micro-batch 0 through your program, rank by rank: a rank sends its "
+    "input's gradient back as soon as its I is done, never after a W.",
+    "tag": "Micro-batches received in the wrong order: gradients come back in the order the "
+    "micro-batches went forward, so each rank runs its I's in that order.",
+}
+
+
+@exercise(given_4, zb_h1_program=as_program, points=3, partial=True)
+def exercise_4(zb_h1_program, variant) -> str:
+    """Build ZB-H1 as a per-rank program: each backward split into I and W, the W's put off
+    into the bubble; judged on gradients, what each I changed, memory and order."""
+    from course_utils.checks import pipeline_hints, zero_bubble_build
+
+    cases = cases_4(variant)["zb_h1_program"]
+    for (case,), shown, got in checks.each_call(zb_h1_program, cases):
+        zero_bubble_build.before_run(got, shown, case)
+        run = pipeline_hints.judged_run(got, shown, case, ADVICE_4)
+        zero_bubble_build.judge(shown, run, case)
+    from course_utils.pipeline import make_schedule, simulate
+
+    g, case = given_4(variant), cases[0][0]
+    zb, one_f = (
+        simulate(make_schedule(name, g.p, g.m), case.costs()) for name in ("zb-h1", "1f1b")
+    )
     return (
-        f"Right: {want_1f1b:g} units for 1F1B, {want_zb:g} for ZB-H1. Splitting the backward "
-        "and delaying W shortened the idle time with no more activation memory than 1F1B's "
-        "device 0."
+        f"Right: on your {g.p} ranks with {g.m} micro-batches and on two other pipelines the "
+        "gradients equal one device's, no I touched the weights, and the order replays to "
+        f"ZB-H1's step: rank 0 idles {zb.idle(0):.4g} units of a {zb.makespan:.4g}-unit step, "
+        f"against {one_f.idle(0):.4g} of {one_f.makespan:.4g} under 1F1B, and no rank holds "
+        "more micro-batches than 1F1B's rank 0."
     )
 
 

@@ -2,9 +2,9 @@
 
 Inside the sandbox `course_utils/checks/` is replaced by a folder written here. It holds the
 framework (`FRAMEWORK`: `checks/__init__.py` and its modules: `Variant`, `for_student`, the
-messages' helpers; `wire.py`; `programs.py`, `rank_cases.py` and `processes.py`) as they
-are, since none of it knows an answer, and for each lesson a module of *data* the grader
-computed, with no code of the lesson's:
+messages' helpers; `wire.py`; `programs.py`, `rank_cases.py`, `pipeline_cases.py` and
+`processes.py`) as they are, since none of it knows an answer, and for each lesson a module
+of *data* the grader computed, with no code of the lesson's:
 
 - `for_student`, and `given_K` answering with the numbers the grader drew for this student;
 - the material the lesson's solution notebook takes from the module (`l08.their_timeline`,
@@ -37,11 +37,11 @@ import course_utils.checks as real_checks
 CHECKS = Path(real_checks.__file__).parent
 # Copied as they are (none of them knows an answer): the framework `checks/__init__.py`
 # re-exports from its modules, `wire.py` carries answers as data, and `programs.py` runs a
-# learner's rank program on the devices on the cases of `rank_cases.py` and
-# `pipeline_cases.py` (the kernel's side of a per-rank Build; the references the grader
-# judges them against, `rank_references.py`, stay out); `processes.py` runs lesson 13's
-# worker files on real processes (what their runs are judged against, `worker_runs.py`,
-# stays out too).
+# learner's rank program on the devices on the cases of `rank_cases.py` (the kernel's side
+# of a per-rank Build, with the pipeline Builds' cases of `pipeline_cases.py`; the references
+# the grader judges them against, `rank_references.py` and the `*_build.py` verdicts,
+# stay out); `processes.py` runs lesson 13's worker files on real processes (what their runs
+# are judged against, `worker_runs.py`, stays out too).
 FRAMEWORK = (
     "__init__.py",
     "feedback.py",
