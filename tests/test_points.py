@@ -275,7 +275,7 @@ def test_the_gradebook_for_canvas_and_for_moodle_gives_the_points_possible(tmp_p
     roster = [Student("ann", "Ann Lee", "1001", "ann.lee@uni.example"),
               Student("王小明", "Wang Xiaoming", "1002", "wang@uni.example"),
               Student("dave", "Dave Roe", "", "dave@uni.example")]  # fmt: skip
-    rows = [_row("ann", [1, 2, 1, 1, 2, 2, 3]), _row("王小明", [1, 1.5, 0, 1, 1, 0, 2])]
+    rows = [_row("ann", [1, 2, 1, 3, 2, 2, 3]), _row("王小明", [1, 1.5, 0, 1, 1, 0, 2])]
     canvas, moodle = tmp_path / "canvas.csv", tmp_path / "moodle.csv"
     assert write_gradebook(rows, canvas, roster, SOLUTIONS, "canvas") == 3
     book = list(csv.reader(canvas.open(encoding="utf-8")))
@@ -306,7 +306,7 @@ def test_the_gradebook_for_canvas_and_for_moodle_gives_the_points_possible(tmp_p
 
 def test_a_review_written_into_the_csv_comes_back_on_every_rerun(tmp_path):
     path = tmp_path / "grades.csv"
-    ann, bob = _row("ann", [1, 1.33, 1, 1, 1, 0, 2.25]), _row("bob", [1, 2, 1, 1, 2, 2, 3])
+    ann, bob = _row("ann", [1, 1.33, 1, 1, 1, 0, 2.25]), _row("bob", [1, 2, 1, 3, 2, 2, 3])
     missing = GradeResult(notebook="", student="carol", lesson=4, flags=["missing"])
     journal = Journal(path)
     journal.previous()

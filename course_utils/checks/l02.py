@@ -300,7 +300,7 @@ ADVICE_6 = {
 }
 
 
-@exercise(given_6, accumulate_program=as_program)
+@exercise(given_6, accumulate_program=as_program, points=3, partial=True)
 def exercise_6(g, accumulate_program, variant) -> str:
     """Build gradient accumulation: each micro-batch's loss scaled so that the gradients
     added up over the micro-batches are the whole batch's."""
