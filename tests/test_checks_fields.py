@@ -70,9 +70,10 @@ def lesson_rights(check):
 MULTI = [(n, k) for n in LESSONS for k, answers in sorted(lesson(n)[1].items()) if len(answers) > 1]
 
 
-# Still judged one answer at a time (issue 50, left for later): each reports its first wrong
-# answer only. Multiple-choice tables declared in `exercise(...)` are read in order, which
-# the framework (declaring.py) decides for every lesson at once.
+# Still judged one answer at a time (issue 50): only exercises being turned into Builds in
+# other branches (their checks change there). Every other exercise judges each answer in its
+# own field (`Fields`), a Diagnose's tables included (`exercise` judges every table, then the
+# rest of the check).
 ONE_AT_A_TIME = {
     (8, 4), (9, 7), (10, 1), (12, 1),
 }  # fmt: skip
@@ -126,3 +127,11 @@ def test_a_multi_answer_exercise_earns_a_part_per_right_answer(n, k):
         share = round(fn.points * (total - 1) / total, 2)
         last = str(caught.value).splitlines()[-1]
         assert last.startswith(f"Partly right: {total - 1} of {total} parts ({share:g} of"), last
+
+
+def test_an_unanswered_answer_is_said_before_any_wrong_one_is_judged():
+    from course_utils.checks import l05
+
+    for answers in (("a", "b", None), ("a", None, 2), (None, "c", 8)):
+        with pytest.raises(NotAnswered):
+            l05.exercise_5(*answers)

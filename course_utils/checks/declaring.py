@@ -2,7 +2,8 @@
 
 `exercise(given_K, name="number", ...)` turns a lesson's judging function into its check
 `exercise_K`: it reads each answer by its shape (`SHAPES`, a tuple of options, or a Diagnose
-exercise's table of hints, judged as it is read), hands the judging function the learner's
+exercise's table of hints, each table judged on its own and the rest of the check beside them,
+every wrong answer named at once: `Fields`), hands the judging function the learner's
 numbers and prints the message a right answer earns. A Build exercise tries the learner's
 function on its cases with `each_call`.
 """
@@ -93,7 +94,7 @@ SHAPES: dict[str, Shape] = {
 
 
 def _diagnosed(table: dict[Any, Any]) -> Shape:
-    """A multiple-choice answer judged as it is read, from its table (see `exercise`)."""
+    """A multiple-choice answer read and judged by its table (see `exercise`)."""
     right = next(choice for choice, hint in table.items() if hint is RIGHT)
     choices = list(LETTERS) if OTHERWISE in table else sorted(table, key=str)
 
