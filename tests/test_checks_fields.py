@@ -70,15 +70,12 @@ def lesson_rights(check):
 MULTI = [(n, k) for n in LESSONS for k, answers in sorted(lesson(n)[1].items()) if len(answers) > 1]
 
 
-# Still judged one answer at a time (issue 50, left for later): each reports its first wrong
-# answer only. Multiple-choice tables declared in `exercise(...)` are read in order, which
-# the framework (declaring.py) decides for every lesson at once.
+# Still judged one answer at a time (issue 50): only exercises being turned into Builds in
+# other branches (their checks change there). Every other exercise judges each answer in its
+# own field (`Fields`), a Diagnose's tables included (`exercise` judges every table, then the
+# rest of the check).
 ONE_AT_A_TIME = {
-    (2, 9), (13, 1), (13, 4),  # new in main, not yet looked at
-    (1, 5), (1, 6), (3, 5), (4, 5), (4, 6),
-    (5, 2), (5, 3), (5, 5), (5, 6), (7, 6), (8, 4), (8, 5),
-    (9, 5), (9, 7), (9, 8), (10, 1), (10, 5), (10, 6), (11, 2), (11, 4),
-    (11, 5), (11, 6), (12, 1), (12, 2), (12, 3), (12, 4), (12, 6), (12, 7), (12, 8),
+    (8, 4), (9, 7), (10, 1), (12, 1),
 }  # fmt: skip
 
 
@@ -103,3 +100,38 @@ def test_every_wrong_answer_is_named_at_once(n, k):
     names = answer_names(check, k)
     missing = [names[i] for i in wrong if f"`{names[i]}`" not in said]
     assert not missing, f"exercise {n}.{k}: {missing} not named in: {said}"
+
+
+# Multi-answer exercises worth all or nothing: being turned into Builds elsewhere (1.6, 3.4,
+# 4.4, 6.5, 9.4, 12.5), still judged one answer at a time, or 7.4: one layout in three numbers,
+# judged by constraints that tie them together (tp x pp x dp = the GPUs), not answer by answer.
+ALL_OR_NOTHING = {(1, 6), (3, 4), (4, 4), (6, 5), (9, 4), (12, 5), (7, 4)} | ONE_AT_A_TIME
+FIELDS = [(n, k) for n, k in MULTI if (n, k) not in ALL_OR_NOTHING]
+
+
+@pytest.mark.parametrize("n, k", FIELDS, ids=[f"{n}.{k}" for n, k in FIELDS])
+def test_a_multi_answer_exercise_earns_a_part_per_right_answer(n, k):
+    """Partial credit per answer (scoring.py): one wrong answer of n leaves n - 1 parts right,
+    said on the failure's last line; a Build's parts are its cases (tests/test_points.py)."""
+    check, rights = lesson(n)
+    fn = getattr(check, f"exercise_{k}")
+    assert fn.partial, f"exercise {n}.{k} judges its answers one by one but earns all or nothing"
+    if hasattr(check, f"cases_{k}"):
+        return
+    right = list(rights[k])
+    total = len(right)
+    for i, wrong in wrong_one_at_a_time(check, k, right).items():
+        with pytest.raises(CheckFailed) as caught:
+            run(check, k, [*right[:i], wrong, *right[i + 1 :]])
+        assert caught.value.parts == (total - 1, total), (n, k, i, str(caught.value))
+        share = round(fn.points * (total - 1) / total, 2)
+        last = str(caught.value).splitlines()[-1]
+        assert last.startswith(f"Partly right: {total - 1} of {total} parts ({share:g} of"), last
+
+
+def test_an_unanswered_answer_is_said_before_any_wrong_one_is_judged():
+    from course_utils.checks import l05
+
+    for answers in (("a", "b", None), ("a", None, 2), (None, "c", 8)):
+        with pytest.raises(NotAnswered):
+            l05.exercise_5(*answers)

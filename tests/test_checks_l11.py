@@ -65,7 +65,7 @@ WRONG = [
     (6, (6.0, 2.4, 9), "(PP/2 - 1)(F&B + B - 3W)"),
     (6, (7.2, 1 / 2.4, 9), "upside down"),
     (6, (7.2, 4.2, 9), "difference"),
-    (6, (7.2, 3.0, 9), "divide your DualPipeV figure"),
+    (6, (7.2, 3.0, 9), "divide DualPipeV's idle time by ZB-V's"),
     (6, (7.2, 2.4, 8), "ZB-V's peak"),
     (6, (7.2, 2.4, 10), "fullest moment"),
     # 11.2's wrong idle gets a hint that does not claim a parallelogram with these costs

@@ -20,7 +20,7 @@ import pytest
 from gradingkit import ROOT
 
 from course_utils import checks
-from course_utils.checks import CheckFailed, Variant, l02, l04, l06
+from course_utils.checks import CheckFailed, Variant, l02, l04, l05, l06
 from course_utils.checks.scoring import earned
 from course_utils.checks.wire import call_outcome
 from course_utils.grading.feedback import page
@@ -164,6 +164,44 @@ def test_a_diagnose_earns_each_part_it_gets_right():
     with pytest.raises(CheckFailed) as caught:
         l04.exercise_5("a", "a")
     assert caught.value.share == 0 and "Partly right" not in caught.value.message
+
+
+def test_an_exercise_with_several_answers_earns_a_part_per_right_answer_in_the_grader_too():
+    """Exercise 6.6 (issue 50): efficiency, cause and fix, each judged on its own; a wrong
+    cause leaves 2 of 3 parts, in the notebook and in the grader, and names only the cause."""
+    assert worth(l06, 6) == (1.0, True)
+    with pytest.raises(CheckFailed) as caught:
+        l06.exercise_6(0.625, "b", "a")
+    assert (caught.value.parts, caught.value.share) == ((2, 3), pytest.approx(2 / 3))
+    said = caught.value.message
+    assert said.startswith("`cause` = 'b' is not it.") and "`fix`" not in said
+    assert said.endswith("Partly right: 2 of 3 parts (0.67 of 1 point).")
+    with pytest.raises(CheckFailed) as caught:  # all three wrong: each named, no point
+        l06.exercise_6(10.0, "b", "c")
+    said = caught.value.message
+    assert said.startswith("3 answers are not right yet:")
+    assert all(f"`{name}`" in said for name in ("efficiency_16", "cause", "fix"))
+    assert caught.value.share == 0 and "Partly right" not in said
+    answers = {"efficiency_16": 0.625, "cause": "a", "fix": "d"}
+    found = {name: {"value": value} for name, value in answers.items()}
+    verdict = judge(l06, Exercise(6, list(answers)), found, Variant(), [])
+    assert not verdict.passed and verdict.share == pytest.approx(2 / 3)
+    assert "Partly right: 2 of 3 parts" in verdict.message
+    found["fix"] = {"value": "a"}
+    assert judge(l06, Exercise(6, list(answers)), found, Variant(), []).passed
+
+
+def test_a_diagnose_judges_every_table_and_the_rest_at_once():
+    """Exercise 5.5: two tables and a number; all wrong, each is named in one run."""
+    with pytest.raises(CheckFailed) as caught:
+        l05.exercise_5("a", "c", 8)
+    said = caught.value.message
+    assert said.startswith("3 answers are not right yet:")
+    assert "`problem` = 'a' is not it." in said and "`fix` = 'c' is not it." in said
+    assert "`best_chunks`: with v = 8 the step is not the fastest" in said
+    with pytest.raises(CheckFailed) as caught:  # the choices right, the number wrong
+        l05.exercise_5("b", "b", 8)
+    assert caught.value.parts == (2, 3)
 
 
 def _module(source: str) -> dict:

@@ -2,7 +2,8 @@
 
 `exercise(given_K, name="number", ...)` turns a lesson's judging function into its check
 `exercise_K`: it reads each answer by its shape (`SHAPES`, a tuple of options, or a Diagnose
-exercise's table of hints, judged as it is read), hands the judging function the learner's
+exercise's table of hints, each table judged on its own and the rest of the check beside them,
+every wrong answer named at once: `Fields`), hands the judging function the learner's
 numbers and prints the message a right answer earns. A Build exercise tries the learner's
 function on its cases with `each_call`.
 """
@@ -24,6 +25,7 @@ from course_utils.checks.feedback import (
     passed,
     require,
 )
+from course_utils.checks.fields import Fields
 from course_utils.checks.judging import OTHERWISE, RIGHT
 from course_utils.checks.reading import (
     as_choice,
@@ -91,17 +93,15 @@ SHAPES: dict[str, Shape] = {
 }
 
 
-def _diagnosed(table: dict[Any, Any], before: list[str]) -> Shape:
-    """A multiple-choice answer judged as it is read, from its table (see `exercise`)."""
+def _diagnosed(table: dict[Any, Any]) -> Shape:
+    """A multiple-choice answer read and judged by its table (see `exercise`)."""
     right = next(choice for choice, hint in table.items() if hint is RIGHT)
     choices = list(LETTERS) if OTHERWISE in table else sorted(table, key=str)
 
     def judged(value: Any, what: str) -> Any:
         got = as_choice(value, choices, what)
         if got != right:
-            named = " and ".join(f"`{name}`" for name in before)
-            said = f"{named} {'is' if len(before) == 1 else 'are'} right. " if before else ""
-            fail(f"{said}`{what}` = {got!r} is not it. {table.get(got, table.get(OTHERWISE))}")
+            fail(f"`{what}` = {got!r} is not it. {table.get(got, table.get(OTHERWISE))}")
         return got
 
     return judged
@@ -122,8 +122,8 @@ def exercise(
     with its shape: a name in `SHAPES`, a tuple of the options, a function (value, name) ->
     value, or a diagnosis's table (by default it must only be answered). A table maps the
     right choice to RIGHT and each wrong one to its hint (or holds one hint under OTHERWISE
-    for any other letter): the answer is judged as it is read, failing with
-    "`fix` = 'c' is not it. <hint>", after "`problem` is right. " where tables came before:
+    for any other letter): every table is judged, and the rest of the check with the choices
+    set right, each wrong answer named at once (`Fields`), e.g. "`fix` = 'c' is not it. <hint>":
 
     @exercise(problem={"b": RIGHT, "a": "...", ...}, fix={"a": RIGHT, ...}, best="number")
 
@@ -146,8 +146,7 @@ def exercise(
         for name in answers:
             spec = shapes.get(name, "answer")
             if isinstance(spec, dict):
-                before = [n for n in readers if isinstance(shapes.get(n), dict)]
-                readers[name] = _diagnosed(spec, before)
+                readers[name] = _diagnosed(spec)
             elif isinstance(spec, str):
                 readers[name] = SHAPES[spec]
             else:
@@ -159,17 +158,35 @@ def exercise(
         }
 
         def judged(values: tuple, variant: Variant, chosen: dict[str, Any]) -> str:
-            """The message of a right answer, or a failure; `chosen`: table answers taken as
-            read (the rest of a Diagnose judged with its choices set right)."""
+            """The message of a right answer, or a failure naming every wrong answer: each
+            table judged on its own, then the rest with the choices set right; `chosen`: table
+            answers taken as read (the rest of a Diagnose judged alone, in parts)."""
+            at = dict(zip(answers, values, strict=True))
             read = {
-                n: chosen[n] if n in chosen else readers[n](x, n)
-                for n, x in zip(answers, values, strict=True)
+                n: chosen[n] if n in chosen else readers[n](at[n], n) for n in at if n not in tables
             }
+            for n in tables:
+                require(at[n], n)  # an unanswered choice before any judging
+            fields = Fields()
+            for n in tables:
+                read[n] = chosen.get(n, right[n])
+                if n not in chosen:
+                    with fields.judging():
+                        readers[n](at[n], n)
             if given and "g" in names:
                 read["g"] = Given(given(variant))
             if "variant" in names:
                 read["variant"] = variant
-            return judging(**read)
+            if not tables:
+                return judging(**read)
+            if len(tables) == len(answers):  # a Diagnose of choices alone
+                fields.verdict()
+                return judging(**read)
+            message = ""
+            with fields.judging():  # the rest, its own answers one by one if it keeps Fields
+                message = judging(**read)
+            fields.verdict()
+            return message
 
         def in_parts(values: tuple, variant: Variant) -> str:
             at = dict(zip(answers, values, strict=True))

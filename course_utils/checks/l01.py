@@ -187,7 +187,7 @@ def exercise_3(g, devices) -> str:
 given_4 = numbers(p=pick("4p", 4, [3, 5, 6, 8]))
 
 
-@exercise(given_4, utilization="number", speedup="number")
+@exercise(given_4, utilization="number", speedup="number", partial=True)
 def exercise_4(g, utilization, speedup) -> str:
     """Naive model parallelism over p equal stages: utilization per device and speed-up."""
     p, idle = g.p, 1 - 1 / g.p
@@ -235,6 +235,7 @@ def exercise_4(g, utilization, speedup) -> str:
         "d": "Balanced stages all take the same time, but they still take turns: balancing "
         "fixes uneven bars, not the waiting. What change to the *data* lets stages overlap?",
     },
+    partial=True,
 )
 def exercise_5(problem, fix) -> str:
     """Diagnose naive model parallelism's chart: the problem, and the fix that keeps the

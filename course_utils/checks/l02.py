@@ -89,7 +89,7 @@ given_2 = numbers(
 )
 
 
-@exercise(given_2, stage0_action=checks.as_action, stage1_action=checks.as_action)
+@exercise(given_2, stage0_action=checks.as_action, stage1_action=checks.as_action, partial=True)
 def exercise_2(g, stage0_action, stage1_action) -> str:
     """GPipe (p stages, m micro-batches): what stages 0 and 1 start when a forward ends."""
     starts = _starts(g.p, g.m)
@@ -189,7 +189,7 @@ given_4 = numbers(
 )
 
 
-@exercise(given_4, makespan="number", speedup="number")
+@exercise(given_4, makespan="number", speedup="number", partial=True)
 def exercise_4(g, makespan, speedup) -> str:
     """GPipe with p stages, m micro-batches, F and B per micro-batch: makespan and speed-up."""
     p, m, f, b = g.values()
@@ -234,7 +234,7 @@ def stage_parameters(blocks_on_stage0: int) -> list[int]:
     return [sum(layers[:blocks_on_stage0]), sum(layers[blocks_on_stage0:])]
 
 
-@exercise(given_5, problem="letter", fix="letter")
+@exercise(given_5, problem="letter", fix="letter", partial=True)
 def exercise_5(g, problem, fix) -> str:
     """Diagnose a GPipe chart with unbalanced stages (which stage is heavy is the variant's)."""
     params = stage_parameters(g.blocks_on_stage0)
@@ -333,7 +333,7 @@ given_7 = numbers(
 )
 
 
-@exercise(given_7, transfer_ms="number", step_ms="number")
+@exercise(given_7, transfer_ms="number", step_ms="number", partial=True)
 def exercise_7(g, transfer_ms, step_ms) -> str:
     """2-device GPipe on the virtual clock: one transfer's time, then the step's makespan."""
     m, f, b, us = g.m, g.F_ms, g.B_ms, g.latency_us
@@ -451,7 +451,7 @@ def linears_per_stage(p: int, depth: int) -> list[int]:
     return [sum(isinstance(m, nn.Linear) for m in stage.modules()) for stage in stages]
 
 
-@exercise(given_9, mm_first="number", mm_last="number")
+@exercise(given_9, mm_first="number", mm_last="number", partial=True)
 def exercise_9(g, mm_first, mm_last) -> str:
     """Read a profiler's trace: aten::mm calls inside the first and the last stage's backward.
 
@@ -474,17 +474,21 @@ def exercise_9(g, mm_first, mm_last) -> str:
         f"`mm_first` is not what the trace says. Count the aten::mm calls inside 0B{k} "
         f"(profile.operators_in('0B{k}')['aten::mm']).": OTHERWISE,
     }
-    judge(mm_first, first, "mm_first", hints, rounding=False)
+    fields = checks.Fields()  # every wrong answer named at once
+    with fields.judging():
+        judge(mm_first, first, "mm_first", hints, rounding=False)
     hints = {
-        f"`mm_first` is right. `mm_last` skips a product, but the last stage's input is stage "
+        f"`mm_last` skips a product, but the last stage's input is stage "
         f"{end - 1}'s activation: its gradient is sent back, so every Linear of stage {end} "
         "makes both products.": 2 * n_end - 1,
-        "`mm_first` is right. `mm_last` is one product per Linear, the forward's count; the "
+        "`mm_last` is one product per Linear, the forward's count; the "
         "backward makes two per Linear.": n_end,
-        f"`mm_first` is right, `mm_last` is not what the trace says. Count the aten::mm calls "
+        f"`mm_last` is not what the trace says. Count the aten::mm calls "
         f"inside {end}B{k}.": OTHERWISE,
     }
-    judge(mm_last, last, "mm_last", hints, rounding=False)
+    with fields.judging():
+        judge(mm_last, last, "mm_last", hints, rounding=False)
+    fields.verdict()
     return (
         f"Right: {first} and {last}. Each Linear's backward makes two matrix products (the "
         "gradient of its input and of its weight); stage 0 has nobody to send an input "

@@ -216,6 +216,7 @@ def exercise_4(g, budget, rounds_program, variant) -> str:
         "c": "The global batch is fixed, so the activation memory does not grow here.",
         "d": "Every point runs the same samples through the same model: the work is equal.",
     },
+    partial=True,
 )
 def exercise_5(left_cause, right_cause) -> str:
     """Explain both ends of the reference throughput-vs-micro-batches curve."""
@@ -236,7 +237,7 @@ def _unbalanced(variant: Variant):
     return simulate(make_schedule("gpipe", 3, m), costs)
 
 
-@exercise(given_6, efficiency="number", busiest_device="whole number")
+@exercise(given_6, efficiency="number", busiest_device="whole number", partial=True)
 def exercise_6(g, efficiency, busiest_device, variant) -> str:
     """A simulated GPipe timeline with a heavy last stage: efficiency and busiest device."""
     timeline = _unbalanced(variant)

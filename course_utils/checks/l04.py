@@ -25,7 +25,7 @@ def _count(value, what: str) -> int:
 given_1 = numbers(p=pick("1p", 5, [4, 5, 6, 7]), m=pick("1m", 12, [9, 10, 14, 16]))
 
 
-@exercise(given_1)
+@exercise(given_1, partial=True)
 def exercise_1(g, peak_gpipe, peak_1f1b) -> str:
     """The most micro-batches each device holds at once, GPipe and 1F1B, for the given p, m."""
     p, m = g.p, g.m
@@ -39,25 +39,27 @@ def exercise_1(g, peak_gpipe, peak_1f1b) -> str:
         "first backward: how many micro-batches is it holding when that backward "
         "starts?": OTHERWISE,
     }
-    judge(gpipe, [m] * p, "peak_gpipe", hints)
+    fields = checks.Fields()  # every wrong answer named at once
+    fields.judge(gpipe, [m] * p, "peak_gpipe", hints)
     want = [min(m, p - d) for d in range(p)]
     short, extra = [w - 1 for w in want], [w + 1 for w in want]
     grows = one_f == sorted(one_f) != sorted(one_f, reverse=True)
     flat = len(set(one_f)) == 1  # the same on every device
     hints = {
-        "`peak_gpipe` is right. `peak_1f1b` copies it, but 1F1B starts backwards early.": [m] * p,
-        "`peak_gpipe` is right. `peak_1f1b` grows with the device number, but device 0 is the "
+        "`peak_1f1b` copies it, but 1F1B starts backwards early.": [m] * p,
+        "`peak_1f1b` grows with the device number, but device 0 is the "
         "one that waits longest for its first gradient to come back.": grows,
-        "`peak_gpipe` is right. `peak_1f1b` is one short on every device: the steady phase "
+        "`peak_1f1b` is one short on every device: the steady phase "
         "starts with a forward, so count the warm-up forwards plus that one.": short,
-        "`peak_gpipe` is right. `peak_1f1b` is one too many on every device: device d runs "
+        "`peak_1f1b` is one too many on every device: device d runs "
         "p - 1 - d warm-up forwards, then ONE steady forward before its first backward.": extra,
-        "`peak_gpipe` is right. `peak_1f1b` is the same on every device, but a later device "
+        "`peak_1f1b` is the same on every device, but a later device "
         "gets its first gradient back sooner: it needs fewer warm-up forwards.": flat,
-        "`peak_gpipe` is right, `peak_1f1b` is not yet. For device d: how many forwards does "
+        "`peak_1f1b` is not right yet. For device d: how many forwards does "
         "it run before its first backward? It holds no more than that afterwards.": OTHERWISE,
     }
-    judge(one_f, want, "peak_1f1b", hints)
+    fields.judge(one_f, want, "peak_1f1b", hints)
+    fields.verdict()
     return (
         f"Right: GPipe holds all {m} micro-batches on every device; 1F1B holds p - d, at most "
         f"{p} on device 0, however large m gets."
@@ -165,7 +167,9 @@ given_3 = numbers(
 )
 
 
-@exercise(given_3, makespan_gpipe="number", makespan_1f1b="number", bubble_1f1b="number")
+@exercise(
+    given_3, makespan_gpipe="number", makespan_1f1b="number", bubble_1f1b="number", partial=True
+)
 def exercise_3(g, makespan_gpipe, makespan_1f1b, bubble_1f1b) -> str:
     """Equal stages, the given p, m, t_F, t_B: both makespans and 1F1B's bubble fraction."""
     p, m, f, b = g.values()

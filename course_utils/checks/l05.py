@@ -71,7 +71,7 @@ def given_2(variant: Variant = DEFAULT) -> dict:
     return {"p": p, "m": p * variant.pick("2g", 2, [2, 3]), "v": variant.pick("2v", 4, [2, 3])}
 
 
-@exercise(given_2, bubble_vs_ideal="number", step_time="number")
+@exercise(given_2, bubble_vs_ideal="number", step_time="number", partial=True)
 def exercise_2(g, bubble_vs_ideal, step_time) -> str:
     """Interleaved 1F1B, the given p, m, v, F=1, B=2: bubble relative to ideal, and step time."""
     p, m, chunks = g.p, g.m, g.v
@@ -88,15 +88,22 @@ def exercise_2(g, bubble_vs_ideal, step_time) -> str:
         "forward + backward. Ideal time: m micro-batches of the whole device's forward + "
         "backward. Divide.": OTHERWISE,
     }
-    judge(bubble_vs_ideal, bubble, "bubble_vs_ideal", hints, unit="fraction")
+    fields = checks.Fields()  # every wrong answer named at once
+    with fields.judging():
+        judge(bubble_vs_ideal, bubble, "bubble_vs_ideal", hints, unit="fraction")
+    carried = ideal * (1 + bubble_vs_ideal) if fields.failures else None
     hints = {
         "`step_time` is the ideal time: add the bubble on top of it.": ideal,
-        "`step_time` adds a bubble of full (unchunked) stages. `bubble_vs_ideal` is right: use "
-        "it, step time = ideal time x (1 + bubble).": ideal + (p - 1) * 3.0,
-        "`bubble_vs_ideal` is right, `step_time` is not: step time = ideal time x (1 + "
-        "bubble_vs_ideal), with ideal time = m x (F + B). Compare with the simulator.": OTHERWISE,
+        "`step_time` adds a bubble of full (unchunked) stages: with chunks, step time = ideal "
+        "time x (1 + the chunked bubble).": ideal + (p - 1) * 3.0,
+        "`step_time` follows from your `bubble_vs_ideal`, which is not right yet: it comes "
+        "right with it.": carried,
+        "`step_time` is not right yet: step time = ideal time x (1 + bubble_vs_ideal), with "
+        "ideal time = m x (F + B). Compare with the simulator.": OTHERWISE,
     }
-    judge(step_time, ideal * (1 + bubble), "step_time", hints)
+    with fields.judging():
+        judge(step_time, ideal * (1 + bubble), "step_time", hints)
+    fields.verdict()
     return (
         f"Right: bubble {p - 1}/{chunks * m} = {bubble:.1%} of the ideal time, a step of "
         f"{ideal * (1 + bubble):g} units instead of {(m + p - 1) * 3.0:g} for plain 1F1B."
@@ -121,6 +128,7 @@ COUNT = "Count, on device 0, how many forwards each order runs before its first 
     smaller_bubble={"same": checks.RIGHT, "depth-first": SAME_HOPS, "breadth-first": SAME_HOPS},
     less_memory={"depth-first": checks.RIGHT, "breadth-first": COUNT, "same": COUNT},
     breadth_first_peak="whole number",
+    partial=True,
 )
 def exercise_3(g, smaller_bubble, less_memory, breadth_first_peak) -> str:
     """The given p, v, m: compare bubble and activation memory of the two orders."""
@@ -219,7 +227,7 @@ def exercise_5(g, problem, fix, best_chunks) -> str:
     fastest = min(spans, key=lambda c: spans[c])
     if best_chunks != fastest:
         fail(
-            f"With v = {best_chunks} the step is not the fastest. Simulate "
+            f"`best_chunks`: with v = {best_chunks} the step is not the fastest. Simulate "
             f"make_schedule('interleaved', 4, {g.m}, chunks=v) with "
             f"CostModel(p2p={g.transfer:g}) for each v and compare the makespans."
         )
@@ -247,6 +255,7 @@ def exercise_5(g, problem, fix, best_chunks) -> str:
         "d": "Both orders send the same transfers: each micro-batch crosses every stage "
         "boundary once each way.",
     },
+    partial=True,
 )
 def exercise_6(scenario_a, scenario_b, reason_a) -> str:
     """When to pick breadth-first: two scenarios and the reason for the first."""

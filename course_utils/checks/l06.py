@@ -35,7 +35,7 @@ given_1 = numbers(
 )
 
 
-@exercise(given_1, per_worker="number", shards="list")
+@exercise(given_1, per_worker="number", shards="list", partial=True)
 def exercise_1(g, per_worker, shards) -> str:
     """The given batch over its workers; then the shard sizes of the odd batch."""
     batch, workers, odd_batch, odd_workers = g.values()
@@ -47,31 +47,36 @@ def exercise_1(g, per_worker, shards) -> str:
         f"`per_worker` is not right yet. Hint: the {workers} shards are disjoint and cover "
         "the batch.": OTHERWISE,
     }
-    judge(per_worker, batch // workers, "per_worker", hints)
-    if len(shards) != odd_workers:
-        fail(
-            f"`shards` should list one shard size per worker: {odd_workers} numbers, not "
-            f"{len(shards)}."
-        )
-    sizes = [checks.as_number(s, f"shards[{i}]") for i, s in enumerate(shards)]
-    for i, s in enumerate(sizes):
-        if not s.is_integer():
+    fields = checks.Fields()  # every wrong answer named at once
+    fields.judge(per_worker, batch // workers, "per_worker", hints)
+    with fields.judging():
+        if len(shards) != odd_workers:
             fail(
-                f"`shards[{i}]` is {s:g}: a worker gets whole samples, so every shard size "
-                "is a whole number. Some workers will get one sample more than others."
+                f"`shards` should list one shard size per worker: {odd_workers} numbers, not "
+                f"{len(shards)}."
             )
-        if s < 1:
-            fail(f"`shards[{i}]` is {s:g}: every worker should get at least one sample.")
-    if sum(sizes) != odd_batch:
-        fail(
-            f"Your shards add up to {sum(sizes):g} samples, but the mini-batch has {odd_batch}. "
-            "Shards are disjoint and together cover every sample exactly once (none dropped)."
-        )
-    if max(sizes) - min(sizes) > 1:
-        fail(
-            f"Your shards add up to {odd_batch}, but they are uneven: the slowest (largest) "
-            "shard sets the pace of the step. Spread the samples so sizes differ by at most one."
-        )
+        sizes = [checks.as_number(s, f"shards[{i}]") for i, s in enumerate(shards)]
+        for i, s in enumerate(sizes):
+            if not s.is_integer():
+                fail(
+                    f"`shards[{i}]` is {s:g}: a worker gets whole samples, so every shard size "
+                    "is a whole number. Some workers will get one sample more than others."
+                )
+            if s < 1:
+                fail(f"`shards[{i}]` is {s:g}: every worker should get at least one sample.")
+        if sum(sizes) != odd_batch:
+            fail(
+                f"Your `shards` add up to {sum(sizes):g} samples, but the mini-batch has "
+                f"{odd_batch}. Shards are disjoint and together cover every sample exactly once "
+                "(none dropped)."
+            )
+        if max(sizes) - min(sizes) > 1:
+            fail(
+                f"Your `shards` add up to {odd_batch}, but they are uneven: the slowest (largest) "
+                "shard sets the pace of the step. Spread the samples so sizes differ by at most "
+                "one."
+            )
+    fields.verdict()
     base, extra = divmod(odd_batch, odd_workers)
     split = (
         f"{extra} x {base + 1} + {odd_workers - extra} x {base}"
@@ -340,7 +345,7 @@ FIX_6 = {
 }
 
 
-@exercise(efficiency_16="number", cause="letter", fix="letter")
+@exercise(efficiency_16="number", cause="letter", fix="letter", partial=True)
 def exercise_6(efficiency_16, cause, fix, variant) -> str:
     """Read the scaling table: efficiency at 16 workers, the main cause and a fix; every
     wrong answer is named at once."""

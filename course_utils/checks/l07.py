@@ -76,6 +76,7 @@ given_2 = numbers(
         "none": "Each device holds only a partial sum X_i A_i; Y is their sum.",
     },
     bytes_per_device="number",
+    partial=True,
 )
 def exercise_2(g, collective, bytes_per_device) -> str:
     """Row-parallel output: which collective, and the bytes each device sends (ring)."""
@@ -83,18 +84,18 @@ def exercise_2(g, collective, bytes_per_device) -> str:
     want = 2 * (n - 1) / n * size
     sent, all_ = bytes_per_device, n * want if n > 2 else None  # all_: every device's together
     hints = {
-        "`collective` is right. That is the size of the tensor itself; in a ring all-reduce "
+        "`bytes_per_device`: that is the size of the tensor itself; in a ring all-reduce "
         "each device sends 2(N-1)/N times that (a reduce-scatter, then an all-gather).": size,
-        "`collective` is right. That counts only one of the two phases of the ring all-reduce "
+        "`bytes_per_device`: that counts only one of the two phases of the ring all-reduce "
         "(reduce-scatter, then all-gather).": (n - 1) / n * size,
-        "`collective` is right, but check the bytes per value: bf16 takes 2 bytes, and the "
+        "`bytes_per_device`: check the bytes per value: bf16 takes 2 bytes, and the "
         "factor is 2(N-1)/N.": checks.any_of(2 * want, 2 * size),
-        "`collective` is right. That is all devices together; the question asks per device.": all_,
-        "`collective` is right. (N-1) x size is what rank 0 sends in the naive all-reduce; the "
+        "`bytes_per_device`: that is all devices together; the question asks per device.": all_,
+        "`bytes_per_device`: (N-1) x size is what rank 0 sends in the naive all-reduce; the "
         "question asks for the ring, where every device sends the same amount.": (n - 1) * size,
         "`bytes_per_device` should be in bytes: tokens x d_model x bytes per value, times the "
         "ring's factor.": not 1e3 <= sent <= 1e12,
-        "`collective` is right, `bytes_per_device` is not. Size of the output tensor in bytes "
+        "`bytes_per_device` is not right yet. Size of the output tensor in bytes "
         "(sequences x tokens x d_model x 2 for bf16), times the ring's 2(N-1)/N.": OTHERWISE,
     }
     judge(sent, want, "bytes_per_device", hints, rel=1e-3, rounding=False)
@@ -124,7 +125,7 @@ SHARDED = {
 }
 
 
-@exercise(zero1_gb="number", zero2_gb="number", zero3_gb="number")
+@exercise(zero1_gb="number", zero2_gb="number", zero3_gb="number", partial=True)
 def exercise_3(zero1_gb, zero2_gb, zero3_gb, variant) -> str:
     """Model states per device under ZeRO-1/2/3 for the given parameters and devices."""
     gb = {z: _zero_gb(z, variant) for z in range(4)}
@@ -254,6 +255,7 @@ def exercise_5(grid_groups, variant) -> str:
         "cross the slow network again.",
         "d": "ZeRO-3 saves memory (and adds communication); memory is not the problem.",
     },
+    partial=True,
 )
 def exercise_6(problem, fix) -> str:
     """Diagnose a regression when tensor parallelism grows from 4 to 8 on nodes of 4 GPUs."""
@@ -270,7 +272,7 @@ given_7 = numbers(
 )
 
 
-@exercise(given_7, peak_gb="number", extra_compute="number")
+@exercise(given_7, peak_gb="number", extra_compute="number", partial=True)
 def exercise_7(g, peak_gb, extra_compute) -> str:
     """Activation recomputation: peak activation memory and extra compute with k segments."""
     L, k, a, x = g.values()  # noqa: N806 - the lesson's L

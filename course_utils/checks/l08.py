@@ -46,7 +46,7 @@ def _zero(psi: float, n: int, stage: int, precision: str = "fp32") -> float:
     return sum(model_state_bytes(psi, precision, zero=stage, dp=n).values())
 
 
-@exercise(given_1, stage1="number", stage2="number", stage3="number")
+@exercise(given_1, stage1="number", stage2="number", stage3="number", partial=True)
 def exercise_1(g, stage1, stage2, stage3) -> str:
     """Model-state bytes per worker for ZeRO stages 1, 2 and 3 (fp32 Adam, 16 bytes/param)."""
     psi, n = g.params, g.N
@@ -263,6 +263,7 @@ def their_timeline(variant: Variant = DEFAULT, prefetch: int = 0):
         "waited for.",
     },
     gain="number",
+    partial=True,
 )
 def exercise_5(g, waiting_share, fix, gain, variant) -> str:
     """A ZeRO-3 step with unhidden gathers: the compute's waiting share, the fix, its gain."""
@@ -275,12 +276,16 @@ def exercise_5(g, waiting_share, fix, gain, variant) -> str:
         "`waiting_share` is not right: (makespan - compute time) / makespan, for one "
         "worker.": OTHERWISE,
     }
-    judge(waiting_share, want, "waiting_share", hints, unit="fraction")
+    fields = checks.Fields()  # every wrong answer named at once
+    with fields.judging():
+        judge(waiting_share, want, "waiting_share", hints, unit="fraction")
     want_gain = theirs.makespan / fixed.makespan
     how = "the step without prefetch over the step with it"
     hint = "`gain` is not right: simulate the same costs with prefetch=1 "
     hint += "(their_timeline(prefetch=1)) and divide the makespans."
-    judge(gain, want_gain, "gain", hint, upside_down=how)
+    with fields.judging():
+        judge(gain, want_gain, "gain", hint, upside_down=how)
+    fields.verdict()
     return (
         f"Right: without prefetch the compute waits for every all-gather, {want:.0%} of the "
         f"step. Issuing the next layer's gather before computing the current one hides "

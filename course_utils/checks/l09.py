@@ -51,7 +51,7 @@ def _block_bytes(g: dict, sequence_parallel: bool, **change) -> float:
     return sum(korthikanti_mlp_block_bytes(g["s"], g["b"], g["h"], g["f"], **args).values())
 
 
-@exercise(given_1, tp_only="number", with_sp="number")
+@exercise(given_1, tp_only="number", with_sp="number", partial=True)
 def exercise_1(g, tp_only, with_sp) -> str:
     """Bytes one device keeps for the MLP block's backward: tensor parallel, then + SP."""
     sbh = g.s * g.b * g.h
@@ -125,7 +125,7 @@ def given_3(variant: Variant = DEFAULT) -> dict:
     return {"N": n, "w": variant.pick("3w", 1, range(1, n))}
 
 
-@exercise(given_3, held="whole numbers", sends="whole number")
+@exercise(given_3, held="whole numbers", sends="whole number", partial=True)
 def exercise_3(g, held, sends) -> str:
     """Ring attention forward: whose K/V block worker w holds at each step; blocks it sends."""
     n, w = g.N, g.w
@@ -143,7 +143,8 @@ def exercise_3(g, held, sends) -> str:
         "`held` is not the order the blocks arrive in; follow one hop to the right per "
         "step.": OTHERWISE,
     }
-    judge(held, want, "held", hints)
+    fields = checks.Fields()  # every wrong answer named at once
+    fields.judge(held, want, "held", hints)
     hints = {
         "`sends`: after the last step nobody needs the block in hand any more; the last block "
         "is not passed on.": n,
@@ -151,7 +152,8 @@ def exercise_3(g, held, sends) -> str:
         "`sends` is not right: how many times does a block change hands before step "
         f"{n - 1}?": OTHERWISE,
     }
-    judge(sends, n - 1, "sends", hints)
+    fields.judge(sends, n - 1, "sends", hints)
+    fields.verdict()
     return (
         f"Right: worker {w} sees the blocks of {want} and sends {n - 1}. In all each worker "
         "sends (N-1)/N of the sequence's K and V, as a ring all-gather would: nearly constant "
@@ -216,6 +218,7 @@ def their_timeline(variant: Variant = DEFAULT, zigzag: bool = False):
         "d": "The transfers are already hidden; exchanging after computing only adds time.",
     },
     gain="number",
+    partial=True,
 )
 def exercise_5(g, straggler, idle_share, fix, gain, variant) -> str:
     """A causal ring gone uneven: the straggler, worker 0's idle share, the fix and its gain."""
@@ -228,7 +231,9 @@ def exercise_5(g, straggler, idle_share, fix, gain, variant) -> str:
         f"Worker {straggler} is not the one computing longest. Read each row's busy "
         "time.": OTHERWISE,
     }
-    judge(straggler, slowest, "straggler", hints)
+    fields = checks.Fields()  # every wrong answer named at once
+    with fields.judging():
+        judge(straggler, slowest, "straggler", hints)
     want, busy_0 = 1 - busy[0] / theirs.makespan, busy[0] / theirs.makespan
     hints = {
         "`idle_share` is the share worker 0 computed; the question asks how long it idled.": busy_0,
@@ -236,12 +241,15 @@ def exercise_5(g, straggler, idle_share, fix, gain, variant) -> str:
         "1).": theirs.makespan - busy[0],
         "`idle_share` is not right: (makespan - worker 0's busy time) / makespan.": OTHERWISE,
     }
-    judge(idle_share, want, "idle_share", hints, unit="fraction")
+    with fields.judging():
+        judge(idle_share, want, "idle_share", hints, unit="fraction")
     want_gain = theirs.makespan / fixed.makespan
     hint = "`gain` is not right: simulate the same ring with zigzag=True and the same costs "
     hint += "(their_timeline(zigzag=True)), then divide the makespans."
     how = "the plain makespan over the zig-zag one"
-    judge(gain, want_gain, "gain", hint, upside_down=how)
+    with fields.judging():
+        judge(gain, want_gain, "gain", hint, upside_down=how)
+    fields.verdict()
     return (
         f"Right: worker {slowest} computes {busy[slowest]:g} ms while worker 0 idles "
         f"{want:.0%} of the {theirs.makespan:g} ms step. The zig-zag split gives every worker "
@@ -268,7 +276,7 @@ def _smallest(g: dict, gib) -> int:
     return next(cp for cp in (2**k for k in range(12)) if gib(cp) <= g["budget_gib"])
 
 
-@exercise(given_6, cp="whole number", gib="number")
+@exercise(given_6, cp="whole number", gib="number", partial=True)
 def exercise_6(g, cp, gib) -> str:
     """The smallest power-of-2 context-parallel degree whose attention fits the budget."""
     want = _smallest(g, lambda n: _fits(g, n))
@@ -418,7 +426,7 @@ given_8 = numbers(
 )
 
 
-@exercise(given_8, ulysses_degree="whole number", ring_degree="whole number")
+@exercise(given_8, ulysses_degree="whole number", ring_degree="whole number", partial=True)
 def exercise_8(g, ulysses_degree, ring_degree) -> str:
     """Both combined: the Ulysses degree inside a group and the ring degree across groups."""
     gpus, kv, u = g.gpus, g.kv_heads, ulysses_degree
@@ -433,14 +441,21 @@ def exercise_8(g, ulysses_degree, ring_degree) -> str:
         "`ulysses_degree` is too small: the all-to-all sends less as its degree grows. Take the "
         "largest that divides both the K/V heads and the GPUs.": OTHERWISE,
     }
-    judge(u, want, "ulysses_degree", hints)
-    if ring_degree * u != gpus:
-        fail(
-            f"`ring_degree` x `ulysses_degree` must use the {gpus} GPUs: each of the ring's "
-            "steps passes K/V blocks between the Ulysses groups."
-        )
+    fields = checks.Fields()  # every wrong answer named at once
+    with fields.judging():
+        judge(u, want, "ulysses_degree", hints)
+    hints = {
+        "`ring_degree` x your `ulysses_degree` uses every GPU, but `ulysses_degree` is not "
+        "right yet: the ring's degree follows from it.": bool(fields.failures)
+        and ring_degree * u == gpus,
+        f"`ring_degree` x `ulysses_degree` must use the {gpus} GPUs: each of the ring's steps "
+        "passes K/V blocks between the Ulysses groups.": OTHERWISE,
+    }
+    with fields.judging():
+        judge(ring_degree, gpus // want, "ring_degree", hints)
+    fields.verdict()
     return (
-        f"Right: Ulysses over {u} GPUs (one K/V head group each), a ring of {ring_degree} such "
+        f"Right: Ulysses over {u} GPUs (one K/V head group each), a ring of {gpus // u} such "
         "groups. The all-to-alls stay inside the groups, where the links are fast (a node), and "
         "the ring's blocks cross between them: the 2D scheme of USP (Fang & Zhao 2024, arXiv "
         "2405.07719)."

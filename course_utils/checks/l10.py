@@ -174,7 +174,7 @@ def given_3(variant: Variant = DEFAULT) -> dict:
 NUMBERS = checks.sequence(item=checks.as_number, length=2)
 
 
-@exercise(given_3, dispatch_sent=NUMBERS, combine_sent=NUMBERS, step_sent_0="number")
+@exercise(given_3, dispatch_sent=NUMBERS, combine_sent=NUMBERS, step_sent_0="number", partial=True)
 def exercise_3(g, dispatch_sent, combine_sent, step_sent_0) -> str:
     """Bytes each of 2 workers sends in the dispatch and the combine; worker 0 per step."""
     from course_utils.parallel.moe import all_to_all_bytes_per_worker
@@ -184,24 +184,19 @@ def exercise_3(g, dispatch_sent, combine_sent, step_sent_0) -> str:
         all_to_all_bytes_per_worker(*args, phase=p) for p in ("dispatch", "combine")
     )
     per_token = g.d_model * g.element_size
+    doubled, halved, tokens = ([x / f for x in dispatch] for f in (0.5, 2, per_token))
+    every = [sum(row) * per_token for row in g.routed]
     hints = {
         "`dispatch_sent` counts every routed token, but tokens for the worker's own experts "
-        "stay home. Worker 0 holds experts 0 and 1, worker 1 experts 2 and 3.": [
-            sum(row) * per_token for row in g.routed
-        ],
-        "`dispatch_sent` looks like 4-byte numbers: bf16 is 2 bytes per number.": [
-            x * 2 for x in dispatch
-        ],
-        "`dispatch_sent` looks like 1 byte per number: bf16 is 2 bytes per number.": [
-            x / 2 for x in dispatch
-        ],
-        "`dispatch_sent` counts tokens: give bytes (d_model x element_size per token).": [
-            x / per_token for x in dispatch
-        ],
+        "stay home. Worker 0 holds experts 0 and 1, worker 1 experts 2 and 3.": every,
+        "`dispatch_sent` looks like 4-byte numbers: bf16 is 2 bytes per number.": doubled,
+        "`dispatch_sent` looks like 1 byte per number: bf16 is 2 bytes per number.": halved,
+        "`dispatch_sent` counts tokens: give bytes (d_model x element_size per token).": tokens,
         "`dispatch_sent` is not right. Worker w sends the tokens it routed to the other "
         "worker's experts, each d_model x element_size bytes.": OTHERWISE,
     }
-    judge(dispatch_sent, dispatch, "dispatch_sent", hints)
+    fields = checks.Fields()  # every wrong answer named at once
+    fields.judge(dispatch_sent, dispatch, "dispatch_sent", hints)
     hints = {
         "`combine_sent` equals the dispatch, but the combine goes the other way: each "
         "expert's outputs return to the tokens' owners, so a worker sends back what it "
@@ -209,7 +204,7 @@ def exercise_3(g, dispatch_sent, combine_sent, step_sent_0) -> str:
         "`combine_sent` is not right: in the combine, worker w returns the outputs of the "
         "tokens it received in the dispatch (one d_model vector per token).": OTHERWISE,
     }
-    judge(combine_sent, combine, "combine_sent", hints)
+    fields.judge(combine_sent, combine, "combine_sent", hints)
     want = 2 * (dispatch[0] + combine[0])
     both = (2, "counts both directions (sent and received); give only what worker 0 sends.")
     hints = {
@@ -219,7 +214,8 @@ def exercise_3(g, dispatch_sent, combine_sent, step_sent_0) -> str:
         "`step_sent_0` is not right: one training step has four all-to-alls (dispatch, "
         "combine, and the two in reverse in the backward).": OTHERWISE,
     }
-    judge(step_sent_0, want, "step_sent_0", hints, unit="bytes", slips=[both])
+    fields.judge(step_sent_0, want, "step_sent_0", hints, unit="bytes", slips=[both])
+    fields.verdict()
     return (
         f"Right: the dispatch sends {dispatch} bytes, the combine {combine}; worker 0 sends "
         f"{want:,} bytes per step, and the backward doubles the forward's traffic."
@@ -317,6 +313,7 @@ def straggler_timeline(variant: Variant = DEFAULT):
         "d": "Micro-batches shrink a pipeline's bubble; here one worker simply has more "
         "tokens to compute in every micro-batch.",
     },
+    partial=True,
 )
 def exercise_5(g, straggler, hot_expert, waiting_share, fix, variant) -> str:
     """Read a simulated expert-parallel step: straggler, hot expert, waiting share, the fix."""
@@ -333,14 +330,15 @@ def exercise_5(g, straggler, hot_expert, waiting_share, fix, variant) -> str:
         "`straggler` is not the worker everybody waits for. In the chart, whose expert bars "
         "are longest? The other worker's row shows the waiting hatch meanwhile.": OTHERWISE,
     }
-    judge(straggler, slow, "straggler", hints)
+    fields = checks.Fields()  # every wrong answer named at once
+    fields.judge(straggler, slow, "straggler", hints)
     hints = {
         "`hot_expert` is an expert number: 0, 1, 2 or 3.": hot_expert not in range(4),
         "That expert is on the straggler, but it is not the one with the most tokens: add up "
         "`g.routed` over both workers, expert by expert.": hot_expert // 2 == slow,
         "`hot_expert` is on the worker that waits. Which worker's bars are longest?": OTHERWISE,
     }
-    judge(hot_expert, hot, "hot_expert", hints)
+    fields.judge(hot_expert, hot, "hot_expert", hints)
     hints = {
         f"That is worker {fast}'s busy share. The question asks for its waiting "
         "share.": timeline.busy(fast) / timeline.makespan,
@@ -348,7 +346,8 @@ def exercise_5(g, straggler, hot_expert, waiting_share, fix, variant) -> str:
         "and all-reduce: with free links they are pure waiting) and divide by the makespan; "
         "`timeline.device_events(w)` lists them.": OTHERWISE,
     }
-    judge(waiting_share, waiting, "waiting_share", hints, unit="fraction")
+    fields.judge(waiting_share, waiting, "waiting_share", hints, unit="fraction")
+    fields.verdict()
     return (
         f"Right: expert {hot} got {max(per_expert)} of {sum(per_expert)} tokens, so worker "
         f"{slow} computes longest and worker {fast} waits {waiting:.1%} of the step. The "
@@ -405,48 +404,47 @@ def _plan(g: dict) -> tuple[int, float, int] | None:
     return None
 
 
-@exercise(given_6, ep="whole number", gb_per_gpu="number", expert_dp="whole number")
+@exercise(given_6, ep="whole number", gb_per_gpu="number", expert_dp="whole number", partial=True)
 def exercise_6(g, ep, gb_per_gpu, expert_dp) -> str:
     """Smallest ep whose model state fits, its GB per GPU, and each expert's dp degree."""
-    plan = _plan(g)
-    assert plan is not None, "given_6 only draws budgets some ep fits"
-    want_ep, want_gb, want_edp = plan
-    if ep not in _valid_ep(g):
-        fail(
-            f"ep = {ep} does not work: ep must divide the {g.experts} experts (each worker "
-            f"holds E/ep whole experts) and the data-parallel degree dp = gpus / tp = "
-            f"{g.gpus // g.tp} (the expert-parallel groups are cut out of the data-parallel "
-            "ones)."
-        )
-    gb = _gb_per_gpu(g, ep)
+    want_ep, want_gb, want_edp = _plan(g) or (0, 0.0, 0)  # given_6 draws budgets some ep fits
+    mine = ep if ep in _valid_ep(g) else want_ep  # the learner's ep, where it is one
+    gb = _gb_per_gpu(g, mine)
     hints = {
+        f"`ep` = {ep} does not work: ep must divide the {g.experts} experts (each worker holds "
+        f"E/ep whole experts) and the data-parallel degree dp = gpus / tp = {g.gpus // g.tp} "
+        "(the expert-parallel groups are cut out of the data-parallel ones).": ep != mine,
         f"With ep = {ep} each GPU holds {gb:.1f} GB of model state, more than the "
         f"{g.budget_gb} GB budget: spread the experts further.": gb > g.budget_gb,
-        f"ep = {ep} fits, but a smaller ep fits too. The question asks for the smallest: every "
+        f"`ep` = {ep} fits, but a smaller ep fits too. The question asks for the smallest: every "
         "extra expert-parallel rank sends a larger share of the tokens away.": OTHERWISE,
     }
-    judge(ep, want_ep, "ep", hints)
+    fields = checks.Fields()  # every wrong answer named at once
+    fields.judge(ep, want_ep, "ep", hints)
     no_attn = want_gb - g.layers * 4 * g.d_model**2 * BYTES_PER_PARAM / g.tp / 1e9
     all_experts = _gb_per_gpu(g, 1) if ep != 1 else None
     hints = {
         "`gb_per_gpu` forgets tensor parallelism: tp splits every weight tp ways.": want_gb * g.tp,
         "`gb_per_gpu` keeps all the experts on every GPU: each holds E/ep of them.": all_experts,
         "`gb_per_gpu` leaves out the attention (4 x d_model^2 per layer, replicated).": no_attn,
+        "`gb_per_gpu` is the state at your `ep`, which is not the smallest that fits: it "
+        "comes right with it.": _gb_per_gpu(g, mine) if mine != want_ep else None,
         "`gb_per_gpu` is not right: layers x (attention + router and norm + E/ep experts) "
         "parameters, x 16 bytes, / tp, in GB (10^9 bytes).": OTHERWISE,
     }
-    judge(gb_per_gpu, want_gb, "gb_per_gpu", hints, unit="GB")
+    fields.judge(gb_per_gpu, want_gb, "gb_per_gpu", hints, unit="GB")
     hints = {
         f"`expert_dp` = {expert_dp} is gpus / ep: it counts every GPU that holds a piece of the "
         f"expert, tp = {g.tp} of them per copy. The expert's data-parallel degree counts its "
         "copies, the GPUs that hold the same shard: dp / ep, with dp = gpus / "
-        "tp.": g.gpus // ep if g.tp > 1 else None,
+        "tp.": g.gpus // mine if g.tp > 1 else None,
         "`expert_dp` is the number of experts on each GPU, E / ep. The question asks how many "
-        "GPUs hold the same expert shard: dp / ep.": g.experts // ep,
+        "GPUs hold the same expert shard: dp / ep.": g.experts // mine,
         "`expert_dp` is not right: how many GPUs hold the same expert shard? The dp replicas "
         "are cut into groups of ep.": OTHERWISE,
     }
-    judge(expert_dp, want_edp, "expert_dp", hints)
+    fields.judge(expert_dp, want_edp, "expert_dp", hints)
+    fields.verdict()
     return (
         f"Right: ep = {want_ep} puts {g.experts // want_ep} experts on each GPU, {want_gb:.1f} "
         f"GB of model state, and every expert is replicated on {want_edp} GPUs whose gradients "
@@ -508,6 +506,7 @@ def _new_bias_7(load, bias, gamma) -> list[float]:
     chosen=checks.sequence(item=checks.as_int, length=8),
     gates=checks.sequence(item=checks.as_number, length=8),
     new_bias=checks.sequence(item=checks.as_number, length=4),
+    partial=True,
 )
 def exercise_7(g, chosen, gates, new_bias) -> str:
     """DeepSeek-V3's bias balancing, one step by hand: the choice, the gates, the new bias."""
@@ -521,7 +520,8 @@ def exercise_7(g, chosen, gates, new_bias) -> str:
         "`chosen` is not right: for each token, the expert with the largest score + "
         "bias.": OTHERWISE,
     }
-    judge(chosen, want, "chosen", hints)
+    fields = checks.Fields()  # every wrong answer named at once
+    fields.judge(chosen, want, "chosen", hints)
     biased = [scores[t][e] + bias[e] for t, e in enumerate(want)]
     hints = {
         "`gates` adds the bias. The bias only steers the choice; the gate that weighs the "
@@ -531,7 +531,7 @@ def exercise_7(g, chosen, gates, new_bias) -> str:
         "the gate is the chosen expert's score itself.": [1.0] * tokens,
         "`gates` is not right: each token's score for the expert it was sent to.": OTHERWISE,
     }
-    judge(gates, [scores[t][e] for t, e in enumerate(want)], "gates", hints)
+    fields.judge(gates, [scores[t][e] for t, e in enumerate(want)], "gates", hints)
     load, mean = _load_7(scores, bias), tokens / experts
     want_bias = _new_bias_7(load, bias, gamma)
     backwards = [2 * b - w for b, w in zip(bias, want_bias, strict=True)]
@@ -544,7 +544,8 @@ def exercise_7(g, chosen, gates, new_bias) -> str:
         "`new_bias` is not right: count each expert's tokens; b - gamma where that is more than "
         f"the mean ({mean:g}), b + gamma where less, unchanged where equal.": OTHERWISE,
     }
-    judge(new_bias, want_bias, "new_bias", hints)
+    fields.judge(new_bias, want_bias, "new_bias", hints)
+    fields.verdict()
     return (
         f"Right: loads {load} against a mean of {mean:g}, so the biases become "
         f"{[round(b, 3) for b in want_bias]}. The busy experts get slightly less attractive, "

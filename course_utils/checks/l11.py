@@ -28,26 +28,28 @@ def _v(p: int) -> list[list[int]]:
 given_1 = numbers(p=pick("1p", 4, [3, 5, 6]))
 
 
-@exercise(given_1, stages_of_device="list", loss_device="whole number")
+@exercise(given_1, stages_of_device="list", loss_device="whole number", partial=True)
 def exercise_1(g, stages_of_device, loss_device) -> str:
     """The V placement for p devices: each device's [down, up] stages, and the loss's device."""
     p, want = g.p, _v(g.p)
     got = checks.as_placement(stages_of_device, "stages_of_device", p, 2 * p)
-    if any(len(r) != 2 for r in got):
-        fail("In a V every device holds exactly two stages: give each device a pair.")
     hints = {
+        "`stages_of_device`: in a V every device holds exactly two stages: give each device a "
+        "pair.": any(len(r) != 2 for r in got),
         f"{got} is looping placement (stage s on device s mod {p}), as in interleaved 1F1B. In "
         "a V the stages go down the devices and then back up.": [[d, d + p] for d in range(p)],
         f"{got} is not a V. Walk the stages 0, 1, 2, ... down the devices 0 .. p-1, then turn "
         "at the last device and walk back up.": OTHERWISE,
     }
-    judge(got, want, "stages_of_device", hints)
+    fields = checks.Fields()  # every wrong answer named at once
+    fields.judge(got, want, "stages_of_device", hints)
     hints = {
         f"Device {p - 1} is the bottom of the V. The loss is computed after the last stage, "
         f"{2 * p - 1}: which device holds it?": p - 1,
         f"`loss_device` is not right: which device holds the last stage, {2 * p - 1}?": OTHERWISE,
     }
-    judge(loss_device, 0, "loss_device", hints)
+    fields.judge(loss_device, 0, "loss_device", hints)
+    fields.verdict()
     return (
         f"Right: {want}. The stages meet at the bottom of the V (device {p - 1} holds {p - 1} "
         f"and {p}), and device 0 holds both the first and the last stage, so the input and the "
@@ -63,7 +65,7 @@ def given_2(variant: Variant = DEFAULT) -> dict:
     return {"p": p, "m": m, "F": F, "I": I, "W": W}
 
 
-@exercise(given_2, idle_per_device="number", bubble="number")
+@exercise(given_2, idle_per_device="number", bubble="number", partial=True)
 def exercise_2(g, idle_per_device, bubble) -> str:
     """ZB-V inside its condition: idle time per device and the bubble fraction of the step."""
     from course_utils.pipeline import vshape
@@ -85,9 +87,14 @@ def exercise_2(g, idle_per_device, bubble) -> str:
         "is the same). Which cost does the cool-down's chain of input gradients "
         "repeat?": OTHERWISE,
     }
-    judge(idle_per_device, want_idle, "idle_per_device", hints, unit="units")
+    fields = checks.Fields()  # every wrong answer named at once
+    with fields.judging():
+        judge(idle_per_device, want_idle, "idle_per_device", hints, unit="units")
     want = vshape.bubble_fraction(m, F, I, W, want_idle)
+    mine = vshape.bubble_fraction(m, F, I, W, idle_per_device) if fields.failures else None
     hints = {
+        "`bubble` follows from your `idle_per_device`, which is not right yet: it comes right "
+        "with it.": mine,
         "`bubble` is the idle time relative to the busy time. The bubble fraction is idle / "
         "makespan: add the idle time to the busy time.": want_idle / busy,
         "Each device runs 2 chunks for each of the m micro-batches: its busy time is "
@@ -95,7 +102,9 @@ def exercise_2(g, idle_per_device, bubble) -> str:
         "`bubble` is not right: a device's makespan is its busy time, 2m(F+I+W), plus its idle "
         "time; the bubble fraction is idle / makespan.": OTHERWISE,
     }
-    judge(bubble, want, "bubble", hints, unit="fraction")
+    with fields.judging():
+        judge(bubble, want, "bubble", hints, unit="fraction")
+    fields.verdict()
     return (
         f"Right: every device idles (p-1) I = {want_idle:g} of a {busy + want_idle:g}-unit "
         f"step, a bubble of {want:.2%}. ZB-V's I/W split fills everything but the slanted ends; "
@@ -148,7 +157,9 @@ def exercise_3(v_gpipe_program, variant) -> str:
 given_4 = numbers(p=pick("4p", 4, [3, 5, 6, 8]))
 
 
-@exercise(given_4, plain_1f1b="whole number", looping="whole number", v_shape="whole number")
+@exercise(
+    given_4, plain_1f1b="whole number", looping="whole number", v_shape="whole number", partial=True
+)
 def exercise_4(g, plain_1f1b, looping, v_shape) -> str:
     """Transfers between devices of one micro-batch (forward and backward) for 3 placements."""
     from course_utils.pipeline.vshape import transfers_per_microbatch
@@ -161,6 +172,7 @@ def exercise_4(g, plain_1f1b, looping, v_shape) -> str:
     }
     got = {"plain_1f1b": plain_1f1b, "looping": looping, "v_shape": v_shape}
     boundaries = {"plain_1f1b": p - 1, "looping": 2 * p - 1, "v_shape": 2 * p - 2}
+    fields = checks.Fields()  # every wrong answer named at once
     for name, right in want.items():
         too_many = checks.any_of(right + 2, right + 1)
         hints = {
@@ -175,7 +187,8 @@ def exercise_4(g, plain_1f1b, looping, v_shape) -> str:
             f"`{name}` is not right. Count the boundaries between neighbouring stages that lie "
             "between two different devices, then remember the backward.": OTHERWISE,
         }
-        judge(got[name], right, name, hints)
+        fields.judge(got[name], right, name, hints)
+    fields.verdict()
     return (
         f"Right: {want['plain_1f1b']}, {want['looping']} and {want['v_shape']}. Two chunks "
         "per device double plain 1F1B's traffic whichever way they are placed; the V saves the "
@@ -239,6 +252,7 @@ def their_timeline(variant: Variant = DEFAULT):
         "d": "A whole B is exactly I followed at once by W: that is what the slow device "
         "already does.",
     },
+    partial=True,
 )
 def exercise_5(g, culprit, extra, fix, variant) -> str:
     """A ZB-V step gone slow: the device whose order is wrong, the time lost, the fix."""
@@ -255,7 +269,9 @@ def exercise_5(g, culprit, extra, fix, variant) -> str:
         "of zb_v(p, m), action by action: one row differs. (A W right after its I proves "
         "nothing by itself: ZB-V's own device 0 runs every W that way.)": OTHERWISE,
     }
-    judge(culprit, k, "culprit", hints)
+    fields = checks.Fields()  # every wrong answer named at once
+    with fields.judging():
+        judge(culprit, k, "culprit", hints)
     hints = {
         "`extra` is a device's whole idle time. The question asks how much LONGER the step is "
         "than ZB-V's: subtract ZB-V's makespan.": theirs.makespan - theirs.busy_per_device()[0],
@@ -263,7 +279,9 @@ def exercise_5(g, culprit, extra, fix, variant) -> str:
         "`extra` is not right: their makespan minus the makespan of zb_v(p, m) with the same "
         "chunk costs (simulate both).": OTHERWISE,
     }
-    judge(extra, lost, "extra", hints, unit="units")
+    with fields.judging():
+        judge(extra, lost, "extra", hints, unit="units")
+    fields.verdict()
     return (
         f"Right: device {k} runs every W straight after its I, so in the cool-down the input "
         f"gradients the devices before it wait for come a W later each time: the step is "
@@ -281,7 +299,9 @@ SETUPS_6 = [
 given_6 = numbers(pick("6", (4, 8, 1.0, 1.0, 0.6), SETUPS_6, "p", "m", "F", "I", "W"))
 
 
-@exercise(given_6, dualpipe_idle="number", times_zbv="number", dualpipe_peak="whole number")
+@exercise(
+    given_6, dualpipe_idle="number", times_zbv="number", dualpipe_peak="whole number", partial=True
+)
 def exercise_6(g, dualpipe_idle, times_zbv, dualpipe_peak) -> str:
     """DualPipeV against ZB-V: its idle time per device, how many times ZB-V's that is, and
     its peak chunks."""
@@ -301,21 +321,25 @@ def exercise_6(g, dualpipe_idle, times_zbv, dualpipe_peak) -> str:
         "`dualpipe_idle` is not right: DeepSeek's figure is (PP/2 - 1)(F&B + B - 3W), with PP = "
         "2p stages, B = I + W and F&B = F + B (nothing computes faster).": OTHERWISE,
     }
-    judge(dualpipe_idle, want, "dualpipe_idle", hints, unit="units")
+    fields = checks.Fields()  # every wrong answer named at once
+    fields.judge(dualpipe_idle, want, "dualpipe_idle", hints, unit="units")
     hints = {
         "`times_zbv` is the difference of the two idle times; give their ratio.": want - zbv,
-        f"`times_zbv` is not right: divide your DualPipeV figure by ZB-V's (p-1) I for these "
+        "`times_zbv` divides your `dualpipe_idle`, which is not right yet: it comes right with "
+        "it.": dualpipe_idle / zbv if fields.failures else None,
+        f"`times_zbv` is not right: divide DualPipeV's idle time by ZB-V's (p-1) I for these "
         f"costs (F = {F:g}, I = {I:g}, W = {W:g}).": OTHERWISE,
     }
     how = "DualPipeV's idle time over ZB-V's"
-    judge(times_zbv, want / zbv, "times_zbv", hints, upside_down=how)
+    fields.judge(times_zbv, want / zbv, "times_zbv", hints, upside_down=how)
     hints = {
         "2p is ZB-V's peak. In an F&B slot the new forward starts before the old backward frees "
         "its chunk: one more.": 2 * p,
         "`dualpipe_peak` is not right: count the chunks a device holds at the fullest moment of "
         "the steady state, an F&B slot included.": OTHERWISE,
     }
-    judge(dualpipe_peak, vshape.dualpipe_v_peak(p), "dualpipe_peak", hints)
+    fields.judge(dualpipe_peak, vshape.dualpipe_v_peak(p), "dualpipe_peak", hints)
+    fields.verdict()
     return (
         f"Right: DualPipeV idles (p-1)(F+2I-W) = {want:g} per device, {want / zbv:.3g} times "
         f"ZB-V's (p-1) I = {zbv:g}, and holds 2p+1 = {2 * p + 1} chunks at its peak. Holding a "

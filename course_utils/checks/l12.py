@@ -233,6 +233,7 @@ def teammate_timeline(variant: Variant = DEFAULT):
         OTHERWISE: "That fix leaves one stage slower than the other. What would balance them?",
     },
     slow_device="whole number",
+    partial=True,
 )
 def exercise_2(g, problem, fix, slow_device) -> str:
     """Diagnose a pipeline timeline with low utilization: problem, fix, the slow device."""
@@ -242,8 +243,8 @@ def exercise_2(g, problem, fix, slow_device) -> str:
     slow = 0 if split[0] > split[1] else 1
     if slow_device != slow:
         fail(
-            "`problem` and `fix` are right; `slow_device` is not: which device has no grey "
-            "in the middle of the step (the others wait for it)?"
+            "`slow_device` is not right: which device has no grey in the middle of the step "
+            "(the others wait for it)?"
         )
     return (
         f"Right: device {slow} holds {max(split)} of the {sum(split)} layers and sets the pace; "
@@ -273,25 +274,24 @@ def regression(variant: Variant = DEFAULT) -> tuple[plan.Config, plan.Config]:
     return before, replace(before, tp=16)
 
 
-@exercise(given_3, grew_most=checks.choice(*plan.TIME_PARTS), fix=checks.choice(*REGRESSION_FIXES))
+@exercise(given_3, grew_most="answer", fix="answer", partial=True)  # choices read below
 def exercise_3(g, grew_most, fix, variant) -> str:
     """Scaling regression: tp 8 -> 16 across nodes. Which part grew most, and the fix."""
-    part, f = grew_most, fix
     model = plan.MODEL_PRESETS[g["model"]]
     before, after = regression(variant)
     t0, t1 = plan.step_time(model, before), plan.step_time(model, after)
     growth = {k: t1[k] - t0[k] for k in plan.TIME_PARTS}
     right = max(growth, key=lambda k: growth[k])
-    if part != right:
-        fail(
-            f"`grew_most`: {part} changed by {growth[part]:+.2f} s. Compare the two "
-            "plan.step_time breakdowns part by part: which one grew the most?"
-        )
-    if f != "b":
-        fail(
-            "`grew_most` is right. Now the fix: where do the tp=16 all-reduces run, over "
-            "which links, and what could use the extra GPUs instead?"
-        )
+    fields = checks.Fields()  # every wrong answer named at once
+    with fields.judging():
+        part = checks.as_choice(grew_most, plan.TIME_PARTS, "grew_most")
+        hint = f"`grew_most`: {part} changed by {growth[part]:+.2f} s. Compare the two "
+        hint += "plan.step_time breakdowns part by part: which one grew the most?"
+        judge(part, right, "grew_most", hint)
+    hint = "`fix` is not it: where do the tp=16 all-reduces run, over which links, and what "
+    hint += "could use the extra GPUs instead?"
+    fields.judge(fix, "b", "fix", hint, choices=REGRESSION_FIXES)
+    fields.verdict()
     return (
         f"Right: tensor-parallel communication went from {t0['tp_comm']:.1f} s to "
         f"{t1['tp_comm']:.1f} s once a TP group spans two nodes. Keep TP inside a node."
@@ -327,7 +327,7 @@ def cross_cluster_times(variant: Variant = DEFAULT) -> tuple[float, float]:
     return dp, g["microbatches"] * message / bw
 
 
-@exercise(given_4, dp_across_s="number", pp_across_s="number", across=checks.choice("dp", "pp"))
+@exercise(given_4, dp_across_s="number", pp_across_s="number", across="answer", partial=True)
 def exercise_4(g, dp_across_s, pp_across_s, across, variant) -> str:
     """One job over two clusters: seconds per step over the slow link for DP or PP across."""
     want_dp, want_pp = cross_cluster_times(variant)
@@ -342,7 +342,8 @@ def exercise_4(g, dp_across_s, pp_across_s, across, variant) -> str:
         "`dp_across_s` is not right yet. Use plan.ring_allreduce_time with this GPU's gradient "
         "bytes (2 per value), 2 workers and the slow link's bytes per second."
     )
-    judge(dp_across_s, want_dp, "dp_across_s", hint, unit="s", slips=slips)
+    fields = checks.Fields()  # every wrong answer named at once
+    fields.judge(dp_across_s, want_dp, "dp_across_s", hint, unit="s", slips=slips)
     slips = [
         (2, "is twice the right time: it counts both directions, or 4-byte values instead of "
             "bf16's 2 bytes. Count the bf16 activations one GPU sends, one way: the gradients "
@@ -357,9 +358,10 @@ def exercise_4(g, dp_across_s, pp_across_s, across, variant) -> str:
         "activations on one GPU (b x s x h x 2 / tp), times the micro-batches, over the slow "
         "link's bytes per second."
     )
-    judge(pp_across_s, want_pp, "pp_across_s", hint, unit="s", slips=slips)
-    if across != ("pp" if want_pp < want_dp else "dp"):
-        fail("Both times are right. Which dimension sends fewer bytes over the slow link?")
+    fields.judge(pp_across_s, want_pp, "pp_across_s", hint, unit="s", slips=slips)
+    hint = "`across` is not it: which dimension sends fewer bytes over the slow link?"
+    fields.judge(across, "pp" if want_pp < want_dp else "dp", "across", hint, choices=("dp", "pp"))
+    fields.verdict()
     return (
         f"Right: {want_pp:.3g} s of pipeline sends against {want_dp:.3g} s of gradient "
         "all-reduce, counted the same way (what one GPU sends). Put the pipeline boundary over "
@@ -418,40 +420,35 @@ given_6 = numbers(smallest_grad=pick("6g", 1e-9, [1e-9, 3e-9, 2e-10, 5e-8]))
 
 @exercise(
     given_6,
-    what_shrinks=checks.choice(*SHRINKS),
+    what_shrinks="answer",  # choices, read (and judged) below
     loss_scale="number",
-    divergence_sign=checks.choice(*SYMPTOMS),
+    divergence_sign="answer",
+    partial=True,
 )
 def exercise_6(g, what_shrinks, loss_scale, divergence_sign) -> str:
     """Mixed precision for a memory-bound run: what shrinks, fp16 loss scale, divergence."""
-    grad, part, scale, sign = g["smallest_grad"], what_shrinks, loss_scale, divergence_sign
-    if part != "activations":
-        fail(
-            "`what_shrinks`: compare the two plan.memory results, adding parameters + "
-            "gradients + optimizer into model states. Which total got smaller?"
-        )
+    grad, scale = g["smallest_grad"], loss_scale
+    hint = "`what_shrinks`: compare the two plan.memory results, adding parameters + "
+    hint += "gradients + optimizer into model states. Which total got smaller?"
+    fields = checks.Fields()  # every wrong answer named at once
+    fields.judge(what_shrinks, "activations", "what_shrinks", hint, choices=SHRINKS)
     # fp16's smallest normal number is 2**-14 (IEEE 754 half precision); the smallest
     # power-of-two scale that lifts the smallest gradient to it (Micikevicius et al. 2017).
     want = 2 ** math.ceil(math.log2(2**-14 / grad) - 1e-12)
-    if scale != want:
-        if scale <= 0 or not math.log2(scale).is_integer():
-            fail("`loss_scale` should be a power of two (scaling by 2^k is exact in floats).")
-        if scale == math.log2(want):
-            fail("That looks like the exponent k; give the scale itself, 2 ** k.")
-        if scale < want:
-            fail(
-                f"`loss_scale` is too small: {grad:g} times it is still below fp16's smallest "
-                "normal number, 2 ** -14 (about 6.1e-5)."
-            )
-        fail(
-            "`loss_scale` works but is bigger than needed: a larger scale brings overflow "
-            "(inf) closer. Find the smallest power of two."
-        )
-    if sign != "b":
-        fail(
-            "`what_shrinks` and `loss_scale` are right. `divergence_sign` is not: what happens "
-            "to values above fp16's largest number, 65504, and what does a loss scaler do?"
-        )
+    hints = {
+        "`loss_scale` should be a power of two (scaling by 2^k is exact in floats).": scale <= 0
+        or not math.log2(scale).is_integer(),
+        "`loss_scale` looks like the exponent k; give the scale itself, 2 ** k.": math.log2(want),
+        f"`loss_scale` is too small: {grad:g} times it is still below fp16's smallest normal "
+        "number, 2 ** -14 (about 6.1e-5).": scale < want,
+        "`loss_scale` works but is bigger than needed: a larger scale brings overflow (inf) "
+        "closer. Find the smallest power of two.": OTHERWISE,
+    }
+    fields.judge(scale, want, "loss_scale", hints, rounding=False)
+    hint = "`divergence_sign` is not it: what happens to values above fp16's largest number, "
+    hint += "65504, and what does a loss scaler do?"
+    fields.judge(divergence_sign, "b", "divergence_sign", hint, choices=SYMPTOMS)
+    fields.verdict()
     return (
         f"Right: bf16-mixed halves the activations (model states stay 16 bytes per parameter), "
         f"loss scale {want} = 2^{int(math.log2(want))} keeps a {grad:g} gradient a normal fp16 "
@@ -487,17 +484,18 @@ def long_context_layout(cp: int, variant: Variant = DEFAULT) -> tuple[plan.Model
     return model, config
 
 
-@exercise(given_7, smallest_cp="whole number", context_gb="number")
+@exercise(given_7, smallest_cp="whole number", context_gb="number", partial=True)
 def exercise_7(g, smallest_cp, context_gb, variant) -> str:
     """Long context: the smallest cp that fits, and the ring's GB per GPU per step there."""
     hardware = plan.HARDWARE_PRESETS[g["gpu"]]
     options = [c for c in (1, 2, 4, 8) if g["gpus"] % (g["tp"] * c) == 0]
     fit = {c: plan.evaluate(*long_context_layout(c, variant), hardware=hardware) for c in options}
+    fields = checks.Fields()  # every wrong answer named at once
     right = layouts.judge_smallest_fit(
         smallest_cp, "smallest_cp", "cp", fit, hardware.usable_gib,
         allowed=f"one of {options} (cp x dp = {g['gpus'] // g['tp']})",
         too_small="Which part grows with the sequence, and how does cp divide it?",
-        too_big=", and every extra ring step costs traffic",
+        too_big=", and every extra ring step costs traffic", fields=fields,
     )  # fmt: skip
     model, config = long_context_layout(right, variant)
     want = plan.traffic(model, config)["context"] / GB
@@ -510,12 +508,13 @@ def exercise_7(g, smallest_cp, context_gb, variant) -> str:
                     "heads' K/V, h / tp values per token."),
     ]  # fmt: skip
     hint = (
-        "`smallest_cp` is right; `context_gb` is not yet. Per layer and micro-batch a GPU sends "
-        "its K/V block (2 x s/cp x h/tp values, 2 bytes each) cp - 1 times forward, and "
-        "backward cp - 1 times plus cp hops of dK/dV; or ask "
+        "`context_gb` is not right yet. At the smallest cp that fits, per layer and micro-batch "
+        "a GPU sends its K/V block (2 x s/cp x h/tp values, 2 bytes each) cp - 1 times forward, "
+        "and backward cp - 1 times plus cp hops of dK/dV; or ask "
         "plan.traffic(model, config)['context']."
     )
-    judge(context_gb, want, "context_gb", hint, unit="GB", slips=slips)
+    fields.judge(context_gb, want, "context_gb", hint, unit="GB", slips=slips)
+    fields.verdict()
     return (
         f"Right: at {g['seq']:,} tokens cp={right} is the smallest ring that fits "
         f"({fit[right].memory['total'] / GIB:.1f} GiB per GPU), and each GPU sends "
@@ -565,26 +564,28 @@ def _moe_slips(ep: int, top_k: int) -> list[tuple[float, str]]:
     return slips
 
 
-@exercise(given_8, smallest_ep="whole number", all_to_all_gb="number")
+@exercise(given_8, smallest_ep="whole number", all_to_all_gb="number", partial=True)
 def exercise_8(g, smallest_ep, all_to_all_gb, variant) -> str:
     """Mixture of experts: the smallest ep that fits, and the all-to-all GB per GPU there."""
     hardware = plan.HARDWARE_PRESETS[g["gpu"]]
     fit = {e: plan.evaluate(*moe_layout(e, variant), hardware=hardware) for e in (1, 2, 4, 8)}
+    fields = checks.Fields()  # every wrong answer named at once
     right = layouts.judge_smallest_fit(
         smallest_ep, "smallest_ep", "ep", fit, hardware.usable_gib,
         allowed="1, 2, 4 or 8 (it divides the 8 experts)",
-        too_small="Which parameters does ep split?",
+        too_small="Which parameters does ep split?", fields=fields,
     )  # fmt: skip
     model, config = moe_layout(right, variant)
     want = plan.traffic(model, config)["expert"] / GB
     hint = (
-        "`smallest_ep` is right; `all_to_all_gb` is not yet. Per MoE layer and micro-batch: 4 "
-        "all-to-alls (dispatch and combine, forward and backward), each sending this GPU's "
-        "tokens x top-k x h values of 2 bytes, (ep - 1) / ep of them; or ask "
+        "`all_to_all_gb` is not right yet. At the smallest ep that fits, per MoE layer and "
+        "micro-batch: 4 all-to-alls (dispatch and combine, forward and backward), each sending "
+        "this GPU's tokens x top-k x h values of 2 bytes, (ep - 1) / ep of them; or ask "
         "plan.traffic(model, config)['expert']."
     )
     slips = _moe_slips(right, model.top_k)
-    judge(all_to_all_gb, want, "all_to_all_gb", hint, unit="GB", slips=slips)
+    fields.judge(all_to_all_gb, want, "all_to_all_gb", hint, unit="GB", slips=slips)
+    fields.verdict()
     return (
         f"Right: ep={right} splits the {model.expert_params / 1e9:.3g}B expert parameters "
         f"{right} ways ({fit[right].memory['total'] / GIB:.1f} GiB per GPU), and each GPU sends "

@@ -38,10 +38,11 @@ given_1 = numbers(
 )  # fmt: skip
 
 
-@exercise(given_1, world_size="whole number", rank="whole number")
+@exercise(given_1, world_size="whole number", rank="whole number", partial=True)
 def exercise_1(g, world_size, rank) -> str:
     """torchrun's WORLD_SIZE and RANK for a process, from the nodes and its LOCAL_RANK."""
-    judge(
+    fields = checks.Fields()  # every wrong answer named at once
+    fields.judge(
         world_size,
         g.nodes * g.per_node,
         "world_size",
@@ -57,25 +58,25 @@ def exercise_1(g, world_size, rank) -> str:
         rounding=False,
     )
     want = g.node * g.per_node + g.local_rank
-    judge(
+    fields.judge(
         rank,
         want,
         "rank",
         {
-            f"`world_size` is right. `rank` = {g.local_rank} is the LOCAL_RANK, the process's "
+            f"`rank` = {g.local_rank} is the LOCAL_RANK, the process's "
             "number inside its node; RANK numbers the processes of every node in one "
             "sequence.": g.local_rank,
-            "`world_size` is right. Nodes and ranks are numbered from 0: node 0 holds ranks "
+            "`rank`: nodes and ranks are numbered from 0: node 0 holds ranks "
             f"0 to {g.per_node - 1}.": (g.node + 1) * g.per_node + g.local_rank,
-            "`world_size` is right. torchrun fills a node's ranks one after another: rank = "
+            "`rank`: torchrun fills a node's ranks one after another: rank = "
             "node x processes per node + local rank, not the other way round.": (
                 g.local_rank * g.nodes + g.node
             ),
-            "`world_size` is right, `rank` is not yet. How many ranks do the nodes before "
-            "this one hold?": OTHERWISE,
+            "`rank` is not right yet. How many ranks do the nodes before this one hold?": OTHERWISE,
         },
         rounding=False,
     )
+    fields.verdict()
     return (
         f"Right: {world_size} processes, and this one is rank {rank}: node {g.node}'s ranks start "
         f"at {g.node * g.per_node}. Its LOCAL_RANK ({g.local_rank}) picks its GPU on the node."
@@ -221,6 +222,7 @@ def exercise_3(ddp_worker, variant) -> str:
         "d": "Rank 0 would still make one collective call more than rank 1, only later: its "
         "last call would wait for ever.",
     },
+    partial=True,
 )
 def exercise_4(problem, fix) -> str:
     """Diagnose a two-rank worker that hangs: a collective only rank 0 calls."""

@@ -14,11 +14,13 @@ stand-in in the grading sandbox may hold this module as it is (`grading/stand_in
 from __future__ import annotations
 
 import functools
+from contextlib import nullcontext
 from dataclasses import asdict
 from typing import Any
 
 from course_utils import plan
 from course_utils.checks.feedback import fail, require
+from course_utils.checks.fields import Fields
 from course_utils.errors import CourseInputError
 
 
@@ -81,21 +83,27 @@ def judge_smallest_fit(
     allowed: str,
     too_small: str,
     too_big: str = "",
+    fields: Fields | None = None,
 ) -> int:
     """The smallest `degree` (cp, ep, ...) whose layout fits, once the learner's `got` is it.
     `fit` holds each allowed degree's estimate, `usable_gib` a GPU's usable memory; a wrong
     answer hears that it is not `allowed`, or `too_small` (the question's hint after the
-    memory it needs), or that a smaller one fits too (`too_big`: what that one costs)."""
+    memory it needs), or that a smaller one fits too (`too_big`: what that one costs). Judged
+    as one of `fields`, it returns the smallest whatever `got`, for the next answer."""
     right = min(d for d, estimate in fit.items() if estimate.fits)
-    if got not in fit:
-        fail(f"`{what}` should be {allowed}.")
-    if got < right:
-        fail(
-            f"With {degree}={got} each GPU needs {fit[got].memory['total'] / plan.GIB:.0f} GiB, "
-            f"more than the {usable_gib:.0f} GiB usable. {too_small}"
-        )
-    if got > right:
-        fail(f"{degree}={got} fits, but a smaller {degree} fits too{too_big}. Find the smallest.")
+    with fields.judging() if fields is not None else nullcontext():
+        if got not in fit:
+            fail(f"`{what}` should be {allowed}.")
+        if got < right:
+            needs = fit[got].memory["total"] / plan.GIB
+            fail(
+                f"With {degree}={got} each GPU needs {needs:.0f} GiB, more than the "
+                f"{usable_gib:.0f} GiB usable. {too_small}"
+            )
+        if got > right:
+            fail(
+                f"{degree}={got} fits, but a smaller {degree} fits too{too_big}. Find the smallest."
+            )
     return right
 
 

@@ -7,7 +7,9 @@ check declared with `partial=True` gives a wrong answer the share of its parts t
 - a Build exercise's parts are its trials, each case `each_call` tries: the check is run once
   per case with that case alone (the learner's function on it, everything else as it is);
 - a Diagnose exercise's parts are its tables (each choice judged by its own table) and, where
-  it asks for more than choices, the rest of the check, judged with the choices set right.
+  it asks for more than choices, the rest of the check, judged with the choices set right;
+- an exercise whose answers are judged each on its own (`Fields`, every wrong one named at
+  once) has a part per answer judged (a table, or an answer of the rest's own `Fields`).
 
 The share is worked out wherever the check runs: in the notebook, for the learner's feedback,
 and in the grader, for the grade, from the answers as data (each case judged there, on the
@@ -42,6 +44,7 @@ class Trials:
     only: int | None = None  # judge this case alone (by its place among all tried); None: all
     seen: int = 0  # cases offered in this run of the check
     memo: dict[int, tuple[str, str, Any]] = field(default_factory=dict)  # case -> outcome
+    fields: tuple[int, int] | None = None  # (right, judged) of the last `Fields` verdict
 
 
 TRIALS: ContextVar[Trials | None] = ContextVar("trials", default=None)
@@ -83,6 +86,14 @@ def outcome(index: int | None, name: str, case: tuple, call: Callable[[], Any]) 
     except Exception:  # noqa: BLE001 - a result that cannot be copied is asked for again
         pass
     return value
+
+
+def parts_judged(right: int, total: int) -> None:
+    """A `Fields` verdict: `right` of the `total` answers it judged hold (the last verdict of
+    a check is its outermost: the parts of a check judged in fields)."""
+    state = TRIALS.get()
+    if state is not None:
+        state.fields = (right, total)
 
 
 def earned(points: float, share: float) -> float:
@@ -133,11 +144,14 @@ def in_parts(
             return whole()
         except CheckFailed as exc:
             first = exc
-        right = sum(_holds(table) for table in tables)
-        total = len(tables)
-        if rest is not None:
-            parts, held = _trials(rest, state)
-            total, right = total + parts, right + held
+        if state.fields is not None and state.seen == 0:  # judged in fields, no case tried
+            (right, total), cases = state.fields, False
+        else:
+            right = sum(_holds(table) for table in tables)
+            total = len(tables)
+            if rest is not None:
+                parts, held = _trials(rest, state)
+                total, right = total + parts, right + held
     finally:
         TRIALS.reset(token)
     # Parts that each hold while the whole fails (a check that compares its cases with one
