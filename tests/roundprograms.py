@@ -56,6 +56,23 @@ lifo_rounds = edit(  # the rounds taken from the last micro-batches first
     "lifo_rounds", ("range(0, m, budget)", "reversed(range(0, m, budget))"), text=ROUNDS
 )
 
+waits_first_rounds = edit(  # each rank waits for its gradient before it sends the activation on
+    "waits_first_rounds",
+    (
+        "        if r < last:\n",
+        '        if r < last:\n            ctx.recv(r + 1, tag=("grad", mb))\n',
+    ),
+    text=ROUNDS,
+)
+mixed_rounds = edit(  # the ranks before the last take the gradients back last in, first out
+    "mixed_rounds",
+    (
+        "        for mb in group:\n            backward(mb)\n",
+        "        for mb in reversed(group) if r < last else group:\n            backward(mb)\n",
+    ),
+    text=ROUNDS,
+)
+
 MISTAKES_34 = {
     all_at_once: "one GPipe step",
     cleared: "cleared between rounds",
@@ -158,6 +175,23 @@ whole_backward = edit(  # the 1F1B program's whole backward kept, marked B
         "        with ctx.backward_weight(mb):\n"
         "            torch.autograd.backward(out, grad, inputs=list(ctx.stage.parameters()))\n",
         "        pass\n",
+    ),
+    text=ZB_H1,
+)
+
+waits_first_zb = edit(  # each rank waits for its gradient before it sends the activation on
+    "waits_first_zb",
+    (
+        "        if r < last:\n",
+        '        if r < last:\n            ctx.recv(r + 1, tag=("grad", mb))\n',
+    ),
+    text=ZB_H1,
+)
+mixed_zb = edit(  # rank 0 runs its warm-up forwards last first
+    "mixed_zb",
+    (
+        "    for mb in range(warmup):\n",
+        "    for mb in reversed(range(warmup)) if r == 0 else range(warmup):\n",
     ),
     text=ZB_H1,
 )

@@ -168,8 +168,8 @@ def hints_of(path: Path) -> list[Hint]:
             if not isinstance(call, ast.Call):
                 continue
             name = getattr(call.func, "id", getattr(call.func, "attr", None))
-            if name in HINT_CALLS:
-                for arg in [*call.args, *(k.value for k in call.keywords)]:
+            if name in HINT_CALLS:  # (`choices=` of `Fields.judge`: the options, not hints)
+                for arg in [*call.args, *(k.value for k in call.keywords if k.arg != "choices")]:
                     visit(arg, local)
             for keyword in call.keywords:
                 if keyword.arg == "slips":

@@ -123,6 +123,7 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (6, (3, GB, 8), "must divide"),
     (6, (2, GB, 8), "more than the 80 GB"),
     (6, (8, GB, 8), "smaller ep fits too"),
+    (6, (8, 47.3, 8), "the state at your `ep`"),
     (6, (4, 2 * GB, 8), "forgets tensor parallelism"),
     (6, (4, 257.8, 8), "keeps all the experts"),
     (6, (4, GB * 1e9, 8), "bytes; give GB"),

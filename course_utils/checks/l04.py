@@ -235,8 +235,9 @@ def cases_4(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
 ADVICE_4 = {
     "deadlock": "Follow micro-batch 0 through your program, rank by rank: a rank sends its "
     "input's gradient back as soon as its I is done, never after a W.",
-    "tag": "Micro-batches received in the wrong order: gradients come back in the order the "
-    "micro-batches went forward, so each rank runs its I's in that order.",
+    "tag": "Micro-batches received in the wrong order: a rank gets a neighbour's messages in "
+    "the order they were sent, so every rank runs its forwards in micro-batch order, and its "
+    "I's in the order the micro-batches went forward.",
 }
 
 

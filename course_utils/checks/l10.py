@@ -7,10 +7,8 @@ ceil(capacity_factor x tokens x k / E) (Switch Transformer, Fedus et al. 2021, a
 worker w of N holds the contiguous experts w x E/N ... (w+1) x E/N - 1; a token is d_model
 numbers, and tokens for an expert on the sender's own worker never leave it.
 
-Exercises 10.2 and 10.8's answers are programs every rank runs (`rank_cases.CapacityCase`,
-`programs.DispatchCase`): judged in the grader (`capacity_build`, `builds`) from their runs
-against the MoE layer on one device and the byte matrix of the dispatch (the combine's is
-its transpose).
+Exercises 10.2, 10.8 and 10.9 are programs every rank runs, judged in the grader from their
+runs against one device (`capacity_build`, `builds`, `bias_build`).
 """
 
 from __future__ import annotations
@@ -26,7 +24,6 @@ from course_utils.checks import (
     builds,
     exercise,
     fail,
-    judge,
     numbers,
     pick,
     programs,
@@ -77,6 +74,7 @@ def _positions(value, what: str) -> list[int]:
     capacity="whole number",
     dropped=_positions,
     capacity_top2="whole number",
+    partial=True,
 )
 def exercise_1(g, tokens_per_expert, capacity, dropped, capacity_top2) -> str:
     """Top-1 routing of T tokens: counts, capacity, which tokens are dropped; top-2 capacity."""
@@ -93,17 +91,19 @@ def exercise_1(g, tokens_per_expert, capacity, dropped, capacity_top2) -> str:
         "`tokens_per_expert` is not right: count how often each expert number 0, 1, 2, 3 "
         "appears in `g.choices` (entry e is expert e's count).": OTHERWISE,
     }
-    judge(tokens_per_expert, counts, "tokens_per_expert", hints)
+    fields = checks.Fields()  # every wrong answer named at once
+    fields.judge(tokens_per_expert, counts, "tokens_per_expert", hints)
     exact = factor * tokens / experts
-    no_factor = math.ceil(tokens / experts) if factor != 1 else None
     hints = {
         f"{factor:g} x {tokens} / {experts} = {exact:g}: round up, not down.": math.floor(exact),
-        "`capacity` forgets the capacity factor: multiply by it.": no_factor,
+        "`capacity` forgets the capacity factor: multiply by it.": math.ceil(tokens / experts)
+        if factor != 1
+        else None,
         "That is the top-2 capacity (k = 2). This routing is top-1: k = 1.": cap2,
         "`capacity` is not right. It is ceil(capacity_factor x tokens x k / experts), slots "
         "per expert.": OTHERWISE,
     }
-    judge(capacity, cap, "capacity", hints)
+    fields.judge(capacity, cap, "capacity", hints)
     hints = {
         "`dropped` counts positions from 1. Positions are counted from 0, like Python's "
         "indices: the first token of `g.choices` is token 0.": [t + 1 for t in want_dropped],
@@ -113,14 +113,15 @@ def exercise_1(g, tokens_per_expert, capacity, dropped, capacity_top2) -> str:
         "come, first served in token order: an expert's first `capacity` tokens keep "
         "theirs.": OTHERWISE,
     }
-    judge(dropped, want_dropped, "dropped", hints)
+    fields.judge(dropped, want_dropped, "dropped", hints)
     hints = {
         "With top-2 every token makes two assignments, so there are k x tokens assignments to "
         "share: the capacity has the factor k = 2 in it.": cap,
         "`capacity_top2` is not right: ceil(capacity_factor x tokens x k / experts), k = "
         "2.": OTHERWISE,
     }
-    judge(capacity_top2, cap2, "capacity_top2", hints)
+    fields.judge(capacity_top2, cap2, "capacity_top2", hints)
+    fields.verdict()
     return (
         f"Right: counts {counts}, {cap} slots per expert, tokens {want_dropped} dropped (their "
         f"residual carries them through unchanged); top-2 doubles the slots to {cap2}."

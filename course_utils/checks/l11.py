@@ -13,7 +13,7 @@ blog post), as DeepSeek's dualpipe/dualpipev.py runs it.
 from __future__ import annotations
 
 from course_utils import checks
-from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, fail, judge, numbers, pick
+from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, judge, numbers, pick
 from course_utils.checks.pipeline_cases import VCase, v_target
 from course_utils.checks.programs import as_program, drawn_case
 

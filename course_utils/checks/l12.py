@@ -123,44 +123,45 @@ def _wrong_formulas() -> dict[str, Callable[[float, float, float, int], int | No
     min_gpus_to_fit="function",
     zero_stage="whole number",
     what_must_change=tuple(MUST_CHANGE),
+    partial=True,
 )
 def exercise_1(g, min_gpus_to_fit, zero_stage, what_must_change, variant) -> str:
     """Build min_gpus_to_fit(params, gpu_memory_gib, reserve_gib, zero); then the smallest
     ZeRO stage for the given model on dp GPUs; then what must change for the big model."""
-    cases = cases_1(variant)["min_gpus_to_fit"]
-    answers = []
-    for case, _, got in checks.each_call(min_gpus_to_fit, cases):
-        shown = "min_gpus_to_fit({:.3g}, {}, {}, {})".format(*case)
-        answers.append((shown, got if got is None else checks.as_number(got, shown)))
-    wrong = [
-        (shown, got, case)
-        for (shown, got), case in zip(answers, cases, strict=True)
-        if got not in _acceptable(case)
-    ]
-    if wrong:
-        shown, got, case = wrong[0]
-        for message, formula in _wrong_formulas().items():
-            if all(a == formula(*c) for (_, a), c in zip(answers, cases, strict=True)):
-                fail(f"{shown} returned {got}. Your function {message}")
-        if min_gpus_needed(*case) is None:
+    fields = checks.Fields()  # every wrong answer named at once
+    with fields.judging():
+        cases = cases_1(variant)["min_gpus_to_fit"]
+        answers = []
+        for case, _, got in checks.each_call(min_gpus_to_fit, cases):
+            shown = "min_gpus_to_fit({:.3g}, {}, {}, {})".format(*case)
+            answers.append((shown, got if got is None else checks.as_number(got, shown)))
+        wrong = [
+            (shown, got, case)
+            for (shown, got), case in zip(answers, cases, strict=True)
+            if got not in _acceptable(case)
+        ]
+        if wrong:
+            shown, got, case = wrong[0]
+            for message, formula in _wrong_formulas().items():
+                if all(a == formula(*c) for (_, a), c in zip(answers, cases, strict=True)):
+                    fail(f"{shown} returned {got}. Your function {message}")
+            if min_gpus_needed(*case) is None:
+                fail(
+                    f"{shown} returned {got}, but at ZeRO-{case[3]} "
+                    f"{UNSHARDED[case[3]]} bytes per parameter stay whole on every GPU and already "
+                    "fill its free memory: no number of GPUs helps. Return None then."
+                )
+            if got is None:
+                fail(f"{shown} returned None, but enough GPUs do hold these states: how many?")
+            if not float(got).is_integer():
+                fail(f"{shown} returned {got:g}: a number of GPUs is a whole number (round up).")
             fail(
-                f"{shown} returned {got}, but at ZeRO-{case[3]} "
-                f"{UNSHARDED[case[3]]} bytes per parameter stay whole on every GPU and already "
-                "fill its free memory: no number of GPUs helps. Return None then."
+                f"{shown} returned {got:g}, which is not right. Per GPU, a stage keeps u bytes per "
+                "parameter whole and shards the other 16 - u over the N GPUs: solve "
+                "u x params + (16 - u) x params / N <= free bytes for N."
             )
-        if got is None:
-            fail(f"{shown} returned None, but enough GPUs do hold these states: how many?")
-        if not float(got).is_integer():
-            fail(f"{shown} returned {got:g}: a number of GPUs is a whole number (round up).")
-        fail(
-            f"{shown} returned {got:g}, which is not right. Per GPU, a stage keeps u bytes per "
-            "parameter whole and shards the other 16 - u over the N GPUs: solve "
-            "u x params + (16 - u) x params / N <= free bytes for N."
-        )
-    stage = zero_stage
-    if stage not in plan.ZERO_STAGES:
-        fail(f"`zero_stage` should be 0, 1, 2 or 3, but it is {stage}.")
-    p, dp, mem, act = g["params"], g["dp"], g["gpu_gib"], g["activation_gib"]
+    stage, p, dp = zero_stage, g["params"], g["dp"]
+    mem, act = g["gpu_gib"], g["activation_gib"]
 
     def fits(z: int) -> bool:
         n = min_gpus_needed(p, mem, act, z)
@@ -168,30 +169,36 @@ def exercise_1(g, min_gpus_to_fit, zero_stage, what_must_change, variant) -> str
 
     right = min(z for z in plan.ZERO_STAGES if fits(z))
     states = {z: sum(plan.model_state_bytes(p, "bf16-mixed", z, dp=dp).values()) for z in range(4)}
-    if stage < right:
-        fail(
-            f"Your function is right. `zero_stage`: with ZeRO-{stage} each of the {dp} GPUs "
-            f"still holds {states[stage] / GIB:.0f} GiB of model states, more than the "
-            f"{mem - act} GiB left beside the activations. Which parts does that stage leave "
-            "unsharded?"
-        )
-    if stage > right:
-        fail(
-            f"Your function is right. `zero_stage`: ZeRO-{stage} fits, but a smaller stage fits "
-            "too (and communicates less). Try your function on each stage with the given "
-            "numbers."
-        )
-    choice = what_must_change
-    big, gpus = g["big_params"], g["gpus"]
-    if choice != "c":
-        hint = {
-            "a": f"ZeRO-3 already spreads the 16 bytes per parameter over all {gpus} GPUs. Is "
-            f"that enough for {big / 1e9:g}B? Ask your function how many GPUs ZeRO-3 needs.",
-            "b": "Recomputation shrinks activations, but the model states alone are over budget.",
-            "d": f"Tensor parallelism divides the states over the same {gpus} GPUs ZeRO-3 "
-            "already uses.",
-        }[choice]
-        fail(f"`min_gpus_to_fit` and `zero_stage` are right; `what_must_change` is not. {hint}")
+    with fields.judging():
+        if stage not in plan.ZERO_STAGES:
+            fail(f"`zero_stage` should be 0, 1, 2 or 3, but it is {stage}.")
+        if stage < right:
+            fail(
+                f"`zero_stage`: with ZeRO-{stage} each of the {dp} GPUs "
+                f"still holds {states[stage] / GIB:.0f} GiB of model states, more than the "
+                f"{mem - act} GiB left beside the activations. Which parts does that stage leave "
+                "unsharded?"
+            )
+        if stage > right:
+            fail(
+                f"`zero_stage`: ZeRO-{stage} fits, but a smaller stage fits "
+                "too (and communicates less). Try your function on each stage with the given "
+                "numbers."
+            )
+    with fields.judging():
+        choice = what_must_change
+        big, gpus = g["big_params"], g["gpus"]
+        if choice != "c":
+            hint = {
+                "a": f"ZeRO-3 already spreads the 16 bytes per parameter over all {gpus} GPUs. Is "
+                f"that enough for {big / 1e9:g}B? Ask your function how many GPUs ZeRO-3 needs.",
+                "b": "Recomputation shrinks activations, but the model states alone are over "
+                "budget.",
+                "d": f"Tensor parallelism divides the states over the same {gpus} GPUs ZeRO-3 "
+                "already uses.",
+            }[choice]
+            fail(f"`what_must_change` is not right. {hint}")
+    fields.verdict()
     need = min_gpus_needed(big, mem, g["big_reserve_gib"], 3)
     return (
         f"Right: ZeRO-{right} leaves {states[right] / GIB:.1f} GiB of model states per GPU; "
