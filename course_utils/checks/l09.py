@@ -324,99 +324,39 @@ def exercise_6(g, cp, gib) -> str:
     )
 
 
-KINDS = ("ring", "ulysses", "equal")
-BOTH = ("ring", "ulysses", "both")
-
-
-def given_7(variant: Variant = DEFAULT) -> dict:
-    heads, kv_heads = variant.pick("7h", (32, 8), [(32, 8), (64, 8), (32, 4), (16, 16)])
-    return {
-        "seq": variant.pick("7s", 32768, [16384, 65536]),
-        "heads": heads,
-        "kv_heads": kv_heads,
-        "dim": 128,
-        "e": 2,
-        "N": min(variant.pick("7n", 4, [2, 4, 8]), kv_heads),  # a degree Ulysses can run
-        "big": 2 * kv_heads,
-    }
-
-
-def _sent_7(g: dict, kind: str, n: int | None = None) -> float:
-    from course_utils.parallel.context_parallel import (
-        ring_bytes_per_worker,
-        ulysses_bytes_per_worker,
-    )
-
-    n = g["N"] if n is None else n
-    if kind == "ulysses":
-        args = (g["seq"], n, g["heads"], g["dim"], g["e"])
-        return ulysses_bytes_per_worker(*args, kv_heads=g["kv_heads"])["forward"]
-    # the ring sends only keys and values: the K/V heads
-    return ring_bytes_per_worker(g["seq"], n, g["kv_heads"], g["dim"], g["e"])["forward"]
-
-
-@exercise(
-    given_7,
-    ulysses_sent="number",
-    ring_sent="number",
-    less_traffic=checks.choice(*KINDS),
-    at_big=checks.choice(*BOTH),
+given_7 = numbers(
+    N=pick("7n", 4, [2, 3, 4]),
+    per_rank=pick("7h", 2, [1, 2]),
+    per_token=pick("7t", 1, [1, 2]),
+    heads=lambda g: g.N * g.per_rank,  # the ranks divide the heads: whole heads each
+    tokens=lambda g: g.N * g.per_token,  # tokens per rank, a multiple of the ranks
+    dim=pick("7d", 4, [4, 8]),
 )
-def exercise_7(g, ulysses_sent, ring_sent, less_traffic, at_big) -> str:
-    """Ring or Ulysses: forward bytes per worker of each at degree N (grouped-query attention),
-    which sends less there, and which can run on `big` workers without copying heads."""
-    n, heads, kv = g.N, g.heads, g.kv_heads
-    per_head = g.seq // n * g.dim * g.e  # bytes of one head of a worker's tokens
-    want_u = _sent_7(g, "ulysses")
-    slips = [
-        (2, "is twice the forward: it counts the backward's all-to-alls too, or both "
-            "directions. Count what one worker sends in the forward."),
-        (n, "uses the whole sequence; a worker holds only its L/N tokens."),
-    ]  # fmt: skip
-    hints = {
-        "`ulysses_sent` counts the chunk that stays home: an all-to-all keeps 1/N of the "
-        "worker's tensor and sends only (N-1)/N of it.": per_head * (2 * heads + 2 * kv),
-        "`ulysses_sent` sends k and v with all H heads; with grouped-query attention keys and "
-        "values have only H_kv heads.": (n - 1) / n * per_head * 4 * heads,
-        "`ulysses_sent` leaves out the output's all-to-all, which takes the attention output "
-        "back to the workers that own the tokens.": (n - 1) / n * per_head * (heads + 2 * kv),
-        "`ulysses_sent` is not right: four all-to-alls (q, k, v, then the output), each sending "
-        "(N-1)/N of the worker's L/N tokens of that tensor: q and the output with H heads, k "
-        "and v with H_kv.": OTHERWISE,
-    }
-    judge(ulysses_sent, want_u, "ulysses_sent", hints, unit="bytes", slips=slips)
-    want_r = _sent_7(g, "ring")
-    slips = [
-        (heads / kv, "sends the K/V of all H heads; with grouped-query attention only the "
-                     "H_kv heads of keys and values travel round the ring."),
-        (n / (n - 1), "counts N sends; the block in hand at the last step goes nowhere: N - 1."),
-        (0.5, "counts only the keys; the values travel with them."),
-        ((3 * n - 2) / (n - 1), "counts the backward too; the question asks for the forward."),
-    ]  # fmt: skip
-    hint = (
-        "`ring_sent` is not right: N - 1 steps, each sending the worker's K/V block, 2 x (L/N) "
-        "x H_kv x D values of e bytes."
-    )
-    judge(ring_sent, want_r, "ring_sent", hint, unit="bytes", slips=slips)
-    right = "equal" if want_r == want_u else ("ring" if want_r < want_u else "ulysses")
-    if less_traffic != right:
-        fail(
-            f"Both counts are right; `less_traffic` is not: compare them at N = {n}. (The "
-            "ring's forward hardly changes with N, Ulysses' shrinks like 1/N.)"
-        )
-    if at_big != "ring":
-        fail(
-            f"`at_big`: Ulysses gives each worker whole heads, so its degree cannot exceed the "
-            f"{kv} K/V heads (and must divide them in the course's even split): {g.big} workers "
-            "would need copies of the heads. What does the ring split instead?"
-        )
-    less = "the same bytes" if right == "equal" else f"the {right} sends less here"
-    return (
-        f"Right: at N = {n} Ulysses sends {want_u:,.0f} bytes per worker in the forward, the "
-        f"ring {want_r:,.0f}: {less}. Ulysses' share shrinks like 1/N (at N = {kv}: "
-        f"{_sent_7(g, 'ulysses', kv):,.0f}), the ring's stays near 2 L H_kv D e, small with "
-        f"grouped-query attention. Beyond {kv} workers only the ring (or both combined) goes on."
-    )
+
+
+def cases_7(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
+    """The learner's ranks twice (causal, then not), then two more: in the notebook fixed by
+    their name, in the grader drawn afresh; every case's ranks divide its heads."""
+    from course_utils.checks.ulysses_build import UlyssesCase
+
+    g, rng = given_7(variant), variant.cases("7")
+    mine = {"devices": g.N, "tokens": g.tokens, "heads": g.heads, "dim": g.dim}
+    cases = [UlyssesCase(**mine, causal=1, seed=7), UlyssesCase(**mine, causal=0, seed=8)]
+    for causal in (0, 1):
+        devices = rng.choice([2, 3, 4])
+        heads = devices * rng.choice([1, 2])
+        tokens, dim = devices * rng.choice([1, 2]), rng.choice([4, 6])
+        cases.append(UlyssesCase(devices, tokens, heads, dim, causal, rng.randint(1, 10**6)))
+    return {"ulysses": [(case,) for case in cases]}
+
+
+@exercise(given_7, ulysses=programs.as_program, points=3, partial=True)
+def exercise_7(ulysses, variant) -> str:
+    """Build Ulysses attention per rank (two all-to-alls around plain attention); judged on
+    its outputs, its all-to-alls' bytes and the attention each rank ran."""
+    from course_utils.checks.ulysses_build import ulysses as verdict  # the grader's
+
+    return verdict(ulysses, cases_7(variant)["ulysses"])
 
 
 given_8 = numbers(
