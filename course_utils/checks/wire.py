@@ -44,6 +44,7 @@ CASES = {
     "CapacityCase": "course_utils.checks.rank_cases",
     "HierarchyCase": "course_utils.checks.rank_cases",
     "BiasCase": "course_utils.checks.rank_cases",
+    "SequenceCase": "course_utils.checks.rank_cases",
     "WorkerRingCase": "course_utils.checks.processes",  # a worker file on real processes
     "WorkerDDPCase": "course_utils.checks.processes",
 }
