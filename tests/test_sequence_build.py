@@ -14,7 +14,7 @@ import torch
 
 from course_utils.checks import CheckFailed, Variant, l09
 from course_utils.checks.rank_cases import SequenceCase
-from course_utils.parallel.sp_program import run_sequence_parallel, sp_shards, unsplit_block
+from course_utils.parallel.sp_program import block_on_one_device, run_sequence_parallel, sp_shards
 
 
 def test_the_run_equals_the_unsplit_block_and_each_layernorm_holds_its_tokens():
@@ -22,7 +22,7 @@ def test_the_run_equals_the_unsplit_block_and_each_layernorm_holds_its_tokens():
     shards = sp_shards(norm, linear1, linear2, 3, 7)
     run = run_sequence_parallel(seq.sp, shards, x, dy)
     xr = x.clone().requires_grad_()
-    y = unsplit_block(norm, linear1, linear2, xr)
+    y = block_on_one_device(norm, linear1, linear2, xr)
     y.backward(dy)
     assert torch.allclose(torch.cat(run.extra["outputs"]), y, atol=1e-5)
     assert torch.allclose(torch.cat(run.extra["input_grads"]), xr.grad, atol=1e-5)

@@ -41,7 +41,7 @@ def reference(case: SequenceCase) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from course_utils.parallel.sp_program import sp_shards, unsplit_block
+    from course_utils.parallel.sp_program import block_on_one_device, sp_shards
     from course_utils.threads.collectives import chunk_bounds
     from course_utils.threads.saved import SavedActivations
 
@@ -73,7 +73,7 @@ def reference(case: SequenceCase) -> dict:
         )
     one = SavedActivations([norm, linear1, linear2])
     with one.counting(0):
-        kept = unsplit_block(norm, linear1, linear2, x.clone().requires_grad_())
+        kept = block_on_one_device(norm, linear1, linear2, x.clone().requires_grad_())
     tp_only = []
     for shard in shards:  # tensor parallelism alone: the whole sequence, the rank's columns
         meter = SavedActivations([shard])

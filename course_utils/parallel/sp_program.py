@@ -59,7 +59,9 @@ def sp_shards(
     return [SPShard(norm, linear1, linear2, c, t) for c, t in zip(cols, rows, strict=True)]
 
 
-def unsplit_block(norm: nn.LayerNorm, linear1: nn.Linear, linear2: nn.Linear, x: torch.Tensor):
+def block_on_one_device(
+    norm: nn.LayerNorm, linear1: nn.Linear, linear2: nn.Linear, x: torch.Tensor
+):
     """The block on one device: x + W2 GeLU(W1 LN(x) + b1) + b2."""
     return x + linear2(torch.nn.functional.gelu(linear1(norm(x))))
 
