@@ -4,6 +4,7 @@ import math
 
 import buildprograms as programs
 import pytest
+import seqprograms
 import splitprograms
 import torch
 import ulyssesprograms
@@ -14,9 +15,8 @@ from course_utils.checks import l09 as check
 from course_utils.parallel.context_parallel import attention, causal_work
 from course_utils.parallel.sequence_parallel import korthikanti_mlp_block_bytes
 
-_sbh = 2048 * 4096  # lesson's block: s = 2048, b = 1, h = 4096, f = 4h, t = 4, 16-bit
 RIGHT = {
-    1: (_sbh * (2 + 2 + 1) + _sbh * 4 * (2 + 2) / 4, _sbh * 21 / 4),
+    1: (seqprograms.sp,),
     2: (programs.ring_attention,),
     3: ([1, 0, 3, 2], 3),
     4: (splitprograms.zigzag,),
@@ -27,14 +27,7 @@ RIGHT = {
 }
 
 WRONG = [
-    (1, (RIGHT[1][1], RIGHT[1][1]), "divides every term by t"),
-    (1, (RIGHT[1][0], RIGHT[1][0]), "tensor-parallel count"),
-    (1, (RIGHT[1][0] - _sbh, RIGHT[1][1]), "dropout mask"),
-    (1, (RIGHT[1][0] + _sbh, RIGHT[1][1]), "one byte per value"),
-    (1, (RIGHT[1][0], RIGHT[1][1] * 2 - _sbh / 4), "4-byte values"),
-    (1, (_sbh * 21, RIGHT[1][1]), "per device"),
-    (1, (RIGHT[1][0] / 2**30, RIGHT[1][1]), "GiB; give bytes"),
-    (1, (RIGHT[1][0] * 1.5, RIGHT[1][1]), "Add the five terms"),
+    *((1, (wrong,), words) for wrong, words in seqprograms.MISTAKES.items()),
     *((2, (wrong,), words) for wrong, words in programs.RING_MISTAKES.items()),
     (2, (programs.not_causal,), "attends to every block"),
     (2, (programs.overflows,), "overflows float32"),
@@ -77,7 +70,6 @@ WRONG = [
     (8, (16, 2), "cannot exceed the 8 K/V heads, and with the course's even split"),
     (8, (4, 8), "too small"),
     (8, (8, 2), "must use the 32 GPUs"),
-    (1, (RIGHT[1][0], RIGHT[1][0] / 4), "divides the whole tensor-parallel count by t again"),
     (3, ([2, 1, 4, 3], 3), "`held` numbers the workers from 1"),
     (3, ([1, 3, 0, 2], 3), "follow one hop to the right per step"),
     (3, ([1, 0, 3, 2], 5), "how many times does a block change hands"),
@@ -89,9 +81,9 @@ WRONG = [
 
 def test_the_default_numbers_are_the_lessons():
     g = check.given_1()
-    assert (g["s"], g["b"], g["h"], g["t"], g["e"]) == (2048, 1, 4096, 4, 2)
+    assert (g["tokens"], g["d_model"]) == (6, 8)
     tp = sum(korthikanti_mlp_block_bytes(2048, 1, 4096, 4 * 4096, 4, False, 2).values())
-    assert tp == pytest.approx(RIGHT[1][0])
+    assert tp == pytest.approx(2048 * 4096 * (5 + 16 / 4))  # the lesson's (5 + 16/t) sbh
     assert causal_work(4, False) == [1, 2, 3, 4] and causal_work(4, True) == [9, 9, 9, 9]
     assert check.their_timeline().makespan / check.their_timeline(zigzag=True).makespan == (
         pytest.approx(RIGHT[5][3])
@@ -148,10 +140,6 @@ def test_the_solution_passes_on_one_core_beside_a_busy_loop(capsys):
 
 def right_for(v: Variant) -> dict:
     """Each exercise's right answer for student v, computed here from their numbers."""
-    g1 = check.given_1(v)
-    s, b, h, f, t, e = (g1[k] for k in ("s", "b", "h", "f", "t", "e"))
-    tp = e * s * b * h * 2 + s * b * h + 2 * e * s * b * f / t
-    sp = (2 * e * s * b * h + s * b * h) / t + 2 * e * s * b * f / t
     g3 = check.given_3(v)
     g5 = check.given_5(v)
     plain, zz = check.their_timeline(v), check.their_timeline(v, zigzag=True)
@@ -167,7 +155,7 @@ def right_for(v: Variant) -> dict:
         d for d in range(1, g8["kv_heads"] + 1) if g8["kv_heads"] % d == 0 and g8["gpus"] % d == 0
     )
     return {
-        1: (tp, sp),
+        1: (seqprograms.sp,),  # one program for everybody, tried on their own block
         2: (programs.ring_attention,),  # one program for everybody, tried on their own ring
         3: ([(g3["w"] - k) % g3["N"] for k in range(g3["N"])], g3["N"] - 1),
         4: (splitprograms.zigzag,),  # one program for everybody, tried on their own ring

@@ -1,9 +1,9 @@
 """The per-rank Builds of lessons 06 to 09 (the ring all-reduce 6.4, DDP 6.8, the column-
 parallel layer 7.1, a grid's process groups 7.5, the tensor-parallel MLP 7.8, ZeRO-2's step
-8.2, the zig-zag ring 9.4): each commonest wrong program gets its own hint, the verdict is
-recomputed from the evidence a kernel sends (a claim is not evidence), the cases come from the
-learner's numbers in the notebook and from a secret seed in the grader, and the solutions pass
-on one core beside a busy loop."""
+8.2, sequence parallelism 9.1, the zig-zag ring 9.4): each commonest wrong program gets its
+own hint, the verdict is recomputed from the evidence a kernel sends (a claim is not evidence),
+the cases come from the learner's numbers in the notebook and from a secret seed in the
+grader, and the solutions pass on one core beside a busy loop."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import threading
 
 import dpprograms as dp
 import pytest
+import seqprograms as seq
 import splitprograms as sp
 from checkskit import beside_a_busy_loop
 
@@ -36,8 +37,10 @@ BUILDS = {  # name: (check, cases, the answer's name, the right program)
     "zero": (l08.exercise_2, l08.cases_2, "zero_step", sp.zero),
     "grid": (l07.exercise_5, l07.cases_5, "grid_groups", sp.grid),
     "zigzag": (l09.exercise_4, l09.cases_4, "zigzag_ring", sp.zigzag),
+    "sequence": (l09.exercise_1, l09.cases_1, "sp_block", seq.sp),
 }
 MISTAKES = dp.MISTAKES | sp.MISTAKES  # the column-parallel layer's and ZeRO's: splitprograms
+MISTAKES["sequence"] = seq.MISTAKES  # Megatron's sequence parallelism (9.1): seqprograms
 
 
 @pytest.mark.parametrize("build", BUILDS)

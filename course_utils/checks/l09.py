@@ -1,7 +1,8 @@
 """Checks for lesson 09's exercises (sequence parallelism and context parallelism).
 
 Every expected answer is computed with `course_utils.parallel` (Korthikanti's formula, the
-ring's layout, work and memory, the ring simulator); Exercise 9.2's answer is a program every
+ring's layout, work and memory, the ring simulator); Exercise 9.1's answer is a program every
+rank runs (Megatron's sequence parallelism, `checks.sequence_build`); Exercise 9.2's is one every
 rank runs (`checks.programs.AttentionCase`), judged from its run against full causal attention
 (`attention`) and the ring's order of sends. Conventions shared
 with the lesson: an MLP block keeps, per device, Korthikanti's five terms (Korthikanti et al.
@@ -28,70 +29,36 @@ from course_utils.checks import (
     programs,
 )
 from course_utils.checks.programs import AttentionCase
-from course_utils.checks.rank_cases import ZigzagCase
+from course_utils.checks.rank_cases import SequenceCase, ZigzagCase
 
 for_student = checks.lesson_checks(__name__)
 
 
-given_1 = numbers(
-    s=pick("1s", 2048, [1024, 4096, 8192]),
-    b=pick("1b", 1, [1, 2, 4]),
-    h=pick("1h", 4096, [2048, 5120, 8192]),
-    f=lambda g: 4 * g.h,
-    t=pick("1t", 4, [2, 8]),
-    e=2,
-)
+given_1 = numbers(tokens=pick("1s", 6, [9, 12]), d_model=pick("1h", 8, [6, 10]))
 
 
-def _block_bytes(g: dict, sequence_parallel: bool, **change) -> float:
-    from course_utils.parallel.sequence_parallel import korthikanti_mlp_block_bytes
-
-    args = {"tp": g["t"], "sequence_parallel": sequence_parallel, "bytes_per_value": g["e"]}
-    args |= {"dropout": True} | change
-    return sum(korthikanti_mlp_block_bytes(g["s"], g["b"], g["h"], g["f"], **args).values())
-
-
-@exercise(given_1, tp_only="number", with_sp="number", partial=True)
-def exercise_1(g, tp_only, with_sp) -> str:
-    """Bytes one device keeps for the MLP block's backward: tensor parallel, then + SP."""
-    sbh = g.s * g.b * g.h
-    fields = checks.Fields()  # every wrong answer named at once
-    for name, value, sp in (("tp_only", tp_only, False), ("with_sp", with_sp, True)):
-        want, other = _block_bytes(g, sp), _block_bytes(g, not sp)
-        mask = want + (g.e - 1) * sbh / (g.t if sp else 1)  # the mask at e bytes per value
-        no_mask, fp32, unsplit = (
-            _block_bytes(g, sp, **wrong)
-            for wrong in ({"dropout": False}, {"bytes_per_value": 4}, {"tp": 1})
+def cases_1(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
+    """The learner's own block on 3 ranks (3 divides its tokens), then fresh ones: 2 ranks
+    on an odd number of tokens, 4 ranks; in the notebook fixed by their name, in the grader
+    drawn afresh."""
+    g, rng = given_1(variant), variant.cases("1")
+    cases = [SequenceCase(3, g.tokens, g.d_model, 4 * g.d_model, seed=1)]
+    for devices, tokens in ((2, rng.choice([5, 7, 9])), (4, rng.choice([8, 10, 12]))):
+        hidden = devices * rng.randint(2, 5) + rng.randint(0, devices - 1)
+        cases.append(
+            SequenceCase(devices, tokens, rng.randint(4, 9), hidden, rng.randint(1, 10**6))
         )
-        hints = {
-            f"`{name}` is the tensor-parallel count. Sequence parallelism also splits the three "
-            "sequence-wise terms (LayerNorm input, first linear's input, dropout mask) t "
-            "ways.": other if sp else None,
-            f"`{name}` divides every term by t. Tensor parallelism alone splits only the "
-            "f-sized terms; every device keeps the whole LayerNorm input, first linear's input "
-            "and dropout mask.": None if sp else other,
-            "`with_sp` divides the whole tensor-parallel count by t again, but its f-sized "
-            "terms (the GeLU's and the second linear's inputs) were already split t ways by "
-            "tensor parallelism. Sequence parallelism splits only the three sequence-wise terms "
-            "(LayerNorm input, first linear's input, dropout mask).": other / g.t if sp else None,
-            f"`{name}` leaves out the dropout mask: one byte per value of [s, b, h].": no_mask,
-            f"`{name}` counts the dropout mask at e bytes; a mask is one byte per value.": mask,
-            f"`{name}` uses 4-byte values; the block runs in 16-bit, e = 2 bytes.": fp32,
-            f"`{name}` is the unsplit block's count; the question asks per device of t.": unsplit,
-            f"`{name}` is not right. Add the five terms: LayerNorm input and first linear's "
-            "input (e sbh each), GeLU and second linear's inputs (e sbf each), the mask (sbh "
-            "bytes), and divide each by what splits it.": OTHERWISE,
-        }
-        with fields.judging():
-            judge(value, want, name, hints, unit="bytes")
-    fields.verdict()
-    tp_bytes, sp_bytes = _block_bytes(g, False), _block_bytes(g, True)
-    return (
-        f"Right: {tp_bytes:,.0f} bytes without and {sp_bytes:,.0f} with sequence parallelism, "
-        f"{tp_bytes / sp_bytes:.2f}x less. With f = 4h that is (5 + 16/t) sbh against 21 "
-        "sbh/t: sequence parallelism turns the replicated 5 sbh into 5 sbh/t for the same "
-        "bytes on the wire."
-    )
+    return {"sp_block": [(case,) for case in cases]}
+
+
+@exercise(given_1, sp_block=programs.as_program, points=3, partial=True)
+def exercise_1(sp_block, variant) -> str:
+    """Build Megatron's sequence parallelism per rank: LayerNorm on the rank's tokens, g and
+    g-bar along the sequence; judged on the run's outputs, gradients, collectives, bytes and
+    the tokens its LayerNorm held."""
+    from course_utils.checks.sequence_build import sequence_parallel as verdict  # the grader's
+
+    return verdict(sp_block, cases_1(variant)["sp_block"])
 
 
 given_2 = numbers(

@@ -495,3 +495,37 @@ class BiasCase(_Case):
         scores, bias, gamma = self.build()
         run = run_bias_program(program, scores, bias, gamma, self.devices, raise_failure=False)
         return run.evidence()
+
+
+# --------------------------------------------------------------------------- 9.1: Megatron SP
+
+
+@dataclass(frozen=True)
+class SequenceCase(TPCase):
+    """`devices` ranks run the block x + W2 GeLU(W1 LN(x) + b1) + b2 (TPCase's MLP after a
+    LayerNorm, with the residual) with sequence parallelism on `tokens` tokens."""
+
+    def __repr__(self) -> str:
+        return (
+            f"{self.devices} ranks, {self.tokens} tokens of width {self.d_model}, "
+            f"{self.hidden} hidden units, seed {self.seed}"
+        )
+
+    def build(self):
+        """(norm, linear1, linear2, x, dy), the same in every process."""
+        import torch
+
+        linear1, linear2, x, dy = super().build()
+        gen, norm = _generator(self.seed + 1), torch.nn.LayerNorm(self.d_model)
+        with torch.no_grad():  # not the identity: a LayerNorm's gradients worth judging
+            norm.weight.copy_(1 + 0.3 * torch.randn(self.d_model, generator=gen))
+            norm.bias.copy_(0.3 * torch.randn(self.d_model, generator=gen))
+        return norm, linear1, linear2, x, dy
+
+    def __course_call__(self, program) -> dict:
+        from course_utils.parallel.sp_program import run_sequence_parallel, sp_shards
+
+        norm, linear1, linear2, x, dy = self.build()
+        shards = sp_shards(norm, linear1, linear2, self.devices, self.tokens)
+        run = run_sequence_parallel(program, shards, x, dy, raise_failure=False)
+        return run.evidence()

@@ -45,6 +45,7 @@ CASES = {
     "HierarchyCase": "course_utils.checks.rank_cases",
     "BiasCase": "course_utils.checks.rank_cases",
     "UlyssesCase": "course_utils.checks.ulysses_build",
+    "SequenceCase": "course_utils.checks.rank_cases",
     "WorkerRingCase": "course_utils.checks.processes",  # a worker file on real processes
     "WorkerDDPCase": "course_utils.checks.processes",
 }
