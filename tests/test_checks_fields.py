@@ -70,25 +70,9 @@ def lesson_rights(check):
 MULTI = [(n, k) for n in LESSONS for k, answers in sorted(lesson(n)[1].items()) if len(answers) > 1]
 
 
-# Still judged one answer at a time (issue 50): only exercises being turned into Builds in
-# other branches (their checks change there). Every other exercise judges each answer in its
-# own field (`Fields`), a Diagnose's tables included (`exercise` judges every table, then the
-# rest of the check).
-ONE_AT_A_TIME = {
-    (8, 4), (9, 7),
-}  # fmt: skip
-
-
-@pytest.mark.parametrize(
-    "n, k",
-    [
-        pytest.param(n, k, marks=pytest.mark.xfail(strict=True, reason="one answer at a time"))
-        if (n, k) in ONE_AT_A_TIME
-        else (n, k)
-        for n, k in MULTI
-    ],
-    ids=[f"{n}.{k}" for n, k in MULTI],
-)
+# Every multi-answer exercise judges each answer in its own field (`Fields`), a Diagnose's
+# tables included (`exercise` judges every table, then the rest of the check): issue 50.
+@pytest.mark.parametrize("n, k", MULTI, ids=[f"{n}.{k}" for n, k in MULTI])
 def test_every_wrong_answer_is_named_at_once(n, k):
     check, rights = lesson(n)
     right = list(rights[k])
@@ -102,10 +86,10 @@ def test_every_wrong_answer_is_named_at_once(n, k):
     assert not missing, f"exercise {n}.{k}: {missing} not named in: {said}"
 
 
-# Multi-answer exercises worth all or nothing: being turned into Builds elsewhere (1.6, 3.4,
-# 4.4, 6.5, 9.4, 12.5), still judged one answer at a time, or 7.4: one layout in three numbers,
-# judged by constraints that tie them together (tp x pp x dp = the GPUs), not answer by answer.
-ALL_OR_NOTHING = {(1, 6), (3, 4), (4, 4), (6, 5), (9, 4), (12, 5), (7, 4)} | ONE_AT_A_TIME
+# Multi-answer exercises not shared answer by answer: 1.6 and 12.5 (all or nothing as
+# declared), the Builds 3.4, 4.4, 6.5, 9.4 (a Build's parts are its cases), and 7.4: one layout
+# in three numbers, judged by constraints that tie them together (tp x pp x dp = the GPUs).
+ALL_OR_NOTHING = {(1, 6), (3, 4), (4, 4), (6, 5), (9, 4), (12, 5), (7, 4)}
 FIELDS = [(n, k) for n, k in MULTI if (n, k) not in ALL_OR_NOTHING]
 
 

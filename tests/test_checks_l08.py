@@ -1,6 +1,7 @@
 """The lesson 08 checks: right answers pass, wrong ones fail kindly, placeholders say so."""
 
 import buildprograms as programs
+import prefetchprograms as pp
 import pytest
 import splitprograms as sp
 from checkskit import STUDENTS, fails_with_its_own_hint
@@ -19,7 +20,7 @@ RIGHT = {
     1: (8 * PSI + 8 * PSI / N, 4 * PSI + 12 * PSI / N, 16 * PSI / N),
     2: (sp.zero,),
     3: (letters(check.ORDER),),
-    4: (2, 96_000_000),
+    4: (pp.right,),
     5: (0.375, "a", check.their_timeline().makespan / check.their_timeline(prefetch=1).makespan),
     6: (programs.fsdp_step,),
 }
@@ -55,13 +56,8 @@ WRONG = [
         "what must come first",
     ),
     (3, (["a", "z"],), "should be one of"),
-    (4, (3, 128_000_000), "Count that one too"),
-    (4, (1, 64_000_000), "a deeper one does too"),
-    (4, (4, 136_000_000), "over the limit"),
-    (4, (9, 1), "depth from 0"),
-    (4, (2, 24_000_000), "counts shards"),
-    (4, (2, 44_000_000), "smallest layers"),
-    (4, (2, 50_000_000), "k + 1 largest"),
+    (4, ("shard",), "should be a function"),
+    (4, (pp.waits_at_once,), "no overlap"),
     (5, (0.625, "a", RIGHT[5][2]), "spent computing"),
     (5, (1.5, "a", RIGHT[5][2]), "a number between 0 and 1"),
     (5, (0.5, "a", RIGHT[5][2]), "(makespan - compute time) / makespan"),
@@ -122,23 +118,15 @@ def test_build_cases_are_plain_data_and_fixed_by_the_cases_seed():
 
 def right_for(v: Variant) -> dict:
     """Each exercise's right answer for student v, computed here from their numbers."""
-    from course_utils.parallel.fsdp import gathered_bytes_bound
-
     g1 = check.given_1(v)
     psi, n = g1["params"], g1["N"]
-    g4 = check.given_4(v)
-    fits = [
-        k
-        for k in range(len(g4["layer_numels"]))
-        if gathered_bytes_bound(g4["layer_numels"], g4["N"], k, 4) <= g4["limit_bytes"]
-    ]
     theirs, fixed = check.their_timeline(v), check.their_timeline(v, prefetch=1)
     return {
         6: (programs.fsdp_step,),  # one program for everybody, tried on their own model
         2: (sp.zero,),
         1: (8 * psi + 8 * psi / n, 4 * psi + 12 * psi / n, 16 * psi / n),
         3: (letters(check.ORDER, v),),
-        4: (max(fits), gathered_bytes_bound(g4["layer_numels"], g4["N"], max(fits), 4)),
+        4: (pp.right,),  # one program for everybody, tried at their own depth
         5: (
             1 - theirs.busy_per_device()[0] / theirs.makespan,
             "a",
@@ -154,7 +142,8 @@ def test_every_variant_keeps_the_exercises_sensible():
         for k in seen:
             seen[k].add(repr(getattr(check, f"given_{k}")(v)))
         answers = right_for(v)
-        assert 1 <= answers[4][0] < len(check.given_4(v)["layer_numels"]) - 1  # a real choice
+        g4 = check.given_4(v)
+        assert 1 <= g4["prefetch"] < g4["depth"]  # prefetch matters, and not every layer
         assert 0 < answers[5][0] < 1 and answers[5][2] > 1.1  # the gathers cost, prefetch helps
     assert all(len(s) >= 3 for s in seen.values())
 

@@ -11,6 +11,9 @@ multiple of N and cut into N equal contiguous shards.
 Exercise 8.2's answer is a program every rank runs (`checks.rank_cases.ZeroCase`): ZeRO-2's
 step, judged in the grader (`checks.zero_build`) against one device's steps, the optimizer
 state each rank keeps and the bytes of its collectives.
+Exercise 8.4's answer is a program every rank runs (`checks.prefetch_build.PrefetchCase`):
+FSDP's forward with prefetch depth k, judged in the grader (`checks.prefetch_build`) on its
+outputs, the gathers it issued and waited for, and the gathered layers it held at once.
 Exercise 8.6's answer is a program every rank runs (`checks.programs.ShardCase`): judged in
 the grader from its run's evidence against one device's SGD step, the ZeRO-3 traffic formula
 and a memory target (its shards, one gathered layer and one gradient shard at a time).
@@ -31,6 +34,7 @@ from course_utils.checks import (
     pick,
     programs,
 )
+from course_utils.checks.prefetch_build import PrefetchCase
 from course_utils.checks.programs import ShardCase
 from course_utils.checks.rank_cases import ZeroCase
 
@@ -162,52 +166,32 @@ def exercise_3(g, order) -> str:
 
 
 given_4 = numbers(
-    layer_numels=[2_000_000, 8_000_000, 8_000_000, 8_000_000, 8_000_000, 1_000_000],
-    N=pick("4n", 4, [2, 8]),
-    element_size=4,
-    limit_bytes=pick("4l", 100_000_000, [70_000_000, 130_000_000, 138_000_000]),
+    N=pick("4n", 2, [2, 3]),
+    depth=pick("4d", 4, [4, 5, 6]),
+    hidden=pick("4h", 24, [16, 20, 28]),
+    prefetch=pick("4k", 2, [1, 2, 3]),
+    batch=lambda g: 2 * g.N,
 )
 
 
-@exercise(given_4, prefetch="whole number", gathered="number")
-def exercise_4(g, prefetch, gathered) -> str:
-    """The deepest prefetch whose gathered layers fit the limit, and their bytes."""
-    from course_utils.parallel.fsdp import gathered_bytes_bound
+def cases_4(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
+    """The learner's model and depth (their numbers), then two more drawn afresh: other
+    ranks, depths, widths, prefetch depths (no prefetch among them) and seeds."""
+    g, rng = given_4(variant), variant.cases("4")
+    cases = [PrefetchCase(g.N, g.depth, g.hidden, g.prefetch, seed=4, batch=g.batch)]
+    for k in (rng.choice([0, 1]), rng.choice([2, 3])):
+        n, depth = rng.choice([2, 3]), rng.choice([4, 5])
+        hidden, seed = rng.choice([12, 20, 28]), rng.randint(1, 10**6)
+        cases.append(PrefetchCase(n, depth, hidden, k, seed, batch=n * rng.choice([1, 2])))
+    return {"fsdp_forward": [(case,) for case in cases]}
 
-    numels, n, e, limit = g.layer_numels, g.N, g.element_size, g.limit_bytes
 
-    def bound(k: int) -> int:
-        return gathered_bytes_bound(numels, n, k, e)
+@exercise(given_4, fsdp_forward=programs.as_program, points=3, partial=True)
+def exercise_4(fsdp_forward, variant) -> str:
+    """Build FSDP's forward with prefetch depth k as a per-rank program; judged on its run."""
+    from course_utils.checks.prefetch_build import prefetch_forward  # the grader's
 
-    k = prefetch
-    want = max(d for d in range(len(numels)) if bound(d) <= limit)
-    if k != want:
-        if k == want + 1 and bound(k) > limit:
-            fail(
-                f"With prefetch {k} a worker holds {k + 1} gathered layers: the {k} fetched "
-                "ahead and the one it is computing. Count that one too."
-            )
-        if k < 0 or k >= len(numels):
-            fail(f"`prefetch` is a depth from 0 to {len(numels) - 1}.")
-        if bound(k) > limit:
-            fail(
-                f"With prefetch {k} the gathered layers can take {bound(k):,} bytes: over "
-                "the limit."
-            )
-        fail(f"Prefetch {k} fits, but a deeper one does too.")
-    shard, smallest = bound(k) / n, sum(sorted(numels)[: k + 1]) * e
-    hints = {
-        "`gathered` counts shards; a gathered layer is the whole layer, on every worker.": shard,
-        "`gathered` adds the smallest layers; the bound must hold for the largest.": smallest,
-        "`gathered` is not right: the k + 1 largest layers, whole, in bytes.": OTHERWISE,
-    }
-    judge(gathered, bound(k), "gathered", hints, unit="bytes")
-    deeper = f" ({bound(k + 1):,} with one more)" if k + 1 < len(numels) else ""
-    return (
-        f"Right: prefetch {k} holds up to {bound(k):,} bytes of gathered layers{deeper}. "
-        "Deeper prefetch hides more gather time only while the gathers are slower than the "
-        "compute; the memory it costs is always paid."
-    )
+    return prefetch_forward(fsdp_forward, cases_4(variant)["fsdp_forward"])
 
 
 given_5 = numbers(

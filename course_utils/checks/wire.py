@@ -39,6 +39,7 @@ CASES = {
     "TPCase": "course_utils.checks.rank_cases",
     "ColumnCase": "course_utils.checks.rank_cases",
     "ZeroCase": "course_utils.checks.rank_cases",
+    "PrefetchCase": "course_utils.checks.prefetch_build",
     "GroupsCase": "course_utils.checks.rank_cases",
     "ZigzagCase": "course_utils.checks.rank_cases",
     "CapacityCase": "course_utils.checks.rank_cases",
