@@ -30,6 +30,7 @@ CASES = {
     "AttentionCase": "course_utils.checks.programs",
     "DispatchCase": "course_utils.checks.programs",
     "VCase": "course_utils.checks.pipeline_cases",
+    "VSplitCase": "course_utils.checks.pipeline_cases",
     "GridCase": "course_utils.checks.pipeline_cases",
     "RingCase": "course_utils.checks.rank_cases",
     "DDPCase": "course_utils.checks.rank_cases",
