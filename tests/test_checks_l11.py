@@ -133,3 +133,15 @@ def test_every_variant_keeps_the_exercises_sensible():
     assert all(len(s) >= 3 for s in seen.values())
     ratios = {right_for(Variant(s))[6][1] for s in ["default", *STUDENTS, "erin"]}
     assert len(ratios) >= 3  # the comparison is not always the same answer
+
+
+def test_11_2_card_shows_the_runs_idle_time_beside_the_formula():
+    """The printed run answers the old question (ZB-V's bubble) from the learner's own order;
+    an order with every W left to the end shows more idle time than the formula."""
+    from course_utils.checks.pipeline_cases import VSplitCase, zb_v_card
+
+    case = VSplitCase(devices=3, chunks=2, microbatches=5, batch=5, hidden=8, depth=6, seed=3)
+    right = zb_v_card(case.run(zbv.RIGHT), case).splitlines()
+    assert right[2].split()[1:4] == ["[2.0,", "2.0,", "2.0]"] and "(p-1) I = 2 units" in right[4]
+    late = zb_v_card(case.run(zbv.W_AT_END), case).splitlines()
+    assert late[2].split()[1] != "[2.0," and "34 units" in late[2]
