@@ -2,6 +2,7 @@
 
 import layoutprograms as progs
 import pytest
+import zbvprograms as zbv
 from checkskit import STUDENTS
 
 from course_utils.checks import Variant
@@ -24,7 +25,7 @@ def extra_culprit_time() -> float:
 
 RIGHT = {
     1: ([[0, 7], [1, 6], [2, 5], [3, 4]], 0),
-    2: (3.6, 3.6 / 51.6),
+    2: (zbv.RIGHT,),
     3: (progs.v_gpipe,),
     4: (6, 14, 12),
     5: (2, extra_culprit_time(), "a"),
@@ -37,12 +38,14 @@ WRONG = [
     (1, ([[0, 7], [1, 6], [2, 5], [3, 4]], 3), "bottom of the V"),
     (1, ([[0, 7], [1, 6], [2, 5]], 0), "one per device"),
     (1, ([[0, 1], [2, 3], [4, 5], [6, 7]], 0), "not a V"),
-    (2, (4.2, 0.08), "ZB-H1"),
-    (2, (9.0, 0.15), "1F1B"),
-    (2, (3.6, 0.075), "relative to the busy time"),
-    (2, (3.6, 3.6 / 27.6), "2m(F+I+W)"),
-    (2, (3.6, 6.98), "percentage"),
-    (2, (3.6, 0.07), "3 significant figures"),
+    (2, (zbv.WHOLE,), "a whole backward"),
+    (2, (zbv.W_IN_I,), "computed W with it"),
+    (2, (zbv.W_FIRST,), "before its I"),
+    (2, (zbv.EAGER_W,), "Every W ran straight after its I"),
+    (2, (zbv.W_AT_END,), "left all its W's to the end"),
+    (2, (zbv.TURN_MESSAGE,), "the turn is no message"),
+    (2, (zbv.NO_STASH,), "take turns on it"),
+    (2, ("zb_v_program",), "should be a function"),
     (3, (progs.looping,), "looping placement"),
     (3, (progs.turn_sent,), "the turn is no message"),
     (3, (progs.down_first,), "up chunk's backwards before its down chunk's"),
@@ -68,17 +71,11 @@ WRONG = [
     (6, (7.2, 3.0, 9), "divide DualPipeV's idle time by ZB-V's"),
     (6, (7.2, 2.4, 8), "ZB-V's peak"),
     (6, (7.2, 2.4, 10), "fullest moment"),
-    # 11.2's wrong idle gets a hint that does not claim a parallelogram with these costs
-    (2, (5.0, 0.08), "part of the wait falls inside the step"),
     # 11.5: picking device 0 for its W-after-I habit is answered with what proves nothing
     (5, (0, 3.0, "a"), "ZB-V's own device 0 runs every W that way"),
     (1, ([[0, 1, 7], [6], [2, 5], [3, 4]], 0), "every device holds exactly two stages"),
     (1, ([[0, 7], [1, 6], [2, 5], [3, 3]], 0), "exactly once"),
     (1, ([[0, 7], [1, 6], [2, 5], [3, 4]], 2), "which device holds the last stage"),
-    (2, (3.0, 0.06), "the warm-up alone"),
-    (2, (7.2, 0.1), "do not double them"),
-    (2, (4.8, 0.08), "p-1 steps, not p"),
-    (2, (3.6, 0.5), "a device's makespan is its busy time"),
     (4, (5, 14, 12), "Count the boundaries between neighbouring stages"),
     (5, (2, 54.0, "a"), "is their makespan"),
     (5, (2, 1.0, "a"), "their makespan minus the makespan of zb_v"),
@@ -88,7 +85,7 @@ WRONG = [
 
 def test_the_default_numbers_are_the_lessons():
     assert extra_culprit_time() == pytest.approx(3.0)
-    assert check.given_2()["p"] == 4 and check.given_6() == {
+    assert check.given_2() == {"p": 3, "m": 6} and check.given_6() == {
         "p": 4,
         "m": 8,
         "F": 1.0,
@@ -100,8 +97,6 @@ def test_the_default_numbers_are_the_lessons():
 def right_for(v: Variant) -> dict:
     """Each exercise with per-student numbers: its right answer for student v, computed here."""
     p1 = check.given_1(v)["p"]
-    g2 = check.given_2(v)
-    idle2 = (g2["p"] - 1) * g2["I"]
     p4 = check.given_4(v)["p"]
     g5 = check.given_5(v)
     theirs = check.their_timeline(v)
@@ -116,7 +111,7 @@ def right_for(v: Variant) -> dict:
     zbv6 = (g6["p"] - 1) * g6["I"]
     return {
         1: ([[d, 2 * p1 - 1 - d] for d in range(p1)], 0),
-        2: (idle2, idle2 / (2 * g2["m"] * (g2["F"] + g2["I"] + g2["W"]) + idle2)),
+        2: (zbv.RIGHT,),  # one program for every student, run on their own V
         3: (progs.v_gpipe,),  # one program for every student, run on their own V
         4: (2 * (p4 - 1), 2 * (2 * p4 - 1), 4 * (p4 - 1)),
         5: (culprit, theirs.makespan - right5.makespan, "a"),
@@ -125,13 +120,12 @@ def right_for(v: Variant) -> dict:
 
 
 def test_every_variant_keeps_the_exercises_sensible():
-    seen = {k: set() for k in (1, 2, 4, 5, 6)}
+    seen = {k: set() for k in (1, 2, 4, 5, 6)}  # 2: the V's shape
     for student in ["default", *STUDENTS, "erin"]:
         v = Variant(student)
         for k in seen:
             seen[k].add(repr(getattr(check, f"given_{k}")(v)))
-        g2, g6 = check.given_2(v), check.given_6(v)
-        assert zb_v_formula_holds(*g2.values())  # the closed form the question uses is exact
+        g6 = check.given_6(v)
         assert zb_v_formula_holds(*g6.values()) and dualpipe_v_formula_holds(*g6.values())
         answers = right_for(v)
         assert answers[5][1] > 0  # the culprit really costs time
@@ -139,3 +133,15 @@ def test_every_variant_keeps_the_exercises_sensible():
     assert all(len(s) >= 3 for s in seen.values())
     ratios = {right_for(Variant(s))[6][1] for s in ["default", *STUDENTS, "erin"]}
     assert len(ratios) >= 3  # the comparison is not always the same answer
+
+
+def test_11_2_card_shows_the_runs_idle_time_beside_the_formula():
+    """The printed run answers the old question (ZB-V's bubble) from the learner's own order;
+    an order with every W left to the end shows more idle time than the formula."""
+    from course_utils.checks.pipeline_cases import VSplitCase, zb_v_card
+
+    case = VSplitCase(devices=3, chunks=2, microbatches=5, batch=5, hidden=8, depth=6, seed=3)
+    right = zb_v_card(case.run(zbv.RIGHT), case).splitlines()
+    assert right[2].split()[1:4] == ["[2.0,", "2.0,", "2.0]"] and "(p-1) I = 2 units" in right[4]
+    late = zb_v_card(case.run(zbv.W_AT_END), case).splitlines()
+    assert late[2].split()[1] != "[2.0," and "34 units" in late[2]

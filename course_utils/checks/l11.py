@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from course_utils import checks
 from course_utils.checks import DEFAULT, OTHERWISE, Variant, exercise, judge, numbers, pick
-from course_utils.checks.pipeline_cases import VCase, v_target
+from course_utils.checks.pipeline_cases import VCase, VSplitCase, v_target, zb_v_timeline
 from course_utils.checks.programs import as_program, drawn_case
 
 for_student = checks.lesson_checks(__name__)
@@ -57,58 +57,50 @@ def exercise_1(g, stages_of_device, loss_device) -> str:
     )
 
 
-def given_2(variant: Variant = DEFAULT) -> dict:
-    p = variant.pick("2p", 4, [3, 5, 6])
-    m = variant.pick("2m", 2 * p, [2 * p - 1, 2 * p, 3 * p])
-    costs = [(1.0, 1.0, 1.0), (0.8, 1.0, 0.6), (1.0, 1.5, 1.2), (0.9, 1.2, 1.0)]
-    F, I, W = variant.pick("2c", (1.0, 1.2, 0.8), costs)  # noqa: N806, E741
-    return {"p": p, "m": m, "F": F, "I": I, "W": W}
+# --------------------------------------------------------------------------- 11.2: ZB-V
 
 
-@exercise(given_2, idle_per_device="number", bubble="number", partial=True)
-def exercise_2(g, idle_per_device, bubble) -> str:
-    """ZB-V inside its condition: idle time per device and the bubble fraction of the step."""
-    from course_utils.pipeline import vshape
+given_2 = numbers(pick("2", (3, 6), [(2, 4), (2, 5), (3, 5), (4, 7)], "p", "m"))
 
-    p, m, F, I, W = g.values()  # noqa: N806, E741
-    assert vshape.zb_v_formula_holds(p, m, F, I, W)
-    want_idle = vshape.zb_v_idle(p, F, I, W)
-    busy = 2 * m * (F + I + W)
-    not_zbv = "`idle_per_device` is not ZB-V's:"
-    hints = {
-        f"{not_zbv} that is ZB-H1's bubble, (p-1)(F+I-W).": (p - 1) * (F + I - W),
-        f"{not_zbv} that is 1F1B's fill and drain, (p-1)(F+B).": (p - 1) * (F + I + W),
-        f"{not_zbv} the warm-up alone: count the cool-down's slant too.": (p - 1) * F,
-        f"{not_zbv} chunk costs already are per chunk: do not double them.": 2 * (p - 1) * I,
-        f"{not_zbv} count the devices the slant crosses: p-1 steps, not p.": p * I,
-        "`idle_per_device` is not right. Inside its condition every ZB-V device idles the same "
-        "total: p-1 steps of one of F, I and W (at F = I = W these are the slanted ends of a "
-        "parallelogram; with these costs part of the wait falls inside the step, but the total "
-        "is the same). Which cost does the cool-down's chain of input gradients "
-        "repeat?": OTHERWISE,
-    }
-    fields = checks.Fields()  # every wrong answer named at once
-    with fields.judging():
-        judge(idle_per_device, want_idle, "idle_per_device", hints, unit="units")
-    want = vshape.bubble_fraction(m, F, I, W, want_idle)
-    mine = vshape.bubble_fraction(m, F, I, W, idle_per_device) if fields.failures else None
-    hints = {
-        "`bubble` follows from your `idle_per_device`, which is not right yet: it comes right "
-        "with it.": mine,
-        "`bubble` is the idle time relative to the busy time. The bubble fraction is idle / "
-        "makespan: add the idle time to the busy time.": want_idle / busy,
-        "Each device runs 2 chunks for each of the m micro-batches: its busy time is "
-        "2m(F+I+W).": want_idle / (m * (F + I + W) + want_idle),
-        "`bubble` is not right: a device's makespan is its busy time, 2m(F+I+W), plus its idle "
-        "time; the bubble fraction is idle / makespan.": OTHERWISE,
-    }
-    with fields.judging():
-        judge(bubble, want, "bubble", hints, unit="fraction")
-    fields.verdict()
+
+def _v_cases(variant: Variant, k: int, kind: type[VCase], seed: int, micro) -> list:
+    """Exercise `k`'s trials: the learner's own V (`g.p` ranks of two stages, `g.m`
+    micro-batches), then two more (2 and 3 ranks, `micro(p)` gives the fewest and most
+    micro-batches; other sizes and seeds): drawn from the student's name in a notebook,
+    secret in the grader."""
+    g, rng = (given_2 if k == 2 else given_3)(variant), variant.cases(str(k))
+    mine = dict(devices=g.p, microbatches=g.m, batch=g.m, hidden=16, depth=2 * g.p, seed=seed)
+    cases = [kind(chunks=2, **mine)]
+    for p in (2, 3):
+        drawn = drawn_case(rng, p, rng.randint(*micro(p)), chunks=2)
+        cases.append(kind(**{k: getattr(drawn, k) for k in drawn.__dataclass_fields__}))
+    return [(case,) for case in cases]
+
+
+def cases_2(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
+    """The learner's own ZB-V, then two more, each with enough micro-batches (2p-1 or more)
+    to fill its V."""
+    return {"zb_v_program": _v_cases(variant, 2, VSplitCase, 12, lambda p: (2 * p - 1, 2 * p + 1))}
+
+
+@exercise(given_2, zb_v_program=as_program, points=3, partial=True)
+def exercise_2(zb_v_program, variant) -> str:
+    """Build ZB-V (2p stages on p ranks in a V, each backward split into I and W) as a
+    per-rank program; its replayed idle time answers the old question, ZB-V's bubble."""
+    from course_utils.checks import zbv_build
+
+    cases = cases_2(variant)["zb_v_program"]
+    for (case,), shown, got in checks.each_call(zb_v_program, cases):
+        zbv_build.judge(got, shown, case)
+    g = given_2(variant)
+    ours = zb_v_timeline(cases[0][0])
+    idle = max(ours.idle(d) for d in range(g.p))
     return (
-        f"Right: every device idles (p-1) I = {want_idle:g} of a {busy + want_idle:g}-unit "
-        f"step, a bubble of {want:.2%}. ZB-V's I/W split fills everything but the slanted ends; "
-        "the ends stay because the first and the last micro-batch must cross the V."
+        f"Right: on your V of {g.p} ranks and two others the gradients equal one device's, "
+        "every W came after its I and left the weights alone in I, and your order replays "
+        f"(F = I = W = 1 unit) to a step no longer than ZB-V's, {ours.makespan:g} units. The "
+        f"W's fill the gaps: a rank idles {idle:g} units, the lesson's (p-1) I, only the V's "
+        "two slanted ends."
     )
 
 
@@ -118,22 +110,9 @@ def exercise_2(g, idle_per_device, bubble) -> str:
 given_3 = numbers(pick("3", (3, 4), [(2, 4), (2, 5), (3, 3), (4, 3)], "p", "m"))
 
 
-def case_3(g) -> VCase:
-    """The learner's own V: `g.p` ranks of two stages, `g.m` micro-batches."""
-    return VCase(
-        devices=g.p, chunks=2, microbatches=g.m, batch=g.m, hidden=16, depth=2 * g.p, seed=11
-    )
-
-
 def cases_3(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
-    """The learner's own V, then two more (2 and 3 ranks, other sizes and seeds): drawn from
-    the student's name in a notebook, secret in the grader."""
-    rng = variant.cases("3")
-    cases = [case_3(given_3(variant))]
-    for p in (2, 3):
-        drawn = drawn_case(rng, p, rng.randint(2, 4), chunks=2)
-        cases.append(VCase(**{k: getattr(drawn, k) for k in drawn.__dataclass_fields__}))
-    return {"v_gpipe_program": [(case,) for case in cases]}
+    """The learner's own V, then two more."""
+    return {"v_gpipe_program": _v_cases(variant, 3, VCase, 11, lambda p: (2, 4))}
 
 
 @exercise(given_3, v_gpipe_program=as_program, points=3, partial=True)

@@ -349,3 +349,95 @@ def split_card(run, case: SplitCase) -> str:
     lines.append(f"most micro-batches held per rank: {run.saved_microbatches}")
     lines.append(f"measured on the virtual clock: a step of {1e3 * run.timeline.makespan:.2f} ms")
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- 11.2: ZB-V
+
+
+@dataclass(frozen=True, repr=False)
+class VSplitCase(VCase):
+    """A `VCase` whose run also records, per rank, each I and W it ran and whether the
+    gradients of the rank's parameters changed inside it: ("3I1", False), ... (an I that
+    changes them computed W with it)."""
+
+    def __course_call__(self, program: Callable) -> dict:
+        split: list[list] = [[] for _ in range(self.devices)]
+        run = self.run(lambda ctx: program(_SplitWatch(ctx, split[ctx.rank])), raise_failure=False)
+        return run.evidence() | {"split": split}
+
+
+class _SplitWatch:
+    """A rank's `ctx` whose `backward_input` and `backward_weight` blocks note whether the
+    gradients of the rank's parameters changed inside them."""
+
+    def __init__(self, ctx, notes: list) -> None:
+        self._ctx, self._notes = ctx, notes
+
+    def __getattr__(self, name: str):
+        return getattr(self._ctx, name)
+
+    def backward_input(self, mb: int, chunk: int = 0):
+        return self._watching(self._ctx.backward_input(mb, chunk))
+
+    def backward_weight(self, mb: int, chunk: int = 0):
+        return self._watching(self._ctx.backward_weight(mb, chunk))
+
+    def _grads(self) -> list:
+        params = [p for stage in self._ctx.stages for p in stage.parameters()]
+        return [
+            None if p.grad is None else (p.grad.data_ptr(), p.grad._version, float(p.grad.sum()))
+            for p in params
+        ]
+
+    @contextmanager
+    def _watching(self, block) -> Iterator[None]:
+        before = self._grads()
+        with block:
+            yield
+        self._notes.append((str(self._ctx.actions[-1]), self._grads() != before))
+
+
+def equal_costs():
+    """The lesson's chunk costs F = I = W = 1 unit, under which ZB-V's idle time per device
+    is (p-1) I once m >= 2p-1 (`vshape.zb_v_idle`)."""
+    from course_utils.pipeline.vshape import chunk_costs
+
+    return chunk_costs(1.0, 1.0, 1.0)
+
+
+def zb_v_timeline(case: VCase, order=None):
+    """The course's ZB-V (`make_schedule("zb-v", p, m)`), or `order` (a `Schedule`),
+    simulated with the lesson's equal chunk costs."""
+    from course_utils.pipeline import make_schedule, simulate
+
+    schedule = order or make_schedule("zb-v", case.devices, case.microbatches)
+    return simulate(schedule, equal_costs())
+
+
+def zb_v_card(run, case: VCase) -> str:
+    """The learner's run (`RankRun`) beside the course's ZB-V on the same V: each rank's idle
+    time and the step, both orders replayed with the lesson's equal chunk costs, and the
+    lesson's (p-1) I."""
+    from course_utils.checks.programs import recorded
+    from course_utils.pipeline.vshape import zb_v_idle
+
+    p, ours = case.devices, zb_v_timeline(case)
+    try:
+        mine = zb_v_timeline(case, recorded(run, case))
+        idle = str([round(mine.idle(d), 3) for d in range(p)])
+        step = f"{mine.makespan:.4g} units"
+    except Exception as exc:  # noqa: BLE001 - an order that cannot be replayed says why
+        idle, step = f"cannot be replayed ({exc})", "-"
+    return "\n".join(
+        [
+            "orders replayed with the lesson's chunk costs F = I = W = 1 unit:",
+            f"{'':8}{'idle per rank (units)':<34}step",
+            f"{'yours':<8}{idle:<34}{step}",
+            f"{'ZB-V':<8}{str([round(ours.idle(d), 3) for d in range(p)]):<34}"
+            f"{ours.makespan:.4g} units",
+            f"the lesson's formula for ZB-V's idle time: (p-1) I = {zb_v_idle(p, 1, 1, 1):g} "
+            f"units per rank (exact once m >= 2p-1 = {2 * p - 1})",
+            f"most micro-batch chunks held per rank: {run.saved_microbatches}",
+            f"measured on the virtual clock: a step of {1e3 * run.timeline.makespan:.2f} ms",
+        ]
+    )

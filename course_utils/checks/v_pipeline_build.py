@@ -7,7 +7,7 @@ the run's evidence (`programs.evidence`), in the grader: where each message went
 neighbours, never looping placement's, the turn kept on its rank), one device's gradients
 on every rank, each activation sent once, every forward before the first backward, the
 order the ranks ran replayed by the simulator against `pipeline_cases.v_fill_drain`, and
-rank 0's peak of saved activations. Only `checks.l11` imports this module.
+rank 0's peak of saved activations. Only `checks.l11` and `checks.zbv_build` import this module.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ DOWN_FIRST = (
 )
 
 
-def _wrong_neighbour(shown: str, run: dict, case: VCase) -> str | None:
+def wrong_neighbour(shown: str, run: dict, case: VCase) -> str | None:
     """A hint for a message sent to a rank that does not hold the stage it was for."""
     p = case.devices
     for rank, sends in enumerate(run["sends"]):
@@ -74,7 +74,7 @@ def _wrong_neighbour(shown: str, run: dict, case: VCase) -> str | None:
     return None
 
 
-def _stopped(shown: str, run: dict, case: VCase) -> str | None:
+def stopped(shown: str, run: dict, case: VCase) -> str | None:
     """A hint for the V's own mistakes in a run that stopped."""
     failure, p = run["failure"], case.devices
     said = str(failure["message"]).rstrip(".")
@@ -98,9 +98,9 @@ def judge(got, shown: str, case: VCase) -> None:
     """Fail with the hint for the program's mistake, unless its run on `case` is fill and
     drain on a V with one device's gradients."""
     run = evidence(got, shown, case)
-    hint = _wrong_neighbour(shown, run, case)
+    hint = wrong_neighbour(shown, run, case)
     if hint is None and run["failure"] is not None:
-        hint = _stopped(shown, run, case)
+        hint = stopped(shown, run, case)
     if hint:
         fail(hint)
     run = pipeline_hints.judged_run(got, shown, case, ADVICE)

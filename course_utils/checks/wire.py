@@ -30,6 +30,7 @@ CASES = {
     "AttentionCase": "course_utils.checks.programs",
     "DispatchCase": "course_utils.checks.programs",
     "VCase": "course_utils.checks.pipeline_cases",
+    "VSplitCase": "course_utils.checks.pipeline_cases",
     "GridCase": "course_utils.checks.pipeline_cases",
     "BudgetCase": "course_utils.checks.pipeline_cases",
     "AccumCase": "course_utils.checks.pipeline_cases",
