@@ -83,6 +83,7 @@ WRONG = [  # (exercise, arguments, words the hint must contain)
     (2, (7 / 71, 53.25), "whole step"),
     (2, (31 / 64, 53.25), "last DEVICE"),
     (2, (0.5, 53.25), "not right yet"),
+    (2, (0.5, 72), "follows from your `bubble_vs_ideal`"),
     (2, (7 / 64, 48), "ideal time"),
     (2, (7 / 64, 69), "unchunked"),
     (2, (7 / 64, 60), "`step_time` is not"),

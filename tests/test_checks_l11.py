@@ -69,6 +69,7 @@ WRONG = [
     (6, (7.2, 1 / 2.4, 9), "upside down"),
     (6, (7.2, 4.2, 9), "difference"),
     (6, (7.2, 3.0, 9), "divide DualPipeV's idle time by ZB-V's"),
+    (6, (6.0, 2.0, 9), "divides your `dualpipe_idle`"),
     (6, (7.2, 2.4, 8), "ZB-V's peak"),
     (6, (7.2, 2.4, 10), "fullest moment"),
     # 11.5: picking device 0 for its W-after-I habit is answered with what proves nothing
