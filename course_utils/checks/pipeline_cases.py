@@ -12,7 +12,8 @@ Lessons 11 and 12: stages not dealt out in a loop. `programs.ProgramCase` places
 rank s mod p. `VCase` (Exercise 11.3) places the 2p stages in a V (rank d holds stage d going
 down and stage 2p-1-d coming back up, as ZB-V does: Qi et al. 2024, arXiv 2401.10241);
 `GridCase` (Exercise 12.9) runs `replicas` copies of a `stages`-stage pipeline, rank r
-holding stage r mod `stages` of replica r // `stages`.
+holding stage r mod `stages` of replica r // `stages`; `VSplitCase` (Exercise 11.2, ZB-V) is a
+V whose I's and W's are noted as `SplitCase`'s are.
 
 Each case is made of numbers only, so it crosses to a learner's kernel like the other cases
 (`wire.CASES`), runs the learner's program on the course's devices with
@@ -362,39 +363,8 @@ class VSplitCase(VCase):
 
     def __course_call__(self, program: Callable) -> dict:
         split: list[list] = [[] for _ in range(self.devices)]
-        run = self.run(lambda ctx: program(_SplitWatch(ctx, split[ctx.rank])), raise_failure=False)
+        run = self.run(lambda ctx: program(_Watched(ctx, split[ctx.rank])), raise_failure=False)
         return run.evidence() | {"split": split}
-
-
-class _SplitWatch:
-    """A rank's `ctx` whose `backward_input` and `backward_weight` blocks note whether the
-    gradients of the rank's parameters changed inside them."""
-
-    def __init__(self, ctx, notes: list) -> None:
-        self._ctx, self._notes = ctx, notes
-
-    def __getattr__(self, name: str):
-        return getattr(self._ctx, name)
-
-    def backward_input(self, mb: int, chunk: int = 0):
-        return self._watching(self._ctx.backward_input(mb, chunk))
-
-    def backward_weight(self, mb: int, chunk: int = 0):
-        return self._watching(self._ctx.backward_weight(mb, chunk))
-
-    def _grads(self) -> list:
-        params = [p for stage in self._ctx.stages for p in stage.parameters()]
-        return [
-            None if p.grad is None else (p.grad.data_ptr(), p.grad._version, float(p.grad.sum()))
-            for p in params
-        ]
-
-    @contextmanager
-    def _watching(self, block) -> Iterator[None]:
-        before = self._grads()
-        with block:
-            yield
-        self._notes.append((str(self._ctx.actions[-1]), self._grads() != before))
 
 
 def equal_costs():

@@ -16,9 +16,7 @@ than ZB-V's. Never on time. Only `checks.l11` imports this module.
 
 from __future__ import annotations
 
-import re
-
-from course_utils.checks import fail, pipeline_hints, v_pipeline_build
+from course_utils.checks import fail, pipeline_hints, v_pipeline_build, zero_bubble_build
 from course_utils.checks.pipeline_cases import VSplitCase, zb_v_timeline
 from course_utils.checks.programs import evidence, recorded
 
@@ -36,58 +34,6 @@ SPLIT = (
     "the input's gradient the rank before waits for, and `with ctx.backward_weight(mb, "
     "chunk):` for W, the weights' gradients nobody waits for."
 )
-
-
-def _early_weight(actions: list) -> str | None:
-    """The first W a rank ran before its own I, if any (as text)."""
-    done = set()
-    for a in actions:
-        if a.kind == "I":
-            done.add((a.stage, a.microbatch))
-        if a.kind == "W" and (a.stage, a.microbatch) not in done:
-            return str(a)
-    return None
-
-
-def _split_mistakes(shown: str, run: dict) -> None:
-    """Fail on the mistakes only a split backward makes: a W before its I, a graph freed by
-    I, a backward left whole, an I that computed W with it."""
-    for rank, actions in enumerate(run["actions"]):
-        early = _early_weight(actions)
-        if early:
-            fail(
-                f"{shown}: rank {rank} ran {early} before its I. W needs what I left: the "
-                "gradient that came back for that micro-batch. Each W runs after its own I; "
-                "what may wait is W, never I."
-            )
-    failure = run["failure"]
-    said = str(failure["message"]) if failure else ""
-    if "backward through the graph a second time" in said:
-        where = re.search(r"\((in|after) [^()]*\)$", said)
-        fail(
-            f"{shown}: rank {failure['rank']} went back through a graph autograd had already "
-            f"freed{' (' + where.group(0)[1:-1] + ')' if where else ''}. An I frees the "
-            "graph unless told to keep it, and its W still needs that graph: I keeps it "
-            "(`retain_graph=True`), W, the last to use it, lets it go."
-        )
-    for rank, actions in enumerate(run["actions"]):
-        whole = next((a for a in actions if a.kind == "B"), None)
-        if whole is not None and failure is None:
-            fail(
-                f"{shown}: rank {rank} ran {whole}, a whole backward: its W ran together "
-                f"with its I, so the rank before waited for both. {SPLIT}"
-            )
-    for rank, notes in enumerate(run["split"]):
-        if not all(isinstance(n, list | tuple) and len(n) == 2 for n in notes):
-            fail(f"{shown} did not come back as the record of a run: it cannot be judged.")
-        changed = next((str(a) for a, touched in notes if "I" in str(a) and touched), None)
-        if changed:
-            fail(
-                f"{shown}: rank {rank}'s {changed} changed the weights' gradients: that I "
-                "computed W with it, and the gradient's trip back waited for W's work too. I "
-                "asks autograd for the gradient of the stage's input alone "
-                "(`torch.autograd.grad`); the weights' gradients wait for W."
-            )
 
 
 def _delays(actions: list) -> list[int]:
@@ -142,7 +88,10 @@ def judge(got, shown: str, case: VSplitCase) -> None:
         hint = v_pipeline_build.stopped(shown, run, case)
     if hint:
         fail(hint)
-    _split_mistakes(shown, run)
+    zero_bubble_build.split_mistakes(
+        shown, run, f": its W ran together with its I, so the rank before waited for both. {SPLIT}"
+    )
+    zero_bubble_build.weights_left_alone(shown, run)
     judged = pipeline_hints.judged_run(got, shown, case, ADVICE)
     judged["split"] = run["split"]
     _slow_order(shown, judged, case)

@@ -39,6 +39,18 @@ def before_run(got, shown: str, case: SplitCase) -> dict:
     """The run's evidence, once the mistakes only a split backward makes are ruled out: a W
     before its I, an I that does not keep the graph for its W, a backward left whole."""
     run = evidence(got, shown, case, per_rank=("split",))
+    split_mistakes(
+        shown,
+        run,
+        ". Split each backward in two, each marked: `with ctx.backward_input(mb):` for I and "
+        "`with ctx.backward_weight(mb):` for W.",
+    )
+    return run
+
+
+def split_mistakes(shown: str, run: dict, whole: str) -> None:
+    """Fail on the mistakes only a split backward makes (4.4's ZB-H1, 11.2's ZB-V): a W
+    before its I, a graph freed by I, a backward left whole (`whole` ends that hint)."""
     for rank, actions in enumerate(run["actions"]):
         early = _early_weight(actions)
         if early:
@@ -59,20 +71,13 @@ def before_run(got, shown: str, case: SplitCase) -> dict:
         )
     if failure is None:
         for rank, actions in enumerate(run["actions"]):
-            whole = next((a for a in actions if a.kind == "B"), None)
-            if whole is not None:
-                fail(
-                    f"{shown}: rank {rank} ran {whole}, a whole backward. Split each backward "
-                    "in two, each marked: `with ctx.backward_input(mb):` for I and `with "
-                    "ctx.backward_weight(mb):` for W."
-                )
-    return run
+            b = next((a for a in actions if a.kind == "B"), None)
+            if b is not None:
+                fail(f"{shown}: rank {rank} ran {b}, a whole backward{whole}")
 
 
-def judge(shown: str, run: dict, case: SplitCase) -> None:
-    """Fail unless every I left the weights alone, no rank held more than under ZB-H1, and
-    the order replays to ZB-H1's step (`run`: judged whole already, with one device's
-    gradients, by `pipeline_hints.judged_run`)."""
+def weights_left_alone(shown: str, run: dict) -> None:
+    """Fail unless every I left the weights' gradients alone (the case's notes)."""
     for rank, notes in enumerate(run["split"]):
         if not all(isinstance(n, list | tuple) and len(n) == 2 for n in notes):
             fail(f"{shown} did not come back as the record of a run: it cannot be judged.")
@@ -80,10 +85,17 @@ def judge(shown: str, run: dict, case: SplitCase) -> None:
         if changed:
             fail(
                 f"{shown}: rank {rank}'s {changed} changed the weights' gradients: that I "
-                "computed W with it, and the gradient's trip back waited for W's work too. I asks "
-                "autograd for the gradient of the stage's input alone; the weights' "
-                "gradients wait for W."
+                "computed W with it, and the gradient's trip back waited for W's work too. I "
+                "asks autograd for the gradient of the stage's input alone "
+                "(`torch.autograd.grad`); the weights' gradients wait for W."
             )
+
+
+def judge(shown: str, run: dict, case: SplitCase) -> None:
+    """Fail unless every I left the weights alone, no rank held more than under ZB-H1, and
+    the order replays to ZB-H1's step (`run`: judged whole already, with one device's
+    gradients, by `pipeline_hints.judged_run`)."""
+    weights_left_alone(shown, run)
     want = target(case, "zb-h1")
     for rank, held in enumerate(run["saved_microbatches"]):
         if held > want.held[rank]:
