@@ -382,7 +382,7 @@ def test_as_dict_names_the_keys_it_needs():
         as_dict({"a": 1}, "d", ("a", "b"))
 
 
-def test_a_diagnosis_judges_its_answers_in_order_and_never_names_the_right_one(capsys):
+def test_a_diagnosis_judges_every_answer_and_never_names_the_right_one(capsys):
     from course_utils.checks import OTHERWISE, RIGHT
 
     namespace = {"__name__": "course_utils.checks.l03", "exercise": checks.exercise}
@@ -397,8 +397,10 @@ def test_a_diagnosis_judges_its_answers_in_order_and_never_names_the_right_one(c
     assert capsys.readouterr().out == "✅ Right.\n"
     with pytest.raises(CheckFailed, match=r"^`problem` = 'c' is not it\. Sends are fast\.$"):
         check("c", "a")
-    with pytest.raises(CheckFailed, match=r"^`problem` is right\. `fix` = 'd' is not it\. What"):
-        check("b", "d")
+    with pytest.raises(CheckFailed, match=r"^`fix` = 'd' is not it\. What lets stages overlap\?$"):
+        check("b", "d")  # the right `problem` is not named (it would give it away)
+    with pytest.raises(CheckFailed, match=r"2 answers are not right yet:\n- `problem` = 'c'"):
+        check("c", "d")  # every wrong answer at once
     with pytest.raises(CheckFailed, match=r"one of 'a', 'b', 'c', 'd'"):  # in order: no clue
         check("e", "a")
 

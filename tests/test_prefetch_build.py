@@ -14,7 +14,7 @@ import pytest
 from prefetchprograms import MISTAKES, never_freed, right
 
 from course_utils.checks import CheckFailed, NotAnswered, Variant, l08
-from course_utils.checks.prefetch_build import PrefetchCase
+from course_utils.checks.recorded_cases import PrefetchCase
 from course_utils.checks.wire import Replay, call_outcome, decode, encode
 
 

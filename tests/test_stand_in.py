@@ -29,6 +29,7 @@ import pytest
 
 from course_utils import checks
 from course_utils.checks import Given, Variant
+from course_utils.checks import fields as fields_module
 from course_utils.grading import stand_in
 from course_utils.grading.grader import solution_for
 
@@ -92,8 +93,9 @@ def expected_values(module: ModuleType, variant: Variant) -> list:
 
     saved = {name: getattr(module, name, None) for name in ("judge", "expect_choice")}
     module.judge, module.expect_choice = record_judge, record_choice  # type: ignore[attr-defined]
-    saved_checks = (checks.judge, checks.expect_choice)
+    saved_checks = (checks.judge, checks.expect_choice, fields_module.judge)
     checks.judge, checks.expect_choice = record_judge, record_choice  # type: ignore[assignment]
+    fields_module.judge = record_judge  # type: ignore[assignment]  (what Fields.judge calls)
     try:
         for name in dir(module):
             if not (name.startswith("exercise_") and name.removeprefix("exercise_").isdigit()):
@@ -115,7 +117,7 @@ def expected_values(module: ModuleType, variant: Variant) -> list:
         for name, value in saved.items():
             if value is not None:
                 setattr(module, name, value)
-        checks.judge, checks.expect_choice = saved_checks
+        checks.judge, checks.expect_choice, fields_module.judge = saved_checks
     return [w for w in wants if not isinstance(w, Anything) and not callable(w)]
 
 

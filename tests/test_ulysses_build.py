@@ -14,7 +14,7 @@ import ulyssesprograms as up
 from checkskit import fails_with_its_own_hint
 
 from course_utils.checks import CheckFailed, Variant, l09
-from course_utils.checks.ulysses_build import UlyssesCase
+from course_utils.checks.recorded_cases import UlyssesCase
 from course_utils.checks.wire import Replay, call_outcome, decode, encode
 
 

@@ -11,7 +11,7 @@ multiple of N and cut into N equal contiguous shards.
 Exercise 8.2's answer is a program every rank runs (`checks.rank_cases.ZeroCase`): ZeRO-2's
 step, judged in the grader (`checks.zero_build`) against one device's steps, the optimizer
 state each rank keeps and the bytes of its collectives.
-Exercise 8.4's answer is a program every rank runs (`checks.prefetch_build.PrefetchCase`):
+Exercise 8.4's answer is a program every rank runs (`checks.recorded_cases.PrefetchCase`):
 FSDP's forward with prefetch depth k, judged in the grader (`checks.prefetch_build`) on its
 outputs, the gathers it issued and waited for, and the gathered layers it held at once.
 Exercise 8.6's answer is a program every rank runs (`checks.programs.ShardCase`): judged in
@@ -34,9 +34,9 @@ from course_utils.checks import (
     pick,
     programs,
 )
-from course_utils.checks.prefetch_build import PrefetchCase
 from course_utils.checks.programs import ShardCase
 from course_utils.checks.rank_cases import ZeroCase
+from course_utils.checks.recorded_cases import PrefetchCase
 
 for_student = checks.lesson_checks(__name__)
 

@@ -304,7 +304,7 @@ given_7 = numbers(
 def cases_7(variant: Variant = DEFAULT) -> dict[str, list[tuple]]:
     """The learner's ranks twice (causal, then not), then two more: in the notebook fixed by
     their name, in the grader drawn afresh; every case's ranks divide its heads."""
-    from course_utils.checks.ulysses_build import UlyssesCase
+    from course_utils.checks.recorded_cases import UlyssesCase
 
     g, rng = given_7(variant), variant.cases("7")
     mine = {"devices": g.N, "tokens": g.tokens, "heads": g.heads, "dim": g.dim}

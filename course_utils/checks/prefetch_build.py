@@ -15,54 +15,9 @@ layer gathered twice, a prefetch shallower or deeper than k.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 from course_utils import checks
 from course_utils.checks import fail, programs
-
-
-@dataclass(frozen=True)
-class PrefetchCase:
-    """`devices` ranks run the forward of the course's MLP (16 inputs, `depth` blocks of
-    `hidden`, 10 classes: depth + 1 layers, each an FSDP unit) made from `seed`, prefetching
-    `prefetch` layers ahead; `batch` rows, an equal share per rank."""
-
-    devices: int
-    depth: int
-    hidden: int
-    prefetch: int
-    seed: int
-    batch: int
-
-    def __post_init__(self) -> None:
-        for name, value in vars(self).items():
-            least = 0 if name == "prefetch" else 1
-            if not isinstance(value, int) or isinstance(value, bool) or value < least:
-                raise ValueError(f"PrefetchCase.{name} must be a whole number >= {least}")
-
-    @property
-    def layers(self) -> int:
-        return self.depth + 1
-
-    def __repr__(self) -> str:
-        return (
-            f"{self.devices} ranks, MLP 16-{self.hidden}x{self.depth}-10 ({self.layers} layers), "
-            f"prefetch {self.prefetch}, batch {self.batch}, seed {self.seed}"
-        )
-
-    def build(self):
-        """(model, inputs, targets), the same in every process."""
-        from course_utils.checks.rank_cases import seeded_mlp
-
-        return seeded_mlp(self.seed, 16, self.hidden, 10, self.depth, self.batch)
-
-    def __course_call__(self, program: Callable) -> dict:
-        from course_utils.parallel.fsdp.prefetch_program import run_prefetch_program
-
-        model, x, _ = self.build()
-        return run_prefetch_program(program, model, self.devices, x, self.prefetch)
-
+from course_utils.checks.recorded_cases import PrefetchCase
 
 STOPPED = {
     "deadlock": "An all-gather completes only when every rank calls it: every rank gathers "

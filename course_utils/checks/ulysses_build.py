@@ -18,11 +18,9 @@ not causal.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
-
 from course_utils.checks import each_call, fail, programs
 from course_utils.checks.rank_cases import close
+from course_utils.checks.recorded_cases import UlyssesCase
 
 STOPPED = {
     "deadlock": "A collective waits for every rank: each rank calls ctx.comm.all_to_all the "
@@ -35,60 +33,6 @@ LOCAL_MASK = (
     "all-to-all the rank holds all L tokens in order, so the causal mask is over global "
     "positions, (L, L): query i sees keys 0 to i of the whole sequence."
 )
-
-
-@dataclass(frozen=True)
-class UlyssesCase:
-    """Exercise 9.7: `devices` ranks of `tokens` tokens each, `heads` heads of dimension
-    `dim`, causal (1) or not (0), made from `seed`; `devices` must divide `heads`."""
-
-    devices: int
-    tokens: int
-    heads: int
-    dim: int
-    causal: int
-    seed: int
-
-    def __post_init__(self) -> None:
-        for name, value in asdict(self).items():
-            low = 0 if name == "causal" else 1
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"UlyssesCase.{name} must be a whole number >= {low}")
-        if self.heads % self.devices:
-            raise ValueError(
-                f"UlyssesCase: {self.devices} ranks must divide the {self.heads} heads (each "
-                "rank takes whole heads, an equal share)"
-            )
-
-    def __repr__(self) -> str:
-        mask = "causal" if self.causal else "not causal"
-        return (
-            f"{self.devices} ranks, {self.tokens} tokens each, {self.heads} heads of dim "
-            f"{self.dim}, {mask}, seed {self.seed}"
-        )
-
-    def build(self):
-        """(q, k, v), each (heads, devices x tokens, dim)."""
-        import torch
-
-        gen = torch.Generator().manual_seed(self.seed)
-        shape = (self.heads, self.devices * self.tokens, self.dim)
-        return tuple(torch.randn(shape, generator=gen) for _ in range(3))
-
-    def __course_call__(self, program: Callable) -> dict:
-        import torch
-
-        from course_utils.parallel.context_parallel.ulysses_program import run_ulysses_program
-
-        q, k, v = self.build()
-        run = run_ulysses_program(
-            program, q, k, v, self.devices, bool(self.causal), raise_failure=False
-        )
-        outputs = [
-            r.detach().clone() if isinstance(r, torch.Tensor) else f"a {type(r).__name__}"
-            for r in run.results
-        ]
-        return run.evidence() | {"outputs": outputs}  # its `attended` with it
 
 
 def _readable(calls) -> bool:

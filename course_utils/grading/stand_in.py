@@ -55,6 +55,7 @@ FRAMEWORK = (
     "programs.py",
     "rank_cases.py",
     "pipeline_cases.py",
+    "recorded_cases.py",
     "processes.py",
 )
 USES = re.compile(r"\bl(\d\d)\.([A-Za-z_]\w*)")
