@@ -44,7 +44,7 @@ MAX_SEED = 2**31 - 1
 MAX_GPUS = 65_536  # GPUs the planner searches
 # Each grading job is a worker and a sandboxed kernel with torch, about 300 MB: 4 at once stay
 # under the budget (tests/test_limits.py grades 4 of the heaviest lessons at once).
-MAX_GRADE_JOBS = 4
+MAX_GRADE_JOBS = 3
 MAX_NOTEBOOK_BYTES = 25 * MB  # a submitted notebook (ours are under 1 MB with outputs)
 MAX_ROSTER_BYTES = 5 * MB  # a class list
 

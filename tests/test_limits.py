@@ -2,7 +2,7 @@
 
 Each command is run at the corner of its limits (the sizes its --help promises, together) in
 a child process and must finish with exit code 0 under 1.5 GB (`validation.MEMORY_BUDGET`;
-Binder gives 2 GB), measured as the child's peak resident memory; `grade -j 4`, `distributed`
+Binder gives 2 GB), measured as the child's peak resident memory; `grade -j 3`, `distributed`
 and the torchrun entry point as the proportional set size of their whole process tree
 (workers and kernels; ranks). Then `grade -j 2` is
 killed mid-batch (SIGTERM, SIGKILL, Ctrl-C): 5 s later none of its workers or kernels is

@@ -34,7 +34,7 @@ from course_utils.grading.keep import DEFAULT_KEEP, KEEP
 from course_utils.grading.roster import LMS
 
 HELP = "grade exercise notebooks (each in a sandbox, judged outside the learner's kernel)"
-MAX_JOBS = validation.MAX_GRADE_JOBS  # 4 kernels of about 300 MB each stay under 1.5 GB
+MAX_JOBS = validation.MAX_GRADE_JOBS  # 3 kernels and their grading workers stay under 1.5 GB
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
