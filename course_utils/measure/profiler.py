@@ -22,7 +22,8 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -219,12 +220,49 @@ def profile_step(run: Callable[[], T], path: str | Path, memory: bool = True) ->
     config = _ExperimentalConfig(profile_all_threads=True)
     trace.marker = record_function
     try:
-        with profile(
-            activities=[ProfilerActivity.CPU], profile_memory=memory, experimental_config=config
-        ) as prof:
+        with (
+            _without_kineto_notices(),
+            profile(
+                activities=[ProfilerActivity.CPU],
+                profile_memory=memory,
+                experimental_config=config,
+            ) as prof,
+        ):
             result = run()
     finally:
         trace.marker = None
     prof.export_chrome_trace(str(path))
     torch.set_num_threads(torch.get_num_threads())  # unchanged: the profiler leaves it so
     return result
+
+
+# What PyTorch's profiler library (kineto) writes to the process's stderr as it starts and
+# stops ("USDT:... SyncActivityProfilerHandler.cpp:52] profiler_start"): a notice, not an
+# error, which a notebook would show in red.
+_KINETO_NOTICE = re.compile(
+    r"^USDT:.*SyncActivityProfilerHandler\.cpp:\d+\] profiler_(start|stop)$"
+)
+
+
+@contextmanager
+def _without_kineto_notices() -> Iterator[None]:
+    """The process's stderr (file descriptor 2) held while the profiler runs; what was
+    written to it is passed on afterwards, but for kineto's start and stop notices."""
+    import os
+    import sys
+    import tempfile
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            text = held.read().decode(errors="replace")
+            kept = [ln for ln in text.splitlines() if not _KINETO_NOTICE.match(ln)]
+            if kept:
+                sys.stderr.write("\n".join(kept) + "\n")
