@@ -55,14 +55,12 @@ grad_forward = edit(  # the gradient goes on to the next rank instead of back
     "grad_forward", ("ctx.send(x.grad, to=r - 1", "ctx.send(x.grad, to=r + 1"), text=GPIPE
 )
 no_leaf = edit("no_leaf", ('tag=("act", mb)).requires_grad_()', 'tag=("act", mb))'), text=GPIPE)
-waits_first = edit(  # each rank waits for its gradient before it sends the activation on
-    "waits_first",
-    (
-        "        if r < last:\n",
-        '        if r < last:\n            ctx.recv(r + 1, tag=("grad", mb))\n',
-    ),
-    text=GPIPE,
+# each rank waits for its gradient before it sends the activation on (a deadlock)
+WAITS_FIRST = (
+    "        if r < last:\n",
+    '        if r < last:\n            ctx.recv(r + 1, tag=("grad", mb))\n',
 )
+waits_first = edit("waits_first", WAITS_FIRST, text=GPIPE)
 mixed_order = edit(  # the ranks before the last take the gradients back last in, first out
     "mixed_order",
     (BACKWARDS, BACKWARDS.replace("range(m)", "reversed(range(m)) if r < last else range(m)")),

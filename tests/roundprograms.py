@@ -8,7 +8,7 @@ no other's); `OTHERS_K` are further wrong programs with the words of their hints
 
 from __future__ import annotations
 
-from pipeprograms import BACKWARDS, GPIPE
+from pipeprograms import BACKWARDS, GPIPE, WAITS_FIRST
 from rankprograms import edit
 
 ROUNDS = GPIPE.replace("def gpipe_program(ctx):", "def rounds_program(ctx, budget):").replace(
@@ -56,14 +56,7 @@ lifo_rounds = edit(  # the rounds taken from the last micro-batches first
     "lifo_rounds", ("range(0, m, budget)", "reversed(range(0, m, budget))"), text=ROUNDS
 )
 
-waits_first_rounds = edit(  # each rank waits for its gradient before it sends the activation on
-    "waits_first_rounds",
-    (
-        "        if r < last:\n",
-        '        if r < last:\n            ctx.recv(r + 1, tag=("grad", mb))\n',
-    ),
-    text=ROUNDS,
-)
+waits_first_rounds = edit("waits_first_rounds", WAITS_FIRST, text=ROUNDS)  # waits before it sends
 mixed_rounds = edit(  # the ranks before the last take the gradients back last in, first out
     "mixed_rounds",
     (
@@ -179,14 +172,7 @@ whole_backward = edit(  # the 1F1B program's whole backward kept, marked B
     text=ZB_H1,
 )
 
-waits_first_zb = edit(  # each rank waits for its gradient before it sends the activation on
-    "waits_first_zb",
-    (
-        "        if r < last:\n",
-        '        if r < last:\n            ctx.recv(r + 1, tag=("grad", mb))\n',
-    ),
-    text=ZB_H1,
-)
+waits_first_zb = edit("waits_first_zb", WAITS_FIRST, text=ZB_H1)  # waits before it sends
 mixed_zb = edit(  # rank 0 runs its warm-up forwards last first
     "mixed_zb",
     (
