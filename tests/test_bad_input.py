@@ -255,7 +255,7 @@ TYPED_AND_FAST = [
     (["gantt", "interleaved", "-p", "2", "-m", "3", "-v", "2", "-o", "c.png"], "-p 2, -m 3, -v 2"),
     (["run", "1f1b", "--micro", "0"], "--micro must be"),
     (["schedule", "1f1b", "--stag", "0", "--microbatches", "2"], "--stag must be"),
-    (["grade", "{nb}", "-j", "9"], "-j must be an integer from 1 to 4"),
+    (["grade", "{nb}", "-j", "9"], "-j must be an integer from 1 to 3"),
     (["run", "1f1b", "--microbatches=0"], "--microbatches must be"),
     (["grade", "{nb}", "--roster", "{fifo}"], "--roster"),
     (["grade", "{tmp}/{long}.ipynb"], "submission"),
