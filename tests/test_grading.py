@@ -18,6 +18,7 @@ import math
 from pathlib import Path
 
 import nbformat
+import psutil
 import pytest
 from conftest import NEEDS_BWRAP
 from gradingkit import (
@@ -235,14 +236,28 @@ def slow_kernel_spec(monkeypatch, tmp_path: Path, marker: str, seconds: int = 8)
     monkeypatch.setattr(notebook_tools, "KERNEL_STARTUP_SECONDS", seconds)
 
 
+def children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def test_a_grade_made_in_this_process_leaves_no_kernel_running():
+    # The API's grade_notebook, called from an instructor's script or a test: once it has
+    # returned, its kernel (in the sandbox: bwrap and all it started) is gone and reaped.
+    before = children()
+    assert passed(grade(solved())) == ALL
+    assert children() <= before
+
+
 def test_a_kernel_that_never_starts_is_retried_once_then_reported(monkeypatch, tmp_path):
     # Seen in CI: on a fresh, busy machine a grading kernel did not answer in time. No learner
     # code has run then, so a fresh kernel is safe; if that fails too, the row says why.
     marker = tmp_path / "first-start-happened"
     slow_kernel_spec(monkeypatch, tmp_path, str(marker))
+    before = children()
     result = grade(solved(), sandbox=False)
     assert marker.exists() and result.problem is None
     assert passed(result) == ALL
+    assert children() <= before  # neither the kernel that never answered nor the one that did
     # No kernel is meant to start now: 2 s a try is enough, and the test idles 12 s less.
     slow_kernel_spec(monkeypatch, tmp_path, "never", seconds=2)
     result = grade(solved(), sandbox=False)

@@ -395,6 +395,7 @@ def run_submission(
                     raise KernelStartError(why) from exc
                 continue
             finally:
+                _stop(km, client)
                 _LIVE_KERNELS.discard(km)
                 if box is not None:
                     from course_utils.grading import resources
@@ -538,6 +539,22 @@ def _kill(km) -> None:
             process.send_signal(signal.SIGKILL)
         except (OSError, ValueError):
             pass
+
+
+def _stop(km, client) -> None:
+    """Kill the kernel, reap its process and close the client's sockets, whatever happened:
+    a grade made in a long-lived process (the Python API, the tests) leaves nothing running
+    behind it, as a grading worker's exit does (nbclient stops only a kernel it started)."""
+    _kill(km)
+    process = getattr(km.provisioner, "process", None)
+    if process is not None:
+        try:
+            process.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    kc = getattr(client, "kc", None)
+    if kc is not None:
+        kc.stop_channels()
 
 
 def _run_learner_cell(client, cell, index: int, exercise: int | None, limit: float, run: Run):
