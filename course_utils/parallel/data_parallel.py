@@ -160,14 +160,15 @@ class DataParallel(ThreadRunner):
                 total = 0.0
                 parts = shard_sizes(sizes[rank], self.microbatches)
                 pieces = zip(xs[rank].split(parts), ys[rank].split(parts), strict=True)
-                for mb, (x, y) in enumerate(pieces):
-                    with stream.compute(Action(0, "F", mb)):
-                        # each piece's mean loss, weighted by its share of the batch (module
-                        # doc); backward adds its gradient to the ones already there
-                        loss = self.loss_fn(model(x), y) * (len(x) / batch)
-                    with stream.compute(Action(0, "B", mb)):
-                        loss.backward()
-                    total += loss.item()
+                with self.threads.turn():  # all of this replica's compute in one turn
+                    for mb, (x, y) in enumerate(pieces):
+                        with stream.compute(Action(0, "F", mb)):
+                            # each piece's mean loss, weighted by its share of the batch
+                            # (module doc); backward adds its gradient to those already there
+                            loss = self.loss_fn(model(x), y) * (len(x) / batch)
+                        with stream.compute(Action(0, "B", mb)):
+                            loss.backward()
+                        total += loss.item()
                 grads = [_grad(p) for p in _trainable(model)]
                 with stream.span(Action(0, "REDUCE_GRAD"), "all-reduce"):
                     self.group.comm(rank).all_reduce(grads, op="sum", algorithm=self.algorithm)

@@ -27,8 +27,9 @@ What could still make a virtual figure wrong, and what is done about it:
 - Python's garbage collector could run inside some action and lengthen it: it is paused
   while a step is recorded (`Recorder` as a context manager);
 - freeing and page faults are real CPU work inside an action (a new large tensor is
-  faulted in page by page): allocators keep freed memory for the next step of the same size,
-  so steady-state steps pay little of it; a closed pool returns its memory;
+  faulted in page by page): a device pool makes the C allocator keep freed memory for the
+  next step, as a GPU's caching allocator does (`devices.keep_freed_memory`), so a steady
+  step faults nothing; a closed pool's threads give their memory back to the process;
 - two threads computing at once on neighbouring cores slow each other (shared caches,
   memory bandwidth, hyper-threading units): each measured 20-35% more CPU time for the
   same work on the course's 2-vCPU machine, so a run on the virtual clock pins its device

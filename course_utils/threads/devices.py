@@ -147,6 +147,19 @@ def release_memory() -> None:
         pass
 
 
+# glibc's mallopt parameter numbers (malloc.h), and the largest mmap threshold it accepts
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
+_MMAP_MAX = 32 * 2**20
+
+
+def _mallopt(param: int, value: int) -> bool:
+    """glibc's mallopt; False where the C library has none (macOS, Windows) or refuses."""
+    try:
+        return bool(ctypes.CDLL("libc.so.6").mallopt(param, value))
+    except (OSError, AttributeError):
+        return False
+
+
 @functools.cache
 def _few_malloc_arenas() -> None:
     """Let all device threads share two malloc arenas (what MALLOC_ARENA_MAX=2 does).
@@ -156,13 +169,23 @@ def _few_malloc_arenas() -> None:
     Only arenas made after the call are affected, so it runs before the first pool's
     threads start. Elsewhere than glibc on Linux this does nothing.
     """
-    try:
-        ctypes.CDLL("libc.so.6").mallopt(_M_ARENA_MAX, 2)
-    except (OSError, AttributeError):
-        pass
+    _mallopt(_M_ARENA_MAX, 2)
 
 
-_M_ARENA_MAX = -8  # glibc's mallopt parameter number
+@functools.cache
+def keep_freed_memory() -> bool:
+    """Make the C allocator keep what a step frees for the next step, as a GPU's caching
+    allocator does (PyTorch's CUDA allocator keeps its blocks between steps).
+
+    By default glibc hands an arena's freed top back to the system and maps blocks over
+    128 KB afresh, so each step of the device threads faulted its activations in again,
+    page by page, inside the devices' measured compute: 4,000-9,000 page faults per step of
+    8 data-parallel workers, against none for one thread reusing its memory. Kept (never
+    trimmed while the pool runs; blocks up to 32 MB from the arenas), a steady step faults
+    nothing; a closed pool still gives its memory back (`release_memory`). Once per process;
+    False where it cannot be done (no glibc).
+    """
+    return _mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) and _mallopt(_M_MMAP_THRESHOLD, _MMAP_MAX)
 
 
 def _one_cpu() -> set[int] | None:
@@ -226,6 +249,8 @@ class DeviceThreads:
         self.name = name
         self.abort = threading.Event()
         self.cpus = _one_cpu() if one_core else None
+        self._core = threading.Lock() if one_core else None  # whose turn it is (`turn`)
+        keep_freed_memory()
         self._queues: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(num_devices)]
         self._threads = [
             # daemon only as a last resort: close() and the finalizer join them properly
@@ -245,6 +270,17 @@ class DeviceThreads:
         self._finalizer = weakref.finalize(
             self, _stop_threads, self._queues, self._threads, self.abort
         )
+
+    def turn(self) -> contextlib.AbstractContextManager:
+        """Hold the core for one device's run of compute with no communication inside it
+        (a data-parallel worker's forwards and backwards): no other device of the pool
+        computes meanwhile, so the operating system does not switch to another device halfway
+        and the run finds its own data in the caches, as on its own accelerator. Taking
+        turns at the operating system's pace (every few milliseconds) cost 8 data-parallel
+        workers about 5% more CPU time each than one device doing the same micro-batches in
+        a row. Only on a pool whose devices share one core; elsewhere it does nothing. Never
+        wait for another device inside it: that device may be waiting for the core."""
+        return self._core if self._core is not None else contextlib.nullcontext()
 
     # -- running -------------------------------------------------------------------------
 
