@@ -34,20 +34,12 @@ This module imports torch only when a case is run or judged.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from course_utils.checks import check_function, fail
-from course_utils.checks.rank_cases import seeded_mlp
+from course_utils.checks.rank_cases import seeded_mlp, whole_numbers
 from course_utils.checks.wire import Replay
-
-
-def _whole_numbers(case: Any) -> None:
-    """Every field of `case` a whole number >= 1 (a case is numbers, so that it can cross)."""
-    for name, value in asdict(case).items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            kind = type(case).__name__
-            raise ValueError(f"{kind}.{name} must be a whole number >= 1, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -67,7 +59,7 @@ class ProgramCase:
     chunks: int = 1
 
     def __post_init__(self) -> None:
-        _whole_numbers(self)
+        whole_numbers(self)
 
     def __repr__(self) -> str:  # what a learner reads in a message; unique per case (`Replay`)
         shape = f"MLP {self.d_in}-{self.hidden}x{self.depth}-{self.classes}"
@@ -148,7 +140,7 @@ class ShardCase:
     classes: int = 10
 
     def __post_init__(self) -> None:
-        _whole_numbers(self)
+        whole_numbers(self)
 
     def __repr__(self) -> str:
         shape = f"MLP {self.d_in}-{self.hidden}x{self.depth}-{self.classes}"
@@ -179,7 +171,7 @@ class AttentionCase:
     sharp: int = 1
 
     def __post_init__(self) -> None:
-        _whole_numbers(self)
+        whole_numbers(self)
 
     def __repr__(self) -> str:
         sharp = f", queries x {self.sharp} (sharp attention)" if self.sharp > 1 else ""
@@ -219,7 +211,7 @@ class DispatchCase:
     seed: int
 
     def __post_init__(self) -> None:
-        _whole_numbers(self)
+        whole_numbers(self)
 
     def __repr__(self) -> str:
         return (

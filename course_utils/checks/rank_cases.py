@@ -27,14 +27,21 @@ from course_utils.threads.links import Links
 RING_LINKS = Links(8, 2e7, 2e6, 5e-6, name="grading")
 
 
+def whole_numbers(case: Any, least: dict[str, int] | None = None) -> None:
+    """Every field of the dataclass `case` a whole number >= 1, or >= `least[name]` where
+    given (a case is numbers, so that it can cross to the kernel)."""
+    for name, value in asdict(case).items():
+        floor = (least or {}).get(name, 1)
+        if not isinstance(value, int) or isinstance(value, bool) or value < floor:
+            kind = type(case).__name__
+            raise ValueError(f"{kind}.{name} must be a whole number >= {floor}, got {value!r}")
+
+
 class _Case:
     """A case is made of whole numbers >= 1 (checked when it is made)."""
 
     def __post_init__(self) -> None:
-        for name, value in asdict(self).items():  # type: ignore[call-overload]
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                kind = type(self).__name__
-                raise ValueError(f"{kind}.{name} must be a whole number >= 1, got {value!r}")
+        whole_numbers(self)
 
 
 def close(got: Any, want: Any) -> bool:

@@ -12,7 +12,9 @@ here. This module imports torch only when a case is built or run.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+
+from course_utils.checks.rank_cases import whole_numbers
 
 
 @dataclass(frozen=True)
@@ -29,10 +31,7 @@ class PrefetchCase:
     batch: int
 
     def __post_init__(self) -> None:
-        for name, value in vars(self).items():
-            least = 0 if name == "prefetch" else 1
-            if not isinstance(value, int) or isinstance(value, bool) or value < least:
-                raise ValueError(f"PrefetchCase.{name} must be a whole number >= {least}")
+        whole_numbers(self, {"prefetch": 0})
 
     @property
     def layers(self) -> int:
@@ -70,10 +69,7 @@ class UlyssesCase:
     seed: int
 
     def __post_init__(self) -> None:
-        for name, value in asdict(self).items():
-            low = 0 if name == "causal" else 1
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ValueError(f"UlyssesCase.{name} must be a whole number >= {low}")
+        whole_numbers(self, {"causal": 0})
         if self.heads % self.devices:
             raise ValueError(
                 f"UlyssesCase: {self.devices} ranks must divide the {self.heads} heads (each "
