@@ -67,29 +67,11 @@ def validate(args) -> None:
         raise CourseInputError(f"--stage must be 1, 2 or 3, got {args.stage!r}")
 
 
-def compare(
-    workers: int,
-    stage: int = 3,
-    prefetch: int = 1,
-    steps: int = 3,
-    microbatches: int = 1,
-    clock: str = "virtual",
-    links=None,
-) -> dict:
-    """Train with ZeRO on threads and on one device; the figures the command prints."""
+def model_and_batches(steps: int):
+    """The command's MLP (float64, seed 0) and `steps` batches of `BATCH` samples."""
     import torch
 
     from course_utils.models import MLP
-    from course_utils.parallel.data_parallel import max_param_diff
-    from course_utils.parallel.fsdp import (
-        ShardedDataParallel,
-        costs_from_timeline,
-        dp_traffic_bytes,
-        fsdp_traffic_bytes,
-        simulate_fsdp,
-        single_device_steps,
-        zero_memory_bytes,
-    )
 
     torch.manual_seed(0)
     model = MLP(**LAYERS).double()
@@ -101,6 +83,39 @@ def compare(
         )
         for _ in range(steps)
     ]
+    return model, batches
+
+
+def simulation(result, numels, element_size, stage, prefetch, microbatches, links=None):
+    """The costs read off a measured step (`FSDPStepResult`) and `simulate_fsdp`'s step from
+    them: (costs, simulated timeline). `links`: the run's emulated links (virtual clock)."""
+    from course_utils.parallel.fsdp import costs_from_timeline, simulate_fsdp
+
+    workers = len(result.memory)
+    costs = costs_from_timeline(result.timeline, numels, workers, element_size, links)
+    return costs, simulate_fsdp(costs, workers, stage, prefetch, microbatches)
+
+
+def compare(
+    workers: int,
+    stage: int = 3,
+    prefetch: int = 1,
+    steps: int = 3,
+    microbatches: int = 1,
+    clock: str = "virtual",
+    links=None,
+) -> dict:
+    """Train with ZeRO on threads and on one device; the figures the command prints."""
+    from course_utils.parallel.data_parallel import max_param_diff
+    from course_utils.parallel.fsdp import (
+        ShardedDataParallel,
+        dp_traffic_bytes,
+        fsdp_traffic_bytes,
+        single_device_steps,
+        zero_memory_bytes,
+    )
+
+    model, batches = model_and_batches(steps)
     reference, _ = single_device_steps(model, batches, lr=LR)
     with ShardedDataParallel(
         model,
@@ -120,8 +135,9 @@ def compare(
     last = results[-1]
     timed = min(results[1:] or results, key=lambda r: r.step_time_s)
     modelled = links if clock == "virtual" else None
-    costs = costs_from_timeline(timed.timeline, numels, workers, element_size, modelled)
-    simulated = simulate_fsdp(costs, workers, stage, prefetch, microbatches)
+    costs, simulated = simulation(
+        timed, numels, element_size, stage, prefetch, microbatches, modelled
+    )
     formula = zero_memory_bytes(numels, workers, stage, element_size)
     traffic = fsdp_traffic_bytes(numels, workers, stage, microbatches, element_size)
     dp = dp_traffic_bytes(numels, workers, element_size)

@@ -98,26 +98,52 @@ def validate(args) -> None:
         )
 
 
-def compare(args, links=None) -> dict:
-    """Run the step on threads and on one device; return the figures the command prints."""
+def model_and_inputs(args):
+    """The command's MoE layer and its tokens and output gradient, from its flags."""
     import torch
 
-    from course_utils.parallel.moe import (
-        ExpertParallel,
-        MoE,
-        all_to_all_bytes_per_worker,
-        fit_costs,
-        measured_expert_seconds,
-        reference_step,
-        simulate_moe,
-    )
-    from course_utils.threads.ring import chunk_bounds
+    from course_utils.parallel.moe import MoE
 
     torch.manual_seed(args.seed)
     moe = MoE(D_MODEL, HIDDEN, args.experts, args.top_k, args.capacity_factor, args.skew)
     gen = torch.Generator().manual_seed(args.seed + 1)
     x = torch.randn(args.tokens, D_MODEL, generator=gen)
     dy = torch.randn(args.tokens, D_MODEL, generator=gen)
+    return moe, x, dy
+
+
+def simulation(got, moe, workers: int, links=None):
+    """`simulate_moe`'s step for a measured one (`ExpertParallel.step`), from its own costs;
+    `links`: the run's emulated links (virtual clock)."""
+    from course_utils.parallel.moe import fit_costs, measured_expert_seconds, simulate_moe
+    from course_utils.threads.ring import chunk_bounds
+
+    replicated = sum(
+        p.numel() * p.element_size() for p in (*moe.norm.parameters(), *moe.router.parameters())
+    )
+    tokens = len(got.output)
+    return simulate_moe(
+        got.routed,
+        workers,
+        fit_costs(got, links),
+        D_MODEL,
+        moe.top_k,
+        replicated_bytes=replicated,
+        unit="s",
+        tokens_per_worker=[hi - lo for lo, hi in chunk_bounds(tokens, workers)],
+        expert_seconds=measured_expert_seconds(got),
+    )
+
+
+def compare(args, links=None) -> dict:
+    """Run the step on threads and on one device; return the figures the command prints."""
+    from course_utils.parallel.moe import (
+        ExpertParallel,
+        all_to_all_bytes_per_worker,
+        reference_step,
+    )
+
+    moe, x, dy = model_and_inputs(args)
     aux_weight = 0.01  # Switch's alpha
     ref = reference_step(moe, x, dy, aux_weight, groups=args.workers)
     clock = getattr(args, "clock", "virtual")
@@ -125,22 +151,7 @@ def compare(args, links=None) -> dict:
         got = fastest_run(lambda: ep.step(x, dy, aux_weight))
     grad_diff = max((got.grads[n] - g).abs().max().item() for n, g in ref.grads.items())
     grad_diff = max(grad_diff, (got.input_grad - ref.input_grad).abs().max().item())
-    replicated = sum(
-        p.numel() * p.element_size() for p in (*moe.norm.parameters(), *moe.router.parameters())
-    )
-    costs = fit_costs(got, links if clock == "virtual" else None)
-    tokens_per_worker = [hi - lo for lo, hi in chunk_bounds(args.tokens, args.workers)]
-    simulated = simulate_moe(
-        got.routed,
-        args.workers,
-        costs,
-        D_MODEL,
-        args.top_k,
-        replicated_bytes=replicated,
-        unit="s",
-        tokens_per_worker=tokens_per_worker,
-        expert_seconds=measured_expert_seconds(got),
-    )
+    simulated = simulation(got, moe, args.workers, links if clock == "virtual" else None)
     measured = got.timeline
     assert measured is not None  # the run above was recorded
     return {
