@@ -8,7 +8,7 @@ import math
 import os
 import signal
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import TypeVar
 
 from course_utils import validation
 from course_utils.errors import CourseInputError
@@ -244,19 +244,13 @@ def links_from_args(args: argparse.Namespace):
 
 
 def fastest_run(run: Callable[[], T], repeats: int = 3) -> T:
-    """Call `run` once to warm up (first calls allocate and initialise), then `repeats` times.
-    On the virtual clock: the runs put together, each compute burst at its least CPU time
-    (`measure.timing.steady`: noise only ever adds time); otherwise, or where the runs did not
-    record the same operations, the result whose recorded timeline is shortest."""
-    from course_utils.measure.timing import compare, steady
+    """Call `run` once to warm up (first calls allocate and initialise), then `repeats` times;
+    the runs put together (`measure.timing.least_disturbed`: on the virtual clock every
+    compute burst at its least CPU time, since other work only ever adds time)."""
+    from course_utils.measure.timing import least_disturbed
 
-    timing = compare({"run": run}, repeats, warmup=1, budget_s=math.inf, time_of=_makespan)["run"]
-    timing.steady = steady(timing)
-    return cast(T, timing.best_result)
-
-
-def _makespan(result: Any) -> float:
-    return result.timeline.makespan if result.timeline is not None else 0.0
+    run()
+    return least_disturbed([run() for _ in range(repeats)])
 
 
 def add_json_and_clock_arguments(parser: argparse.ArgumentParser) -> None:

@@ -106,6 +106,7 @@ def compare(
     links=None,
 ) -> dict:
     """Train with ZeRO on threads and on one device; the figures the command prints."""
+    from course_utils.measure.timing import least_disturbed
     from course_utils.parallel.data_parallel import max_param_diff
     from course_utils.parallel.fsdp import (
         ShardedDataParallel,
@@ -130,10 +131,10 @@ def compare(
         results = [zero.step(x, y) for x, y in batches]
         diff = max_param_diff(reference, zero.to_model())
         numels, element_size = zero.layer_numels, zero.element_size
-    # bytes and memory: the last step; time: the least disturbed step after the first (its
-    # first calls allocate and initialise)
+    # bytes and memory: the last step; time: the steps after the first (its first calls
+    # allocate and initialise) put together, each burst at its least CPU time
     last = results[-1]
-    timed = min(results[1:] or results, key=lambda r: r.step_time_s)
+    timed = least_disturbed(results[1:] or results)
     modelled = links if clock == "virtual" else None
     costs, simulated = simulation(
         timed, numels, element_size, stage, prefetch, microbatches, modelled

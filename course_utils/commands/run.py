@@ -113,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
+    from course_utils.measure.timing import least_disturbed
     from course_utils.models import build_model, loss_fn, partition
     from course_utils.pipeline.executor import (
         PipelineExecutor,
@@ -133,9 +134,9 @@ def run(args: argparse.Namespace) -> int:
     with PipelineExecutor(stages, p, loss_fn, clock=args.clock, links=links) as ex:
         try:
             ex.step(schedule, x, y, fail_at=fail_at)  # warm-up (first-call costs)
-            # the least disturbed of a few steps, like the unsplit baseline (same batch, so
-            # the gradients compared below are the same whichever step is kept)
-            result = min((ex.step(schedule, x, y) for _ in range(3)), key=lambda r: r.step_s)
+            # three steps put together, each burst at its least CPU time (the same batch, so
+            # the gradients compared below are the same whichever step they come from)
+            result = least_disturbed([ex.step(schedule, x, y) for _ in range(3)])
         except (WorkerError, ScheduleError) as err:
             print(f"python -m course_utils run: {err}", file=sys.stderr)
             return 1
