@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from course_utils.distributed.cluster import free_port
 from course_utils.distributed.job import Place, make_plan, place_from_env
 from course_utils.distributed.launch import Job, _failure, launch, start_agent, torchrun_command
 from course_utils.distributed.parallelize import model_part, stage_layers
+from course_utils.distributed.scratch import scratch_folder
 from course_utils.distributed.setup import Setup, build_model, make_batch
 from course_utils.distributed.train import parser
 from course_utils.errors import CourseInputError
@@ -350,7 +352,8 @@ def test_a_bad_launch_stops_every_rank_with_one_line(tmp_path):
 @pytest.mark.slow
 def test_a_node_that_never_comes_ends_the_rendezvous(tmp_path):
     # Only node 0 of a 2-node job: the rendezvous gives up after join_timeout (--rdzv-conf).
-    command = torchrun_command(0, 2, 1, free_port(), "lonely", [], join_timeout=3)
+    logs = str(tmp_path / "logs")  # torchrun's own log folder, or it leaves one in /tmp
+    command = torchrun_command(0, 2, 1, free_port(), "lonely", [], join_timeout=3, log_dir=logs)
     start = time.monotonic()
     agent = start_agent(command, tmp_path / "node0.log", dict(os.environ))
     try:
@@ -372,8 +375,9 @@ launch(parallel="ddp", steps=1000, checkpoint_every=1000)
 
 
 @pytest.mark.slow
-def test_killing_the_launcher_leaves_no_agent_or_rank_behind():
-    parent = subprocess.Popen([sys.executable, "-c", PARENT], cwd=ROOT)
+def test_killing_the_launcher_leaves_no_agent_or_rank_behind(tmp_path, monkeypatch):
+    env = {**os.environ, "TMPDIR": str(tmp_path)}  # where its scratch folder goes
+    parent = subprocess.Popen([sys.executable, "-c", PARENT], cwd=ROOT, env=env)
     try:
         deadline = time.monotonic() + 120
         family: list[psutil.Process] = []
@@ -398,6 +402,12 @@ def test_killing_the_launcher_leaves_no_agent_or_rank_behind():
     finally:
         if parent.poll() is None:
             parent.kill()
+    # killed outright, it could not remove its folder: the next launch does
+    (left,) = tmp_path.glob(f"course-job-{parent.pid}-*")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    mine = scratch_folder("job")
+    assert not left.exists() and mine.is_dir()
+    mine.rmdir()
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field, replace
@@ -32,6 +31,7 @@ from pathlib import Path
 import psutil  # type: ignore[import-untyped]  # a dependency (requirements.txt)
 
 from course_utils.distributed.ports import HOST, free_port
+from course_utils.distributed.scratch import scratch_folder
 from course_utils.errors import CourseInputError, WorkerError
 from course_utils.timeline import Event, Timeline
 
@@ -253,7 +253,7 @@ def launch(
     _check_count("max_restarts", max_restarts, 0, 10)
     if not timeout > 0 or not join_timeout > 0:
         raise CourseInputError("timeout and join_timeout must be numbers of seconds > 0")
-    workdir = Path(tempfile.mkdtemp(prefix="course-job-"))
+    workdir = scratch_folder("job")  # removed below; a killed launcher's, by the next launch
     report_path = workdir / "report.json"
     train_options.setdefault("timeout", min(timeout, 120.0))  # a rank's wait for a collective
     arguments = train_arguments(report=report_path, **train_options)

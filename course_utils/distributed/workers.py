@@ -34,7 +34,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -48,6 +47,7 @@ import torch
 import torch.distributed as dist
 
 from course_utils.distributed.cluster import HOST, die_with_parent
+from course_utils.distributed.scratch import scratch_folder
 from course_utils.errors import CourseInputError, WorkerError
 
 MAX_RANKS = 4
@@ -202,7 +202,7 @@ def _read_file(path: Path, function: str) -> dict | None:
 
 def _launch(path: Path, function: str, every: list[tuple], timeout: float) -> WorkerRun:
     world = len(every)
-    job = Path(tempfile.mkdtemp(prefix="course-worker-"))
+    job = scratch_folder("worker")  # removed below; a killed run's, by the next run
     store = dist.TCPStore(HOST, 0, world, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=timeout))  # fmt: skip
     env = {
