@@ -121,12 +121,6 @@ def _pipeline_simulation(result) -> float:
     return simulated_from_measured(result).makespan
 
 
-def _dp_simulation(result, param_bytes: int, links) -> float:
-    from course_utils.parallel.data_parallel import simulated_step_s
-
-    return simulated_step_s(result, param_bytes, links)
-
-
 def _fsdp_simulation(result, zero, prefetch: int, links) -> float:
     from course_utils.commands.fsdp import simulation
 
@@ -149,7 +143,7 @@ def setups(stack: contextlib.ExitStack) -> dict[str, Setup]:
     from course_utils.commands.data_parallel import BATCH, CLASSES, D_IN, _model
     from course_utils.commands.run import _batch
     from course_utils.models import build_model, loss_fn, partition
-    from course_utils.parallel.data_parallel import DataParallel
+    from course_utils.parallel.data_parallel import DataParallel, simulated_step_s
     from course_utils.parallel.fsdp import ShardedDataParallel
     from course_utils.parallel.moe import ExpertParallel
     from course_utils.pipeline.executor import PipelineExecutor
@@ -172,7 +166,7 @@ def setups(stack: contextlib.ExitStack) -> dict[str, Setup]:
         dp = stack.enter_context(DataParallel(_model(), workers, links=links))
         found[f"dp{workers}"] = (
             partial(dp.step, *data),
-            partial(_dp_simulation, param_bytes=dp.param_bytes, links=links),
+            partial(simulated_step_s, grad_bytes=dp.param_bytes, links=links),
         )
     # 3. `fsdp --workers 2 --stage 3 --prefetch 0|1`
     mlp, batches = fsdp.model_and_batches(1)

@@ -14,6 +14,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import psutil  # type: ignore[import-untyped]  # a dependency (requirements.txt)
+
 
 def scratch_folder(kind: str) -> Path:
     """A new folder `course-{kind}-{pid}-...` in the temporary directory, made after removing
@@ -21,16 +23,6 @@ def scratch_folder(kind: str) -> Path:
     prefix = f"course-{kind}-"
     for old in Path(tempfile.gettempdir()).glob(f"{prefix}*"):
         pid = old.name.removeprefix(prefix).split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(old, ignore_errors=True)  # another user's stays: not ours to remove
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):  # any user's living process keeps it
+            shutil.rmtree(old, ignore_errors=True)
     return Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-"))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
