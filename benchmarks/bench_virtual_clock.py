@@ -7,7 +7,8 @@ The data-parallel speed-ups are the real command's (`python -m course_utils data
 --json`, idle and pinned beside a busy loop, best of `ROUNDS`): each run times its baseline
 in turns with its workers. Every other figure compares two set-ups, so both are timed in one
 process, in turns, and with the busy loop paused and running in turns (`measure.timing`:
-each compute burst at its least CPU time over `REPEATS` steps). On a shared 2-core machine
+each compute burst at its least CPU time over `REPEATS` steps, the links scaled to the
+compute rate probed between the steps: `rate_probe`). On a shared 2-core machine
 the same work's CPU time drifts by 20-40% over seconds (another tenant of the host), so
 figures taken from separate processes, minutes apart, compared two moments rather than two
 set-ups (GPipe vs naive read 0.74-0.77 of its ideal that way, and 0.93-0.97 in turns).
@@ -45,6 +46,17 @@ from typing import Any
 
 ROUNDS = 3  # runs of the data-parallel command per condition
 REPEATS = 9  # steps of each set-up in turns (after two warm-ups)
+# The set-ups timed in turns together: the pairs compared. A step of a few milliseconds after
+# fifteen other set-ups found its caches emptied by them (MoE skew 0: 6.5 ms against 4.4 ms
+# warm), which a GPU's own memory never does and which diluted every ratio; such light steps
+# also take more steps to find each burst's least time, and cost little.
+GROUPS = (
+    (("naive", "gpipe"), False),
+    (("dp8", "dp16"), False),
+    (("fsdp0", "fsdp1"), True),
+    (("skew0", "skew2"), True),
+)
+LIGHT_FACTOR = 4  # times REPEATS for a light group
 IDEAL_GPIPE = 32 / 11  # p m (F+B) / ((m + p - 1)(F+B)) for p = 4, m = 8
 
 CASES = {
@@ -121,17 +133,24 @@ def _pipeline_simulation(result) -> float:
     return simulated_from_measured(result).makespan
 
 
-def _fsdp_simulation(result, zero, prefetch: int, links) -> float:
+def _fsdp_simulation(result, zero, prefetch: int) -> float:
     from course_utils.commands.fsdp import simulation
 
+    links = result.trace.links  # what its replay used: scaled to the rate probed in turns
     _, simulated = simulation(result, zero.layer_numels, zero.element_size, 3, prefetch, 1, links)
     return simulated.makespan
 
 
-def _moe_simulation(result, moe, links) -> float:
+def _moe_simulation(result, moe) -> float:
     from course_utils.commands.moe import simulation
 
-    return simulation(result, moe, 2, links).makespan
+    return simulation(result, moe, 2, result.trace.links).makespan
+
+
+def _dp_simulation(result, grad_bytes: int) -> float:
+    from course_utils.parallel.data_parallel import simulated_step_s
+
+    return simulated_step_s(result, grad_bytes, result.trace.links)
 
 
 def setups(stack: contextlib.ExitStack) -> dict[str, Setup]:
@@ -143,7 +162,7 @@ def setups(stack: contextlib.ExitStack) -> dict[str, Setup]:
     from course_utils.commands.data_parallel import BATCH, CLASSES, D_IN, _model
     from course_utils.commands.run import _batch
     from course_utils.models import build_model, loss_fn, partition
-    from course_utils.parallel.data_parallel import DataParallel, simulated_step_s
+    from course_utils.parallel.data_parallel import DataParallel
     from course_utils.parallel.fsdp import ShardedDataParallel
     from course_utils.parallel.moe import ExpertParallel
     from course_utils.pipeline.executor import PipelineExecutor
@@ -166,7 +185,7 @@ def setups(stack: contextlib.ExitStack) -> dict[str, Setup]:
         dp = stack.enter_context(DataParallel(_model(), workers, links=links))
         found[f"dp{workers}"] = (
             partial(dp.step, *data),
-            partial(simulated_step_s, grad_bytes=dp.param_bytes, links=links),
+            partial(_dp_simulation, grad_bytes=dp.param_bytes),
         )
     # 3. `fsdp --workers 2 --stage 3 --prefetch 0|1`
     mlp, batches = fsdp.model_and_batches(1)
@@ -176,7 +195,7 @@ def setups(stack: contextlib.ExitStack) -> dict[str, Setup]:
         )
         found[f"fsdp{prefetch}"] = (
             partial(zero.step, *batches[0]),
-            partial(_fsdp_simulation, zero=zero, prefetch=prefetch, links=links),
+            partial(_fsdp_simulation, zero=zero, prefetch=prefetch),
         )
     # 4. `moe --workers 2 --experts 4 --top-k 1 --tokens 2048 --skew 0|2`
     for skew in (0, 2):
@@ -187,14 +206,15 @@ def setups(stack: contextlib.ExitStack) -> dict[str, Setup]:
         ep = stack.enter_context(ExpertParallel(layer, 2, links=links))
         found[f"skew{skew}"] = (
             partial(ep.step, tokens, dy, 0.01),
-            partial(_moe_simulation, moe=layer, links=links),
+            partial(_moe_simulation, moe=layer),
         )
     return found
 
 
 def in_turns(repeats: int = REPEATS) -> dict[str, dict[str, tuple[float, float]]]:
     """{"idle"|"busy": {set-up: (measured, simulated) step seconds}}: every set-up on one
-    core, with a busy loop on that core paused and running in turns."""
+    core, with a busy loop on that core paused and running in turns; the set-ups compared
+    with each other in turns together (`GROUPS`), one group after another."""
     from course_utils.measure.timing import compare, step_time
 
     cores = os.sched_getaffinity(0)
@@ -215,18 +235,25 @@ def in_turns(repeats: int = REPEATS) -> dict[str, dict[str, tuple[float, float]]
     try:
         with contextlib.ExitStack() as stack:
             found = setups(stack)
-            variants = {}
-            for name, (step, _) in found.items():
-                variants[f"idle {name}"] = step
-                variants[f"busy {name}"] = beside_the_loop(step)
-            print(f"  {len(variants)} set-ups in turns, {repeats} steps each", file=sys.stderr)
-            runs = compare(
-                variants, repeats=repeats, warmup=2, budget_s=math.inf, time_of=step_time
-            )
             out: dict[str, dict[str, tuple[float, float]]] = {"idle": {}, "busy": {}}
-            for key, timing in runs.items():
-                where, name = key.split()
-                out[where][name] = (timing.best, found[name][1](timing.best_result))
+            for names, light in GROUPS:
+                variants = {}
+                for name in names:
+                    variants[f"idle {name}"] = found[name][0]
+                    variants[f"busy {name}"] = beside_the_loop(found[name][0])
+                steps = repeats * (LIGHT_FACTOR if light else 1)
+                print(f"  {' and '.join(names)} in turns, {steps} steps each", file=sys.stderr)
+                runs = compare(
+                    variants,
+                    repeats=steps,
+                    warmup=2,
+                    budget_s=math.inf,
+                    time_of=step_time,
+                    rate_probe=True,
+                )
+                for key, timing in runs.items():
+                    where, name = key.split()
+                    out[where][name] = (timing.best, found[name][1](timing.best_result))
             return out
     finally:
         hog.kill()

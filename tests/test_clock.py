@@ -156,6 +156,29 @@ def test_cluster_links_scale_the_preset_to_this_machine():
     assert math.isinf(instant_links().intra_bandwidth)
 
 
+def test_links_rescaled_to_another_compute_rate_keep_the_cluster():
+    # A core measured 30% faster moves data 30% faster too: a byte keeps its cost in FLOPs.
+    base = cluster_links("A100-80GB", compute_rate=1e11)
+    assert base.compute_rate == 1e11
+    faster = base.at_rate(1.3e11)
+    assert faster.compute_rate == 1.3e11 and faster.scale == pytest.approx(1.3 * base.scale)
+    assert faster.intra_bandwidth == pytest.approx(1.3 * base.intra_bandwidth)
+    assert faster.inter_bandwidth == pytest.approx(1.3 * base.inter_bandwidth)
+    assert (faster.latency, faster.gpus_per_node, faster.wire) == (
+        base.latency,
+        base.gpus_per_node,
+        base.wire,
+    )
+    back = faster.at_rate(1e11)
+    assert back.intra_bandwidth == pytest.approx(base.intra_bandwidth)
+    assert back.at_rate(1e11) is back  # already at that rate
+    assert instant_links().at_rate(1e12) == instant_links()  # nothing to scale
+    custom = Links(8, 1e9, 1e8)
+    assert custom.at_rate(1e12) == custom  # not scaled to a thread: kept as given
+    with pytest.raises(CourseInputError, match="rate must be a finite number"):
+        base.at_rate(0)
+
+
 @pytest.mark.parametrize(
     "call, message",
     [
@@ -243,10 +266,40 @@ def test_each_process_pins_its_devices_to_the_core_it_runs_on(monkeypatch):
     mine = os.sched_getaffinity(0)
     assert devices._current_cpu() in mine  # glibc says where this thread runs now
     for core in mine:
+        devices._forget_process_core()  # as in a new process
         monkeypatch.setattr(devices, "_current_cpu", lambda core=core: core)
         assert devices._one_cpu() == {core}
+    devices._forget_process_core()
     monkeypatch.setattr(devices, "_current_cpu", lambda: -1)  # unknown: the lowest we may use
     assert devices._one_cpu() == {min(mine)}
+    devices._forget_process_core()
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no thread affinity here")
+def test_every_pool_of_a_process_takes_turns_on_the_same_core(monkeypatch):
+    # A command's baseline pool and its workers' pool are compared with each other: on two
+    # cores (a new pool's threads push the caller onto the other one) their ratio moved by
+    # 15% with the cores' speeds. The first pool chooses; the later ones follow it.
+    from course_utils.threads import devices
+
+    mine = sorted(os.sched_getaffinity(0))
+    devices._forget_process_core()
+    monkeypatch.setattr(devices, "_current_cpu", lambda: mine[0])
+    with DeviceThreads(1, one_core=True) as first:
+        monkeypatch.setattr(devices, "_current_cpu", lambda: mine[-1])  # the caller moved
+        with DeviceThreads(2, one_core=True) as second:
+            seen = second.run([lambda: os.sched_getaffinity(0)] * 2)
+    assert first.cpus == second.cpus == {mine[0]} and seen == [{mine[0]}] * 2
+    if hasattr(os, "fork"):  # a forked child is another process: it chooses again
+        assert devices._process_core == mine[0]
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.write(write, b"1" if devices._process_core is None else b"0")
+            os._exit(0)
+        os.waitpid(pid, 0)
+        assert os.read(read, 1) == b"1"
+    devices._forget_process_core()
 
 
 @pytest.mark.parametrize("clock, pinned", [("virtual", True), ("wall", False)])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -58,6 +59,65 @@ def test_on_the_virtual_clock_a_variants_runs_are_put_together_burst_by_burst():
     assert t.best <= min(t.samples) * 1.02  # replayed from shorter bursts: no slower
     wall = compare({"v": lambda: 1}, repeats=2)["v"]
     assert wall.steady is None  # what is not a virtual-clock run keeps its best run
+
+
+def test_a_probed_comparison_replays_every_variant_over_links_at_the_best_rate_probed(
+    monkeypatch,
+):
+    # The links are scaled to the core's compute rate; probed once per process, that rate and
+    # the steps' fastest moments can be two speeds of a drifting core. Probed after every
+    # timed call instead, on the devices' core, all variants get the best rate seen then.
+    import torch
+
+    from course_utils.measure import timing
+    from course_utils.parallel.data_parallel import DataParallel
+    from course_utils.threads.clock import default_links
+    from course_utils.threads.links import cluster_links
+
+    probed = iter([1e11, 4e11, 2e11, 1e11, 3e11, 1e11] * 10)
+    where: list[set[int]] = []
+
+    def fake_probe(rounds: int = 1) -> float:
+        if hasattr(os, "sched_getaffinity"):
+            where.append(os.sched_getaffinity(0))
+        return next(probed)
+
+    monkeypatch.setattr(timing, "probe_flops", fake_probe)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 3))
+    x, y = torch.randn(64, 8), torch.randint(3, (64,))
+    links = cluster_links(gpus_per_node=1, compute_rate=1e11)  # every message leaves its node
+    with DataParallel(model, 2, links=links) as one, DataParallel(model, 2, links=links) as two:
+        runs = {"a": lambda: one.step(x, y), "b": lambda: two.step(x, y)}
+        timed = compare(runs, repeats=3, warmup=1, time_of=step_time, rate_probe=True)
+        core = two.threads.cpus
+        plain = compare(runs, repeats=3, warmup=1, time_of=step_time)
+    assert len(where) == 6  # after every timed call, not the warm-ups
+    if core is not None:
+        assert where == [core] * 6  # on the devices' core, whichever the caller ran on
+    for name in runs:
+        t = timed[name]
+        used = t.best_result.trace.links
+        assert t.rate == 4e11 and used == links.at_rate(4e11)
+        # the put-together run replayed over those links, not over the ones probed once:
+        # the same bursts, the all-reduce's messages four times faster
+        trace = t.best_result.trace
+        assert t.best == trace.timeline("virtual", used).makespan
+        assert t.best < trace.timeline("virtual", links).makespan
+        assert plain[name].rate is None and plain[name].best_result.trace.links == links
+    with DataParallel(model, 2) as own:  # no links given: the course's cluster, at that rate
+        probe = compare({"c": lambda: own.step(x, y)}, 1, 0, time_of=step_time, rate_probe=True)
+    assert probe["c"].best_result.trace.links == default_links().at_rate(probe["c"].rate)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="no thread affinity here")
+def test_the_probe_runs_on_the_devices_core_and_gives_the_caller_its_cores_back():
+    from course_utils.threads.devices import DeviceThreads, on_the_devices_core
+
+    mine = os.sched_getaffinity(0)
+    with DeviceThreads(1, one_core=True) as pool:
+        assert on_the_devices_core(lambda: os.sched_getaffinity(0)) == pool.cpus
+    assert os.sched_getaffinity(0) == mine
 
 
 @pytest.mark.parametrize(

@@ -121,19 +121,21 @@ def compare(
         DataParallel(model, 1, microbatches=workers, **options) as one,
         DataParallel(model, workers, algorithm, **options) as dp,
     ):
-        # in turns, so that a change in the machine's load hits both alike; no time budget
+        # in turns, so that a change in the machine's load hits both alike; no time budget;
+        # the links scaled to the compute rate of the moments timed
         runs = time_in_turns(
             {"one": lambda: one.step(x, y), "dp": lambda: dp.step(x, y)},
             repeats=repeats,
             warmup=2,
             budget_s=math.inf,
             time_of=step_time,
+            rate_probe=True,
         )
         first = cast(DPStepResult, runs["one"].best_result)
         last = cast(DPStepResult, runs["dp"].best_result)
         t_one, t_dp = runs["one"].best, runs["dp"].best
         param_bytes = dp.param_bytes
-    modelled = links if clock == "virtual" else None
+    modelled = (last.trace.links if last.trace else links) if clock == "virtual" else None
     sim_one = simulated_step_s(first, param_bytes, modelled)
     sim_dp = simulated_step_s(last, param_bytes, modelled)
     return {
@@ -149,6 +151,7 @@ def compare(
         "bytes_sent_per_worker": last.bytes_sent,
         "param_bytes": param_bytes,
         "timeline": last.timeline,  # the command writes it to --trace, then drops it
+        "links_used": modelled or links,  # scaled to the rate probed between the steps
         "events": [
             {**e.to_dict(), "label": e.label}
             for e in sorted(last.timeline.events, key=lambda e: (e.start, e.device))
@@ -167,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
     links = links_from_args(args)
     result = compare(workers, algorithm, args.batch, args.steps, clock=args.clock, links=links)
     write_trace(args, result.pop("timeline"), f"data-parallel, {workers} workers")
+    links = result.pop("links_used")
     if printed_as_json(args, links, result):
         return 0
     n = result["workers"]

@@ -17,6 +17,15 @@ it took in any run (`threads.clock.fastest`), and replayed. A burst interrupted 
 (by another program, or a neighbouring device thread on the same core) then costs what it
 costs in the others, so one noisy moment shifts no figure; each burst keeps its own device,
 so a straggler stays a straggler. `best_result` is that put-together run.
+
+The emulated links are scaled to this machine's compute rate (`threads.links`), probed once
+per process in a tenth of a second. On a shared host the core's speed drifts by 15-30% for
+a few hundred milliseconds at a time, so that probe and the steps' fastest moments can be
+two different speeds, and a figure that weighs communication against compute (16
+data-parallel workers: 8.8x in one process, 10.2x in the next) moves with it. With
+`rate_probe=True` the core's rate is probed after every timed call, on the devices' core,
+and every variant's put-together run is replayed over links scaled to the best rate seen
+then (`Links.at_rate`): the moments whose compute the figures keep.
 """
 
 from __future__ import annotations
@@ -24,9 +33,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TypeVar, cast
 
 from course_utils.errors import CourseInputError
+from course_utils.threads.devices import on_the_devices_core
+from course_utils.threads.links import probe_flops
 
 T = TypeVar("T")
 
@@ -40,6 +52,8 @@ class Timing:
     results: list[object] = field(default_factory=list, repr=False)
     # the runs put together, burst by burst (virtual clock, `steady`): its time and result
     steady: tuple[float, object] | None = field(default=None, repr=False)
+    # FLOP/s of a device thread while the runs were timed (`rate_probe`), else None
+    rate: float | None = None
 
     @property
     def best(self) -> float:
@@ -77,11 +91,12 @@ def step_time(result) -> float:
 
 def steady(timing: Timing) -> tuple[float, object] | None:
     """`timing`'s runs on the virtual clock put together: each compute burst at its least CPU
-    time over the runs, replayed (module docstring); None where that cannot be done (wall
-    clock, a run without its recording, runs that did not record the same operations)."""
+    time over the runs, replayed (module docstring) over links scaled to `timing.rate` where
+    it was probed; None where that cannot be done (wall clock, a run without its recording,
+    runs that did not record the same operations)."""
     import dataclasses
 
-    from course_utils.threads.clock import fastest
+    from course_utils.threads.clock import default_links, fastest
 
     results = timing.results
     traces = [getattr(r, "trace", None) for r in results]
@@ -91,6 +106,8 @@ def steady(timing: Timing) -> tuple[float, object] | None:
     merged = fastest([t for t in traces if t is not None])
     if merged is None:
         return None
+    if timing.rate is not None:  # no links of its own: the course's cluster (`timeline`)
+        merged.links = (merged.links or default_links()).at_rate(timing.rate)
     best = results[timing.samples.index(min(timing.samples))]
     retimed = getattr(best, "retimed", None)
     if retimed is not None:
@@ -125,13 +142,16 @@ def compare(
     warmup: int = 1,
     budget_s: float = 30.0,
     time_of: Callable[[object], float] | None = None,
+    rate_probe: bool = False,
 ) -> dict[str, Timing]:
     """Time each variant `repeats` times, in turns, after `warmup` untimed rounds.
 
     Returns one `Timing` per variant. Every variant gets at least one timed run; after that
     no new round starts once `budget_s` seconds (wall) have passed since the first timed
     round. A sample is the wall time of the call, or `time_of(what it returned)`: with
-    `time_of=step_time`, the step's time on the virtual clock.
+    `time_of=step_time`, the step's time on the virtual clock. `rate_probe` (virtual clock):
+    the links scaled to the compute rate of the moments timed (module docstring; about 10 ms
+    a call); each put-together run's links say which rate (`best_result.trace.links`).
     """
     if not variants:
         raise CourseInputError("variants must name at least one function to time")
@@ -145,6 +165,7 @@ def compare(
         for fn in variants.values():
             fn()
     timings = {name: Timing(name) for name in variants}
+    rates: list[float] = []
     started = time.perf_counter()
     for round_ in range(repeats):
         if round_ and time.perf_counter() - started > budget_s:
@@ -155,7 +176,10 @@ def compare(
             took = time.perf_counter() - start if time_of is None else time_of(result)
             timings[name].samples.append(took)
             timings[name].results.append(result)
+            if rate_probe:
+                rates.append(on_the_devices_core(partial(probe_flops, 3)))
     if time_of is step_time:
         for timing in timings.values():
+            timing.rate = max(rates, default=None)  # one rate for all: they are compared
             timing.steady = steady(timing)
     return timings

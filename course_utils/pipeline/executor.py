@@ -96,7 +96,8 @@ class StepResult:
         costs = self.stage_costs
         if self.schedule is not None:
             costs = _stage_costs(timeline.events, self.schedule)
-        return replace(self, timeline=timeline, trace=trace, stage_costs=costs)
+        links = trace.links if trace.links is not None else self.links
+        return replace(self, timeline=timeline, trace=trace, stage_costs=costs, links=links)
 
 
 # --------------------------------------------------------------------------- the executor

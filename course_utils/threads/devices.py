@@ -188,19 +188,54 @@ def keep_freed_memory() -> bool:
     return _mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) and _mallopt(_M_MMAP_THRESHOLD, _MMAP_MAX)
 
 
-def _one_cpu() -> set[int] | None:
-    """One of the cores this process may use, for threads that take turns (None where the
-    system cannot pin a thread: they then run wherever it puts them).
+_process_core: int | None = None  # the core this process's turn-taking devices share
 
-    The core the calling thread runs on now: two processes running at the same moment run
-    on two different cores, so two graders' kernels (`grade -j 2`) or two lessons do not
-    pile their devices onto one core while the other idles (as always taking the lowest did).
+
+def _one_cpu() -> set[int] | None:
+    """The core this process's threads that take turns run on (None where the system cannot
+    pin a thread: they then run wherever it puts them).
+
+    Chosen by the process's first such pool, as the core the calling thread runs on then:
+    two processes running at the same moment run on two different cores, so two graders'
+    kernels (`grade -j 2`) or two lessons do not pile their devices onto one core while the
+    other idles (as always taking the lowest did). Every later pool of the process takes the
+    same core: set-ups compared with each other (one worker against eight) must be timed on
+    one core, and a new pool's threads push the caller onto the other core, so "the core it
+    runs on now" put a command's baseline and its workers on two cores every time, whose
+    speeds differ by up to 15% from second to second on a shared host.
     """
+    global _process_core
     if not hasattr(os, "sched_getaffinity"):
         return None
     allowed = os.sched_getaffinity(0)
-    here = _current_cpu()
-    return {here if here in allowed else min(allowed)}
+    if _process_core not in allowed:
+        here = _current_cpu()
+        _process_core = here if here in allowed else min(allowed)
+    return {_process_core}
+
+
+def _forget_process_core() -> None:
+    """A forked child is another process: it chooses its own core."""
+    global _process_core
+    _process_core = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_process_core)
+
+
+def on_the_devices_core(fn: Callable[[], T]) -> T:
+    """`fn()` on the calling thread, moved for the call onto the core this process's
+    turn-taking devices share (`_one_cpu`), and back: to measure that core, not the other."""
+    cpus = _one_cpu()
+    if cpus is None:
+        return fn()
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        return fn()
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def _current_cpu() -> int:

@@ -36,7 +36,7 @@ from __future__ import annotations
 import functools
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from course_utils.errors import CourseInputError
 
@@ -53,7 +53,8 @@ class Links:
     nodes; `latency` is seconds per message. `scale` is what the preset's bandwidths were
     multiplied by for this machine's compute rate (1.0: unscaled) and `wire` for the size of
     an element (2.0: a thread's float32 costed as the cluster's bf16; 1.0: bytes as sent).
-    `name` and `hardware_gbs` say where they came from.
+    `name` and `hardware_gbs` say where they came from, and `compute_rate` the FLOP/s of
+    one thread that `scale` was taken for (None: not scaled to a thread).
     """
 
     gpus_per_node: int
@@ -64,6 +65,7 @@ class Links:
     wire: float = 1.0
     name: str = "custom"
     hardware_gbs: tuple[float, float] | None = None  # the preset's (intra, inter) GB/s
+    compute_rate: float | None = None  # the thread FLOP/s the bandwidths were scaled to
 
     def __post_init__(self) -> None:
         g = self.gpus_per_node
@@ -92,6 +94,22 @@ class Links:
     def transfer_time(self, src: int, dst: int, nbytes: int) -> float:
         """Seconds a message of `nbytes` holds the sender's and receiver's ports."""
         return self.latency + nbytes / self.bandwidth(src, dst)
+
+    def at_rate(self, rate: float) -> Links:
+        """The same cluster scaled to a thread that computes `rate` FLOP/s (these links
+        unchanged where they were not scaled to a thread, or cost nothing)."""
+        if self.compute_rate is None or self.instant or rate == self.compute_rate:
+            return self
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate < math.inf:
+            raise CourseInputError(f"rate must be a finite number of FLOP/s > 0, got {rate!r}")
+        f = rate / self.compute_rate
+        return replace(
+            self,
+            intra_bandwidth=self.intra_bandwidth * f,
+            inter_bandwidth=self.inter_bandwidth * f,
+            scale=self.scale * f,
+            compute_rate=rate,
+        )
 
     @property
     def instant(self) -> bool:
@@ -141,12 +159,19 @@ def instant_links(gpus_per_node: int = 8) -> Links:
 def machine_flops() -> float:
     """FLOP/s of one thread of this machine, in its own CPU time (measured once per process).
 
-    256 x 256 float32 matrix products on one intra-op thread, best of 25 rounds (about 0.1 s):
-    thread CPU time does not count the time other programs take the core, and the best of
-    many short rounds skips those slowed by a neighbour sharing the core's caches, so the
-    figure is the same on an idle and on a busy machine (best of five varied 56-85 GFLOP/s
-    between processes beside other work; best of 25, 85-93).
+    The best of 25 rounds of `probe_flops` (about 0.1 s): thread CPU time does not count the
+    time other programs take the core, and the best of many short rounds skips those slowed
+    by a neighbour sharing the core's caches (best of five varied 56-85 GFLOP/s between
+    processes beside other work; best of 25, 85-93). On a shared host the core's own speed
+    drifts too, by 15-30% for a few hundred milliseconds at a time: a measurement that must
+    not depend on the moment probes in turns with its steps (`measure.timing.compare`).
     """
+    return probe_flops(25)
+
+
+def probe_flops(rounds: int = 1) -> float:
+    """FLOP/s of the calling thread now, in its CPU time: the best of `rounds` rounds of
+    eight 256 x 256 float32 matrix products on one intra-op thread (about 3 ms a round)."""
     import torch
 
     from course_utils.models import single_thread
@@ -156,7 +181,7 @@ def machine_flops() -> float:
         a, b = torch.randn(n, n), torch.randn(n, n)
         a @ b  # first call: allocation and dispatch set-up
         best = math.inf
-        for _ in range(25):
+        for _ in range(rounds):
             start = time.thread_time_ns()
             for _ in range(repeats):
                 a @ b
@@ -204,4 +229,5 @@ def cluster_links(
         wire=WIRE_FACTOR,
         name=hw.name or "custom",
         hardware_gbs=(hw.intra_node_gbs, hw.inter_node_gbs),
+        compute_rate=rate,
     )
