@@ -56,7 +56,7 @@ GROUPS = (
     (("fsdp0", "fsdp1"), True),
     (("skew0", "skew2"), True),
 )
-LIGHT_FACTOR = 4  # times REPEATS for a light group
+LIGHT_FACTOR = 8  # times REPEATS for a light group
 IDEAL_GPIPE = 32 / 11  # p m (F+B) / ((m + p - 1)(F+B)) for p = 4, m = 8
 
 CASES = {

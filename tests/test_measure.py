@@ -105,6 +105,9 @@ def test_a_probed_comparison_replays_every_variant_over_links_at_the_best_rate_p
         assert t.best == trace.timeline("virtual", used).makespan
         assert t.best < trace.timeline("virtual", links).makespan
         assert plain[name].rate is None and plain[name].best_result.trace.links == links
+    with DataParallel(model, 2, clock="wall") as walled:  # real timestamps: nothing to scale
+        wall = compare({"w": lambda: walled.step(x, y)}, 2, 0, time_of=step_time, rate_probe=True)
+    assert len(where) == 6 and wall["w"].rate is None
     with DataParallel(model, 2) as own:  # no links given: the course's cluster, at that rate
         probe = compare({"c": lambda: own.step(x, y)}, 1, 0, time_of=step_time, rate_probe=True)
     assert probe["c"].best_result.trace.links == default_links().at_rate(probe["c"].rate)

@@ -100,8 +100,7 @@ def steady(timing: Timing) -> tuple[float, object] | None:
 
     results = timing.results
     traces = [getattr(r, "trace", None) for r in results]
-    timeline = getattr(results[0], "timeline", None) if results else None
-    if timeline is None or timeline.meta.get("clock") != "virtual" or None in traces:
+    if not results or not _on_the_virtual_clock(results[0]) or None in traces:
         return None
     merged = fastest([t for t in traces if t is not None])
     if merged is None:
@@ -129,6 +128,11 @@ def least_disturbed(results: Sequence[T]) -> T:
     timing = Timing("runs", [_makespan(r) for r in results], list(results))
     timing.steady = steady(timing)
     return cast(T, timing.best_result)
+
+
+def _on_the_virtual_clock(result) -> bool:
+    timeline = getattr(result, "timeline", None)
+    return timeline is not None and timeline.meta.get("clock") == "virtual"
 
 
 def _makespan(result) -> float:
@@ -176,7 +180,7 @@ def compare(
             took = time.perf_counter() - start if time_of is None else time_of(result)
             timings[name].samples.append(took)
             timings[name].results.append(result)
-            if rate_probe:
+            if rate_probe and _on_the_virtual_clock(result):
                 rates.append(on_the_devices_core(partial(probe_flops, 3)))
     if time_of is step_time:
         for timing in timings.values():

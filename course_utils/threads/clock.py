@@ -33,12 +33,17 @@ What could still make a virtual figure wrong, and what is done about it:
 - two threads computing at once on neighbouring cores slow each other (shared caches,
   memory bandwidth, hyper-threading units): each measured 20-35% more CPU time for the
   same work on the course's 2-vCPU machine, so a run on the virtual clock pins its device
-  threads to one core, where they take turns (`DeviceThreads(one_core=True)`);
+  threads to one core, where they take turns (`DeviceThreads(one_core=True)`), the same
+  core for every pool of the process, so that set-ups compared are timed on one core;
 - caches and the CPU's clock frequency vary from run to run, and another program on the
   same core evicts caches: a variant's runs differ by a few percent, so variants are timed
   in turns, a few runs each, and their runs are put together burst by burst, each compute
   burst at the least CPU time it took in any run (`fastest`; `measure.timing.compare`),
-  with the spread printed.
+  with the spread printed;
+- the links are scaled to the core's compute rate (`links.machine_flops`), which drifts as
+  the core's speed does: a comparison that weighs communication against compute probes it
+  between its steps and replays over links scaled to the best rate seen then
+  (`compare(rate_probe=True)`).
 """
 
 from __future__ import annotations
