@@ -267,7 +267,9 @@ def test_a_refusal_of_the_ranks_under_the_courses_torchrun_is_their_one_line(tmp
     out = subprocess.run(
         [sys.executable, "-m", TORCHRUN, *UNDER_TORCHRUN, "--checkpoint-dir", "junk"],
         capture_output=True, text=True, cwd=tmp_path, timeout=300,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
+        # torch's own log folder (torchelastic_*) in tmp_path, not left in /tmp
+        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+             "TMPDIR": str(tmp_path)},
     )  # fmt: skip
     assert out.returncode == 2, out.stderr[-2000:]
     assert out.stderr.strip().splitlines() == [
