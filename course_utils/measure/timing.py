@@ -183,7 +183,8 @@ def compare(
             if rate_probe and _on_the_virtual_clock(result):
                 rates.append(on_the_devices_core(partial(probe_flops, 3)))
     if time_of is step_time:
+        rate = max(rates, default=None)  # one rate for all variants: they are compared
         for timing in timings.values():
-            timing.rate = max(rates, default=None)  # one rate for all: they are compared
+            timing.rate = rate
             timing.steady = steady(timing)
     return timings

@@ -38,6 +38,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, replace
 
+from course_utils import validation
 from course_utils.errors import CourseInputError
 
 # Bytes of an element the threads send (float32) over the cluster's (bf16): see above.
@@ -98,10 +99,9 @@ class Links:
     def at_rate(self, rate: float) -> Links:
         """The same cluster scaled to a thread that computes `rate` FLOP/s (these links
         unchanged where they were not scaled to a thread, or cost nothing)."""
+        rate = validation.number(rate, "rate", strict=True)  # FLOP/s
         if self.compute_rate is None or self.instant or rate == self.compute_rate:
             return self
-        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate < math.inf:
-            raise CourseInputError(f"rate must be a finite number of FLOP/s > 0, got {rate!r}")
         f = rate / self.compute_rate
         return replace(
             self,
@@ -216,8 +216,7 @@ def cluster_links(
             changes[key] = value
     hw = hardware(gpu or DEFAULT_GPU, **changes)
     rate = machine_flops() if compute_rate is None else compute_rate
-    if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate < math.inf:
-        raise CourseInputError(f"compute_rate must be a finite number of FLOP/s > 0, got {rate!r}")
+    rate = validation.number(rate, "compute_rate", strict=True)  # FLOP/s
     gpu_rate = hw.peak_tflops_bf16 * 1e12 * hw.efficiency
     scale = rate / gpu_rate
     return Links(
