@@ -13,6 +13,7 @@ fresh machine without bubblewrap: `gradingkit.SANDBOX`); the attacks only in a s
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import math
 from pathlib import Path
@@ -112,6 +113,80 @@ def test_a_cell_that_hangs_stops_only_what_it_blocks(tmp_path):
     verdicts = {e.id: e for e in result.exercises}
     assert not verdicts["3.4"].passed and "ran past 8 s" in verdicts["3.4"].message
     assert passed(result) == ["3.1", "3.2", "3.3", "3.5", "3.6"]
+
+
+# A function answer that prints more than one message may hold (16 MiB), once, when the
+# grader calls it (its capture calls it under a timer): an honest learner's debugging output.
+LOUD_ONCE = """
+import signal
+_loud = [True]
+_quiet_gpipe_bubble = gpipe_bubble
+def gpipe_bubble(p, m):
+    if _loud and signal.getitimer(signal.ITIMER_REAL)[0] > 0:
+        _loud.pop()
+        print("x" * (20 << 20))
+    return _quiet_gpipe_bubble(p, m)
+"""
+
+
+def test_answers_whose_output_was_lost_on_the_way_are_read_again(monkeypatch):
+    """A message over 16 MiB breaks the grader's output connection, and what follows it is
+    lost until the grader connects again; once it has, the kernel publishes to no one until
+    it has taken the new subscription (on a busy machine CI lost an answer so). Here the
+    first connection made again does not take: after the cell that printed 20 MB the grader
+    runs empty cells until one comes back whole (so the next cell's SyntaxError is still
+    read), and the capture whose output was lost (the function printed 20 MB when it was
+    called) is run again."""
+    from course_utils.grading import sandbox
+
+    connect = sandbox._Iopub._connect
+    made = []
+
+    def first_does_not_take(self):
+        made.append(self)
+        if len(made) > 1:
+            connect(self)
+
+    monkeypatch.setattr(sandbox._Iopub, "_connect", first_does_not_take)
+    nb = with_code(solved(), "answer-03-2", LOUD_ONCE)
+    answer = nb.cells.index(cell(nb, "answer-03-1"))
+    nb.cells.insert(answer, nbformat.v4.new_code_cell("print('x' * (20 << 20))"))
+    cell(nb, "answer-03-1").source = "bubble_fraction = = 0.2"
+    result = grade(nb)
+    first = next(e for e in result.exercises if e.id == "3.1")
+    assert "SyntaxError" in first.message, first.message
+    assert passed(result) == ALL[1:] and result.problem is None, result.exercises
+    assert any("over 16 MiB" in n for n in result.notes), result.notes
+    assert len(made) >= 3  # after the loud cell, in the empty cells, after the capture
+
+
+def test_settling_connects_again_after_each_empty_cell_lost_and_gives_up_in_time():
+    from course_utils.grading import sandbox
+
+    class Quiet:  # a monitor that saw no broken connection
+        def poll(self, timeout):
+            return 0
+
+    iopub = object.__new__(sandbox._Iopub)
+    iopub.run, iopub.monitor, iopub.ended = sandbox.Run(), Quiet(), set()
+    connected, ran, whole, indices = [], [], [3], itertools.count(100)
+    iopub._connect = lambda: connected.append(len(ran))
+
+    def run_cell(source: str) -> int:  # the third empty cell's "idle" comes back
+        ran.append(source)
+        index = next(indices)
+        if len(ran) in whole:
+            iopub.ended.add(index)
+        return index
+
+    assert iopub.settle(run_cell) and ran == ["pass"] * 3 and connected == [1, 2]
+    assert iopub.run.notes == []
+    iopub.SETTLE_SECONDS, ran[:], whole[:] = 0.2, [], []  # none does
+    assert not iopub.settle(run_cell) and len(ran) > 3
+    assert iopub.run.notes == [
+        "the kernel's output stopped coming back (for 0.2 s): what it printed and answered "
+        "after that could not be read"
+    ]
 
 
 def test_without_a_sandbox_grade_refuses_in_one_line_unless_told(monkeypatch, tmp_path, capsys):

@@ -9,7 +9,9 @@ sandbox can see: a 1 MiB tmpfs of the worker's own (`isolation.worker_argv`), el
 the grader's; either is watched (a kernel that stores anything else there is stopped). What
 the kernel prints is read with a cap: `MESSAGE_BYTES` a message (ZeroMQ drops a bigger one
 before it is read), `CELL_OUTPUT_BYTES` a cell and `OUTPUT_BYTES` a notebook; past them the
-output is not kept and the row says so.
+output is not kept and the row says so. A cell whose output did not come back whole (a
+message too big broke the connection) is followed by empty cells until one does, and a
+grader's cell that lost its answer so is run again (`_Iopub`).
 
 The grader inserts a *capture* cell after each exercise; it evaluates the
 expressions the solution's check cell passes to `check.exercise_K(...)` and returns them
@@ -74,6 +76,7 @@ def __course_capture__(k, expressions, cases, limit):
 """
 MARK = "\x1ecourse-answers"
 KERNEL_STARTS = 2  # a kernel that never became ready ran nothing: one fresh start is safe
+GRADER_CELL_TRIES = 3  # a capture whose output was lost on the way is run again
 MAX_ANSWER_CHARS = 5_000_000  # an answer bigger than this is not read
 MAX_IPC_BYTES = 1 << 20  # sockets and the connection file; anything more is not Jupyter's
 MAX_IPC_ENTRIES = 16
@@ -310,12 +313,21 @@ def run_submission(
         def run_all(client) -> None:
             iopub = _Iopub(client, run)
 
-            def execute(source: str) -> nbformat.NotebookNode:
-                iopub.recover()
+            def run_cell(source: str) -> int:
                 cell = nbformat.v4.new_code_cell(source)
                 client.nb.cells.append(cell)
                 client.execute_cell(cell, len(client.nb.cells) - 1)
-                return cell
+                return len(client.nb.cells) - 1
+
+            def execute(source: str) -> nbformat.NotebookNode:
+                """A grader's cell (the prelude, a capture), run again when its output did
+                not come back whole: its answer would be lost, through no fault of the
+                learner's (a capture calls the learner's functions again)."""
+                for _ in range(GRADER_CELL_TRIES):
+                    index = run_cell(source)
+                    if iopub.complete(index) or not iopub.settle(run_cell):
+                        break
+                return client.nb.cells[index]
 
             execute(PRELUDE)
             for index, cell in enumerate(cells):
@@ -327,7 +339,8 @@ def run_submission(
                             run.notes.append(note)
                     else:
                         _run_learner_cell(client, cell, index, where, cell_timeout, run)
-                        iopub.recover()
+                        if not iopub.complete(index):  # the next answer must not be lost too
+                            iopub.settle(run_cell)
                 for k in points.get(index, []):
                     _capture(execute, by_k[k], call_timeout, run)
             for ex in exercises:  # answers defined later than their exercise still count
@@ -434,10 +447,17 @@ def _capped_manager():
 
 
 class _Iopub:
-    """The client's output socket, watched: ZeroMQ drops a message over `MESSAGE_BYTES` by
-    closing the connection, and after such an error it does not connect again, so the rest
-    of the notebook's output (its answers too) would be lost. `recover`, between cells,
-    connects again and notes once that output was dropped."""
+    """The client's output socket, watched. A cell's output can be lost two ways: ZeroMQ
+    drops a message over `MESSAGE_BYTES` by closing the connection (and after such an error
+    it does not connect again, so the rest of the notebook's output, its answers too, would
+    be lost), and for a moment after connecting again the kernel has not yet taken the new
+    subscription, so what it publishes then reaches no one (ZeroMQ's "slow joiner"); on a
+    busy machine that moment is long enough to lose the next cell's answer. A cell's output
+    came whole when the kernel's "idle" for it arrived and the connection held: `complete`
+    says so (and connects again if the connection broke); `settle` runs empty cells,
+    connecting again after each that did not come back whole, until one does."""
+
+    SETTLE_SECONDS = 30.0  # then the kernel's output is given up on (the row says so)
 
     def __init__(self, client, run: Run) -> None:
         import zmq
@@ -449,9 +469,19 @@ class _Iopub:
         monitor = self.channel.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         self.monitor: zmq.Socket = zmq.Socket.shadow(monitor.underlying)
         self._keep = monitor
+        self.ended: set[int] = set()  # the cells whose "idle" came
+        process = client.process_message  # called with each message of the running cell
 
-    def recover(self) -> None:
-        import zmq
+        def noted(msg: dict, cell, cell_index: int):
+            state = msg.get("content", {}).get("execution_state")
+            if msg.get("msg_type") == "status" and state == "idle":
+                self.ended.add(cell_index)
+            return process(msg, cell, cell_index)
+
+        client.process_message = noted
+
+    def recover(self) -> bool:
+        """Connect again if the connection broke (noted once); True if it had."""
         from zmq.utils.monitor import recv_monitor_message
 
         dropped = False
@@ -459,18 +489,47 @@ class _Iopub:
             recv_monitor_message(self.monitor)
             dropped = True
         if not dropped:
-            return
+            return False
         note = (
             f"the kernel sent a message over {MESSAGE_BYTES >> 20} MiB (or its connection "
             "broke): it was dropped unread, and its output was truncated"
         )
         if note not in self.run.notes:
             self.run.notes.append(note)
+        self._connect()
+        return True
+
+    def _connect(self) -> None:
+        import zmq
+
         try:
             self.socket.disconnect(self.url)
         except zmq.ZMQError:
             pass
         self.socket.connect(self.url)
+
+    def complete(self, index: int) -> bool:
+        """Whether cell `index`'s output came back whole."""
+        broke = self.recover()
+        return index in self.ended and not broke
+
+    def settle(self, run_cell) -> bool:
+        """Run empty cells (`run_cell(source)` gives the index it ran at) until one's output
+        comes back whole, connecting again after each that does not, for at most
+        `SETTLE_SECONDS`; False (noted) if none did."""
+        deadline = time.monotonic() + self.SETTLE_SECONDS
+        while time.monotonic() < deadline:
+            index = run_cell("pass")
+            broke = self.recover()
+            if index in self.ended and not broke:
+                return True
+            if not broke:  # no "idle" and no error seen: the subscription may not have held
+                self._connect()
+        self.run.notes.append(
+            f"the kernel's output stopped coming back (for {self.SETTLE_SECONDS:g} s): "
+            "what it printed and answered after that could not be read"
+        )
+        return False
 
     def close(self) -> None:
         self.channel.disable_monitor()
