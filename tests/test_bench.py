@@ -29,12 +29,13 @@ def test_the_bench_steps_every_set_up_idle_and_beside_its_loop_and_leaves_nothin
     bench = _bench()
     cores = os.sched_getaffinity(0)
     steps = bench.in_turns(repeats=1)
-    names = {"naive", "gpipe", "dp8", "dp16", "fsdp0", "fsdp1", "skew0", "skew2"}
+    names = {"naive", "gpipe", "dp8", "dp16", "fsdp0", "fsdp1", "even", "skewed"}
     assert set(steps) == {"idle", "busy"}
     for where, found in steps.items():
         assert set(found) == names, where
-        for name, (measured, simulated) in found.items():
+        for name, (measured, simulated, computing) in found.items():
             assert measured > 0 and simulated > 0, (where, name)
+            assert 0 < computing, (where, name)  # what the GPipe figure counts its cost by
     assert os.sched_getaffinity(0) == cores
     loops = [p for p in psutil.Process().children() if "while True" in " ".join(p.cmdline())]
     assert loops == []  # the busy loop is gone

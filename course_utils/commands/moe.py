@@ -126,7 +126,7 @@ def simulation(got, moe, workers: int, links=None):
         got.routed,
         workers,
         fit_costs(got, links),
-        D_MODEL,
+        moe.d_model,
         moe.top_k,
         replicated_bytes=replicated,
         unit="s",
