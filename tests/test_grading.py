@@ -137,9 +137,9 @@ def test_answers_whose_output_was_lost_on_the_way_are_read_again(monkeypatch):
     runs empty cells until one comes back whole (so the next cell's SyntaxError is still
     read), and the capture whose output was lost (the function printed 20 MB when it was
     called) is run again."""
-    from course_utils.grading import sandbox
+    from course_utils.grading import kernel_output
 
-    connect = sandbox._Iopub._connect
+    connect = kernel_output.Iopub._connect
     made = []
 
     def first_does_not_take(self):
@@ -147,7 +147,7 @@ def test_answers_whose_output_was_lost_on_the_way_are_read_again(monkeypatch):
         if len(made) > 1:
             connect(self)
 
-    monkeypatch.setattr(sandbox._Iopub, "_connect", first_does_not_take)
+    monkeypatch.setattr(kernel_output.Iopub, "_connect", first_does_not_take)
     nb = with_code(solved(), "answer-03-2", LOUD_ONCE)
     answer = nb.cells.index(cell(nb, "answer-03-1"))
     nb.cells.insert(answer, nbformat.v4.new_code_cell("print('x' * (20 << 20))"))
@@ -161,13 +161,13 @@ def test_answers_whose_output_was_lost_on_the_way_are_read_again(monkeypatch):
 
 
 def test_settling_connects_again_after_each_empty_cell_lost_and_gives_up_in_time():
-    from course_utils.grading import sandbox
+    from course_utils.grading import kernel_output, sandbox
 
     class Quiet:  # a monitor that saw no broken connection
         def poll(self, timeout):
             return 0
 
-    iopub = object.__new__(sandbox._Iopub)
+    iopub = object.__new__(kernel_output.Iopub)
     iopub.run, iopub.monitor, iopub.ended = sandbox.Run(), Quiet(), set()
     connected, ran, whole, indices = [], [], [3], itertools.count(100)
     iopub._connect = lambda: connected.append(len(ran))

@@ -13,7 +13,7 @@ Every resource a kernel can take is bounded per sandbox (`isolation` makes the s
   read-only, and the sockets the kernel shares with its worker are a 1 MiB tmpfs of their
   own (`isolation.worker_argv`), not a folder of the host;
 - **output**: the worker reads at most `MESSAGE_BYTES` a message and `CELL_OUTPUT_BYTES` a
-  cell (`sandbox`); the row says when it cut one short;
+  cell (`kernel_output`); the row says when it cut one short;
 - **CPU**: every process of a sandbox stays in its one session (`setsid` is refused by a
   seccomp filter, `kernel_start.py`), so the scheduler shares the CPU between sandboxes,
   not between the processes one of them starts; in a cgroup with the CPU controller, its own
@@ -206,7 +206,7 @@ def _size(n: int) -> str:
 
 def describe(limits: isolation.Limits, cgroup: Path | None) -> str:
     """One line: which mechanisms bound each kernel here (`grade` says it at the start)."""
-    from course_utils.grading import sandbox
+    from course_utils.grading import kernel_output
 
     cpu = "CPU shared per sandbox (setsid refused by seccomp)"
     if cgroup is not None:
@@ -228,5 +228,5 @@ def describe(limits: isolation.Limits, cgroup: Path | None) -> str:
         f"sandbox per kernel (bwrap): {memory}; tmpfs work {_size(limits.scratch_bytes)}, "
         f"/tmp {_size(limits.tmp_bytes)}, /dev/shm {_size(limits.shm_bytes)}, /dev read-only; "
         f"sockets in a {_size(isolation.IPC_BYTES)} tmpfs; output read up to "
-        f"{_size(sandbox.CELL_OUTPUT_BYTES)} a cell; {limits.processes} processes; {cpu}"
+        f"{_size(kernel_output.CELL_OUTPUT_BYTES)} a cell; {limits.processes} processes; {cpu}"
     )

@@ -7,11 +7,10 @@ that folder nor PYTHONPATH nor the user's site packages are on `sys.path`. It ha
 it talks to the grader over Jupyter's `ipc` transport, through sockets in a folder the
 sandbox can see: a 1 MiB tmpfs of the worker's own (`isolation.worker_argv`), else a folder of
 the grader's; either is watched (a kernel that stores anything else there is stopped). What
-the kernel prints is read with a cap: `MESSAGE_BYTES` a message (ZeroMQ drops a bigger one
-before it is read), `CELL_OUTPUT_BYTES` a cell and `OUTPUT_BYTES` a notebook; past them the
-output is not kept and the row says so. A cell whose output did not come back whole (a
-message too big broke the connection) is followed by empty cells until one does, and a
-grader's cell that lost its answer so is run again (`_Iopub`).
+the kernel prints is read with caps, past which it is not kept and the row says so
+(`kernel_output`). A cell whose output did not come back whole (a message too big broke the
+connection) is followed by empty cells until one does, and a grader's cell that lost its
+answer so is run again.
 
 The grader inserts a *capture* cell after each exercise; it evaluates the
 expressions the solution's check cell passes to `check.exercise_K(...)` and returns them
@@ -44,6 +43,7 @@ from pathlib import Path
 import nbformat
 
 from course_utils.grading import isolation
+from course_utils.grading.kernel_output import Iopub, cap_output, capped_manager
 from course_utils.grading.notebook_tools import notebook_client
 from course_utils.grading.stand_in import KEPT_BY_GRADER
 
@@ -80,10 +80,6 @@ GRADER_CELL_TRIES = 3  # a capture whose output was lost on the way is run again
 MAX_ANSWER_CHARS = 5_000_000  # an answer bigger than this is not read
 MAX_IPC_BYTES = 1 << 20  # sockets and the connection file; anything more is not Jupyter's
 MAX_IPC_ENTRIES = 16
-MESSAGE_BYTES = 16 << 20  # one message from the kernel (an answer is at most 5 MB of text)
-QUEUED_MESSAGES = 16  # received and not yet read: at most 256 MiB in the worker
-CELL_OUTPUT_BYTES = 4 << 20  # what one cell's output may hold
-OUTPUT_BYTES = 32 << 20  # and the whole notebook's
 
 
 # What this process started and has not cleaned up yet, for `abandon` (a worker whose batch
@@ -289,7 +285,7 @@ def run_submission(
     from jupyter_client.kernelspec import KernelSpecManager
     from nbclient.exceptions import DeadKernelError
 
-    _CappedKernelManager = _capped_manager()
+    _CappedKernelManager = capped_manager()
 
     run = Run()
     nb = copy.deepcopy(submission)
@@ -311,7 +307,7 @@ def run_submission(
             target.write_bytes(data)
 
         def run_all(client) -> None:
-            iopub = _Iopub(client, run)
+            iopub = Iopub(client, run)
 
             def run_cell(source: str) -> int:
                 cell = nbformat.v4.new_code_cell(source)
@@ -325,7 +321,10 @@ def run_submission(
                 learner's (a capture calls the learner's functions again)."""
                 for _ in range(GRADER_CELL_TRIES):
                     index = run_cell(source)
-                    if iopub.complete(index) or not iopub.settle(run_cell):
+                    if iopub.complete(index):
+                        break
+                    settled = iopub.settle(run_cell)  # so that the next cell is not lost
+                    if index in iopub.ended or not settled:  # it came whole, before the break
                         break
                 return client.nb.cells[index]
 
@@ -385,7 +384,7 @@ def run_submission(
                 resources={"metadata": {"path": tmp if sandboxed else str(handout)}},
             )
             client.store_widget_state = False  # a widget's state is output too: not kept
-            _cap_output(client, len(cells), run)
+            cap_output(client, len(cells), run)
             ready = False
             watch = _Watch(ipc, lambda km=km: _kill(km))
             _LIVE_KERNELS.add(km)
@@ -425,152 +424,6 @@ def run_submission(
             break
     run.seconds = time.monotonic() - started
     return run
-
-
-def _capped_manager():
-    """AsyncKernelManager whose clients read at most `MESSAGE_BYTES` a message and queue at
-    most `QUEUED_MESSAGES` (ZeroMQ's own limits, set on every socket of the client's context:
-    a bigger message is dropped before it is read, so it never reaches the worker's memory)."""
-    import zmq
-    import zmq.asyncio
-    from jupyter_client.manager import AsyncKernelManager
-
-    class CappedKernelManager(AsyncKernelManager):
-        def client(self, **kwargs):
-            context = zmq.asyncio.Context()
-            context.setsockopt(zmq.MAXMSGSIZE, MESSAGE_BYTES)
-            context.setsockopt(zmq.RCVHWM, QUEUED_MESSAGES)
-            kwargs.setdefault("context", context)
-            return super().client(**kwargs)
-
-    return CappedKernelManager
-
-
-class _Iopub:
-    """The client's output socket, watched. A cell's output can be lost two ways: ZeroMQ
-    drops a message over `MESSAGE_BYTES` by closing the connection (and after such an error
-    it does not connect again, so the rest of the notebook's output, its answers too, would
-    be lost), and for a moment after connecting again the kernel has not yet taken the new
-    subscription, so what it publishes then reaches no one (ZeroMQ's "slow joiner"); on a
-    busy machine that moment is long enough to lose the next cell's answer. A cell's output
-    came whole when the kernel's "idle" for it arrived and the connection held: `complete`
-    says so (and connects again if the connection broke); `settle` runs empty cells,
-    connecting again after each that did not come back whole, until one does."""
-
-    SETTLE_SECONDS = 30.0  # then the kernel's output is given up on (the row says so)
-
-    def __init__(self, client, run: Run) -> None:
-        import zmq
-
-        self.run = run
-        self.channel = client.kc.iopub_channel.socket
-        self.socket: zmq.Socket = zmq.Socket.shadow(self.channel.underlying)
-        self.url = client.kc._make_url("iopub")
-        monitor = self.channel.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        self.monitor: zmq.Socket = zmq.Socket.shadow(monitor.underlying)
-        self._keep = monitor
-        self.ended: set[int] = set()  # the cells whose "idle" came
-        process = client.process_message  # called with each message of the running cell
-
-        def noted(msg: dict, cell, cell_index: int):
-            state = msg.get("content", {}).get("execution_state")
-            if msg.get("msg_type") == "status" and state == "idle":
-                self.ended.add(cell_index)
-            return process(msg, cell, cell_index)
-
-        client.process_message = noted
-
-    def recover(self) -> bool:
-        """Connect again if the connection broke (noted once); True if it had."""
-        from zmq.utils.monitor import recv_monitor_message
-
-        dropped = False
-        while self.monitor.poll(0):
-            recv_monitor_message(self.monitor)
-            dropped = True
-        if not dropped:
-            return False
-        note = (
-            f"the kernel sent a message over {MESSAGE_BYTES >> 20} MiB (or its connection "
-            "broke): it was dropped unread, and its output was truncated"
-        )
-        if note not in self.run.notes:
-            self.run.notes.append(note)
-        self._connect()
-        return True
-
-    def _connect(self) -> None:
-        import zmq
-
-        try:
-            self.socket.disconnect(self.url)
-        except zmq.ZMQError:
-            pass
-        self.socket.connect(self.url)
-
-    def complete(self, index: int) -> bool:
-        """Whether cell `index`'s output came back whole."""
-        broke = self.recover()
-        return index in self.ended and not broke
-
-    def settle(self, run_cell) -> bool:
-        """Run empty cells (`run_cell(source)` gives the index it ran at) until one's output
-        comes back whole, connecting again after each that does not, for at most
-        `SETTLE_SECONDS`; False (noted) if none did."""
-        deadline = time.monotonic() + self.SETTLE_SECONDS
-        while time.monotonic() < deadline:
-            index = run_cell("pass")
-            broke = self.recover()
-            if index in self.ended and not broke:
-                return True
-            if not broke:  # no "idle" and no error seen: the subscription may not have held
-                self._connect()
-        self.run.notes.append(
-            f"the kernel's output stopped coming back (for {self.SETTLE_SECONDS:g} s): "
-            "what it printed and answered after that could not be read"
-        )
-        return False
-
-    def close(self) -> None:
-        self.channel.disable_monitor()
-        self._keep.close(linger=0)
-
-
-def _output_size(msg: dict) -> int:
-    content = msg.get("content", {})
-    if msg.get("msg_type") == "stream":
-        return len(content.get("text", ""))
-    return len(json.dumps(content, default=str))
-
-
-def _cap_output(client, learner_cells: int, run: Run) -> None:
-    """Keep at most `CELL_OUTPUT_BYTES` of each cell's output and `OUTPUT_BYTES` of the
-    notebook's (the capture's own answer, read by `_captured`, is exempt); past that a
-    message is dropped unread, and the run's notes say so once."""
-    process = client.process_message
-    spent: dict[int, int] = {}
-    kept = ("stream", "display_data", "update_display_data", "execute_result", "error")
-
-    def capped(msg: dict, cell, cell_index: int):
-        kind = msg.get("msg_type", "")
-        if kind in kept or kind.startswith("comm"):
-            answer = kind == "execute_result" and cell_index >= learner_cells
-            if not answer:
-                size = _output_size(msg)
-                spent[cell_index] = spent.get(cell_index, 0) + size
-                total = sum(spent.values())
-                if spent[cell_index] > CELL_OUTPUT_BYTES or total > OUTPUT_BYTES:
-                    note = (
-                        f"the notebook printed more than the grader reads (at most "
-                        f"{CELL_OUTPUT_BYTES >> 20} MiB a cell, {OUTPUT_BYTES >> 20} MiB in "
-                        "all): its output was truncated"
-                    )
-                    if note not in run.notes:
-                        run.notes.append(note)
-                    return None
-        return process(msg, cell, cell_index)
-
-    client.process_message = capped
 
 
 def _socket_folder(tmp: Path, attempt: int, root: Path | None = None) -> Path:
