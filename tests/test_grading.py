@@ -183,6 +183,8 @@ def test_settling_connects_again_after_each_empty_cell_lost_and_gives_up_in_time
     assert iopub.run.notes == []
     iopub.SETTLE_SECONDS, ran[:], whole[:] = 0.2, [], []  # none does
     assert not iopub.settle(run_cell) and len(ran) > 3
+    given_up = len(ran)
+    assert not iopub.settle(run_cell) and len(ran) == given_up  # no second wait
     assert iopub.run.notes == [
         "the kernel's output stopped coming back (for 0.2 s): what it printed and answered "
         "after that could not be read"

@@ -58,6 +58,7 @@ class Iopub:
     connecting again after each that did not come back whole, until one does."""
 
     SETTLE_SECONDS = 30.0  # then the kernel's output is given up on (the row says so)
+    given_up = False  # once it is, later cells do not wait for it again
 
     def __init__(self, client, run: Notes) -> None:
         import zmq
@@ -94,8 +95,7 @@ class Iopub:
             f"the kernel sent a message over {MESSAGE_BYTES >> 20} MiB (or its connection "
             "broke): it was dropped unread, and its output was truncated"
         )
-        if note not in self.run.notes:
-            self.run.notes.append(note)
+        _say_once(self.run, note)
         self._connect()
         return True
 
@@ -116,7 +116,9 @@ class Iopub:
     def settle(self, run_cell) -> bool:
         """Run empty cells (`run_cell(source)` gives the index it ran at) until one's output
         comes back whole, connecting again after each that does not, for at most
-        `SETTLE_SECONDS`; False (noted) if none did."""
+        `SETTLE_SECONDS`; False (noted) if none did, then and for every later call."""
+        if self.given_up:
+            return False
         deadline = time.monotonic() + self.SETTLE_SECONDS
         while time.monotonic() < deadline:
             index = run_cell("pass")
@@ -125,6 +127,7 @@ class Iopub:
                 return True
             if not broke:  # no "idle" and no error seen: the subscription may not have held
                 self._connect()
+        self.given_up = True
         self.run.notes.append(
             f"the kernel's output stopped coming back (for {self.SETTLE_SECONDS:g} s): "
             "what it printed and answered after that could not be read"
@@ -134,6 +137,11 @@ class Iopub:
     def close(self) -> None:
         self.channel.disable_monitor()
         self._keep.close(linger=0)
+
+
+def _say_once(run: Notes, note: str) -> None:
+    if note not in run.notes:
+        run.notes.append(note)
 
 
 def _output_size(msg: dict) -> int:
@@ -165,8 +173,7 @@ def cap_output(client, learner_cells: int, run: Notes) -> None:
                         f"{CELL_OUTPUT_BYTES >> 20} MiB a cell, {OUTPUT_BYTES >> 20} MiB in "
                         "all): its output was truncated"
                     )
-                    if note not in run.notes:
-                        run.notes.append(note)
+                    _say_once(run, note)
                     return None
         return process(msg, cell, cell_index)
 
