@@ -38,8 +38,12 @@ def number_flag(
     return validation.number(flag_value(args, flag), flag, low, high, strict)
 
 
+class Terminated(SystemExit):
+    """A SIGTERM, raised where the main thread was: unwinds like Ctrl-C (see __main__.py)."""
+
+
 def _terminated(signum, frame) -> None:
-    raise SystemExit(128 + signum)
+    raise Terminated(128 + signum)
 
 
 def exit_on_sigterm() -> None:
