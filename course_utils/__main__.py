@@ -5,7 +5,7 @@ import os
 import sys
 
 from course_utils.cli import main
-from course_utils.commands.common import Terminated
+from course_utils.errors import Terminated
 
 
 def _leave(code: int) -> None:

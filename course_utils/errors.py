@@ -11,3 +11,8 @@ class ScheduleError(RuntimeError):
 
 class WorkerError(RuntimeError):
     """An exception inside a worker thread, re-raised in the caller with where it happened."""
+
+
+class Terminated(SystemExit):
+    """A SIGTERM, raised where the main thread was (`commands.common.exit_on_sigterm`): the
+    command unwinds like Ctrl-C, then leaves without the interpreter's tear-down (__main__.py)."""

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from course_utils import validation
-from course_utils.errors import CourseInputError
+from course_utils.errors import CourseInputError, Terminated
 from course_utils.parallel.costs import ALGORITHMS
 
 T = TypeVar("T")
@@ -36,10 +36,6 @@ def number_flag(
 ) -> float:
     """The value of `--flag` as a finite float >= low (> low if strict) and <= high."""
     return validation.number(flag_value(args, flag), flag, low, high, strict)
-
-
-class Terminated(SystemExit):
-    """A SIGTERM, raised where the main thread was: unwinds like Ctrl-C (see __main__.py)."""
 
 
 def _terminated(signum, frame) -> None:
