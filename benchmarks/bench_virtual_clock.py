@@ -220,9 +220,10 @@ def setups(stack: contextlib.ExitStack) -> dict[str, Setup]:
 
 def in_turns(repeats: int = REPEATS) -> dict[str, dict[str, tuple[float, float, float]]]:
     """{"idle"|"busy": {set-up: (measured, simulated, computing) seconds}}: the step, its
-    simulation and the compute of all its devices together (`Timeline.busy`); every set-up on one
-    core, with a busy loop on that core paused and running in turns; the set-ups compared
-    with each other in turns together (`GROUPS`), one group after another."""
+    simulation and the compute of all its devices together (`Timeline.busy_per_device`,
+    summed); every set-up on one core, with a busy loop on that core paused and running in
+    turns; the set-ups compared with each other in turns together (`GROUPS`), one group
+    after another."""
     from course_utils.measure.timing import compare, step_time
 
     cores = os.sched_getaffinity(0)

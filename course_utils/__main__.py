@@ -4,7 +4,7 @@ import atexit
 import os
 import sys
 
-from course_utils.cli import main
+from course_utils.cli import INTERRUPTED, main
 from course_utils.errors import Terminated
 
 
@@ -26,6 +26,6 @@ try:
     code = main()
 except Terminated as stopped:  # SIGTERM (kill, a job scheduler), after the clean-up
     _leave(stopped.code if isinstance(stopped.code, int) else 1)
-if code == 130:  # Ctrl-C, after the clean-up
+if code == INTERRUPTED:  # Ctrl-C, after the clean-up
     _leave(code)
 sys.exit(code)

@@ -39,6 +39,7 @@ COMMANDS: dict[str, str] = {
     "moe": "moe",
 }
 PIPE_CLOSED = 141  # 128 + SIGPIPE: what the shell reports for `cat` when its reader left
+INTERRUPTED = 130  # 128 + SIGINT: Ctrl-C
 
 
 def say(line: str) -> None:
@@ -247,7 +248,7 @@ def _main(argv: list[str]) -> int:
         return 2
     except KeyboardInterrupt:
         say(f"{prog}: interrupted")
-        return 130
+        return INTERRUPTED
     except MemoryError:
         say(f"{prog}: error: this machine ran out of memory: use smaller sizes")
         return 1
